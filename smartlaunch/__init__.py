@@ -1,0 +1,18 @@
+"""smartlaunch: a torchrun replacement that measures before it launches.
+
+The pipeline, one module each: topology -> profile -> policy -> decide -> launch.
+
+Scripts may opt in to explicit step marking with `smartlaunch.profile_step()`; it is a
+no-op unless the script runs under smartlaunch's dry run or worker hook.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_step_hook = None  # installed by smartlaunch.profile.dryrun / smartlaunch.launch.worker
+
+
+def profile_step() -> None:
+    """Mark the end of one training step (for loops without a torch optimizer)."""
+    if _step_hook is not None:
+        _step_hook()

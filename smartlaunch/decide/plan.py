@@ -1,0 +1,92 @@
+"""The decision's output: a frozen `Plan`. `--explain` prints it; launchers execute it.
+
+JSON schema (schema_version 1) is documented in docs/plan-schema.md; keep them in step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Strategy(str, enum.Enum):
+    SINGLE = "single"            # one process, one GPU (or the CPU)
+    INDEPENDENT = "independent"  # one single-GPU job per variant, queued onto free GPUs
+    DDP = "ddp"                  # torchrun semantics: nproc ranks, one GPU each
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    source: str        # "policy launch.nccl.PHB (built-in)", "kept from environment", "admin enforce", ...
+
+
+@dataclass(frozen=True)
+class NumaBinding:
+    local_rank: int
+    gpu: int                     # CUDA ordinal the rank uses
+    numa_node: int               # -1: single node, nothing to bind
+    cpus: tuple[int, ...]
+    mode: str                    # off | node | exclusive-cores
+    mechanism: str               # "numactl" | "sched_setaffinity" | "none"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: Strategy
+    gpus: tuple[int, ...]
+    predicted_step_s: float | None = None
+    predicted_samples_per_s: float | None = None
+    speedup: float | None = None          # samples/s over single GPU
+    efficiency: float | None = None       # speedup / len(gpus)
+    allreduce_s: float | None = None      # exposed + hidden all-reduce time per step
+    measured: bool = False                # from a trial, not the model
+    chosen: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reason:
+    text: str
+    rule: str | None = None     # policy key (with its source) or "user: --strategy", ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: Strategy
+    device: str                                  # "cuda" or "cpu"
+    gpus: tuple[int, ...]                        # CUDA ordinals as smartlaunch sees them
+    nproc_per_node: int
+    requested_max: int                           # the most the job was allowed
+    env: tuple[EnvVar, ...] = ()                 # added to every worker's environment
+    numa: tuple[NumaBinding, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
+    reasons: tuple[Reason, ...] = ()
+    left_free: tuple[int, ...] = ()              # allowed GPUs the plan does not hold
+    link_class: str | None = None                # worst link inside the DDP group
+    variants: tuple[tuple[str, ...], ...] = ()   # independent jobs: script args per job
+    profile: dict[str, Any] = field(default_factory=dict)     # ModelProfile.to_dict() or {}
+    comm: dict[str, Any] = field(default_factory=dict)        # CommCurve summary or {}
+    topology: dict[str, Any] = field(default_factory=dict)    # fingerprint, source, note
+    nnodes: str = "1"
+    forced: bool = False                         # --strategy given (not auto)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["schema_version"] = SCHEMA_VERSION
+        d["strategy"] = self.strategy.value
+        for c in d["candidates"]:
+            c["strategy"] = Strategy(c["strategy"]).value
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+    def env_dict(self) -> dict[str, str]:
+        return {e.name: e.value for e in self.env}

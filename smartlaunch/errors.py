@@ -1,0 +1,68 @@
+"""One exception family; each maps to a documented exit code (README: Exit codes).
+
+`main` catches SmartlaunchError, prints `smartlaunch: error: <message>` (one line, the
+fix included) and exits with `exit_code`. Nothing is started before the error is raised.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    WORKER_FAILED = 1        # torchrun's code for a failed worker group (ChildFailedError)
+    USAGE = 2                # bad command line (argparse's own code)
+    POLICY = 3               # malformed or forbidden policy, or a request the admin policy refuses
+    NO_GPU = 4               # no NVML / no usable GPU where one was required
+    PLAN = 5                 # no plan can satisfy the request (memory, GPU count, link class)
+    NO_FREE_GPU = 6          # every allowed GPU is leased or busy (--no-wait or wait timed out)
+    DRY_RUN = 7              # the script failed during the dry run; it was not launched
+    HANG = 8                 # a rank stopped making progress; stacks were dumped
+    SLURM = 9                # inconsistent or partial Slurm environment
+    HEALTH = 10              # node health check found a critical fault (prolog/epilog)
+    # 128 + N: smartlaunch (and its workers) ended by signal N, as shells report it.
+
+
+class SmartlaunchError(Exception):
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, *, exit_code: ExitCode | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(SmartlaunchError):
+    exit_code = ExitCode.USAGE
+
+
+class PolicyError(SmartlaunchError):
+    exit_code = ExitCode.POLICY
+
+
+class TopologyError(SmartlaunchError):
+    exit_code = ExitCode.NO_GPU
+
+
+class PlanError(SmartlaunchError):
+    exit_code = ExitCode.PLAN
+
+
+class NoFreeGPUError(SmartlaunchError):
+    exit_code = ExitCode.NO_FREE_GPU
+
+
+class DryRunError(SmartlaunchError):
+    exit_code = ExitCode.DRY_RUN
+
+
+class HangError(SmartlaunchError):
+    exit_code = ExitCode.HANG
+
+
+class SlurmError(SmartlaunchError):
+    exit_code = ExitCode.SLURM
+
+
+class HealthError(SmartlaunchError):
+    exit_code = ExitCode.HEALTH

@@ -1,0 +1,97 @@
+"""Data types of the policy layer: the effective, merged policy.
+
+Layers, lowest first: built-in defaults (these dataclass defaults, mirrored and documented in
+policies/default.yaml) < admin file (/etc/smartlaunch/policy.yaml) < user file. The admin's
+`enforce:` section then wins over everything, CLI and environment included. `sources` records
+which layer set each dotted key, so --explain and `policy show` can name the rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STRATEGIES = ("single", "independent", "ddp")
+LINK_FAMILIES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+@dataclass(frozen=True)
+class DecisionPolicy:
+    min_efficiency: float = 0.70          # DDP speedup / GPUs needed to pick DDP (seeds: 70%+)
+    uncertainty_band: float = 0.10        # |predicted eff - min_efficiency| below this -> trial
+    trials: bool = True                   # run measured trials inside the band
+    trial_steps: int = 20
+    allowed_strategies: tuple[str, ...] = STRATEGIES
+    max_gpus: int | None = None           # per job; None = all visible
+    ddp_link_classes: tuple[str, ...] = LINK_FAMILIES
+    prefer_independent_for_sweeps: bool = True
+    memory_headroom: float = 0.80         # use at most this share of a GPU's free memory
+    avoid_busy_gpus: bool = True
+    avoid_unhealthy_gpus: bool = True
+    fallback_strategy: str = "single"     # when no profile can be had
+
+
+@dataclass(frozen=True)
+class LaunchPolicy:
+    # NCCL variables per link family; never one that disables a working P2P path.
+    nccl: dict[str, dict[str, str]] = field(default_factory=lambda: {
+        "NV": {},
+        "PIX": {},
+        "PXB": {},
+        "PHB": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "33554432",
+                "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"},
+        "NODE": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "33554432",
+                 "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"},
+        "SYS": {},
+    })
+    numa_binding: str = "node"            # off | node | exclusive-cores
+    rank_failure_timeout_s: float = 10.0
+    hang_timeout_s: float = 300.0         # floor; the watchdog also scales with step time
+    hang_step_multiple: float = 20.0      # stall when no step for max(floor, this x median step)
+    startup_grace_s: float = 600.0        # no hang verdict before the first step (data loading)
+    signal_grace_s: float = 10.0          # SIGTERM -> SIGKILL
+    straggler_threshold: float = 0.15
+    log_dir: str = "~/.cache/smartlaunch/logs"
+
+
+@dataclass(frozen=True)
+class DryRunPolicy:
+    time_limit_s: float = 120.0
+    warmup_steps: int = 5
+    measure_steps: int = 20
+
+
+@dataclass(frozen=True)
+class JobsPolicy:
+    fail_fast: bool = False               # independent jobs: stop the others on first failure
+    jobs_per_gpu: int = 1                 # 2 allows packing when both peaks fit
+    wait_timeout_s: float = 3600.0        # waiting for a free GPU; --no-wait fails at once
+    share_gpus: bool = False              # leases: allow two launches on one GPU
+
+
+@dataclass(frozen=True)
+class PathsPolicy:
+    cache_dir: str = "~/.cache/smartlaunch"
+    lease_dir: str = "/tmp/smartlaunch-leases"
+    comm_cache_max_age_s: float = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    decision: DecisionPolicy = field(default_factory=DecisionPolicy)
+    launch: LaunchPolicy = field(default_factory=LaunchPolicy)
+    dryrun: DryRunPolicy = field(default_factory=DryRunPolicy)
+    jobs: JobsPolicy = field(default_factory=JobsPolicy)
+    paths: PathsPolicy = field(default_factory=PathsPolicy)
+    # dotted key -> "built-in" | "admin:/etc/smartlaunch/policy.yaml" | "user:<path>" |
+    #                "enforced:/etc/..." ; filled by the loader.
+    sources: dict[str, str] = field(default_factory=dict)
+    enforced: dict[str, object] = field(default_factory=dict)   # dotted key -> admin value
+
+    def source_of(self, dotted_key: str) -> str:
+        return self.sources.get(dotted_key, "built-in")
+
+    def rule(self, dotted_key: str) -> str:
+        """'decision.min_efficiency=0.7 (admin:/etc/smartlaunch/policy.yaml)' for explain."""
+        obj = self
+        for part in dotted_key.split("."):
+            obj = getattr(obj, part)
+        return f"{dotted_key}={obj} ({self.source_of(dotted_key)})"

@@ -1,0 +1,145 @@
+"""Data types of the profile layer: what the model costs, and what the link costs.
+
+`ModelProfile` comes from the dry run of the user's real entrypoint (smartlaunch.profile.dryrun);
+`CommCurve` from an all-reduce benchmark over a candidate GPU group (smartlaunch.profile.comm).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ProfileStatus(str, enum.Enum):
+    OK = "ok"                   # steps measured
+    NO_STEP = "no_step"         # ran, but no optimizer step seen within the time limit
+    INCOMPLETE = "incomplete"   # fewer measured steps than asked; numbers present but noisy
+    SKIPPED = "skipped"         # not profiled (--no-python, forced strategy, ...)
+    CRASHED = "crashed"         # the script failed; never launched
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    status: ProfileStatus
+    note: str = ""                               # one sentence, shown by --explain
+    total_params: int = 0
+    trainable_params: int = 0
+    param_dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> element count
+    grad_bytes: int = 0                          # bytes DDP would all-reduce per step
+    num_grad_tensors: int = 0
+    batch_size: int | None = None
+    wrapped: str | None = None                   # "DDP", "FSDP" when the script wraps itself
+    step_time_s: float | None = None             # median wall time between optimizer steps
+    step_time_p90_s: float | None = None
+    backward_s: float | None = None              # where it can be had cheaply
+    forward_s: float | None = None
+    steps_measured: int = 0
+    peak_gpu_mem_bytes: int | None = None
+    peak_host_mem_bytes: int | None = None
+    startup_s: float | None = None               # script start -> first optimizer step
+    dry_run_s: float | None = None               # total cost of the dry run
+    device: str = "cpu"                          # "cuda:0 (NVIDIA H200)" or "cpu"
+    exit_code: int | None = None                 # the script's, when it crashed
+    error_tail: str = ""                         # last lines of its stderr, when it crashed
+    cached: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE) and bool(self.step_time_s)
+
+    @property
+    def backward_share(self) -> float | None:
+        if self.backward_s and self.step_time_s:
+            return min(1.0, self.backward_s / self.step_time_s)
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelProfile":
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        d["status"] = ProfileStatus(d["status"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class CommCurve:
+    """All-reduce time over one GPU group, in the environment the job runs with.
+
+    points: (message bytes, seconds) measured, sorted by size. Between points: linear
+    interpolation; outside: the alpha-beta fit (latency_s + bytes / bandwidth).
+    """
+    world_size: int
+    backend: str                                 # "nccl" or "gloo"
+    points: tuple[tuple[int, float], ...]
+    latency_s: float
+    bandwidth_Bps: float                         # algorithm bandwidth of the fit
+    env: dict[str, str] = field(default_factory=dict)   # NCCL_* in effect when measured
+    gpus: tuple[int, ...] = ()
+    cached: bool = False
+
+    def time(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        pts = self.points
+        if len(pts) >= 2 and pts[0][0] <= nbytes <= pts[-1][0]:
+            sizes = [p[0] for p in pts]
+            i = bisect.bisect_left(sizes, nbytes)
+            if sizes[i] == nbytes:
+                return pts[i][1]
+            (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+            return y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    def bus_bandwidth_Bps(self, nbytes: int) -> float:
+        """nccl-tests' busbw: algbw * 2(n-1)/n, comparable across group sizes."""
+        n = self.world_size
+        return nbytes / self.time(nbytes) * 2 * (n - 1) / n
+
+    @staticmethod
+    def fit(points) -> tuple[float, float]:
+        """Least-squares latency + bytes/bandwidth over the points (latency clamped >= 0)."""
+        xs = [float(p[0]) for p in points]
+        ys = [float(p[1]) for p in points]
+        n = len(xs)
+        if n == 1:
+            return 0.0, xs[0] / ys[0]
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+        slope = max(slope, 1e-15)
+        return max(0.0, my - slope * mx), 1.0 / slope
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["points"] = [list(p) for p in self.points]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CommCurve":
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        d["points"] = tuple((int(a), float(b)) for a, b in d["points"])
+        d["gpus"] = tuple(d.get("gpus", ()))
+        return cls(**d)
+
+    @classmethod
+    def from_points(cls, world_size, backend, points, **kw) -> "CommCurve":
+        pts = tuple(sorted((int(a), float(b)) for a, b in points))
+        lat, bw = cls.fit(pts)
+        return cls(world_size, backend, pts, lat, bw, **kw)
+
+
+def isfinite_pos(x) -> bool:
+    return x is not None and math.isfinite(x) and x > 0

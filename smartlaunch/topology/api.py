@@ -1,0 +1,198 @@
+"""Data types of the topology layer: what the machine is, right now.
+
+Every backend (real NVML, JSON fixture) produces one `Topology`. Fields NVML cannot read are
+None, never a guess. GPU `index` is the CUDA ordinal this job sees (after CUDA_VISIBLE_DEVICES
+and Slurm's renumbering); `nvml_index` is the physical device, used for NVML and NUMA.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"   # the GPU must not be used (fallen off the bus, uncorrectable ECC)
+
+
+# nvidia-smi topo -m vocabulary, best first. NV# is written "NV<n>"; its rank is 0.
+LINK_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+def link_family(link_class: str) -> str:
+    """'NV18' -> 'NV'; others unchanged. Policies key NCCL settings by family."""
+    return "NV" if link_class.startswith("NV") else link_class
+
+
+def link_rank(link_class: str) -> int:
+    """Lower is faster. Unknown classes sort last."""
+    fam = link_family(link_class)
+    return LINK_ORDER.index(fam) if fam in LINK_ORDER else len(LINK_ORDER)
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    pid: int
+    user: str | None
+    used_mib: int | None
+    ours: bool = False          # started by this user/job (not a foreign tenant)
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Severity
+    code: str                   # stable identifier, e.g. "pcie_width_degraded"
+    message: str                # one sentence with the numbers
+    gpu: int | None = None      # GPU index, None for node-wide findings
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    nvml_index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    memory_total_mib: int
+    memory_free_mib: int
+    memory_used_mib: int
+    utilization_pct: int | None = None
+    processes: tuple[GPUProcess, ...] = ()
+    numa_node: int = -1                   # -1: single node / unknown
+    cpus: tuple[int, ...] = ()            # local CPUs intersected with sched_getaffinity
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    nvlinks_active: int = 0
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages: int | None = None
+    mig_mode: bool = False
+    lost: bool = False                    # NVML error on the device (fallen off the bus)
+
+    @property
+    def busy(self) -> bool:
+        return any(not p.ours for p in self.processes)
+
+
+@dataclass(frozen=True)
+class Link:
+    a: int
+    b: int
+    link_class: str             # "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
+    p2p_read: bool | None = None
+    p2p_write: bool | None = None
+    p2p_nvlink: bool | None = None
+
+    @property
+    def family(self) -> str:
+        return link_family(self.link_class)
+
+    @property
+    def p2p(self) -> bool | None:
+        if self.p2p_read is None and self.p2p_write is None:
+            return None
+        return bool(self.p2p_read and self.p2p_write)
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[GPU, ...]
+    links: tuple[Link, ...]                       # one per unordered pair, a < b
+    hostname: str = ""
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    nccl_version: str | None = None
+    numa_nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # node -> allowed CPUs
+    findings: tuple[Finding, ...] = ()
+    source: str = "nvml"                          # "nvml", "fake:<path>", "none"
+    note: str = ""                                # e.g. why there are no GPUs
+
+    # ---- queries used by decide/launch -------------------------------------------------
+    def gpu(self, index: int) -> GPU:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(index)
+
+    def link(self, a: int, b: int) -> Link:
+        if a > b:
+            a, b = b, a
+        for l in self.links:
+            if l.a == a and l.b == b:
+                return l
+        raise KeyError((a, b))
+
+    def worst_link(self, indices) -> Link | None:
+        idx = sorted(indices)
+        pairs = [self.link(x, y) for i, x in enumerate(idx) for y in idx[i + 1:]]
+        return max(pairs, key=lambda l: (link_rank(l.link_class), -_nv_count(l.link_class)), default=None)
+
+    def findings_for(self, index: int) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.gpu == index)
+
+    def healthy(self, index: int) -> bool:
+        return not any(f.severity == Severity.CRITICAL for f in self.findings_for(index)) \
+            and not self.gpu(index).lost
+
+    def fingerprint(self) -> str:
+        """Stable across runs on an unchanged machine: UUIDs, link matrix, driver, NCCL."""
+        key = {
+            "uuids": [g.uuid for g in self.gpus],
+            "links": [(l.a, l.b, l.link_class, l.p2p) for l in self.links],
+            "driver": self.driver_version,
+            "nccl": self.nccl_version,
+        }
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---- JSON round trip (fixtures, `smartlaunch-node topo --json`) ---------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["numa_nodes"] = {str(k): list(v) for k, v in self.numa_nodes.items()}
+        for f in d["findings"]:
+            f["severity"] = Severity(f["severity"]).value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Topology":
+        gpus = tuple(
+            GPU(**{**g, "processes": tuple(GPUProcess(**p) for p in g.get("processes", ())),
+                   "cpus": tuple(g.get("cpus", ())),
+                   "throttle_reasons": tuple(g.get("throttle_reasons", ()))})
+            for g in d["gpus"])
+        return cls(
+            gpus=gpus,
+            links=tuple(Link(**l) for l in d.get("links", ())),
+            hostname=d.get("hostname", ""),
+            driver_version=d.get("driver_version"),
+            cuda_driver_version=d.get("cuda_driver_version"),
+            nccl_version=d.get("nccl_version"),
+            numa_nodes={int(k): tuple(v) for k, v in d.get("numa_nodes", {}).items()},
+            findings=tuple(Finding(Severity(f["severity"]), f["code"], f["message"], f.get("gpu"))
+                           for f in d.get("findings", ())),
+            source=d.get("source", "json"),
+            note=d.get("note", ""),
+        )
+
+
+def _nv_count(link_class: str) -> int:
+    if link_class.startswith("NV") and link_class[2:].isdigit():
+        return int(link_class[2:])
+    return 0
+
+
+def cpu_only(note: str) -> Topology:
+    """The machine as the launcher sees it without NVML: no GPUs, a reason why."""
+    return Topology(gpus=(), links=(), source="none", note=note)
