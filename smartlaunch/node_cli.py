@@ -1,0 +1,53 @@
+"""`smartlaunch-node`: node and admin commands (topology, policy, comm benchmark, Slurm hooks).
+
+Each subcommand lives with its layer in a module exposing `register(subparsers)`, which adds
+a parser whose `func(args) -> int` runs it. Modules load lazily-cheaply: no NVML at import.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from smartlaunch.errors import SmartlaunchError
+
+SUBCOMMAND_MODULES = (
+    "smartlaunch.topology.cli",     # topo
+    "smartlaunch.policy.cli",       # policy check | show
+    "smartlaunch.profile.cli",      # bench-comm, profile
+    "smartlaunch.slurm.cli",        # prolog | epilog | baseline
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="smartlaunch-node", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_usage(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SmartlaunchError as exc:
+        if args.debug:
+            raise
+        print(f"smartlaunch-node: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""What the user asked for, as parsed from the command line (the CLI's output)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+STRATEGY_CHOICES = ("auto", "single", "independent", "ddp")
+
+
+@dataclass(frozen=True)
+class Request:
+    strategy: str = "auto"                       # one of STRATEGY_CHOICES
+    max_gpus: int | None = None                  # --nproc-per-node N; None: not given
+    script: str = ""                             # script path, module name, or program
+    script_args: tuple[str, ...] = ()
+    module: bool = False                         # -m
+    no_python: bool = False                      # --no-python
+    variants: tuple[tuple[str, ...], ...] = ()   # --each / --each-file: script args per job
+    explain: str | None = None                   # None | "text" | "json"
+    policy_path: str | None = None
+    reprofile: bool = False
+    no_wait: bool = False
+    debug: bool = False
+    nnodes: str = "1"
+    # torchrun's parsed namespace (smartlaunch options removed): the launch API's input.
+    torchrun_args: argparse.Namespace | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes not in ("1", "1:1")
+
+    def command(self, python: str) -> list[str]:
+        """argv of one worker, as torchrun would build it (without script args)."""
+        if self.no_python:
+            return [self.script]
+        if self.module:
+            return [python, "-u", "-m", self.script]
+        return [python, "-u", self.script]

@@ -1,0 +1,40 @@
+"""Shared test fixtures. Area-specific helpers live in tests/helpers_<area>.py."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "smartlaunch" / "topology" / "fixtures"
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """An environment without launcher/Slurm/NCCL leftovers and with private cache, log
+    and lease directories, so tests never touch the user's ~/.cache or /tmp leases."""
+    for k in list(os.environ):
+        if k.startswith(("PET_", "SLURM_", "NCCL_", "TORCHELASTIC_", "SMARTLAUNCH_")) or k in (
+            "CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK",
+        ):
+            monkeypatch.delenv(k, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("SMARTLAUNCH_LEASE_DIR", str(tmp_path / "leases"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def fixture_path(name: str) -> str:
+    return str(FIXTURES / f"{name}.json")
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
