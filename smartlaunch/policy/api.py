@@ -50,6 +50,10 @@ class LaunchPolicy:
     signal_grace_s: float = 10.0          # SIGTERM -> SIGKILL
     straggler_threshold: float = 0.15
     log_dir: str = "~/.cache/smartlaunch/logs"
+    # Variables for every worker whatever the link. From an admin `enforce:` section they are
+    # mandatory (applied over the user's environment, see policy.enforced_env); from any other
+    # layer they are defaults the user's own environment overrides.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,15 @@ class Policy:
     jobs: JobsPolicy = field(default_factory=JobsPolicy)
     paths: PathsPolicy = field(default_factory=PathsPolicy)
     # dotted key -> "built-in" | "admin:/etc/smartlaunch/policy.yaml" | "user:<path>" |
-    #                "enforced:/etc/..." ; filled by the loader.
+    #   "env:SMARTLAUNCH_LOG_DIR" | "cli:--nproc-per-node" | "enforced:/etc/..." ; filled by
+    #   the loader. Keys: "section.field", plus "launch.nccl.<FAMILY>", "launch.env.<NAME>".
     sources: dict[str, str] = field(default_factory=dict)
     enforced: dict[str, object] = field(default_factory=dict)   # dotted key -> admin value
+    # dotted key -> why the value is not what a lower layer asked ("user:... set 8; the
+    # admin cap 4 wins"), for `policy show` and --explain.
+    notes: dict[str, str] = field(default_factory=dict)
+    admin_path: str | None = None          # the admin file that was read, if any
+    layers: tuple[str, ...] = ()           # sources that were read, lowest first
 
     def source_of(self, dotted_key: str) -> str:
         return self.sources.get(dotted_key, "built-in")
@@ -93,5 +103,8 @@ class Policy:
         """'decision.min_efficiency=0.7 (admin:/etc/smartlaunch/policy.yaml)' for explain."""
         obj = self
         for part in dotted_key.split("."):
-            obj = getattr(obj, part)
+            # launch.nccl.PHB and launch.env.NAME index into dicts.
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+        if isinstance(obj, tuple):
+            obj = "[" + ", ".join(map(str, obj)) + "]"
         return f"{dotted_key}={obj} ({self.source_of(dotted_key)})"

@@ -1,0 +1,45 @@
+"""`smartlaunch-node policy check [FILE]` and `smartlaunch-node policy show`."""
+from __future__ import annotations
+
+import argparse
+
+from smartlaunch.policy.load import ADMIN_POLICY_PATH, load_policy, validate_file
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("policy", help="validate policy files or show the effective policy")
+    sub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    check = sub.add_parser(
+        "check", help="validate FILE, or with no FILE every layer that applies here",
+        description="Exit 0 and print 'OK: FILE' when valid; otherwise print the error "
+                    "(file:line, key) and exit 3.")
+    check.add_argument("file", nargs="?", metavar="FILE")
+    check.add_argument("--policy", metavar="PATH", help="user policy (as smartlaunch --policy)")
+    check.set_defaults(func=_check)
+    show = sub.add_parser("show", help="print the effective merged policy with every value's "
+                                       "source")
+    show.add_argument("--policy", metavar="PATH", help="user policy (as smartlaunch --policy)")
+    show.set_defaults(func=_show)
+
+
+def _check(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        parsed = validate_file(args.file)
+        note = ""
+        if parsed.enforce:
+            note = (f" (enforces {len(parsed.enforce)} keys; enforce: is honoured only in "
+                    f"{ADMIN_POLICY_PATH})")
+        print(f"OK: {args.file}{note}")
+        return 0
+    policy = load_policy(args.policy)
+    files = [label.split(":", 1)[1] for label in policy.layers
+             if label.startswith(("admin:", "user:"))]
+    for path in files or ["built-in defaults (no policy file found)"]:
+        print(f"OK: {path}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from smartlaunch.policy.show import render
+    print(render(load_policy(args.policy)), end="")
+    return 0

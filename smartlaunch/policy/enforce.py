@@ -1,0 +1,56 @@
+"""The admin's caps against the user's command line, and the variables the admin makes
+mandatory. A user *file* asking more than a cap is quietly capped (`policy show` says so); a
+user *command line* asking more is an error, because the user explicitly asked for it."""
+from __future__ import annotations
+
+from smartlaunch.errors import PolicyError
+from smartlaunch.policy.api import Policy
+from smartlaunch.policy.load import replace_values
+from smartlaunch.request import Request
+
+
+def _where(policy: Policy) -> str:
+    return policy.admin_path or "/etc/smartlaunch/policy.yaml"
+
+
+def check_request(policy: Policy, request: Request) -> None:
+    """PolicyError when --nproc-per-node or --strategy goes beyond an enforced admin rule."""
+    cap = policy.enforced.get("decision.max_gpus")
+    if cap is not None and request.max_gpus is not None and request.max_gpus > cap:
+        raise PolicyError(
+            f"--nproc-per-node {request.max_gpus} exceeds the admin policy's cap "
+            f"(enforce.decision.max_gpus={cap} in {_where(policy)}); use --nproc-per-node {cap} "
+            "or fewer")
+    allowed = policy.enforced.get("decision.allowed_strategies")
+    if allowed is not None and request.strategy != "auto" and request.strategy not in allowed:
+        choices = ["auto", *allowed]
+        raise PolicyError(
+            f"--strategy {request.strategy} is forbidden by the admin policy "
+            f"(enforce.decision.allowed_strategies=[{', '.join(allowed)}] in {_where(policy)}); "
+            f"use --strategy {', '.join(choices[:-1])} or {choices[-1]}")
+
+
+def apply_request(policy: Policy, request: Request) -> Policy:
+    """The CLI layer: check_request, then the policy with --nproc-per-node as decision.max_gpus
+    and a forced --strategy as the only allowed strategy (source "cli:--...")."""
+    check_request(policy, request)
+    out = policy
+    if request.max_gpus is not None:
+        out = replace_values(out, {"decision.max_gpus": request.max_gpus}, "cli:--nproc-per-node")
+    if request.strategy != "auto":
+        changes: dict[str, object] = {"decision.allowed_strategies": (request.strategy,)}
+        if policy.decision.fallback_strategy != request.strategy:
+            changes["decision.fallback_strategy"] = request.strategy
+        out = replace_values(out, changes, "cli:--strategy")
+    return out
+
+
+def enforced_env(policy: Policy, family: str | None = None) -> dict[str, str]:
+    """Variables the admin makes mandatory: `enforce: launch: env:` for every worker, plus
+    `enforce: launch: nccl: <family>:` when the job's link family is given. The launch layer
+    applies these over the user's environment (user env vars cannot relax them)."""
+    out = {k.split(".", 2)[2]: str(v) for k, v in policy.enforced.items()
+           if k.startswith("launch.env.")}
+    if family is not None and f"launch.nccl.{family}" in policy.enforced:
+        out.update(policy.launch.nccl.get(family, {}))
+    return out

@@ -1,0 +1,275 @@
+"""Reading the policy layers and merging them into one `Policy`.
+
+Layers, lowest first:
+  built-in   the dataclass defaults in api.py (documented in policies/default.yaml)
+  admin      /etc/smartlaunch/policy.yaml, a fixed path: a user cannot name another admin file
+  user       --policy PATH, else ./smartlaunch.yaml, else ~/.config/smartlaunch/policy.yaml
+             (the first that exists; only one is read)
+  env        SMARTLAUNCH_CACHE_DIR -> paths.cache_dir, SMARTLAUNCH_LEASE_DIR -> paths.lease_dir,
+             SMARTLAUNCH_LOG_DIR -> launch.log_dir (ENV_VARS below)
+  cli        --nproc-per-node / --strategy (enforce.apply_request)
+The admin file's `enforce:` section is applied last and wins over user file, env and CLI.
+
+The admin file is refused when a non-root user could rewrite it (the file or its directory
+owned by a non-root uid, or group/world-writable): otherwise any user could relax the rules.
+
+Test-only switch. Tests cannot write /etc, so SMARTLAUNCH_TEST_ADMIN_POLICY=<path> stands in
+for the admin file, and the test user may own it. It is honoured only when ALL hold:
+  - the process runs under pytest (PYTEST_CURRENT_TEST is set),
+  - SMARTLAUNCH_TEST_UID equals os.getuid(),
+  - /etc/smartlaunch/policy.yaml does not exist.
+The first two only stop it being set by accident (a user controls their environment). The third
+is the guard: where an administrator has installed a policy the switch is ignored, so it can
+never replace or relax real rules; where none exists, nothing is enforced anyway, and the
+switch only adds rules the user chose. The file must still not be group/world-writable.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+from smartlaunch.errors import PolicyError
+from smartlaunch.policy.api import Policy
+from smartlaunch.policy.schema import (
+    ENFORCE_MODES, SECTIONS, ParsedFile, base_key, parse_text, section_fields,
+)
+
+ADMIN_POLICY_PATH = "/etc/smartlaunch/policy.yaml"
+USER_POLICY_CWD = "smartlaunch.yaml"
+USER_POLICY_HOME = os.path.join(".config", "smartlaunch", "policy.yaml")
+ENV_VARS: dict[str, str] = {
+    "SMARTLAUNCH_CACHE_DIR": "paths.cache_dir",
+    "SMARTLAUNCH_LEASE_DIR": "paths.lease_dir",
+    "SMARTLAUNCH_LOG_DIR": "launch.log_dir",
+}
+TEST_ADMIN_ENV = "SMARTLAUNCH_TEST_ADMIN_POLICY"
+TEST_UID_ENV = "SMARTLAUNCH_TEST_UID"
+BUILT_IN = "built-in"
+
+
+def read_policy_file(path: str, *, allow_enforce: bool) -> ParsedFile:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PolicyError(f"policy file {path} not found; check the path") from None
+    except IsADirectoryError:
+        raise PolicyError(f"policy file {path} is a directory; name a .yaml file") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "save it as UTF-8") from None
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file {path}: {exc.strerror}; check its "
+                          "permissions") from None
+    return parse_text(text, path, allow_enforce=allow_enforce)
+
+
+def validate_file(path: str) -> ParsedFile:
+    """`policy check FILE`: the file on its own; an enforce: section is accepted (it may be an
+    admin policy about to be installed)."""
+    return read_policy_file(path, allow_enforce=True)
+
+
+# --- where the files are -------------------------------------------------------------------
+
+def _test_switch_honoured(environ: Mapping[str, str]) -> bool:
+    return ("PYTEST_CURRENT_TEST" in environ
+            and environ.get(TEST_UID_ENV) == str(os.getuid())
+            and not os.path.lexists(ADMIN_POLICY_PATH))
+
+
+def admin_policy_path(environ: Mapping[str, str]) -> tuple[str | None, set[int]]:
+    """The admin file to read (None: there is none) and the uids allowed to own it."""
+    test_path = environ.get(TEST_ADMIN_ENV)
+    if test_path and _test_switch_honoured(environ):
+        return test_path, {0, os.getuid()}
+    return (ADMIN_POLICY_PATH if os.path.lexists(ADMIN_POLICY_PATH) else None), {0}
+
+
+def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
+    """Refuse an admin file that a non-root user could rewrite (or swap out via its directory)."""
+    real = os.path.realpath(path)
+    checks = [(path, "file"), (os.path.dirname(os.path.abspath(path)), "directory")]
+    if real != os.path.abspath(path):
+        checks += [(real, "file"), (os.path.dirname(real), "directory")]
+    for p, what in checks:
+        try:
+            st = os.stat(p)
+        except OSError as exc:
+            raise PolicyError(f"cannot inspect admin policy {what} {p}: {exc.strerror}; fix the "
+                              "admin policy installation") from None
+        if what == "file" and not stat.S_ISREG(st.st_mode):
+            raise PolicyError(f"admin policy {p} is not a regular file; install a YAML file "
+                              "there")
+        if st.st_uid not in trusted_uids:
+            raise PolicyError(f"admin policy {what} {p} is owned by uid {st.st_uid}, not root, so "
+                              f"a non-root user could rewrite the admin rules; refusing it. Fix: "
+                              f"sudo chown root {p}")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise PolicyError(f"admin policy {what} {p} is group/world-writable (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}), so a non-root user could rewrite "
+                              f"the admin rules; refusing it. Fix: sudo chmod go-w {p}")
+
+
+def user_policy_path(user_path: str | None, environ: Mapping[str, str],
+                     cwd: str) -> str | None:
+    if user_path is not None:
+        if not os.path.isfile(user_path):
+            raise PolicyError(f"policy file {user_path} (--policy) not found; check the path or "
+                              "drop --policy")
+        return user_path
+    home = environ.get("HOME") or os.path.expanduser("~")
+    for candidate in (os.path.join(cwd, USER_POLICY_CWD), os.path.join(home, USER_POLICY_HOME)):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+# --- merging -------------------------------------------------------------------------------
+
+def builtin_values() -> dict[str, Any]:
+    """The built-in defaults flattened to dotted keys (the shape ParsedFile.values has)."""
+    out: dict[str, Any] = {}
+    default = Policy()
+    for section in SECTIONS:
+        obj = getattr(default, section)
+        for name, kind in section_fields(section).items():
+            value = getattr(obj, name)
+            if kind == "nccl":
+                out.update({f"{section}.{name}.{fam}": dict(v) for fam, v in value.items()})
+            elif kind == "env":
+                out.update({f"{section}.{name}.{var}": v for var, v in value.items()})
+            else:
+                out[f"{section}.{name}"] = value
+    return out
+
+
+def build_policy(values: Mapping[str, Any], **extra: Any) -> Policy:
+    """A Policy from flat dotted values (every key of builtin_values() present)."""
+    parts: dict[str, Any] = {}
+    for section, cls in SECTIONS.items():
+        kwargs: dict[str, Any] = {}
+        for name, kind in section_fields(section).items():
+            prefix = f"{section}.{name}."
+            if kind in ("nccl", "env"):
+                kwargs[name] = {k[len(prefix):]: (dict(v) if kind == "nccl" else v)
+                                for k, v in values.items() if k.startswith(prefix)}
+            else:
+                kwargs[name] = values[f"{section}.{name}"]
+        parts[section] = cls(**kwargs)
+    return Policy(**parts, **extra)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "[" + ", ".join(v) + "]"
+    return "null" if v is None else str(v)
+
+
+def _enforce_one(key: str, current: Any, bound: Any) -> tuple[Any, bool]:
+    """(effective value, whether the layer below was already stricter and is kept)."""
+    mode = ENFORCE_MODES.get(base_key(key), "override")
+    if mode == "max" and bound is not None:
+        if current is not None and current < bound:
+            return current, True
+        return bound, False
+    if mode == "min" and current > bound:
+        return current, True
+    if mode == "subset":
+        kept = tuple(x for x in current if x in bound)
+        if kept and set(kept) < set(bound):
+            return kept, set(kept) == set(current)
+        return (kept or bound), False
+    return bound, False
+
+
+def merge(layers: list[tuple[str, dict[str, Any]]], enforce: dict[str, Any] | None,
+          admin_label: str | None) -> tuple[dict, dict, dict, dict]:
+    """Apply layers in order, then the admin's enforce. Returns values, sources, enforced,
+    notes (see Policy)."""
+    values = builtin_values()
+    sources = {k: BUILT_IN for k in values}
+    for label, layer in layers:
+        values.update(layer)
+        sources.update({k: label for k in layer})
+    enforced: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for key, bound in (enforce or {}).items():
+        current = values.get(key)
+        effective, kept = _enforce_one(key, current, bound) if key in values else (bound, False)
+        enforced[key] = bound
+        rule = f"enforce.{key}={_fmt(bound)} in {admin_label}"
+        if kept:
+            notes[key] = f"{sources[key]} is within the admin rule {rule}"
+        else:
+            if key in values and current != effective and sources[key] != BUILT_IN:
+                notes[key] = f"{sources[key]} set {_fmt(current)}; the admin rule {rule} wins"
+            sources[key] = f"enforced:{admin_label}"
+        values[key] = effective
+    return values, sources, enforced, notes
+
+
+def _check_consistent(values: dict[str, Any], sources: dict[str, str]) -> None:
+    fallback, allowed = values["decision.fallback_strategy"], values["decision.allowed_strategies"]
+    if fallback not in allowed:
+        raise PolicyError(
+            f"decision.fallback_strategy={fallback} ({sources['decision.fallback_strategy']}) is "
+            f"not in decision.allowed_strategies={_fmt(allowed)} "
+            f"({sources['decision.allowed_strategies']}); set fallback_strategy to one of "
+            f"{', '.join(allowed)}")
+
+
+def _env_layer(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    # One layer per variable so each key's source names the variable that set it.
+    return [(f"env:{var}", {key: environ[var]}) for var, key in ENV_VARS.items()
+            if environ.get(var, "").strip()]
+
+
+def load_policy(user_path: str | None = None, *, environ: Mapping[str, str] | None = None,
+                cwd: str | None = None) -> Policy:
+    """The effective policy: built-in < admin < user file < env, then the admin's enforce.
+    CLI options are applied on top by enforce.apply_request (checked by check_request)."""
+    environ = os.environ if environ is None else environ
+    cwd = os.getcwd() if cwd is None else cwd
+    layers: list[tuple[str, dict[str, Any]]] = []
+    enforce: dict[str, Any] | None = None
+    admin_path, trusted = admin_policy_path(environ)
+    if admin_path is not None:
+        check_admin_permissions(admin_path, trusted)
+        admin = read_policy_file(admin_path, allow_enforce=True)
+        layers.append((f"admin:{admin_path}", admin.values))
+        enforce = admin.enforce
+    user = user_policy_path(user_path, environ, cwd)
+    if user is not None and not (admin_path and os.path.exists(admin_path)
+                                 and os.path.samefile(user, admin_path)):
+        layers.append((f"user:{user}", read_policy_file(user, allow_enforce=False).values))
+    layers += _env_layer(environ)
+    values, sources, enforced, notes = merge(layers, enforce, admin_path)
+    _check_consistent(values, sources)
+    read = [BUILT_IN, *(label for label, _ in layers)]
+    if enforce:
+        read.append(f"enforced:{admin_path}")
+    return build_policy(values, sources=sources, enforced=enforced, notes=notes,
+                        admin_path=admin_path, layers=tuple(dict.fromkeys(read)))
+
+
+def replace_values(policy: Policy, changes: Mapping[str, Any], label: str) -> Policy:
+    """A copy of `policy` with some dotted keys set by `label` (the CLI layer)."""
+    values = builtin_values()
+    for section in SECTIONS:
+        for name, kind in section_fields(section).items():
+            value = getattr(getattr(policy, section), name)
+            if kind in ("nccl", "env"):
+                values = {k: v for k, v in values.items() if not k.startswith(f"{section}.{name}.")}
+                values.update({f"{section}.{name}.{k}": v for k, v in value.items()})
+            else:
+                values[f"{section}.{name}"] = value
+    values.update(changes)
+    sources = dict(policy.sources, **{k: label for k in changes})
+    layers = policy.layers + ((label,) if label not in policy.layers else ())
+    return build_policy(values, sources=sources, enforced=dict(policy.enforced),
+                        notes=dict(policy.notes), admin_path=policy.admin_path, layers=layers)
+
+

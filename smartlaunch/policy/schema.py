@@ -1,0 +1,380 @@
+"""The policy file schema and its validator.
+
+Sections, keys and types come from the dataclasses in api.py (one place to add a key). What a
+type cannot say -- ranges, allowed values, how an admin's `enforce:` combines with a user's
+value -- is declared here, in plain tables, one row per key.
+
+The validator walks the YAML node tree (not the loaded dict) so every error can name the
+`file:line` and the dotted key path.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from smartlaunch.errors import PolicyError
+from smartlaunch.policy.api import (
+    LINK_FAMILIES, STRATEGIES, DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy,
+    PathsPolicy,
+)
+
+SECTIONS: dict[str, type] = {
+    "decision": DecisionPolicy,
+    "launch": LaunchPolicy,
+    "dryrun": DryRunPolicy,
+    "jobs": JobsPolicy,
+    "paths": PathsPolicy,
+}
+NUMA_MODES = ("off", "node", "exclusive-cores")
+DAY_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Range:
+    lo: float
+    hi: float
+    lo_open: bool = False       # lo itself not allowed (a zero timeout means "never wait")
+
+    def holds(self, v: float) -> bool:
+        return (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
+
+    def describe(self) -> str:
+        lo = f"above {self.lo:g}" if self.lo_open else f"from {self.lo:g}"
+        return f"{lo} to {self.hi:g}"
+
+
+RANGES: dict[str, Range] = {
+    "decision.min_efficiency": Range(0.0, 1.0),       # >1 would need superlinear speedup
+    "decision.uncertainty_band": Range(0.0, 0.5),
+    "decision.trial_steps": Range(1, 10_000),
+    "decision.max_gpus": Range(1, 1024),
+    "decision.memory_headroom": Range(0.0, 1.0, lo_open=True),
+    "launch.rank_failure_timeout_s": Range(0.0, DAY_S, lo_open=True),
+    "launch.hang_timeout_s": Range(0.0, 7 * DAY_S, lo_open=True),
+    "launch.hang_step_multiple": Range(1.0, 1000.0),  # <1 would flag every normal step
+    "launch.startup_grace_s": Range(0.0, DAY_S),
+    "launch.signal_grace_s": Range(0.0, 3600.0),
+    "launch.straggler_threshold": Range(0.0, 1.0, lo_open=True),
+    "dryrun.time_limit_s": Range(0.0, DAY_S, lo_open=True),
+    "dryrun.warmup_steps": Range(0, 10_000),
+    "dryrun.measure_steps": Range(1, 10_000),
+    "jobs.jobs_per_gpu": Range(1, 16),
+    "jobs.wait_timeout_s": Range(0.0, 30 * DAY_S),
+    "paths.comm_cache_max_age_s": Range(0.0, 365 * DAY_S),
+}
+
+# key -> (allowed values, what one of them is called in a message)
+CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "decision.allowed_strategies": (STRATEGIES, "strategy"),
+    "decision.ddp_link_classes": (LINK_FAMILIES, "link family"),
+    "decision.fallback_strategy": (STRATEGIES, "strategy"),
+    "launch.numa_binding": (NUMA_MODES, "NUMA mode"),
+}
+
+# How an enforced value combines with the value below it. "max": the admin value is a cap (a
+# user may be stricter); "min": a floor; "subset": the user's list is cut down to the admin's;
+# every other key: the admin value replaces the user's.
+ENFORCE_MODES: dict[str, str] = {
+    "decision.max_gpus": "max",
+    "decision.min_efficiency": "min",
+    "decision.allowed_strategies": "subset",
+    "decision.ddp_link_classes": "subset",
+    "decision.memory_headroom": "max",
+    "launch.rank_failure_timeout_s": "max",
+    "launch.hang_timeout_s": "max",
+    "launch.startup_grace_s": "max",
+    "launch.signal_grace_s": "max",
+    "dryrun.time_limit_s": "max",
+    "jobs.jobs_per_gpu": "max",
+    "jobs.wait_timeout_s": "max",
+}
+
+# NCCL_P2P_LEVEL: the farthest link over which NCCL still uses P2P.
+P2P_LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
+# Families whose P2P path works on any sane machine: a setting that turns it off there only
+# slows DDP down (the seeds' NCCL_P2P_DISABLE=1 was for a PHB host bridge without P2P).
+P2P_FAMILY_LEVEL = {"NV": 1, "PIX": 2, "PXB": 3}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+_KIND_NAMES = {
+    "float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
+    "optint": "an integer or null", "strtuple": "a list of names", "nccl": "a mapping of link "
+    "families to NCCL variables", "env": "a mapping of variable names to values",
+}
+
+
+def _kind(tp: Any) -> str:
+    if tp in (bool, int, float, str):
+        return tp.__name__
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType) and set(args) == {int, type(None)}:
+        return "optint"
+    if origin is tuple and args == (str, ...):
+        return "strtuple"
+    if origin is dict and args == (str, dict[str, str]):
+        return "nccl"
+    if origin is dict and args == (str, str):
+        return "env"
+    raise TypeError(f"policy schema has no rule for the type {tp!r}; add one in schema._kind")
+
+
+@functools.cache
+def section_fields(section: str) -> dict[str, str]:
+    """{field name: kind} of one section, in declaration order."""
+    cls = SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    return {f.name: _kind(hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def base_key(dotted: str) -> str:
+    """'launch.nccl.PHB' -> 'launch.nccl'; the key whose schema row applies."""
+    return ".".join(dotted.split(".")[:2])
+
+
+@dataclass
+class ParsedFile:
+    """One validated policy file, flattened to dotted keys (see Policy.sources for the shape)."""
+    path: str
+    values: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)
+    enforce: dict[str, Any] = field(default_factory=dict)
+    enforce_lines: dict[str, int] = field(default_factory=dict)
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _did_you_mean(word: str, valid: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(valid), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, bool):
+        return f"boolean {str(v).lower()}"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, dict)):
+        return "a list" if isinstance(v, list) else "a mapping"
+    return f"{type(v).__name__} {v!r}"
+
+
+class _Walker:
+    """Validates one document; `construct` turns a scalar node into its Python value."""
+
+    def __init__(self, path: str, construct: Callable[[yaml.Node], Any], allow_enforce: bool):
+        self.path = path
+        self.construct = construct
+        self.allow_enforce = allow_enforce
+
+    def error(self, node: yaml.Node, key: str, msg: str) -> PolicyError:
+        where = f"{self.path}:{_line(node)}"
+        return PolicyError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
+
+    def items(self, node: yaml.Node, key: str, what: str):
+        """(name, key node, value node) of a mapping; rejects non-mappings and repeats."""
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return []          # a section header with everything under it commented out
+        if not isinstance(node, yaml.MappingNode):
+            got = "a list" if isinstance(node, yaml.SequenceNode) else \
+                _describe(self.construct(node))
+            raise self.error(node, key, f"expected {what}, got {got}; write it as 'name: value' "
+                             "lines indented under it")
+        seen: dict[str, int] = {}
+        out = []
+        for knode, vnode in node.value:
+            if not (isinstance(knode, yaml.ScalarNode) and knode.tag == "tag:yaml.org,2002:str"):
+                raw = knode.value if isinstance(knode, yaml.ScalarNode) else "?"
+                raise self.error(knode, key, f"key {raw!r} is not a name; keys are words such "
+                                 "as min_efficiency (quote it if it really is a name)")
+            name = knode.value
+            sub = f"{key}.{name}" if key else name
+            if name in seen:
+                raise self.error(knode, sub, f"duplicate key (first set at line {seen[name]}); "
+                                 "keep only one")
+            seen[name] = _line(knode)
+            out.append((name, knode, vnode))
+        return out
+
+    def unknown(self, knode: yaml.Node, key: str, name: str, valid: typing.Iterable[str],
+                what: str = "key") -> PolicyError:
+        valid = list(valid)
+        return self.error(knode, key, f"unknown {what}; {_did_you_mean(name, valid)}"
+                          f"valid {what}s: {', '.join(valid)}")
+
+    def document(self, node: yaml.Node | None) -> ParsedFile:
+        out = ParsedFile(self.path)
+        if node is None:
+            return out
+        what = "a mapping of sections (" + ", ".join(SECTIONS) + ")"
+        for name, knode, vnode in self.items(node, "", what):
+            if name == "enforce":
+                if not self.allow_enforce:
+                    raise self.error(knode, "enforce", "only the admin policy "
+                                     "/etc/smartlaunch/policy.yaml may enforce values; remove "
+                                     "this section (ask your administrator to change the rule)")
+                self.sections(vnode, "enforce", out.enforce, out.enforce_lines)
+            elif name in SECTIONS:
+                self.section(name, knode, vnode, "", out.values, out.lines)
+            else:
+                valid = [*SECTIONS, "enforce"] if self.allow_enforce else list(SECTIONS)
+                raise self.unknown(knode, name, name, valid, "section")
+        return out
+
+    def sections(self, node: yaml.Node, prefix: str, values: dict, lines: dict) -> None:
+        for name, knode, vnode in self.items(node, prefix, "a mapping of sections"):
+            if name not in SECTIONS:
+                raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section")
+            self.section(name, knode, vnode, prefix, values, lines)
+
+    def section(self, section: str, knode: yaml.Node, node: yaml.Node, prefix: str,
+                values: dict, lines: dict) -> None:
+        fields = section_fields(section)
+        shown = f"{prefix}.{section}" if prefix else section
+        for name, fknode, vnode in self.items(node, shown, f"a mapping of {section} keys"):
+            if name not in fields:
+                raise self.unknown(fknode, f"{shown}.{name}", name, fields)
+            dotted = f"{section}.{name}"
+            label = f"{prefix}.{dotted}" if prefix else dotted
+            kind = fields[name]
+            if kind == "nccl":
+                for fam, fam_knode, fam_node in self.items(vnode, label, "a mapping of link "
+                                                           "families (NV, PIX, ...)"):
+                    if fam not in LINK_FAMILIES:
+                        raise self.unknown(fam_knode, f"{label}.{fam}", fam, LINK_FAMILIES,
+                                           "link family")
+                    values[f"{dotted}.{fam}"] = self.env_vars(fam_node, f"{label}.{fam}", fam)
+                    lines[f"{dotted}.{fam}"] = _line(fam_knode)
+            elif kind == "env":
+                for var, value in self.env_vars(vnode, label, None).items():
+                    values[f"{dotted}.{var}"] = value
+                    lines[f"{dotted}.{var}"] = _line(vnode)
+            else:
+                values[dotted] = self.scalar(kind, vnode, label, dotted)
+                lines[dotted] = _line(fknode)
+
+    def env_vars(self, node: yaml.Node, label: str, family: str | None) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for var, knode, vnode in self.items(node, label, "a mapping of variables to values"):
+            key = f"{label}.{var}"
+            if family is not None and not var.startswith("NCCL_"):
+                hint = f"did you mean 'NCCL_{var}'? " if ENV_NAME.match(var) else ""
+                raise self.error(knode, key, "NCCL settings must be NCCL_* variables; "
+                                 f"{hint}put other variables under launch.env")
+            if not ENV_NAME.match(var):
+                raise self.error(knode, key, "not a valid environment variable name; use "
+                                 "letters, digits and _")
+            raw = self.construct(vnode) if isinstance(vnode, yaml.ScalarNode) else []
+            if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+                raise self.error(vnode, key, f"expected a string or integer, got "
+                                 f"{_describe(raw)}; quote it, e.g. {var}: \"1\"")
+            out[var] = str(raw)
+            self.check_p2p(vnode, key, var, out[var], family)
+        return out
+
+    def check_p2p(self, node: yaml.Node, key: str, var: str, value: str,
+                  family: str | None) -> None:
+        # launch.env applies to every link, so it must keep P2P on the fastest family too.
+        floor = P2P_FAMILY_LEVEL.get(family, 0) if family else max(P2P_FAMILY_LEVEL.values())
+        where = f"the working P2P path of {family} links" if family else \
+            "the working P2P path of NV/PIX/PXB links"
+        fix = "remove it; NCCL already skips P2P where it does not work"
+        if var == "NCCL_P2P_DISABLE" and (family is None or family in P2P_FAMILY_LEVEL):
+            if value.strip() not in ("", "0"):
+                raise self.error(node, key, f"NCCL_P2P_DISABLE={value} disables {where}; {fix}")
+        if var == "NCCL_P2P_LEVEL" and floor:
+            level = P2P_LEVELS.get(value.strip().upper())
+            if level is None and value.strip().isdigit():
+                level = int(value)
+            if level is None:
+                raise self.error(node, key, f"{value!r} is not an NCCL_P2P_LEVEL; use one of: "
+                                 + ", ".join(P2P_LEVELS))
+            if level < floor:
+                raise self.error(node, key, f"NCCL_P2P_LEVEL={value} disables {where}; {fix}")
+
+    def scalar(self, kind: str, node: yaml.Node, label: str, dotted: str) -> Any:
+        if kind == "strtuple":
+            return self.name_list(node, label, dotted)
+        if not isinstance(node, yaml.ScalarNode):
+            got = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
+            raise self.error(node, label, f"expected {_KIND_NAMES[kind]}, got {got}")
+        v = self.construct(node)
+        ok = {
+            "bool": isinstance(v, bool),
+            "int": isinstance(v, int) and not isinstance(v, bool),
+            "optint": v is None or (isinstance(v, int) and not isinstance(v, bool)),
+            "float": isinstance(v, (int, float)) and not isinstance(v, bool),
+            "str": isinstance(v, str),
+        }[kind]
+        if not ok:
+            hint = {"bool": "; write true or false", "str": "; quote it"}.get(kind, "")
+            raise self.error(node, label, f"expected {_KIND_NAMES[kind]}, got {_describe(v)}"
+                             + hint)
+        if kind == "float":
+            v = float(v)
+            if v != v or v in (float("inf"), float("-inf")):
+                raise self.error(node, label, f"{v} is not a finite number")
+        if kind == "str" and not v.strip():
+            raise self.error(node, label, "must not be empty; remove the key to keep the "
+                             "default")
+        rng = RANGES.get(dotted)
+        if rng and v is not None and not rng.holds(v):
+            extra = ", or null for every visible GPU" if kind == "optint" else ""
+            raise self.error(node, label, f"{v:g} is out of range; use a value "
+                             f"{rng.describe()}{extra}")
+        if dotted in CHOICES:
+            self.choice(node, label, dotted, v)
+        return v
+
+    def choice(self, node: yaml.Node, label: str, dotted: str, v: str) -> None:
+        allowed, what = CHOICES[dotted]
+        if v not in allowed:
+            raise self.error(node, label, f"{v!r} is not a {what}; "
+                             f"{_did_you_mean(v, allowed)}use one of: {', '.join(allowed)}")
+
+    def name_list(self, node: yaml.Node, label: str, dotted: str) -> tuple[str, ...]:
+        if not isinstance(node, yaml.SequenceNode):
+            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
+                _describe(self.construct(node))
+            raise self.error(node, label, f"expected a list such as [single, ddp], got {got}")
+        if not node.value:
+            raise self.error(node, label, f"must list at least one {CHOICES[dotted][1]}")
+        out: list[str] = []
+        for i, item in enumerate(node.value):
+            v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
+            if not isinstance(v, str):
+                raise self.error(item, f"{label}[{i}]", f"expected a name, got {_describe(v)}")
+            self.choice(item, f"{label}[{i}]", dotted, v)
+            if v in out:
+                raise self.error(item, f"{label}[{i}]", f"{v!r} is listed twice; remove the "
+                                 "repeat")
+            out.append(v)
+        return tuple(out)
+
+
+def parse_text(text: str, path: str, *, allow_enforce: bool) -> ParsedFile:
+    """Validate one policy document; PolicyError naming file:line and the key on any fault."""
+    loader = yaml.SafeLoader(text)
+    walker = _Walker(path, lambda n: loader.construct_object(n, deep=True), allow_enforce)
+    try:
+        try:
+            return walker.document(loader.get_single_node())
+        except yaml.MarkedYAMLError as exc:   # syntax, or a tag safe loading refuses
+            mark = exc.problem_mark or exc.context_mark
+            line = f":{mark.line + 1}" if mark else ""
+            problem = exc.problem or exc.context or "cannot parse"
+            raise PolicyError(f"{path}{line}: malformed YAML: {problem}; fix the syntax "
+                              "(indent with spaces, 'key: value')") from None
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"{path}: malformed YAML: {exc}; fix the syntax") from None
+    finally:
+        loader.dispose()
