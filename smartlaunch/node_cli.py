@@ -49,5 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
 
 
-if __name__ == "__main__":
+def console_main() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

@@ -1,0 +1,198 @@
+"""`smartlaunch`: torchrun's command line plus a few options of its own.
+
+torchrun's parser is reused as is (torch.distributed.run.get_args_parser), so every torchrun
+option and PET_* variable of the installed torch means what it means there; smartlaunch adds
+an option group and removes its own options before handing the namespace to torch.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+
+from smartlaunch.errors import ExitCode, SmartlaunchError, UsageError
+from smartlaunch.request import STRATEGY_CHOICES, Request
+
+# (dest, option strings) of smartlaunch's own options; everything else is torchrun's.
+OWN_OPTIONS = {
+    "strategy": ("--strategy",),
+    "explain": ("--explain",),
+    "sl_policy": ("--policy",),
+    "reprofile": ("--reprofile",),
+    "each": ("--each",),
+    "each_file": ("--each-file",),
+    "no_wait": ("--no-wait",),
+    "debug": ("--debug",),
+}
+EXPLAIN_FORMATS = ("text", "json")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints the whole usage block on error; a job log wants one line."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `smartlaunch --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.__class__ = _OneLineParser
+    parser.prog = "smartlaunch"
+    parser.description = ("A drop-in torchrun that measures before it launches. All torchrun "
+                          "options apply; --nproc-per-node is the most the job may use.")
+    g = parser.add_argument_group("smartlaunch options")
+    g.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto",
+                   help="auto (default) decides from measurements; single, independent and "
+                        "ddp force one (ddp behaves exactly like torchrun)")
+    g.add_argument("--explain", nargs="?", const="text", choices=EXPLAIN_FORMATS, default=None,
+                   help="print the plan (text, or json: see docs/plan-schema.md) and do not launch")
+    g.add_argument("--policy", dest="sl_policy", metavar="PATH",
+                   help="user policy file (default ./smartlaunch.yaml, then "
+                        "~/.config/smartlaunch/policy.yaml)")
+    g.add_argument("--reprofile", action="store_true", help="ignore the cached profile")
+    g.add_argument("--each", action="append", default=[], metavar="ARGS",
+                   help="run the script once per --each as independent single-GPU jobs, "
+                        "ARGS appended to the script's arguments (repeatable)")
+    g.add_argument("--each-file", metavar="FILE",
+                   help="like --each, one variant per line (# comments)")
+    g.add_argument("--no-wait", action="store_true",
+                   help="fail at once when no GPU is free instead of waiting")
+    g.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return parser
+
+
+def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
+    """Make a bare `--explain` before the script mean `--explain=text`, glue `--each ARGS`
+    into `--each=ARGS`, and record which option dests were given on the command line
+    (Slurm fills only the others).
+
+    Without this, `--explain train.py` would read train.py as the format, and argparse
+    would refuse `--each "--lr 0.1"` because the value starts with a dash.
+    """
+    out, given, i = list(argv), set(), 0
+    actions = parser._option_string_actions
+    while i < len(out):
+        tok = out[i]
+        if tok == "--" or not tok.startswith("-") or tok == "-":
+            break
+        name = tok.split("=", 1)[0]
+        action = actions.get(name)
+        if action is None:
+            i += 1
+            continue
+        given.add(action.dest)
+        if action.dest == "each" and "=" not in tok and i + 1 < len(out):
+            out[i:i + 2] = [f"--each={out[i + 1]}"]
+            i += 1
+            continue
+        if action.dest == "explain" and "=" not in tok:
+            nxt = out[i + 1] if i + 1 < len(out) else None
+            if nxt not in EXPLAIN_FORMATS:
+                out[i] = "--explain=text"
+                i += 1
+                continue
+        takes_value = action.nargs != 0 and "=" not in tok and not (
+            len(name) == 2 and len(tok) > 2)  # -r3 style
+        i += 2 if takes_value else 1
+    return out, given
+
+
+def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Request, set[str]]:
+    parser = build_parser()
+    argv, given = _normalize(parser, argv)
+    ns = parser.parse_args(argv)
+    torchrun_ns = copy.copy(ns)
+    for dest in OWN_OPTIONS:
+        delattr(torchrun_ns, dest)
+    if "nproc_per_node" not in given and "PET_NPROC_PER_NODE" in environ:
+        given.add("nproc_per_node")
+
+    request = Request(
+        strategy=ns.strategy,
+        max_gpus=_max_gpus(ns.nproc_per_node) if "nproc_per_node" in given else None,
+        script=ns.training_script,
+        script_args=tuple(ns.training_script_args),
+        module=ns.module,
+        no_python=ns.no_python,
+        variants=_variants(ns.each, ns.each_file),
+        explain=ns.explain,
+        policy_path=ns.sl_policy,
+        reprofile=ns.reprofile,
+        no_wait=ns.no_wait,
+        debug=ns.debug,
+        nnodes=str(ns.nnodes),
+        torchrun_args=torchrun_ns,
+    )
+    _check_entrypoint(request)
+    if request.variants and request.strategy not in ("auto", "independent"):
+        raise UsageError(f"--each/--each-file run independent jobs; they cannot be combined "
+                         f"with --strategy {request.strategy} (drop one of them)")
+    return request, given
+
+
+def _max_gpus(value: str) -> int | None:
+    if value in ("gpu", "auto", "cpu", "xpu"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"--nproc-per-node {value!r} is not a number or one of gpu/auto/cpu; "
+                         f"give the most GPUs the job may use, e.g. --nproc-per-node 2") from None
+    if n < 1:
+        raise UsageError(f"--nproc-per-node {n} must be at least 1")
+    return n
+
+
+def _variants(each: list[str], each_file: str | None) -> tuple[tuple[str, ...], ...]:
+    variants = [tuple(shlex.split(v)) for v in each]
+    if each_file:
+        from smartlaunch.launch.independent import parse_each_file
+        variants += parse_each_file(each_file)
+    return tuple(variants)
+
+
+def _check_entrypoint(request: Request) -> None:
+    if request.no_python:
+        if not (shutil.which(request.script) or os.path.isfile(request.script)):
+            raise UsageError(f"program not found: {request.script} (with --no-python the "
+                             f"entrypoint must be an executable on PATH or a file path)")
+    elif request.module:
+        top = request.script.split(".")[0]
+        if importlib.util.find_spec(top) is None:
+            raise UsageError(f"module not found: {request.script} (check PYTHONPATH and the "
+                             f"current directory, or drop -m to run a script path)")
+    elif not os.path.isfile(request.script):
+        hint = " (use -m for a module)" if not request.script.endswith(".py") else ""
+        raise UsageError(f"training script not found: {request.script}{hint}; check the path "
+                         f"relative to {os.getcwd()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        request, given = parse(argv)
+        from smartlaunch.pipeline import run
+        return run(request, given)
+    except SmartlaunchError as exc:
+        if debug:
+            raise
+        print(f"smartlaunch: error: {exc}", file=sys.stderr, flush=True)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        return 128 + 2
+
+
+def console_main() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

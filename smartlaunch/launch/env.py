@@ -1,0 +1,59 @@
+"""torchrun's worker environment contract, for processes smartlaunch starts without an agent.
+
+Matches what torch's LocalElasticAgent sets for a one-rank group (checked against a real
+`torchrun --nproc-per-node 1` in tests/test_cli_single.py), except
+TORCHELASTIC_USE_AGENT_STORE=False: there is no agent store, so a script's
+init_process_group must create its own TCPStore instead of waiting for one that never comes.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Mapping
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_rank_env(master_port: int | None = None, run_id: str | None = None) -> dict[str, str]:
+    run_id = run_id or str(uuid.uuid4())
+    err_dir = tempfile.mkdtemp(prefix="smartlaunch-err-")
+    return {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "ROLE_RANK": "0",
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port or free_port()),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": os.path.join(err_dir, "error.json"),
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+
+
+def narrow_visible(gpus, environ: Mapping[str, str], topology) -> str:
+    """CUDA_VISIBLE_DEVICES selecting `gpus` (CUDA ordinals as this process sees them).
+
+    With CUDA_VISIBLE_DEVICES already set, keep its own tokens (indices, UUIDs or MIG UUIDs)
+    so the child sees exactly the devices we picked; otherwise name them by UUID, which is
+    immune to CUDA_DEVICE_ORDER.
+    """
+    current = environ.get("CUDA_VISIBLE_DEVICES")
+    if current is not None and current.strip():
+        tokens = [t.strip() for t in current.split(",") if t.strip()]
+        return ",".join(tokens[i] for i in gpus)
+    return ",".join(topology.gpu(i).uuid or str(topology.gpu(i).nvml_index) for i in gpus)

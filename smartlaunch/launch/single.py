@@ -1,0 +1,86 @@
+"""One process on one GPU (or the CPU), with torchrun's worker environment contract.
+
+The script's exit code is smartlaunch's (128+N when a signal killed it). Signals reach the
+script; after a terminating one, the script gets the policy's grace period before SIGKILL.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from smartlaunch.launch.api import LaunchResult, RunState
+from smartlaunch.launch.env import narrow_visible, single_rank_env
+from smartlaunch.launch.signals import TERMINATING, exit_code_for, forward_signals
+
+
+def worker_argv(request, python: str = sys.executable) -> list[str]:
+    """The wrapped entrypoint (worker hook: no orphans, NUMA, progress) plus script args."""
+    try:  # TODO(integration): the worker hook lands with the DDP work
+        from smartlaunch.launch.worker import worker_command
+    except ImportError:
+        return request.command(python) + list(request.script_args)
+    return worker_command(request, python) + list(request.script_args)
+
+
+def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(environ)
+    env.update(plan.env_dict())
+    env.update(single_rank_env())
+    if plan.device == "cuda" and plan.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = narrow_visible(plan.gpus[:1], environ, topology)
+    env.update(extra or {})
+    return env
+
+
+class SingleLauncher:
+    def __init__(self, argv: list[str], env: dict[str, str], grace_s: float):
+        self.argv, self.env, self.grace_s = argv, env, grace_s
+        self.proc: subprocess.Popen | None = None
+        self._stop_deadline: float | None = None
+        self._signal: int | None = None
+
+    def start(self) -> None:
+        # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
+        # can end the whole group, DataLoader workers included.
+        self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+
+    def signal(self, signum: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signum)
+        if signum in TERMINATING and self._stop_deadline is None:
+            self._signal = signum
+            self._stop_deadline = time.monotonic() + self.grace_s
+
+    def poll(self) -> LaunchResult | None:
+        assert self.proc is not None
+        rc = self.proc.poll()
+        if rc is None:
+            if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
+                self.close(signal.SIGKILL)
+            return None
+        self.close(signal.SIGKILL)  # leftovers of the script's group (grandchildren)
+        code = exit_code_for(rc)
+        state = RunState.SUCCEEDED if code == 0 else (
+            RunState.INTERRUPTED if self._signal else RunState.FAILED)
+        return LaunchResult(state, code)
+
+    def close(self, sig: int | None = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig or signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_single(plan, request, policy, topology) -> int:
+    launcher = SingleLauncher(worker_argv(request), single_env(plan, topology),
+                              policy.launch.signal_grace_s)
+    with forward_signals(launcher.signal):
+        launcher.start()
+        while (result := launcher.poll()) is None:
+            time.sleep(0.05)
+    return result.exit_code

@@ -1,0 +1,114 @@
+"""The pipeline the CLI runs: policy -> topology -> profile -> decide -> (explain | launch).
+
+Each stage is its own module with a typed result; this file only wires them, in order, and
+is the one place that decides what needs measuring (a dry run only when there is a choice).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+
+from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.request import Request
+
+
+def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ) -> int:
+    plan, topology, policy = make_plan(request, given, environ)
+    if request.explain == "json":
+        print(plan.to_json())
+        return 0
+    if request.explain:
+        from smartlaunch.decide.explain import render_text
+        print(render_text(plan))
+        return 0
+    from smartlaunch.launch import execute
+    return execute(plan, request, policy, topology)
+
+
+def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
+    from smartlaunch.decide import decide
+    from smartlaunch.launch.prepare import prepare
+    from smartlaunch.policy.load import check_request, load_policy
+    from smartlaunch.slurm.env import apply_to_torchrun_args, detect
+    from smartlaunch.topology import discover
+
+    policy = load_policy(request.policy_path, environ=environ)
+    check_request(policy, request)
+    notes: list[str] = []
+    slurm = detect(environ)
+    if slurm is not None and request.torchrun_args is not None:
+        notes += apply_to_torchrun_args(slurm, request.torchrun_args, given)
+        request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
+
+    topology = discover(environ)
+    unavailable = _leased_elsewhere(topology, policy)
+    profile = _profile(request, policy, topology, environ, unavailable)
+    plan = decide(
+        request, topology, policy, profile,
+        comm_for=_comm_for(topology, policy, environ, profile),
+        trial=_trial_runner(request, policy, environ),
+        unavailable=frozenset(unavailable),
+    )
+    plan = prepare(plan, topology, policy, environ)
+    if notes:
+        plan = dataclasses.replace(
+            plan, reasons=plan.reasons + tuple(Reason(n, "slurm allocation") for n in notes))
+    return plan, topology, policy
+
+
+def _leased_elsewhere(topology, policy) -> set[int]:
+    if not topology.gpus:
+        return set()
+    from smartlaunch.launch.leases import LeaseManager
+    return LeaseManager(policy.paths.lease_dir, share=policy.jobs.share_gpus).taken(topology)
+
+
+def needs_profile(request: Request, topology, usable: list[int]) -> bool:
+    """A dry run only pays off when auto has a real choice to make."""
+    if request.strategy != "auto" or request.no_python or request.multi_node:
+        return False
+    if not topology.gpus:
+        return False
+    limit = request.max_gpus or len(usable)
+    return min(limit, len(usable)) > 1 and not request.variants
+
+
+def _profile(request, policy, topology, environ, unavailable):
+    usable = [g.index for g in topology.gpus
+              if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
+    if not needs_profile(request, topology, usable):
+        return None
+    from smartlaunch.launch.env import narrow_visible
+    from smartlaunch.profile.cache import profile_entrypoint
+    gpu = usable[0]
+    print(f"smartlaunch: profiling {request.script} on GPU{gpu} (dry run, at most "
+          f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)", file=sys.stderr, flush=True)
+    return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
+                              gpu_model=topology.gpu(gpu).name, environ=environ)
+
+
+def _comm_for(topology, policy, environ, profile):
+    if not topology.gpus:
+        return lambda group: None
+    from smartlaunch.profile.comm import comm_curve
+    max_bytes = None
+    if profile is not None and profile.grad_bytes:
+        # Only sizes up to the model's gradients matter; it keeps the benchmark short.
+        max_bytes = max(1 << 20, 1 << (int(profile.grad_bytes) - 1).bit_length())
+
+    def comm_for(group):
+        return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes)
+    return comm_for
+
+
+def _trial_runner(request, policy, environ):
+    if not policy.decision.trials or request.no_python:
+        return None
+    from smartlaunch.decide.trial import make_trial_runner
+    return make_trial_runner(request, policy, environ)
+
+
+def plan_only(request: Request, environ: Mapping[str, str] = os.environ) -> Plan:
+    return make_plan(request, set(), environ)[0]
