@@ -193,6 +193,7 @@ class Recorder:
             "batch_size": self.batch_size,
             "wrapped": _wrapper(self.roots.values()),
             "steps_measured": len(self.intervals),
+            "measure_asked": self.measure,
             "peak_host_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "device": "cpu",
         }

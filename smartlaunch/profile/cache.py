@@ -1,0 +1,202 @@
+"""Profile and all-reduce caches: one JSON file per key under the policy's cache directory.
+
+Layout: <cache_dir>/profiles/<key>.json, <cache_dir>/comm/<key>.json, <cache_dir>/logs/.
+The cache dir is policy.paths.cache_dir with ~ expanded; when it is the built-in default and
+XDG_CACHE_HOME is set, $XDG_CACHE_HOME/smartlaunch is used instead.
+
+Profile key = sha256 of: the script's bytes (for -m: the module's file) and of the other *.py
+files beside it (a changed model.py must re-profile), the arguments, the working directory
+(scripts read relative data paths), PYTHONPATH, the CPU-shim switch, the dry-run step counts,
+the torch version and the GPU model. CUDA_VISIBLE_DEVICES is deliberately left out: any GPU of
+the same model gives the same profile.
+Comm key = topology fingerprint + GPU group + backend + every NCCL_* variable.
+
+Shared directories are hostile: directories are created 0o700, a cache dir that is a symlink,
+not owned by the user, or group/world-writable without the sticky bit is refused; files are
+read with O_NOFOLLOW and written through a temp file in the same directory + os.replace, so
+concurrent writers never leave a torn file. A FileLock per key serializes cold dry runs of the
+same job (the second launch waits, then hits the cache).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from smartlaunch.errors import PolicyError
+from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
+
+DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
+KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
+MAX_SIBLINGS = 200               # *.py files hashed beside the script
+MAX_SIBLING_BYTES = 16 << 20
+
+
+def cache_root(policy, environ) -> Path:
+    raw = policy.paths.cache_dir
+    xdg = environ.get("XDG_CACHE_HOME")
+    if raw == DEFAULT_CACHE_DIR and xdg:
+        raw = os.path.join(xdg, "smartlaunch")
+    home = environ.get("HOME") or os.path.expanduser("~")
+    if raw == "~" or raw.startswith("~/"):
+        raw = home + raw[1:]
+    return Path(raw)
+
+
+def private_dir(path: Path) -> Path:
+    """Create (0o700) or verify a directory we may trust; raise PolicyError otherwise."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise PolicyError(f"cannot create cache directory {path}: {exc.strerror}; "
+                          "set paths.cache_dir in your policy to a writable directory") from exc
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory"
+    elif st.st_uid != os.getuid():
+        why = f"is owned by uid {st.st_uid}, not by you"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        why = "is group- or world-writable without the sticky bit"
+    if why:
+        raise PolicyError(f"refusing cache directory {path}: it {why}; "
+                          "remove it or set paths.cache_dir in your policy to a private directory")
+    return path
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None  # absent, or a symlink planted in our place
+    try:
+        with os.fdopen(fd) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def script_file(request, cwd: str, environ) -> Path | None:
+    """The file whose content identifies the entrypoint (for -m: the module's file)."""
+    if not request.module:
+        return Path(cwd, request.script)
+    import importlib.util
+    extra = [cwd] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    old = list(sys.path)
+    sys.path[:0] = extra
+    try:
+        spec = importlib.util.find_spec(request.script)
+        if spec is not None and spec.submodule_search_locations:
+            spec = importlib.util.find_spec(request.script + ".__main__")
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = old
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = None) -> str:
+    import torch
+    cwd = cwd or os.getcwd()
+    h = hashlib.sha256()
+    main = script_file(request, cwd, environ)
+    if main is not None and main.is_file():
+        h.update(main.read_bytes())
+        siblings = sorted(p for p in main.parent.glob("*.py") if p != main)[:MAX_SIBLINGS]
+        budget = MAX_SIBLING_BYTES
+        for p in siblings:
+            data = p.read_bytes()[:budget]
+            budget -= len(data)
+            h.update(p.name.encode() + b"\0" + hashlib.sha256(data).digest())
+    else:
+        h.update(b"unresolved:" + request.script.encode())
+    key = {
+        "script": request.script, "module": request.module, "args": list(request.script_args),
+        "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
+        "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
+        "torch": torch.__version__, "gpu": gpu_model,
+    }
+    h.update(json.dumps(key, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ) -> ModelProfile:
+    """The cached profile of this entrypoint, or a fresh dry run stored for next time."""
+    from filelock import FileLock
+    from smartlaunch.profile.runner import run_dry_run
+    if request.no_python:
+        return run_dry_run(request, policy, gpu=gpu, environ=environ)
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
+    path = folder / (profile_key(request, policy, gpu_model=gpu_model, environ=environ) + ".json")
+    lock = FileLock(str(path) + ".lock", timeout=policy.dryrun.time_limit_s + 60)
+    with lock:
+        if not request.reprofile:
+            hit = read_json(path)
+            if hit is not None:
+                try:
+                    return _replace(ModelProfile.from_dict(hit), cached=True)
+                except (KeyError, TypeError, ValueError):
+                    pass  # an older or damaged entry: profile again
+        profile = run_dry_run(request, policy, gpu=gpu, environ=environ)
+        if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
+            write_json(path, profile.to_dict())
+        return profile
+
+
+def comm_key(topology, gpus, backend: str, environ) -> str:
+    key = {
+        "topology": topology.fingerprint() if topology is not None else "none",
+        "gpus": list(gpus), "backend": backend,
+        "nccl": {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")},
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None:
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "comm")
+    data = read_json(folder / f"{key}.json")
+    if not data:
+        return None
+    try:
+        age = time.time() - float(data.get("measured_at", 0))
+        curve = CommCurve.from_dict(data["curve"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if age > policy.paths.comm_cache_max_age_s or curve.points[-1][0] < need_bytes:
+        return None
+    return _replace(curve, cached=True)
+
+
+def store_comm(policy, key: str, curve: CommCurve, environ) -> None:
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "comm")
+    write_json(folder / f"{key}.json", {"measured_at": time.time(), "curve": curve.to_dict()})
+
+
+def _replace(obj, **kw):
+    import dataclasses
+    return dataclasses.replace(obj, **kw)
+
+
+__all__ = ["profile_entrypoint", "profile_key", "comm_key", "cache_root", "private_dir",
+           "load_comm", "store_comm"]

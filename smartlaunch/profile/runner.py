@@ -1,0 +1,186 @@
+"""Parent side of the dry run: start the hooked child, bound it in time, read its profile.
+
+The child runs `python -m smartlaunch.profile.dryrun ... <script> <args>` in its own session
+(so a time-out kills it and its DataLoader workers as one group, and nothing else), with
+torchrun's single-rank environment so scripts that call init_process_group unconditionally
+work. Its stdout goes to a log file in the cache dir; its stderr is echoed to the user as is
+and its tail is kept for the crash message.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from smartlaunch.errors import DryRunError
+from smartlaunch.profile.api import ModelProfile, ProfileStatus
+from smartlaunch.profile.cache import cache_root, private_dir, read_json
+
+TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
+EXIT_GRACE_S = 10.0      # result written -> the script should have unwound by then
+TAIL_LINES = 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_rank_env(environ, gpu: str | None) -> dict[str, str]:
+    """torchrun's environment for one worker of a one-process job."""
+    env = dict(environ)
+    env.update({
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1",
+        "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "smartlaunch-dryrun", "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "PYTHONUNBUFFERED": "1", "SMARTLAUNCH_DRYRUN": "1",
+        # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
+        "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
+    })
+    return env
+
+
+def _pump(stream, tail: collections.deque, echo) -> None:
+    for raw in iter(stream.readline, b""):
+        tail.append(raw.decode(errors="replace").rstrip("\n"))
+        if echo is not None:
+            try:
+                echo.write(raw)
+                echo.flush()
+            except (OSError, ValueError):
+                pass
+    stream.close()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; workers of its group may still be unwinding
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> ModelProfile:
+    """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
+    stream; default the user's stderr)."""
+    if request.no_python:
+        return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
+                            f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
+    limit = float(policy.dryrun.time_limit_s)
+    logs = private_dir(private_dir(cache_root(policy, environ)) / "logs")
+    stem = Path(request.script).stem or "script"
+    log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
+    with tempfile.TemporaryDirectory(prefix="smartlaunch-dryrun-") as tmp:
+        out = os.path.join(tmp, "profile.json")
+        cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", "--out", out,
+               "--warmup", str(policy.dryrun.warmup_steps),
+               "--measure", str(policy.dryrun.measure_steps)]
+        if request.module:
+            cmd.append("--module")
+        cmd += [request.script, *request.script_args]
+        t0 = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, env=single_rank_env(environ, gpu), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.PIPE, start_new_session=True)
+            tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+            pump = threading.Thread(target=_pump, args=(proc.stderr, tail, echo), daemon=True)
+            pump.start()
+            timed_out = _wait(proc, out, limit)
+            if timed_out:
+                _kill_group(proc)
+            else:
+                _reap_group(proc)
+            pump.join(timeout=5)
+        elapsed = time.monotonic() - t0
+        data = read_json(Path(out))
+    return _profile(request, data, proc.returncode, timed_out, limit, list(tail), log_path, elapsed)
+
+
+def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
+    """Wait for the child; True when it ran past the limit. Once the result file exists the
+    script gets EXIT_GRACE_S to unwind (a stuck `finally` must not hold the launch)."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            proc.wait(timeout=0.05)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if os.path.exists(out):
+            try:
+                proc.wait(timeout=EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+            return False
+        if time.monotonic() > deadline:
+            return True
+
+
+def _reap_group(proc: subprocess.Popen) -> None:
+    """The leader exited; end what it left in its session (orphaned DataLoader workers).
+    The session id is the leader's pid, so only processes the script started are hit."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> ModelProfile:
+    limit_txt = f"{limit:g} s"
+    where = f"(script output: {log_path})"
+    if not timed_out and code not in (0, None) and not (data and data.get("steps_measured")):
+        last = "\n".join(tail[-10:])
+        raise DryRunError(
+            f"the dry run of {request.script} failed with exit code {code}; it was not launched. "
+            f"Fix the script and run again (its output: {log_path}).\n{last}")
+    data = data or {}
+    fields = {f.name for f in dataclasses.fields(ModelProfile)}
+    kw = {k: v for k, v in data.items() if k in fields}
+    kw["dry_run_s"] = elapsed
+    measured = int(data.get("steps_measured") or 0)
+    if measured and measured >= _asked(request, data):
+        status, note = ProfileStatus.OK, f"{measured} steps measured {where}"
+    elif measured:
+        status = ProfileStatus.INCOMPLETE
+        why = f"the time limit ({limit_txt}) ended it" if timed_out else "the script ended"
+        note = f"only {measured} steps measured before {why}; times are noisy {where}"
+    elif timed_out:
+        status, note = ProfileStatus.NO_STEP, f"no training step seen within {limit_txt} {where}"
+    elif not data.get("optimizers_built") and not data.get("marker"):
+        status = ProfileStatus.NO_STEP
+        note = ("no torch optimizer was built and smartlaunch.profile_step() was never called; "
+                f"cannot time a training step {where}")
+    else:
+        status = ProfileStatus.NO_STEP
+        note = (f"the script ended after {data.get('steps_seen', 0)} steps, too few to measure "
+                f"(warm-up included) {where}")
+    for k in ("step_time_s", "step_time_p90_s", "forward_s", "backward_s"):
+        if status == ProfileStatus.NO_STEP:
+            kw.pop(k, None)
+    return ModelProfile(status=status, note=note, **kw)
+
+
+def _asked(request, data) -> int:
+    return int(data.get("measure_asked") or 1)
