@@ -202,7 +202,7 @@ def merge(layers: list[tuple[str, dict[str, Any]]], enforce: dict[str, Any] | No
         enforced[key] = bound
         rule = f"enforce.{key}={_fmt(bound)} in {admin_label}"
         if kept:
-            notes[key] = f"{sources[key]} is within the admin rule {rule}"
+            notes[key] = f"{sources[key]} value is within the admin rule {rule}"
         else:
             if key in values and current != effective and sources[key] != BUILT_IN:
                 notes[key] = f"{sources[key]} set {_fmt(current)}; the admin rule {rule} wins"

@@ -47,8 +47,9 @@ class Range:
         return (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
 
     def describe(self) -> str:
-        lo = f"above {self.lo:g}" if self.lo_open else f"from {self.lo:g}"
-        return f"{lo} to {self.hi:g}"
+        if self.lo_open:
+            return f"above {self.lo:g} and at most {self.hi:g}"
+        return f"from {self.lo:g} to {self.hi:g}"
 
 
 RANGES: dict[str, Range] = {
@@ -134,6 +135,13 @@ def section_fields(section: str) -> dict[str, str]:
     return {f.name: _kind(hints[f.name]) for f in dataclasses.fields(cls)}
 
 
+def field_default(dotted: str) -> Any:
+    """The built-in value of 'section.field' (for hints in messages)."""
+    section, name = dotted.split(".")[:2]
+    f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
 def base_key(dotted: str) -> str:
     """'launch.nccl.PHB' -> 'launch.nccl'; the key whose schema row applies."""
     return ".".join(dotted.split(".")[:2])
@@ -206,10 +214,10 @@ class _Walker:
         return out
 
     def unknown(self, knode: yaml.Node, key: str, name: str, valid: typing.Iterable[str],
-                what: str = "key") -> PolicyError:
+                what: str = "key", whats: str = "keys") -> PolicyError:
         valid = list(valid)
         return self.error(knode, key, f"unknown {what}; {_did_you_mean(name, valid)}"
-                          f"valid {what}s: {', '.join(valid)}")
+                          f"valid {whats}: {', '.join(valid)}")
 
     def document(self, node: yaml.Node | None) -> ParsedFile:
         out = ParsedFile(self.path)
@@ -227,13 +235,14 @@ class _Walker:
                 self.section(name, knode, vnode, "", out.values, out.lines)
             else:
                 valid = [*SECTIONS, "enforce"] if self.allow_enforce else list(SECTIONS)
-                raise self.unknown(knode, name, name, valid, "section")
+                raise self.unknown(knode, name, name, valid, "section", "sections")
         return out
 
     def sections(self, node: yaml.Node, prefix: str, values: dict, lines: dict) -> None:
         for name, knode, vnode in self.items(node, prefix, "a mapping of sections"):
             if name not in SECTIONS:
-                raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section")
+                raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section",
+                                   "sections")
             self.section(name, knode, vnode, prefix, values, lines)
 
     def section(self, section: str, knode: yaml.Node, node: yaml.Node, prefix: str,
@@ -251,7 +260,7 @@ class _Walker:
                                                            "families (NV, PIX, ...)"):
                     if fam not in LINK_FAMILIES:
                         raise self.unknown(fam_knode, f"{label}.{fam}", fam, LINK_FAMILIES,
-                                           "link family")
+                                           "link family", "link families")
                     values[f"{dotted}.{fam}"] = self.env_vars(fam_node, f"{label}.{fam}", fam)
                     lines[f"{dotted}.{fam}"] = _line(fam_knode)
             elif kind == "env":
@@ -276,7 +285,7 @@ class _Walker:
             raw = self.construct(vnode) if isinstance(vnode, yaml.ScalarNode) else []
             if isinstance(raw, bool) or not isinstance(raw, (str, int)):
                 raise self.error(vnode, key, f"expected a string or integer, got "
-                                 f"{_describe(raw)}; quote it, e.g. {var}: \"1\"")
+                                 f"{_describe(raw)}; write one value, quoted, e.g. {var}: \"1\"")
             out[var] = str(raw)
             self.check_p2p(vnode, key, var, out[var], family)
         return out
@@ -308,6 +317,9 @@ class _Walker:
             got = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
             raise self.error(node, label, f"expected {_KIND_NAMES[kind]}, got {got}")
         v = self.construct(node)
+        if kind == "str" and dotted in CHOICES and node.style is None and \
+                node.value in CHOICES[dotted][0]:
+            v = node.value      # YAML 1.1 reads a plain `off` as false; the choice is meant
         ok = {
             "bool": isinstance(v, bool),
             "int": isinstance(v, int) and not isinstance(v, bool),
@@ -316,13 +328,17 @@ class _Walker:
             "str": isinstance(v, str),
         }[kind]
         if not ok:
-            hint = {"bool": "; write true or false", "str": "; quote it"}.get(kind, "")
+            hint = {"bool": "; write true or false", "str": "; quote it",
+                    "optint": "; write an integer, e.g. 4, or null",
+                    "int": f"; write an integer, e.g. {field_default(dotted)}",
+                    "float": f"; write a number, e.g. {field_default(dotted)}"}[kind]
             raise self.error(node, label, f"expected {_KIND_NAMES[kind]}, got {_describe(v)}"
                              + hint)
         if kind == "float":
             v = float(v)
             if v != v or v in (float("inf"), float("-inf")):
-                raise self.error(node, label, f"{v} is not a finite number")
+                raise self.error(node, label, f"{v} is not a finite number; write a number, "
+                                 f"e.g. {field_default(dotted)}")
         if kind == "str" and not v.strip():
             raise self.error(node, label, "must not be empty; remove the key to keep the "
                              "default")
@@ -371,7 +387,13 @@ def parse_text(text: str, path: str, *, allow_enforce: bool) -> ParsedFile:
         except yaml.MarkedYAMLError as exc:   # syntax, or a tag safe loading refuses
             mark = exc.problem_mark or exc.context_mark
             line = f":{mark.line + 1}" if mark else ""
+            if isinstance(exc, yaml.constructor.ConstructorError):
+                raise PolicyError(f"{path}{line}: YAML tag not allowed: {exc.problem}; write a "
+                                  "plain value (policy files are read with safe loading)"
+                                  ) from None
             problem = exc.problem or exc.context or "cannot parse"
+            if exc.context and exc.context.startswith("expected") and exc.problem:
+                problem = f"{exc.context} {exc.problem}"     # "expected a single document ..."
             raise PolicyError(f"{path}{line}: malformed YAML: {problem}; fix the syntax "
                               "(indent with spaces, 'key: value')") from None
         except yaml.YAMLError as exc:
