@@ -1,0 +1,255 @@
+"""(Request, Topology, Policy, ModelProfile, all-reduce curves) -> Plan.
+
+Order: validate the request against what is visible and what the policy allows; screen the
+GPUs (health, leases, foreign processes, memory); build candidates (single, DDP x N on the
+best-linked group for every N the caps and links allow, independent jobs for variants);
+predict each with the cost model; measure by trial when the prediction is too close to the
+policy's threshold or there is no usable profile; pick; say why with the numbers.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from smartlaunch.decide import groups as G
+from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp, predict_single
+from smartlaunch.decide.plan import Candidate, Plan, Reason, Strategy
+from smartlaunch.decide.select import Choice, choose_auto, comm_summary
+from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
+from smartlaunch.policy.api import Policy
+from smartlaunch.profile.api import CommCurve, ModelProfile
+from smartlaunch.request import Request
+from smartlaunch.topology.api import Topology
+
+CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
+Trial = Callable[[Candidate], "float | None"]
+
+
+def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,
+           *, comm_for: CommFor, trial: Trial | None = None,
+           unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel()) -> Plan:
+    """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError."""
+    d = policy.decision
+    forced = request.strategy != "auto"
+    reasons: list[Reason] = []
+    if forced:
+        if request.strategy not in d.allowed_strategies:
+            raise PolicyError(
+                f"--strategy {request.strategy} is not allowed by the policy "
+                f"({policy.rule('decision.allowed_strategies')}); use one of "
+                f"{', '.join(d.allowed_strategies)} or --strategy auto")
+        reasons.append(Reason(f"strategy {request.strategy} was asked for; the model only "
+                              f"informs", f"user: --strategy {request.strategy}"))
+    if request.variants and request.strategy in ("single", "ddp"):
+        raise UsageError(f"--strategy {request.strategy} cannot run {len(request.variants)} "
+                         f"variants; use --strategy independent (or auto) with --each")
+    if request.strategy == "independent" and not request.variants:
+        raise UsageError("--strategy independent needs variants: give --each or --each-file, "
+                         "or use --strategy single")
+    if request.variants and "independent" not in d.allowed_strategies:
+        raise PolicyError(f"the policy forbids independent jobs "
+                          f"({policy.rule('decision.allowed_strategies')}); run the "
+                          f"{len(request.variants)} variants one at a time without --each")
+    prof = profile.to_dict() if profile is not None else {}
+    topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
+            "note": topology.note, "hostname": topology.hostname}
+    base = dict(profile=prof, topology=topo, nnodes=request.nnodes, forced=forced,
+                variants=tuple(request.variants))
+    if not topology.gpus:
+        return _cpu_plan(request, policy, reasons, base)
+
+    visible = len(topology.gpus)
+    cap = visible
+    if request.max_gpus is not None:
+        if request.max_gpus > visible:
+            cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+            seen = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else \
+                G.gpu_list_short(g.index for g in topology.gpus)
+            raise UsageError(f"--nproc-per-node {request.max_gpus} exceeds the {visible} GPUs "
+                             f"visible to this job ({seen}); lower it or use --nproc-per-node gpu")
+        cap = request.max_gpus
+        reasons.append(Reason(f"at most {cap} GPU(s) asked for", f"user: --nproc-per-node {cap}"))
+    if d.max_gpus is not None and d.max_gpus < cap:
+        cap = max(1, d.max_gpus)
+        reasons.append(Reason(f"the policy caps a job at {cap} GPU(s)",
+                              policy.rule("decision.max_gpus")))
+
+    peak = profile.peak_gpu_mem_bytes if profile is not None else None
+    usable, excluded = _screen(topology, policy, peak, unavailable, forced, reasons)
+    for e in excluded:
+        rule = {"unhealthy": "decision.avoid_unhealthy_gpus", "busy": "decision.avoid_busy_gpus",
+                "memory": "decision.memory_headroom"}.get(e.why)
+        reasons.append(Reason(e.text + " → not used",
+                              policy.rule(rule) if rule else "lease: another launch holds it"))
+
+    if request.multi_node:
+        choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons)
+    elif request.strategy == "ddp":
+        choice = _forced_ddp(request, topology, policy, usable, excluded, cap)
+    elif request.variants:
+        choice = None
+    else:
+        choice = Choice(Strategy.SINGLE, (usable[0],)) if request.strategy == "single" else None
+    ctx = _Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons)
+    cands = ctx.candidates(choice)
+    if choice is None:
+        choice = choose_auto(ctx, cands)
+    plan_cands, comm = ctx.finish(choice, cands)
+    left = tuple(g for g in usable if g not in choice.gpus)
+    link = G.family_link(topology, choice.gpus) if choice.strategy == Strategy.DDP else None
+    nproc = len(choice.gpus) if choice.strategy == Strategy.DDP else 1
+    return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, nproc_per_node=nproc,
+                requested_max=cap, candidates=plan_cands, reasons=tuple(reasons),
+                left_free=left, link_class=link, comm=comm, **base)
+
+
+def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict) -> Plan:
+    why = f"no GPUs visible ({base['topology']['note'] or 'NVML found none'})"
+    if request.strategy == "ddp":
+        n = request.max_gpus or 1
+        reasons.append(Reason(f"{why}: DDP with {n} CPU rank(s) over gloo, as asked",
+                              "user: --strategy ddp"))
+        return Plan(Strategy.DDP, "cpu", (), n, n, reasons=tuple(reasons), **base)
+    if request.variants:
+        reasons.append(Reason(f"{why}: {len(request.variants)} independent CPU jobs",
+                              "user: --each" if request.strategy == "auto" else
+                              "user: --strategy independent"))
+        return Plan(Strategy.INDEPENDENT, "cpu", (), 1, 1, reasons=tuple(reasons), **base)
+    text = f"{why}: one CPU process"
+    if request.max_gpus and request.max_gpus > 1:
+        text += (f"; --nproc-per-node {request.max_gpus} is not used without --strategy ddp "
+                 f"(which runs {request.max_gpus} gloo ranks)")
+    reasons.append(Reason(text, policy.rule("decision.fallback_strategy")
+                          if request.strategy == "auto" else f"user: --strategy {request.strategy}"))
+    return Plan(Strategy.SINGLE, "cpu", (), 1, request.max_gpus or 1, reasons=tuple(reasons), **base)
+
+
+def _screen(topology, policy, peak, unavailable, forced, reasons):
+    usable, excluded = G.screen(topology, policy, peak, unavailable)
+    mem = [e for e in excluded if e.why == "memory"]
+    if peak and mem and not usable:
+        d = policy.decision
+        roomiest = max((e.gpu for e in mem), key=lambda i: G.free_bytes(topology, i))
+        text = (f"the profiled peak {G.gib(peak)} does not fit GPU{roomiest}'s "
+                f"{G.gib(G.free_bytes(topology, roomiest))} free × {d.memory_headroom:.2f} headroom, "
+                f"and DDP replicates the model on every GPU")
+        if not forced:
+            raise PlanError(text + ": reduce the batch size or use a larger GPU")
+        reasons.append(Reason(text + "; launching anyway because the strategy was forced "
+                              "(expect out-of-memory)", policy.rule("decision.memory_headroom")))
+        usable, excluded = G.screen(topology, policy, None, unavailable)
+    if not usable:
+        waitable = [e for e in excluded if e.why in ("busy", "leased")]
+        detail = "; ".join(e.text for e in excluded)
+        if waitable:
+            raise NoFreeGPUError(f"no free GPU ({detail}); wait for one or drop --no-wait")
+        raise PlanError(f"no usable GPU ({detail}); fix or replace the GPUs, or run on another node")
+    return usable, excluded
+
+
+def _short(topology, usable, excluded, n, what) -> None:
+    waitable = [e for e in excluded if e.why in ("busy", "leased")]
+    detail = "; ".join(e.text for e in excluded) or "no other GPUs"
+    msg = (f"{what} needs {n} GPUs but only {len(usable)} are usable ({detail}); "
+           f"lower --nproc-per-node or free a GPU")
+    raise (NoFreeGPUError if waitable else PlanError)(msg)
+
+
+def _forced_ddp(request, topology, policy, usable, excluded, cap) -> Choice:
+    n = cap if request.max_gpus is not None else min(cap, len(usable))
+    if n < 2:
+        raise PlanError(f"--strategy ddp needs at least 2 usable GPUs; this job may use {n} "
+                        f"({G.gpu_list_short(usable)} usable): use --strategy single, "
+                        f"or free a GPU")
+    if len(usable) < n:
+        _short(topology, usable, excluded, n, "--strategy ddp")
+    group = G.best_group(topology, usable, n, policy.decision.ddp_link_classes)
+    if group is None:
+        raise PolicyError(f"no {n} usable GPUs are linked by a class the policy allows for DDP "
+                          f"({policy.rule('decision.ddp_link_classes')}); use --strategy "
+                          f"single or fewer GPUs")
+    return Choice(Strategy.DDP, group)
+
+
+def _multi_node(request, topology, policy, usable, excluded, cap, reasons) -> Choice:
+    if request.strategy == "single":
+        return Choice(Strategy.SINGLE, (usable[0],))
+    if len(usable) < cap:
+        _short(topology, usable, excluded, cap, f"a {request.nnodes}-node launch")
+    group = G.best_group(topology, usable, cap, policy.decision.ddp_link_classes) \
+        if cap > 1 else (usable[0],)
+    if group is None:
+        raise PolicyError(f"no {cap} usable GPUs are linked by a class the policy allows for DDP "
+                          f"({policy.rule('decision.ddp_link_classes')}); lower --nproc-per-node")
+    reasons.append(Reason(
+        f"multi-node launch (--nnodes {request.nnodes}): DDP on all {cap} allowed local GPU(s), "
+        f"no dry run or trial, so every node decides the same from the same request and policy",
+        f"user: --nnodes {request.nnodes}"))
+    return Choice(Strategy.DDP, group)
+
+
+class _Ctx:
+    """What choosing needs: inputs, the screened GPUs and the reasons so far."""
+
+    def __init__(self, request, topology, policy, profile, comm_for, trial, model, usable, cap,
+                 reasons):
+        self.request, self.topology, self.policy, self.profile = request, topology, policy, profile
+        self.comm_for, self.trial, self.model = comm_for, trial, model
+        self.usable, self.cap, self.reasons = usable, cap, reasons
+        self.curves: dict[tuple[int, ...], CommCurve] = {}
+
+    @property
+    def predictable(self) -> bool:
+        return self.profile is not None and self.profile.usable
+
+    def candidates(self, forced: Choice | None) -> dict[tuple, tuple[Candidate, Prediction | None]]:
+        """(strategy, gpus) -> (candidate, prediction or None), single first."""
+        out: dict = {}
+        d = self.policy.decision
+        single = (self.usable[0],)
+        pred = predict_single(self.profile, self.model) if self.predictable else None
+        out[(Strategy.SINGLE, single)] = (Candidate(Strategy.SINGLE, single), pred)
+        if self.request.multi_node and forced is not None:
+            return out
+        top = min(self.cap, len(self.usable))
+        ddp_ok = "ddp" in d.allowed_strategies or (forced and forced.strategy == Strategy.DDP)
+        if top >= 2 and not ddp_ok:
+            self.reasons.append(Reason("DDP is not considered: the policy does not allow it",
+                                       self.policy.rule("decision.allowed_strategies")))
+        for n in range(2, top + 1) if ddp_ok else ():
+            group = G.best_group(self.topology, self.usable, n, d.ddp_link_classes)
+            if forced and forced.strategy == Strategy.DDP and len(forced.gpus) == n:
+                group = forced.gpus
+            if group is None:
+                any_group = G.best_group(self.topology, self.usable, n, G.ALL_FAMILIES)
+                self.reasons.append(Reason(
+                    f"DDP×{n} is not considered: every group of {n} usable GPUs has a link the "
+                    f"policy forbids for DDP (best is {G.family_link(self.topology, any_group)} "
+                    f"on {G.gpu_list_short(any_group)})",
+                    self.policy.rule("decision.ddp_link_classes")))
+                continue
+            out[(Strategy.DDP, group)] = (Candidate(Strategy.DDP, group), self.predict(group))
+        if self.request.variants:
+            k = min(len(self.request.variants), top)
+            pool = tuple(self.usable[:top])
+            ipred = None
+            if pred is not None:
+                ipred = Prediction(k, pred.step_s, float(k), 1.0, 0.0, 0.0, 0,
+                                   pred.backward_share, pred.backward_share_known)
+            out[(Strategy.INDEPENDENT, pool)] = (Candidate(Strategy.INDEPENDENT, pool), ipred)
+        return out
+
+    def predict(self, group: tuple[int, ...]) -> Prediction | None:
+        if not self.predictable:
+            return None
+        curve = self.comm_for(group)
+        if curve is None:
+            return None
+        self.curves[group] = curve
+        return predict_ddp(self.profile, curve, len(group), self.model)
+
+    def finish(self, choice: Choice, cands):
+        from smartlaunch.decide.select import describe
+        plan_cands = describe(self, choice, cands)
+        curve = self.curves.get(choice.gpus) or next(iter(self.curves.values()), None)
+        return plan_cands, comm_summary(curve, self.profile)

@@ -1,0 +1,258 @@
+"""Choosing among the candidates (model, trial or fallback) and saying why, with numbers."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartlaunch.decide.plan import Candidate, Reason, Strategy
+from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Choice:
+    strategy: Strategy
+    gpus: tuple[int, ...]
+    basis: str = "forced"        # forced | model | trial | fallback | only
+    measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
+
+
+def _key_n(key) -> int:
+    return len(key[1]) if key[0] == Strategy.DDP else 1
+
+
+def _pick(ctx, scores: dict) -> tuple:
+    """scores: key -> speedup over single. The most samples/s among DDP candidates that meet
+    the policy's efficiency and beat single; otherwise single. Ties go to fewer GPUs."""
+    floor = ctx.policy.decision.min_efficiency
+    single = next(k for k in scores if k[0] == Strategy.SINGLE)
+    ok = [k for k, s in scores.items() if k[0] == Strategy.DDP and s is not None
+          and s / _key_n(k) >= floor and s > 1.0]
+    return max(ok, key=lambda k: (scores[k], -_key_n(k))) if ok else single
+
+
+def choose_auto(ctx, cands: dict) -> Choice:
+    d, rule = ctx.policy.decision, ctx.policy.rule
+    keys = list(cands)
+    single = keys[0]
+    ddp = [k for k in keys if k[0] == Strategy.DDP]
+    indep = next((k for k in keys if k[0] == Strategy.INDEPENDENT), None)
+    preds = {k: cands[k][1] for k in keys}
+
+    if indep is not None:
+        k = len(ctx.request.variants)
+        best_ddp = max((preds[x].speedup for x in ddp if preds[x]), default=None)
+        if d.prefer_independent_for_sweeps or best_ddp is None or preds[indep].speedup >= best_ddp:
+            why = ("the policy prefers independent jobs for sweeps"
+                   if d.prefer_independent_for_sweeps else
+                   f"{min(k, len(indep[1]))} concurrent jobs give {times(preds[indep].speedup if preds[indep] else None)} "
+                   f"one job's samples/s, DDP at best {times(best_ddp)}")
+            ctx.reasons.append(Reason(f"{k} variants → {k} independent single-GPU jobs on "
+                                      f"{gpu_list(indep[1])}: {why}",
+                                      rule("decision.prefer_independent_for_sweeps")))
+            return Choice(Strategy.INDEPENDENT, indep[1], "model")
+        ctx.reasons.append(Reason(f"{k} variants run one after another with DDP: predicted "
+                                  f"{times(best_ddp)} beats {times(preds[indep].speedup)} from "
+                                  f"independent jobs", rule("decision.prefer_independent_for_sweeps")))
+
+    if not ddp:
+        why = (f"only {ctx.cap} GPU allowed" if ctx.cap < 2 else
+               f"only {len(ctx.usable)} usable GPU" if len(ctx.usable) < 2 else
+               "no DDP group is allowed")
+        ctx.reasons.append(Reason(f"single GPU{single[1][0]}: {why}",
+                                  rule("decision.max_gpus") if ctx.cap < 2 and ctx.request.max_gpus
+                                  is None else None))
+        return Choice(Strategy.SINGLE, single[1], "only")
+
+    missing = [k for k in ddp if preds[k] is None]
+    if not ctx.predictable or missing:
+        if not ctx.predictable:
+            p = ctx.profile
+            why = "no profile" if p is None else f"the profile is {p.status.value}" + (
+                f" ({p.note})" if p.note else "")
+        else:
+            why = "the all-reduce over " + "; ".join(gpu_list(k[1]) for k in missing) + \
+                  " could not be measured"
+        measured = _trials(ctx, [single, *ddp], why) if d.trials else None
+        if measured:
+            return measured
+        known = {k: preds[k].speedup for k in [single, *ddp] if preds[k] is not None}
+        if ctx.predictable and len(known) > 1:
+            return _by_model(ctx, known, f"{why}; decided among the predicted candidates")
+        return _fallback(ctx, ddp, why + ("" if d.trials else
+                                          f", and trials are off ({rule('decision.trials')})"))
+
+    scores = {k: preds[k].speedup for k in [single, *ddp]}
+    floor, band = d.min_efficiency, d.uncertainty_band
+    close = [k for k in ddp if abs(preds[k].efficiency - floor) <= band]
+    if close and d.trials:
+        why = ("the prediction is within ±" + pct(band) + " of the policy's " + pct(floor) + ": " +
+               ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
+        remaining = [k for k in ddp if preds[k].efficiency >= floor - band]
+        measured = _trials(ctx, [single, *remaining], why)
+        if measured:
+            return measured
+        return _by_model(ctx, scores, f"{why}; no trial could run, so the prediction decides")
+    return _by_model(ctx, scores, None)
+
+
+def _by_model(ctx, scores: dict, note: str | None) -> Choice:
+    win = _pick(ctx, scores)
+    rule = ctx.policy.rule("decision.min_efficiency")
+    if win[0] == Strategy.DDP:
+        n = _key_n(win)
+        text = (f"DDP×{n} on {gpu_list(win[1])}: predicted {times(scores[win])} "
+                f"({pct(scores[win] / n)} efficiency), at or above the policy's "
+                f"{pct(ctx.policy.decision.min_efficiency)}, the most samples/s")
+    else:
+        best = max((k for k in scores if k[0] == Strategy.DDP and scores[k] is not None),
+                   key=lambda k: scores[k] / _key_n(k), default=None)
+        text = f"single GPU{win[1][0]}: no DDP candidate reaches the policy's " \
+               f"{pct(ctx.policy.decision.min_efficiency)}"
+        if best is not None:
+            text += f" (best DDP×{_key_n(best)} {pct(scores[best] / _key_n(best))})"
+    if note:
+        text = f"{note}: {text}"
+    ctx.reasons.append(Reason(text, rule))
+    return Choice(win[0], win[1], "model")
+
+
+def _trials(ctx, keys: list, why: str) -> Choice | None:
+    rule = ctx.policy.rule
+    if ctx.trial is None:
+        ctx.reasons.append(Reason(f"{why}: a measured trial was wanted but no trial runner is "
+                                  f"available", rule("decision.trials")))
+        return None
+    measured = {}
+    for k in keys:
+        got = ctx.trial(Candidate(k[0], k[1]))
+        if got is not None and got > 0:
+            measured[k] = float(got)
+    single = keys[0]
+    if single not in measured:
+        ctx.reasons.append(Reason(f"{why}: the trial of single GPU{single[1][0]} gave no "
+                                  f"measurement", rule("decision.trials")))
+        return None
+    scores = {k: v / measured[single] for k, v in measured.items()}
+    win = _pick(ctx, scores)
+    names = ", ".join(("single" if k[0] == Strategy.SINGLE else f"DDP×{_key_n(k)}") +
+                      f" {rate(v)}" for k, v in measured.items())
+    lost = [k for k in keys if k not in measured]
+    text = f"{why} → measured trials: {names}"
+    if lost:
+        text += "; no measurement for " + ", ".join(f"DDP×{_key_n(k)}" for k in lost)
+    win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
+        else f"single GPU{win[1][0]}"
+    ctx.reasons.append(Reason(f"{text} → {win_name}", rule("decision.uncertainty_band")))
+    return Choice(win[0], win[1], "trial", measured)
+
+
+def _fallback(ctx, ddp: list, why: str) -> Choice:
+    fb = ctx.policy.decision.fallback_strategy
+    rule = ctx.policy.rule("decision.fallback_strategy")
+    if fb == "ddp" and ddp:
+        k = max(ddp, key=_key_n)
+        ctx.reasons.append(Reason(f"{why} → fallback DDP×{_key_n(k)} on {gpu_list(k[1])}", rule))
+        return Choice(Strategy.DDP, k[1], "fallback")
+    gpu = ctx.usable[0]
+    extra = "" if fb == "single" else f" (fallback {fb} does not apply to one job)"
+    ctx.reasons.append(Reason(f"{why} → fallback single GPU{gpu}{extra}", rule))
+    return Choice(Strategy.SINGLE, (gpu,), "fallback")
+
+
+def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
+    """Every candidate with its numbers and the sentence saying why it won or lost."""
+    floor = ctx.policy.decision.min_efficiency
+    batch = ctx.profile.batch_size if ctx.profile is not None else None
+    chosen_key = (choice.strategy, choice.gpus)
+    single_key = next(iter(cands))
+    base_rate = choice.measured.get(single_key)
+    rows = {}
+    for key, (cand, pred) in cands.items():
+        n = _key_n(key) if key[0] != Strategy.INDEPENDENT else len(key[1])
+        f: dict[str, Any] = {}
+        if key in choice.measured and base_rate:
+            sp = choice.measured[key] / base_rate
+            f = dict(predicted_samples_per_s=choice.measured[key], speedup=sp,
+                     efficiency=sp / n, measured=True,
+                     predicted_step_s=(n * batch / choice.measured[key]) if batch else None)
+            if pred is not None:
+                f["allreduce_s"] = pred.allreduce_s or None
+        elif pred is not None:
+            f = dict(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
+                     speedup=pred.speedup, efficiency=pred.efficiency,
+                     allreduce_s=pred.allreduce_s if key[0] == Strategy.DDP else None)
+            if key[0] == Strategy.INDEPENDENT:
+                f["predicted_samples_per_s"] = pred.speedup * batch / pred.step_s if batch else None
+        rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
+    win = rows[chosen_key][0] if chosen_key in rows else None
+    out = []
+    for key, (c, pred) in rows.items():
+        out.append(dataclasses.replace(c, reason=_sentence(c, pred, win, choice, floor)))
+    if chosen_key not in rows:   # forced DDP on a group the model did not consider
+        out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
+    return tuple(out)
+
+
+def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float) -> str:
+    how = "measured" if c.measured else "predicted"
+    if c.strategy == Strategy.SINGLE:
+        head = f"single {gpu_list(c.gpus)}"
+        head += f": {how} {rate(c.predicted_samples_per_s)}" if c.speedup is not None else \
+            ": no prediction (no usable profile)"
+        if c.predicted_step_s is not None:
+            head += f", {ms(c.predicted_step_s)} per step"
+    elif c.strategy == Strategy.INDEPENDENT:
+        head = f"independent jobs on {gpu_list(c.gpus)}"
+        if c.speedup is not None:
+            head += f": {how} {times(c.speedup)} one job's rate ({rate(c.predicted_samples_per_s)})"
+    else:
+        n = len(c.gpus)
+        if c.speedup is None:
+            head = f"DDP×{n} on {gpu_list(c.gpus)}: no prediction"
+        elif c.measured:
+            head = (f"DDP×{n} on {gpu_list(c.gpus)} measured {times(c.speedup)} "
+                    f"({pct(c.efficiency)} efficiency, {rate(c.predicted_samples_per_s)})")
+        else:
+            head = (f"DDP×{n} on {gpu_list(c.gpus)} predicted {times(c.speedup)} "
+                    f"({pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} "
+                    f"(exposed {ms(pred.exposed_s)}) of {ms(c.predicted_step_s)} per step)")
+    if c.chosen:
+        return head + (f" → chosen ({choice.basis})" if choice.basis != "forced" else
+                       " → chosen (as asked)")
+    if win is None:
+        return head
+    if choice.basis == "forced":
+        tail = ": not asked for"
+    elif c.strategy == Strategy.DDP and c.efficiency is not None and c.efficiency < floor:
+        tail = f": below the policy's {pct(floor)}"
+    elif c.speedup is not None and win.speedup is not None:
+        tail = f": {times(c.speedup)} is less than {_name(win)}'s {times(win.speedup)}"
+    else:
+        tail = ": not chosen"
+    if win.strategy == Strategy.SINGLE:
+        free = [g for g in c.gpus if g not in win.gpus]
+        tail += f" → single GPU{win.gpus[0]}" + (f"; {gpu_list(free)} left free" if free else "")
+    else:
+        tail += f" → {_name(win)}"
+    return head + tail
+
+
+def _name(c: Candidate) -> str:
+    if c.strategy == Strategy.DDP:
+        return f"DDP×{len(c.gpus)}"
+    return "independent jobs" if c.strategy == Strategy.INDEPENDENT else "single GPU"
+
+
+def comm_summary(curve, profile) -> dict[str, Any]:
+    if curve is None:
+        return {}
+    grad = profile.grad_bytes if profile is not None and profile.grad_bytes else None
+    out = {"world_size": curve.world_size, "backend": curve.backend, "gpus": list(curve.gpus),
+           "busbw_256MiB_GBps": round(curve.bus_bandwidth_Bps(256 * MiB) / 1e9, 3),
+           "busbw_at_grad_GBps": round(curve.bus_bandwidth_Bps(grad) / 1e9, 3) if grad else None,
+           "grad_bytes": grad, "latency_us": round(curve.latency_s * 1e6, 3),
+           "cached": curve.cached, "env": dict(curve.env)}
+    return out

@@ -1,0 +1,42 @@
+"""Numbers in sentences: the few formats every reason and the explain text share."""
+from __future__ import annotations
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?? ms"
+    v = seconds * 1e3
+    if v >= 100:
+        return f"{v:.0f} ms"
+    if v >= 1:
+        return f"{v:.1f} ms"
+    return f"{v:.2f} ms"
+
+
+def pct(x: float | None) -> str:
+    return "??%" if x is None else f"{x * 100:.0f}%"
+
+
+def times(x: float | None) -> str:
+    return "??×" if x is None else f"{x:.2f}×"
+
+
+def rate(x: float | None) -> str:
+    return "?? samples/s" if x is None else f"{x:,.0f} samples/s"
+
+
+def gpu_list(gpus) -> str:
+    gpus = tuple(gpus)
+    if not gpus:
+        return "none"
+    if len(gpus) == 1:
+        return f"GPU{gpus[0]}"
+    return "GPUs " + ",".join(str(g) for g in gpus)
+
+
+def mb(nbytes: float | None) -> str:
+    return "??" if nbytes is None else f"{nbytes / 1e6:,.1f} MB"
+
+
+def gbps(bps: float | None) -> str:
+    return "??" if bps is None else f"{bps / 1e9:.1f} GB/s"
