@@ -1,4 +1,31 @@
 """Topology layer: `discover()` returns the `Topology` of the GPUs this job may use."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
 from smartlaunch.topology.api import (  # noqa: F401
     GPU, Finding, GPUProcess, Link, Severity, Topology, cpu_only, link_family, link_rank,
 )
+
+FAKE_ENV = "SMARTLAUNCH_FAKE_TOPOLOGY"
+NO_NVML_PREFIX = "no NVIDIA driver/NVML on this machine"
+
+
+def discover(environ: Mapping[str, str] | None = None) -> Topology:
+    """The machine as this job sees it, read now.
+
+    SMARTLAUNCH_FAKE_TOPOLOGY (a fixture name or a JSON path) selects the fake backend.
+    Without NVML (no driver, CPU machine) the result is `cpu_only` with the reason in
+    `note`; this never raises for that. Bad CUDA_VISIBLE_DEVICES/Slurm values do raise
+    (UsageError/SlurmError), as does a fake topology that does not exist.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(FAKE_ENV):
+        from smartlaunch.topology.fake import from_json
+        return from_json(env[FAKE_ENV], env)
+    from smartlaunch.topology.nvml import NvmlBackend, NvmlUnavailable
+    try:
+        return NvmlBackend().read(env)
+    except NvmlUnavailable as exc:
+        return cpu_only(f"{NO_NVML_PREFIX} ({exc.reason})")

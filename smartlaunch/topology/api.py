@@ -81,6 +81,11 @@ class GPU:
     retired_pages: int | None = None
     mig_mode: bool = False
     lost: bool = False                    # NVML error on the device (fallen off the bus)
+    # Added by the topology layer (defaults keep older fixtures loadable):
+    mig_devices: tuple[str, ...] = ()     # MIG instance UUIDs on this GPU ("MIG-..."), for visibility
+    row_remap_pending: bool | None = None # Ampere+ replaced page retirement with row remapping
+    row_remap_failed: bool | None = None
+    nvml_error: str | None = None         # why the device is `lost`, as NVML said it
 
     @property
     def busy(self) -> bool:
@@ -170,7 +175,8 @@ class Topology:
         gpus = tuple(
             GPU(**{**g, "processes": tuple(GPUProcess(**p) for p in g.get("processes", ())),
                    "cpus": tuple(g.get("cpus", ())),
-                   "throttle_reasons": tuple(g.get("throttle_reasons", ()))})
+                   "throttle_reasons": tuple(g.get("throttle_reasons", ())),
+                   "mig_devices": tuple(g.get("mig_devices", ()))})
             for g in d["gpus"])
         return cls(
             gpus=gpus,

@@ -1,0 +1,110 @@
+"""CPU lists and NUMA nodes from sysfs, and the "0-31,64-95" notation Linux and nvidia-smi use.
+
+`sysfs` is a parameter so tests can point it at a temporary tree.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11). Empty or malformed text gives ()."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            return ()
+    return tuple(sorted(cpus))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """(0, 1, 2, 3, 8) -> '0-3,8'; () -> '' (shown as N/A by the caller)."""
+    ranges: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def allowed_cpus() -> tuple[int, ...]:
+    """The CPUs this process may run on (Slurm/cgroup cpusets, taskset)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):     # not Linux
+        return tuple(range(os.cpu_count() or 1))
+
+
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML writes an 8-digit PCI domain ('00000000:19:00.0'), sysfs a 4-digit one, lower case."""
+    parts = nvml_bus_id.strip().lower().split(":")
+    if len(parts) == 3:
+        parts[0] = parts[0][-4:].rjust(4, "0")
+    return ":".join(parts)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def pci_numa_node(sysfs: str, nvml_bus_id: str) -> int | None:
+    """The device's NUMA node from sysfs; -1 when the firmware gives none; None if unreadable."""
+    text = _read(Path(sysfs, "bus/pci/devices", sysfs_bus_id(nvml_bus_id), "numa_node"))
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def pci_local_cpus(sysfs: str, nvml_bus_id: str) -> tuple[int, ...] | None:
+    text = _read(Path(sysfs, "bus/pci/devices", sysfs_bus_id(nvml_bus_id), "local_cpulist"))
+    return parse_cpulist(text) if text is not None else None
+
+
+def numa_nodes(sysfs: str, allowed: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """NUMA node -> the CPUs of it this process may use; nodes with none left out.
+
+    A machine (or container) without /sys/devices/system/node is one node, 0."""
+    allowed = set(allowed)
+    nodes: dict[int, tuple[int, ...]] = {}
+    base = Path(sysfs, "devices/system/node")
+    try:
+        entries = sorted(base.iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith("node") and name[4:].isdigit()):
+            continue
+        cpus = parse_cpulist(_read(entry / "cpulist") or "")
+        mine = tuple(c for c in cpus if c in allowed)
+        if mine:
+            nodes[int(name[4:])] = mine
+    if not nodes and allowed:
+        nodes[0] = tuple(sorted(allowed))
+    return nodes
+
+
+def bits_to_ints(words: Iterable[int], word_bits: int = 64) -> tuple[int, ...]:
+    """NVML returns CPU and node sets as arrays of 64-bit masks; bit k of word w is w*64+k."""
+    out = []
+    for w, word in enumerate(words):
+        word = int(word)
+        k = 0
+        while word:
+            if word & 1:
+                out.append(w * word_bits + k)
+            word >>= 1
+            k += 1
+    return tuple(out)

@@ -1,0 +1,109 @@
+"""The fake backend: a JSON fixture (Topology.to_dict) describing a whole physical node.
+
+Visibility (CUDA_VISIBLE_DEVICES, Slurm) is applied on top by the same code as for NVML, and
+findings are recomputed from the readings, so a fixture holds facts, not verdicts. A fixture
+may carry extra findings with codes the health rules do not produce; those are kept.
+`smartlaunch-node topo --all --json > node.json` writes a fixture of the real machine.
+CPU lists are taken as written (not intersected with this process's affinity): the fixture
+describes another machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from pathlib import Path
+from typing import Mapping
+
+from smartlaunch.errors import UsageError
+from smartlaunch.topology import health
+from smartlaunch.topology.api import Finding, Link, Topology
+from smartlaunch.topology.links import UNKNOWN_CLASS
+from smartlaunch.topology.visible import (
+    PhysicalGPU, resolve_visibility, visibility_findings, visibility_note,
+)
+
+ENV_VAR = "SMARTLAUNCH_FAKE_TOPOLOGY"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# Produced by health.assess / visibility_findings: recomputed on load, never trusted from JSON.
+COMPUTED_CODES = frozenset({
+    "gpu_lost", "ecc_uncorrected", "ecc_uncorrected_history", "row_remap_failed",
+    "row_remap_pending", "retired_pages", "pcie_width_degraded", "pcie_gen_degraded",
+    "temperature_high", "power_at_limit", "clocks_throttled", "mig_enabled", "gpu_busy",
+    "p2p_unavailable", "p2p_nvlink_unavailable", "cuda_visible_devices", "mig_instance",
+    "cuda_device_order",
+})
+
+
+def fixture_names() -> list[str]:
+    return sorted(p.stem for p in FIXTURES.glob("*.json"))
+
+
+def fixture_file(name_or_path: str) -> Path:
+    """A fixture name ('h200-nv18-pair') from the fixtures folder, or a path to a JSON file."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".json" or "/" in name_or_path:
+        if path.is_file():
+            return path
+        raise UsageError(f"{ENV_VAR}={name_or_path}: no such file; give a fixture name "
+                         f"({', '.join(fixture_names())}) or the path of a JSON topology")
+    path = FIXTURES / f"{name_or_path}.json"
+    if path.is_file():
+        return path
+    close = difflib.get_close_matches(name_or_path, fixture_names(), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UsageError(f"{ENV_VAR}={name_or_path}: no such fixture; {hint}known fixtures: "
+                     f"{', '.join(fixture_names())}")
+
+
+def load_node(name_or_path: str) -> Topology:
+    """The fixture as written: every GPU of the node, no visibility applied."""
+    path = fixture_file(name_or_path)
+    try:
+        return Topology.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a topology JSON ({exc}); write one with "
+                         f"`smartlaunch-node topo --all --json > node.json`") from exc
+
+
+def from_json(name_or_path: str, environ: Mapping[str, str]) -> Topology:
+    node = load_node(name_or_path)
+    return dataclasses.replace(apply_visibility(node, environ),
+                               source=f"fake:{fixture_file(name_or_path)}")
+
+
+def apply_visibility(node: Topology, environ: Mapping[str, str]) -> Topology:
+    """The GPUs of `node` this job may use, renumbered in CUDA order, with findings computed."""
+    physical = [PhysicalGPU(g.nvml_index, g.uuid, g.mig_devices) for g in node.gpus]
+    vis = resolve_visibility(physical, environ)
+    by_nvml = {g.nvml_index: g for g in node.gpus}
+    new_pos = {n: pos for pos, n in enumerate(vis.nvml_indices)}
+    old_to_nvml = {g.index: g.nvml_index for g in node.gpus}
+    gpus = tuple(dataclasses.replace(by_nvml[n], index=pos) for pos, n in enumerate(vis.nvml_indices))
+    pairs = {frozenset((old_to_nvml[l.a], old_to_nvml[l.b])): l for l in node.links}
+    links = []
+    for i, a in enumerate(vis.nvml_indices):
+        for j in range(i + 1, len(vis.nvml_indices)):
+            known = pairs.get(frozenset((a, vis.nvml_indices[j])))
+            links.append(dataclasses.replace(known, a=i, b=j) if known else Link(i, j, UNKNOWN_CLASS))
+    extra = []
+    for f in node.findings:
+        if f.code in COMPUTED_CODES:
+            continue
+        if f.gpu is None:
+            extra.append(f)
+        elif old_to_nvml.get(f.gpu) in new_pos:
+            extra.append(dataclasses.replace(f, gpu=new_pos[old_to_nvml[f.gpu]]))
+    names = {g.nvml_index: g.name for g in node.gpus}
+    extra += visibility_findings(vis, names, environ)
+    return dataclasses.replace(
+        node, gpus=gpus, links=tuple(links), findings=health.assess(gpus, links, extra),
+        note=node.note or visibility_note(vis, environ, len(node.gpus)))
+
+
+def to_json(topology: Topology) -> str:
+    """Topology.to_dict() as JSON a person can read in a bug report: one field a line, lists
+    of numbers (CPU lists) on one line."""
+    text = json.dumps(topology.to_dict(), indent=1)
+    return re.sub(r"\[[\d,\s-]*\]", lambda m: re.sub(r"\s+", "", m.group()).replace(",", ", "), text)
