@@ -1,0 +1,395 @@
+"""Independent single-GPU jobs: one process per variant, each on its own leased GPU, queued.
+
+The seeds' best use of two GPUs for small models is two independent jobs, not DDP (1.74x-2.3x
+the samples/s of one GPU, issue #8). Each job runs the script with its own args + its variant's
+args, CUDA_VISIBLE_DEVICES=<its GPU's UUID>, torchrun's single-rank environment (its own
+MASTER_PORT, so scripts that init a process group do not collide), SMARTLAUNCH_JOB_INDEX /
+SMARTLAUNCH_NUM_JOBS, CPU affinity to its GPU's NUMA node, and its own log (stdout+stderr):
+<launch.log_dir>/<run-id>/job-<i>.log, with summary.json beside them.
+
+Queue: a GPU's lease is taken when a job needs it and kept while jobs remain for it; it is given
+back as soon as the queue no longer needs it. jobs.jobs_per_gpu=2 packs two jobs on a GPU only
+when two profiled peaks fit in its free memory (times decision.memory_headroom). On a machine
+without GPUs the jobs run as CPU processes, nproc_per_node at a time.
+
+Exit code of `run_independent`: 0 when every job exited 0; 1 (ExitCode.WORKER_FAILED) when any
+job failed, or was skipped after a failure (jobs.fail_fast=true stops the others: SIGTERM, then
+SIGKILL after launch.signal_grace_s); 128+N when smartlaunch got signal N (SIGTERM, SIGINT,
+SIGHUP) and stopped every job the same way. No job process, nor its process group, outlives it.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from smartlaunch.errors import ExitCode, NoFreeGPUError, UsageError
+from smartlaunch.launch.env import free_port, narrow_visible, single_rank_env
+from smartlaunch.launch.leases import Lease, LeaseManager
+from smartlaunch.launch.signals import TERMINATING, forward_signals
+
+_ACQUIRE_MORE_EVERY_S = 1.0
+_POLL_S = 0.05
+_SAMPLES_RE = re.compile(rb"samples/s[=:] *([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)")
+_PR_SET_PDEATHSIG = 1
+
+
+# ---- variants -------------------------------------------------------------------------------
+def parse_each(arg: str, *, where: str = "--each") -> tuple[str, ...]:
+    """One --each value -> the args appended to the script's own (shell quoting, # comments)."""
+    try:
+        return tuple(shlex.split(arg, comments=True))
+    except ValueError as exc:
+        raise UsageError(f"{where} {arg!r}: {exc}; quote each variant's args as a shell would") from None
+
+
+def parse_each_file(path: str) -> list[tuple[str, ...]]:
+    """One variant per line (shell-quoted script args); '#' comments and blank lines ignored."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"--each-file {path}: no such file; give a file with one line of script "
+                         "args per job") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--each-file {path}: cannot read it ({exc}); give a readable UTF-8 text file") from None
+    variants = [parse_each(line, where=f"--each-file {path} line {n}:")
+                for n, line in enumerate(lines, 1)
+                if line.strip() and not line.lstrip().startswith("#")]
+    if not variants:
+        raise UsageError(f"--each-file {path} has no variants (only comments or blank lines); "
+                         "add one line of script args per job")
+    return variants
+
+
+def gpu_capacity(plan, policy, topology) -> tuple[dict[int, int], str]:
+    """Jobs allowed at once per GPU, and a note when jobs.jobs_per_gpu could not be honoured."""
+    want = max(1, int(policy.jobs.jobs_per_gpu))
+    cap = {i: 1 for i in plan.gpus}
+    if want == 1:
+        return cap, ""
+    peak = (plan.profile or {}).get("peak_gpu_mem_bytes")
+    if not peak:
+        return cap, f"jobs.jobs_per_gpu={want} not used: no profiled peak GPU memory shows two jobs fit"
+    notes = []
+    for i in plan.gpus:
+        usable = topology.gpu(i).memory_free_mib * 2**20 * policy.decision.memory_headroom
+        cap[i] = max(1, min(want, int(usable // peak)))
+        if cap[i] < want:
+            notes.append(f"GPU {i} takes {cap[i]} job(s): {want} x {peak / 2**30:.2f} GiB peak > "
+                         f"{usable / 2**30:.2f} GiB usable")
+    return cap, "; ".join(notes)
+
+
+# ---- one job --------------------------------------------------------------------------------
+class JobState(str, enum.Enum):
+    PENDING = "pending"        # -> running | skipped
+    RUNNING = "running"        # -> succeeded | failed | interrupted
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # stopped by smartlaunch (signal or fail-fast)
+    SKIPPED = "skipped"        # never started
+
+
+@dataclass
+class Job:
+    index: int
+    args: tuple[str, ...]
+    state: JobState = JobState.PENDING
+    gpu: int | None = None
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+    started: float = 0.0
+    ended: float = 0.0
+    exit_code: int | None = None
+    samples_per_s: float | None = None
+    note: str = ""
+
+    @property
+    def wall_s(self) -> float:
+        return (self.ended or time.monotonic()) - self.started if self.started else 0.0
+
+    def exit_text(self) -> str:
+        if self.exit_code is None:
+            return self.note or self.state.value
+        if self.exit_code < 0:
+            return f"signal {signal.Signals(-self.exit_code).name}"
+        return f"exit code {self.exit_code}"
+
+    def finish(self, code: int, *, stopped: bool = False) -> None:
+        self.exit_code, self.ended = code, time.monotonic()
+        self.state = JobState.SUCCEEDED if code == 0 else JobState.INTERRUPTED if stopped else JobState.FAILED
+        self.samples_per_s = _samples_per_s(self.log_path)
+        _kill_group(self.proc.pid)     # dataloader workers and other leftovers of the job
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "args": list(self.args), "state": self.state.value, "gpu": self.gpu,
+                "exit_code": self.exit_code, "wall_s": round(self.wall_s, 3),
+                "samples_per_s": self.samples_per_s, "log": self.log_path, "note": self.note}
+
+
+def _samples_per_s(path: str) -> float | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 256 * 1024))
+            found = _SAMPLES_RE.findall(f.read())
+    except OSError:
+        return None
+    return float(found[-1]) if found else None
+
+
+def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _worker_argv(request) -> list[str]:
+    try:
+        from smartlaunch.launch.worker import worker_command
+    except ImportError as exc:          # the worker hook (pdeath signal, NUMA, progress) not landed
+        if exc.name != "smartlaunch.launch.worker":
+            raise
+        return request.command(sys.executable)
+    return worker_command(request, sys.executable)
+
+
+def _preexec(cpus: tuple[int, ...]) -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)    # loaded before fork: nothing to import in the child
+
+    def run() -> None:
+        # the kernel SIGTERMs the job if smartlaunch dies, even by SIGKILL
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass
+    return run
+
+
+# ---- the queue ------------------------------------------------------------------------------
+class IndependentLauncher:
+    """start() / poll() / close(sig) over a queue of single-GPU jobs (smartlaunch.launch.api)."""
+
+    def __init__(self, plan, request, policy, topology, *, leases: LeaseManager | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.plan, self.request, self.policy, self.topology = plan, request, policy, topology
+        self.log = log or (lambda msg: print(f"smartlaunch: {msg}", file=sys.stderr, flush=True))
+        variants = plan.variants or request.variants or ((),)
+        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.log_dir = os.path.join(os.path.expanduser(policy.launch.log_dir), self.run_id)
+        self.jobs = [Job(i, tuple(v)) for i, v in enumerate(variants)]
+        self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
+        self.capacity, note = gpu_capacity(plan, policy, topology) if self.gpu_mode else ({}, "")
+        if note:
+            self.log(note)
+        self.cpu_slots = max(1, plan.nproc_per_node)
+        self.leases = leases or (LeaseManager.from_policy(policy) if self.gpu_mode else None)
+        self.lease: Lease | None = None
+        self.first_failure: Job | None = None
+        self.cancel: Callable[[], bool] | None = None     # set by run_independent: a signal came
+        self._last_more = 0.0
+        self._stopping = False
+
+    def _in(self, state: JobState) -> list[Job]:
+        return [j for j in self.jobs if j.state == state]
+
+    def _load(self, gpu: int) -> int:
+        return sum(j.gpu == gpu for j in self._in(JobState.RUNNING))
+
+    def _free_slot(self) -> int | None | bool:
+        """A GPU index with room (least loaded first), None for a CPU slot, False when full."""
+        if not self.gpu_mode:
+            return None if len(self._in(JobState.RUNNING)) < self.cpu_slots else False
+        room = [i for i in (self.lease.gpus if self.lease else ()) if self._load(i) < self.capacity[i]]
+        return min(room, key=lambda i: (self._load(i), self.plan.gpus.index(i))) if room else False
+
+    def _gpus_wanted(self) -> int:
+        held = self.lease.gpus if self.lease else ()
+        spare = sum(self.capacity[i] - self._load(i) for i in held)
+        short = len(self._in(JobState.PENDING)) - spare
+        per_gpu = max(self.capacity.values(), default=1)
+        return max(0, min(len(self.plan.gpus) - len(held), -(-short // per_gpu)))
+
+    def _acquire_more(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_more < _ACQUIRE_MORE_EVERY_S:
+            return
+        self._last_more = time.monotonic()
+        for i in self.plan.gpus:
+            if self._gpus_wanted() <= 0:
+                return
+            if self.lease and i in self.lease.gpus:
+                continue
+            more = self.leases.try_acquire(self.topology, [i], 1)
+            if more is not None and self.lease is None:
+                self.lease = more
+            elif more is not None:
+                self.lease.absorb(more)
+
+    def _release_idle_gpus(self) -> None:
+        if self.lease and (self._stopping or not self._in(JobState.PENDING)):
+            for i in self.lease.gpus:
+                if self._load(i) == 0:
+                    self.lease.release(i)
+
+    def _start(self, job: Job, gpu: int | None) -> None:
+        env = dict(os.environ)
+        env.update(self.plan.env_dict())
+        env.update(single_rank_env(master_port=free_port(), run_id=f"{self.run_id}-{job.index}"))
+        env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs)),
+                    "SMARTLAUNCH_RUN_ID": self.run_id})
+        cpus: tuple[int, ...] = ()
+        if gpu is not None:
+            g = self.topology.gpu(gpu)
+            env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], os.environ, self.topology)
+            if self.policy.launch.numa_binding != "off" and g.numa_node >= 0:
+                cpus = g.cpus
+        argv = _worker_argv(self.request) + list(self.request.script_args) + list(job.args)
+        job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")
+        with open(job.log_path, "ab") as out:
+            job.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True, preexec_fn=_preexec(cpus))
+        job.state, job.gpu, job.started = JobState.RUNNING, gpu, time.monotonic()
+        where = f"GPU {gpu}" if gpu is not None else "CPU"
+        self.log(f"job {job.index} started on {where} (pid {job.proc.pid}): "
+                 f"{shlex.join(job.args) or '(no variant args)'}; log {job.log_path}")
+
+    def _start_ready(self) -> None:
+        while not self._stopping and self._in(JobState.PENDING):
+            slot = self._free_slot()
+            if slot is False:
+                return
+            self._start(self._in(JobState.PENDING)[0], slot)
+
+    def start(self) -> None:
+        os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        if self.gpu_mode:
+            self._acquire_more(force=True)
+            if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
+                self.lease = self.leases.acquire(
+                    self.topology, self.plan.gpus, 1, wait=not self.request.no_wait,
+                    timeout_s=self.policy.jobs.wait_timeout_s, status=self.log, cancel=self.cancel)
+                self._acquire_more(force=True)
+        self._start_ready()
+
+    def poll(self):
+        for job in self._in(JobState.RUNNING):
+            code = job.proc.poll()
+            if code is None:
+                continue
+            job.finish(code)
+            self.log(f"job {job.index} {job.state.value} ({job.exit_text()}) after {job.wall_s:.1f} s")
+            if job.state == JobState.FAILED and self.first_failure is None:
+                self.first_failure = job
+                if self.policy.jobs.fail_fast:
+                    self.log(f"jobs.fail_fast=true: stopping the other jobs after job {job.index} failed")
+                    self.close(signal.SIGTERM, reason="skipped after a failure (jobs.fail_fast)")
+        self._release_idle_gpus()
+        if self.gpu_mode and not self._stopping:
+            self._acquire_more()
+        self._start_ready()
+        if self._in(JobState.RUNNING) or (self._in(JobState.PENDING) and not self._stopping):
+            return None
+        return self.result()
+
+    def close(self, sig: int | None = None, *, reason: str = "interrupted") -> None:
+        """Pending jobs are skipped; running ones get `sig` (SIGTERM), SIGKILL after
+        launch.signal_grace_s; every lease is given back. Idempotent."""
+        self._stopping = True
+        for job in self._in(JobState.PENDING):
+            job.state, job.note = JobState.SKIPPED, reason
+        running = self._in(JobState.RUNNING)
+        for job in running:
+            _kill_group(job.proc.pid, sig or signal.SIGTERM)
+        deadline = time.monotonic() + self.policy.launch.signal_grace_s
+        for job in running:
+            try:
+                code = job.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(job.proc.pid)
+                code = job.proc.wait()
+            job.finish(code, stopped=True)
+        self._release_idle_gpus()
+
+    def result(self):
+        from smartlaunch.launch.api import LaunchResult, RunState
+        bad = [j for j in self.jobs if j.state != JobState.SUCCEEDED]
+        first = self.first_failure or (bad[0] if bad else None)
+        msg = "" if first is None else (f"job {first.index} ({shlex.join(first.args)}) {first.state.value}: "
+                                        f"{first.exit_text()}; log {first.log_path or '(none)'}")
+        return LaunchResult(RunState.FAILED if bad else RunState.SUCCEEDED,
+                            ExitCode.WORKER_FAILED if bad else ExitCode.OK, msg,
+                            details={"run_id": self.run_id, "log_dir": self.log_dir,
+                                     "jobs": [j.to_dict() for j in self.jobs]})
+
+    def summary(self) -> list[str]:
+        rows = [("job", "GPU", "exit", "wall_s", "samples/s", "variant")]
+        for j in self.jobs:
+            rows.append((str(j.index), "cpu" if j.gpu is None and j.started else "-" if j.gpu is None else str(j.gpu),
+                         j.exit_text() if j.exit_code != 0 else "0", f"{j.wall_s:.1f}",
+                         f"{j.samples_per_s:g}" if j.samples_per_s is not None else "-",
+                         shlex.join(j.args) or "(none)"))
+        widths = [max(len(r[c]) for r in rows) for c in range(5)]
+        lines = ["  " + "  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5] for r in rows]
+        ok = len(self._in(JobState.SUCCEEDED))
+        head = f"independent jobs: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})"
+        return [head] + lines
+
+
+def run_independent(plan, request, policy, topology) -> int:
+    """Run every variant, print the summary to stderr, return the exit code (module docstring)."""
+    launcher = IndependentLauncher(plan, request, policy, topology)
+    got: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if signum in TERMINATING:
+            got.append(signum)
+        else:                           # SIGUSR1/2 (Slurm's early warning): the jobs' business
+            for job in launcher._in(JobState.RUNNING):
+                _kill_group(job.proc.pid, signum)
+
+    launcher.cancel = lambda: bool(got)
+    with forward_signals(on_signal):
+        return _run(launcher, got)
+
+
+def _run(launcher: IndependentLauncher, got: list[int]) -> int:
+    try:
+        try:
+            launcher.start()
+        except NoFreeGPUError:
+            if not got:
+                raise
+        result = None
+        while result is None and not got:
+            result = launcher.poll()
+            if result is None:
+                time.sleep(_POLL_S)
+        if got:
+            launcher.log(f"got {signal.Signals(got[0]).name}: stopping {len(launcher._in(JobState.RUNNING))} job(s)")
+            launcher.close(got[0])
+    finally:
+        launcher.close(signal.SIGTERM)      # no-op after a clean finish; stops all on an exception
+    result = launcher.result()
+    for line in launcher.summary():
+        print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
+    if result.is_failed():
+        print(f"smartlaunch: {result.message}", file=sys.stderr, flush=True)
+    try:
+        with open(os.path.join(launcher.log_dir, "summary.json"), "w") as f:
+            json.dump({"exit_code": int(result.exit_code), "signal": got[0] if got else None,
+                       **result.details}, f, indent=2)
+    except OSError:
+        pass
+    return 128 + got[0] if got else int(result.exit_code)

@@ -1,0 +1,491 @@
+"""Per-GPU leases on a shared node: concurrent launches never get the same GPU.
+
+Design (issue #8):
+- One lock file per GPU, `gpu-<uuid>.lock`, flock'ed through filelock for as long as the lease
+  lives. The kernel drops a flock when its holder dies, so a SIGKILLed launcher never blocks a
+  GPU. Lock files are never written to and never unlinked, so a lock file pre-created by someone
+  else (even world-writable, even owned by another user) carries nothing that can be truncated.
+- One holder record per lease, `gpu-<uuid>.<pid>.<random>.holder` (JSON: pid, process start
+  time, boot id, uid, user, host, SLURM_JOB_ID, time), created O_EXCL|O_NOFOLLOW under a name
+  nobody can predict. In a sticky directory only its owner (or root) can remove it. Records name
+  the holder in messages, let the Slurm epilog release a job's leases, and are a second line of
+  defence: a GPU is free only when its flock can be had AND no live record of another holder
+  exists (the owner of a lock file can unlink it and make a fresh, unlocked inode appear).
+  A record whose holder is gone (pid dead or a zombie, pid reused with another start time,
+  another boot) is stale: ignored, and removed when we may.
+- The directory is opened once with O_NOFOLLOW and pinned through /proc/self/fd, so swapping it
+  for a symlink after the checks changes nothing. Shared directories are created 1777 (like
+  /tmp), private ones 0700; a directory that is a symlink, group/world-writable without the
+  sticky bit, or owned by another non-root user is refused.
+- Lease dirs are per node (/tmp or /run): a record from another host has another boot id and is
+  stale by the rule above.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import re
+import secrets
+import socket
+import stat
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import filelock
+import psutil
+
+from smartlaunch.errors import ExitCode, NoFreeGPUError, SmartlaunchError
+from smartlaunch.topology.api import Topology
+
+ENV_LEASE_DIR = "SMARTLAUNCH_LEASE_DIR"
+_RECORD_MAX_BYTES = 64 * 1024
+_START_TIME_TOLERANCE_S = 0.5   # psutil derives create_time from clock ticks; same boot, same value
+_STATUS_EVERY_S = 30.0
+
+
+class LeaseDirError(SmartlaunchError):
+    """The lease directory is unsafe or unusable; configured by paths.lease_dir."""
+    exit_code = ExitCode.POLICY
+
+
+class _UnsafeLockFile(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    create_time: float
+    boot_id: str
+    uid: int
+    user: str
+    host: str
+    slurm_job_id: str | None
+    time: float
+    gpu_uuid: str
+    shared: bool = False
+    record: str = ""            # file name inside the lease dir
+
+    def describe(self) -> str:
+        extra = [f"user {self.user}"] if self.user else []
+        if self.slurm_job_id:
+            extra.append(f"job {self.slurm_job_id}")
+        return f"pid {self.pid}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def lease_dir_for(policy) -> str:
+    """The directory to use: SMARTLAUNCH_LEASE_DIR unless the admin enforced paths.lease_dir.
+
+    The policy loader maps the variable into the policy too; reading it here keeps tests and
+    `smartlaunch-node epilog` right before and after that lands."""
+    enforced = policy.source_of("paths.lease_dir").startswith("enforced")
+    env = os.environ.get(ENV_LEASE_DIR)
+    return policy.paths.lease_dir if enforced or not env else env
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _safe_name(uuid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", uuid)
+
+
+def _is_private_location(path: str) -> bool:
+    home = os.path.realpath(os.path.expanduser("~"))
+    run_user = f"/run/user/{os.geteuid()}"
+    real = os.path.realpath(path)
+    return any(real == p or real.startswith(p + os.sep) for p in (home, run_user) if p != "/")
+
+
+def open_lease_dir(path: str, *, private: bool | None = None, create: bool = True) -> int:
+    """Open (creating if asked) and vet the lease directory; return an O_NOFOLLOW dir fd."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if private is None:
+        private = _is_private_location(path)
+    created = False
+    if create and not os.path.lexists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)       # restrictive until fchmod below: no window at 0777
+            created = True
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LeaseDirError(f"lease directory {path} is a symlink; another user may control its "
+                                "target: remove it or set paths.lease_dir to a real directory") from None
+        if exc.errno == errno.ENOTDIR:
+            raise LeaseDirError(f"lease directory {path} is not a directory; remove it or set "
+                                "paths.lease_dir elsewhere") from None
+        raise LeaseDirError(f"cannot open lease directory {path}: {exc.strerror}; "
+                            "set paths.lease_dir (or SMARTLAUNCH_LEASE_DIR) to a usable directory") from None
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid():
+            os.fchmod(fd, 0o700 if private else 0o1777)
+            st = os.fstat(fd)
+        _check_dir(path, st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_dir(path: str, st: os.stat_result) -> None:
+    if st.st_uid not in (0, os.geteuid()):
+        raise LeaseDirError(f"lease directory {path} is owned by uid {st.st_uid}, who could delete or "
+                            "swap leases; set paths.lease_dir to a directory owned by you or root")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise LeaseDirError(f"lease directory {path} is group/world-writable without the sticky bit "
+                            f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone can delete leases; "
+                            f"run `chmod 1777 {path}` (shared) or `chmod 700 {path}` (private)")
+
+
+def _alive(h: Holder, my_boot: str) -> bool:
+    if not h.boot_id or h.boot_id != my_boot:
+        return False
+    try:
+        p = psutil.Process(h.pid)
+        if p.status() == psutil.STATUS_ZOMBIE:       # SIGKILLed, not yet reaped: its flock is gone
+            return False
+        return abs(p.create_time() - h.create_time) <= _START_TIME_TOLERANCE_S
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+class LeaseManager:
+    """Leases in one directory. `share=True` (policy jobs.share_gpus): launches that agree to
+    share may hold one GPU together; an exclusive lease still excludes them."""
+
+    def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
+                 poll_s: float = 0.1):
+        self.lease_dir = os.path.abspath(os.path.expanduser(lease_dir))
+        self.share = share
+        self.poll_s = poll_s
+        self._private = _is_private_location(self.lease_dir) if private is None else private
+        self._dfd = open_lease_dir(self.lease_dir, private=self._private)
+        self._base = f"/proc/self/fd/{self._dfd}" if os.path.isdir("/proc/self/fd") else self.lease_dir
+        self._boot = boot_id()
+        self._me = psutil.Process(os.getpid())
+        self._my_start = self._me.create_time()
+
+    @classmethod
+    def from_policy(cls, policy) -> "LeaseManager":
+        return cls(lease_dir_for(policy), share=policy.jobs.share_gpus)
+
+    def close(self) -> None:
+        if self._dfd >= 0:
+            os.close(self._dfd)
+            self._dfd = -1
+
+    # ---- records ------------------------------------------------------------------------
+    def holders(self, uuid: str, *, prune: bool = True) -> list[Holder]:
+        """Live holders of one GPU (ours included); stale records are removed when we may."""
+        prefix = f"gpu-{_safe_name(uuid)}."
+        live = []
+        for name in os.listdir(self._dfd):
+            if not (name.startswith(prefix) and name.endswith(".holder")):
+                continue
+            h = self._read_record(name)
+            if h is None:
+                continue
+            if _alive(h, self._boot):
+                live.append(h)
+            elif prune:
+                self._unlink(name)
+        return live
+
+    def _read_record(self, name: str) -> Holder | None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._dfd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            data = json.loads(os.read(fd, _RECORD_MAX_BYTES))
+            h = Holder(**{k: data[k] for k in Holder.__dataclass_fields__ if k in data}, record=name)
+        except (OSError, ValueError, TypeError):
+            return None
+        finally:
+            os.close(fd)
+        # A record only speaks for the account that wrote it: no forging another user's lease.
+        return h if h.uid == st.st_uid else None
+
+    def _write_record(self, uuid: str, index: int) -> str:
+        rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot,
+               "uid": os.geteuid(), "user": _user(), "host": socket.gethostname(),
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
+               "gpu_uuid": uuid, "gpu_index": index, "shared": self.share}
+        name = f"gpu-{_safe_name(uuid)}.{os.getpid()}.{secrets.token_hex(8)}.holder"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=self._dfd)
+        try:
+            os.write(fd, json.dumps(rec).encode())
+        finally:
+            os.close(fd)
+        return name
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._dfd)
+        except OSError:
+            pass    # another user's record in a sticky dir, or already gone
+
+    def _mine(self, h: Holder) -> bool:
+        return h.pid == os.getpid() and abs(h.create_time - self._my_start) <= _START_TIME_TOLERANCE_S
+
+    # ---- one GPU ------------------------------------------------------------------------
+    def _lock(self, uuid: str) -> filelock.BaseFileLock:
+        path = os.path.join(self._base, f"gpu-{_safe_name(uuid)}.lock")
+
+        def verify(fd: int) -> None:
+            st = os.fstat(fd)
+            cur = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
+                raise _UnsafeLockFile("not a regular file with one link")
+
+        kw = dict(mode=0o600 if self._private else 0o666, thread_local=False, blocking=False)
+        try:
+            return filelock.UnixFileLock(path, fallback_to_soft=False, preserve_lock_file=True,
+                                         on_acquired=verify, **kw)
+        except TypeError:       # filelock < 4 lacks these knobs; flock semantics are the same
+            return filelock.UnixFileLock(path, **kw)
+
+    def _try_gpu(self, topology: Topology, index: int) -> tuple[_Held | None, str]:
+        """(held, "") or (None, why the GPU is not available)."""
+        gpu = topology.gpu(index)
+        if gpu.busy:
+            users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
+                            for p in gpu.processes if not p.ours})
+            return None, "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
+        lock = self._lock(gpu.uuid)
+        name = os.path.join(self.lease_dir, f"gpu-{_safe_name(gpu.uuid)}.lock")
+        try:
+            lock.acquire(blocking=False)
+        except filelock.Timeout:
+            live = self.holders(gpu.uuid)
+            others = [h for h in live if not self._mine(h)]
+            if others or live:
+                return None, _leased_by(others) if others else "leased by this launch"
+            return None, f"leased (lock {name} is held; its holder has not written its record yet)"
+        except _UnsafeLockFile:
+            return None, f"lease file {name} is not a regular file with one link; ask an admin to remove it"
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None, f"lease file {name} is a symlink (not made by smartlaunch); ask an admin to remove it"
+            return None, f"lease file {name} cannot be opened ({exc.strerror}); ask an admin to remove it"
+        try:
+            live = self.holders(gpu.uuid)
+            blocking = [h for h in live if not (self.share and h.shared)]
+            if blocking:
+                return None, _leased_by(blocking)
+            record = self._write_record(gpu.uuid, index)
+        except BaseException:
+            lock.release()
+            raise
+        if self.share:
+            lock.release()       # shared leases hold the flock only while checking and writing
+            lock = None
+        return _Held(index, gpu.uuid, lock, record), ""
+
+    # ---- public -------------------------------------------------------------------------
+    def why_taken(self, topology: Topology, candidates: Sequence[int] | None = None) -> dict[int, str]:
+        """GPU index -> reason, for GPUs leased by any live launch (this one included) or busy."""
+        out = {}
+        for i in (candidates if candidates is not None else [g.index for g in topology.gpus]):
+            held, why = self._try_gpu(topology, i)
+            if held is not None:
+                self._release(held)
+            else:
+                out[i] = why
+        return out
+
+    def taken(self, topology: Topology) -> set[int]:
+        return set(self.why_taken(topology))
+
+    def try_acquire(self, topology: Topology, candidates: Sequence[int], count: int = 1) -> Lease | None:
+        """`count` free GPUs from candidates (in order; with sharing, least-held first), or None.
+        Never holds a partial set: what it got is given back when it cannot get all."""
+        lease, _ = self._attempt(topology, candidates, count)
+        return lease
+
+    def _attempt(self, topology, candidates, count) -> tuple[Lease | None, dict[int, str]]:
+        order = list(candidates)
+        if self.share:
+            order.sort(key=lambda i: len(self.holders(topology.gpu(i).uuid, prune=False)))
+        got, why = [], {}
+        for i in order:
+            held, reason = self._try_gpu(topology, i)
+            if held is None:
+                why[i] = reason
+                continue
+            got.append(held)
+            if len(got) == count:
+                return Lease(self, got), {}
+        for h in got:
+            self._release(h)
+        return None, why
+
+    def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
+                timeout_s: float, status: Callable[[str], None] | None = None,
+                refresh: Callable[[], Topology] | None = None,
+                cancel: Callable[[], bool] | None = None) -> Lease:
+        """`count` GPUs from candidates. No free GPUs: with wait, poll (calling `status` with a
+        one-line message when the situation changes, and every 30 s) until timeout_s; `refresh`
+        re-reads the topology so a foreign process leaving is noticed; `cancel() -> True` (a
+        signal arrived) ends the wait. Raises NoFreeGPUError."""
+        if count > len(candidates):
+            raise NoFreeGPUError(f"asked for {count} GPUs but only {len(candidates)} are allowed "
+                                 f"({_fmt(candidates)}); lower --nproc-per-node or allow more GPUs")
+        start = time.monotonic()
+        last_msg, last_time = None, 0.0
+        while True:
+            lease, why = self._attempt(topology, candidates, count)
+            if lease is not None:
+                return lease
+            waited = time.monotonic() - start
+            summary = _summarise(why)
+            if not wait:
+                raise NoFreeGPUError(f"{summary}; retry later or drop --no-wait to wait up to {timeout_s:g} s")
+            if cancel is not None and cancel():
+                raise NoFreeGPUError(f"interrupted while waiting for {count} free GPU(s): {summary}")
+            if waited >= timeout_s:
+                raise NoFreeGPUError(f"waited {waited:.0f} s for {count} free GPU(s) of {_fmt(candidates)}: "
+                                     f"{summary}; raise jobs.wait_timeout_s or free a GPU")
+            if status and (summary != last_msg or time.monotonic() - last_time >= _STATUS_EVERY_S):
+                status(f"waiting for {count} free GPU(s) of {_fmt(candidates)}: {summary} "
+                       f"({waited:.0f} s of {timeout_s:g} s)")
+                last_msg, last_time = summary, time.monotonic()
+            # jitter: fifty waiters must not retry in lockstep
+            time.sleep(self.poll_s * (0.5 + random.random()))
+            if refresh is not None:
+                topology = refresh()
+
+    def _release(self, held: _Held) -> None:
+        self._unlink(held.record)        # record first: a live record without flock means "replaced"
+        if held.lock is not None and held.lock.is_locked:
+            held.lock.release()
+
+
+@dataclass
+class _Held:
+    index: int
+    uuid: str
+    lock: filelock.BaseFileLock | None
+    record: str
+
+
+class Lease:
+    """GPUs held by this process. Release per GPU (the queue gives back a GPU as soon as no job
+    needs it) or all at once; `absorb` adds another lease's GPUs (acquire one more)."""
+
+    def __init__(self, manager: LeaseManager, held: list[_Held]):
+        self._manager = manager
+        self._held = {h.index: h for h in held}
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(self._held)
+
+    def absorb(self, other: "Lease") -> None:
+        self._held.update(other._held)
+        other._held = {}
+
+    def release(self, gpu: int | None = None) -> None:
+        for i in ([gpu] if gpu is not None else list(self._held)):
+            held = self._held.pop(i, None)
+            if held is not None:
+                self._manager._release(held)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease(gpus={self.gpus}, dir={self._manager.lease_dir!r})"
+
+
+def release_job(lease_dir: str, job_id: str) -> list[str]:
+    """Slurm epilog: remove the holder records of `job_id` (its processes are gone, so their
+    flocks are too). Returns the removed paths."""
+    dfd = open_lease_dir(lease_dir, create=False)
+    removed = []
+    try:
+        for name in os.listdir(dfd):
+            if not name.endswith(".holder"):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                ok = stat.S_ISREG(os.fstat(fd).st_mode)
+                data = json.loads(os.read(fd, _RECORD_MAX_BYTES)) if ok else {}
+            except (OSError, ValueError):
+                data = {}
+            finally:
+                os.close(fd)
+            if isinstance(data, dict) and str(data.get("slurm_job_id")) == str(job_id):
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                    removed.append(os.path.join(os.path.abspath(lease_dir), name))
+                except OSError:
+                    pass
+    finally:
+        os.close(dfd)
+    return removed
+
+
+def _user() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (KeyError, ImportError):
+        return str(os.geteuid())
+
+
+def _fmt(indices) -> str:
+    return ",".join(str(i) for i in indices)
+
+
+def _leased_by(holders: list[Holder]) -> str:
+    seen = []
+    for h in holders:
+        d = h.describe()
+        if d not in seen:
+            seen.append(d)
+    return "leased by " + " and ".join(seen)
+
+
+def _summarise(why: dict[int, str]) -> str:
+    """'GPUs 0,1 are leased by pid 1234 (user bob, job 77); GPU 2 is in use by pid 9 ...'"""
+    groups: dict[str, list[int]] = {}
+    leased: list[int] = []
+    holders: list[str] = []
+    for i, reason in why.items():
+        if reason.startswith("leased by pid "):      # one clause for every GPU leased by someone
+            leased.append(i)
+            holders += [d for d in reason[len("leased by "):].split(" and ") if d not in holders]
+        else:
+            groups.setdefault(reason, []).append(i)
+    if leased:
+        groups = {"leased by " + " and ".join(holders): leased, **groups}
+    parts = [f"GPU{'s' if len(ix) > 1 else ''} {_fmt(ix)} {'are' if len(ix) > 1 else 'is'} {reason}"
+             for reason, ix in groups.items()]
+    return "; ".join(parts) or "no GPU to choose from"
