@@ -1,0 +1,111 @@
+"""`smartlaunch-node bench-comm` and `smartlaunch-node profile`.
+
+bench-comm fills the node's all-reduce cache (the Slurm prolog calls it): the whole GPU group,
+then each pair, and prints latency and bus bandwidth per size. `profile` runs (or reads from
+the cache) the dry run of an entrypoint and prints its ModelProfile as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from smartlaunch.errors import UsageError
+
+SHOW_SIZES = (1 << 20, 16 << 20, 64 << 20, 256 << 20)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench-comm", help="measure all-reduce over the GPUs and cache it")
+    p.add_argument("--gpus", default=None, help="comma-separated GPU indices (default: all)")
+    p.add_argument("--no-pairs", action="store_true", help="only the whole group, not each pair")
+    p.add_argument("--max-mb", type=int, default=None, help="largest message (MiB); default 256")
+    p.add_argument("--policy", default=None, help="policy file (for paths.cache_dir)")
+    p.add_argument("--json", action="store_true", help="print the curves as JSON")
+    p.set_defaults(func=bench_comm)
+
+    q = subparsers.add_parser("profile", help="dry-run a training script and print its profile")
+    q.add_argument("--module", "-m", action="store_true", help="run SCRIPT as a module")
+    q.add_argument("--gpu", default=None, help="CUDA_VISIBLE_DEVICES for the dry run "
+                   "(default: the first visible GPU; 'cpu' for none)")
+    q.add_argument("--reprofile", action="store_true", help="ignore the cached profile")
+    q.add_argument("--policy", default=None, help="policy file (dry-run limits, cache dir)")
+    q.add_argument("script")
+    q.add_argument("script_args", nargs=argparse.REMAINDER)
+    q.set_defaults(func=profile)
+
+
+def _policy(path):
+    from smartlaunch.policy.load import load_policy
+    return load_policy(path, environ=os.environ)
+
+
+def bench_comm(args) -> int:
+    from smartlaunch.profile.comm import comm_curve
+    from smartlaunch.topology import discover
+    topo = discover(os.environ)
+    policy = _policy(args.policy)
+    known = [g.index for g in topo.gpus]
+    gpus = known if args.gpus is None else [int(x) for x in args.gpus.split(",") if x.strip()]
+    unknown = sorted(set(gpus) - set(known))
+    if unknown:
+        raise UsageError(f"GPUs {unknown} are not visible (visible: {known}); fix --gpus")
+    if len(gpus) < 2:
+        raise UsageError(f"bench-comm needs at least 2 GPUs, this node shows {known}; "
+                         "nothing to measure")
+    groups = [tuple(gpus)]
+    if not args.no_pairs and len(gpus) > 2:
+        groups += [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
+    max_bytes = args.max_mb << 20 if args.max_mb else None
+    curves = [comm_curve(topo, g, policy, os.environ, max_bytes=max_bytes) for g in groups]
+    if args.json:
+        print(json.dumps([c.to_dict() for c in curves], indent=2))
+        return 0
+    # measured sizes only: gloo stops at 4 MB and extrapolating would print a guess
+    top = curves[0].points[-1][0]
+    shown = [s for s in SHOW_SIZES if s <= top] or [p[0] for p in curves[0].points][-4:]
+    print(f"{'GPUs':<16}{'backend':<8}{'latency':>10}  " + "".join(
+        f"{_mb(s):>12}" for s in shown) + "   (bus bandwidth, GB/s)")
+    for c in curves:
+        row = "".join(f"{c.bus_bandwidth_Bps(s) / 1e9:>12.2f}" for s in shown)
+        src = " (cached)" if c.cached else ""
+        print(f"{','.join(map(str, c.gpus)):<16}{c.backend:<8}{c.latency_s * 1e6:>8.0f}us  {row}{src}")
+    nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    if nccl:
+        print("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl.items())))
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+
+
+def profile(args) -> int:
+    from smartlaunch.profile.cache import profile_entrypoint
+    from smartlaunch.request import Request
+    policy = _policy(args.policy)
+    gpu, model = _gpu(args.gpu)
+    req = Request(script=args.script, script_args=tuple(args.script_args), module=args.module,
+                  reprofile=args.reprofile)
+    prof = profile_entrypoint(req, policy, gpu=gpu, gpu_model=model, environ=os.environ)
+    print(prof.to_json())
+    print(f"smartlaunch-node: {prof.status.value}: {prof.note}", file=sys.stderr)
+    return 0
+
+
+def _gpu(choice: str | None) -> tuple[str | None, str]:
+    """(CUDA_VISIBLE_DEVICES for the child, GPU model for the cache key)."""
+    if choice == "cpu":
+        return None, "cpu"
+    from smartlaunch.topology import discover
+    topo = discover(os.environ)
+    if not topo.gpus:
+        return None, "cpu"
+    gpu = topo.gpus[0] if choice is None else next(
+        (g for g in topo.gpus if str(g.index) == choice), None)
+    if gpu is None:
+        raise UsageError(f"--gpu {choice} is not visible (visible: {[g.index for g in topo.gpus]})")
+    if topo.source != "nvml":
+        return None, gpu.name  # a fake topology: its GPUs do not exist, profile on the CPU
+    return gpu.uuid, gpu.name

@@ -1,0 +1,135 @@
+"""All-reduce benchmark over a candidate GPU group -> `CommCurve`, cached per topology.
+
+One `smartlaunch.profile.comm_worker` process per GPU (NCCL) or per emulated rank (gloo on the
+CPU, e.g. with a fake topology), started in the job's environment so NCCL variables already set
+(NCCL_P2P_DISABLE, the policy's PHB tuning, ...) shape what is measured. Each worker runs in its
+own session; on failure or time-out every one of them is killed, nothing is left behind.
+
+Reference (issue #4, 2x H200 NVLink, 256 MB, bus bandwidth): ~296 GB/s default, 27 GB/s with
+NCCL_P2P_DISABLE=1, 3.1 GB/s with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from smartlaunch.errors import ExitCode, SmartlaunchError
+from smartlaunch.profile.api import CommCurve
+from smartlaunch.profile.cache import comm_key, load_comm, read_json, store_comm
+from smartlaunch.profile.runner import free_port
+
+MB = 1 << 20
+GPU_SIZES = tuple(MB << i for i in range(9))        # 1 MB .. 256 MB
+CPU_SIZES = tuple((64 << 10) << i for i in range(7))  # 64 KB .. 4 MB: gloo over loopback is slow
+TIME_LIMIT_S = 120.0   # NCCL init on 8 GPUs takes seconds; the sweep itself ~1-3 s
+
+
+class CommBenchError(SmartlaunchError):
+    """The all-reduce benchmark could not run (exit code: as a failed dry run)."""
+    exit_code = ExitCode.DRY_RUN
+
+
+def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
+    """Powers of two up to max_bytes rounded up to the next power of two (at least 2 sizes)."""
+    sizes = GPU_SIZES if device == "cuda" else CPU_SIZES
+    if max_bytes:
+        cap = 1 << max(0, int(max_bytes - 1).bit_length())
+        kept = tuple(s for s in sizes if s <= cap)
+        sizes = kept if len(kept) >= 2 else sizes[:2]
+    return sizes
+
+
+def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
+                      max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S) -> CommCurve:
+    """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
+    device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes)."""
+    n = len(gpus)
+    if n < 2:
+        raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
+                             "pass --gpus with two or more indices")
+    backend = "nccl" if device == "cuda" else "gloo"
+    sizes = sizes_for(device, max_bytes)
+    iters = 5 if device == "cuda" else 7
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="smartlaunch-comm-") as tmp:
+        out = os.path.join(tmp, "curve.json")
+        logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
+        try:
+            for rank, gpu in enumerate(gpus):
+                env = dict(environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                           LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                if device != "cuda":
+                    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+                cmd = [sys.executable, "-m", "smartlaunch.profile.comm_worker", "--backend", backend,
+                       "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
+                if device == "cuda":
+                    cmd += ["--device-index", str(gpu)]
+                procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=logs[rank],
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+            failed = _wait_all(procs, time_limit_s)
+            if failed is not None:
+                rank, why = failed
+                logs[rank].seek(0)
+                tail = logs[rank].read().decode(errors="replace").strip().splitlines()[-5:]
+                raise CommBenchError(
+                    f"all-reduce benchmark over GPUs {list(gpus)} ({backend}) failed: rank {rank} "
+                    f"{why}; check the NCCL_* environment and the GPUs' health. Last lines: "
+                    + " | ".join(tail))
+            points = read_json(Path(out))
+        finally:
+            for p in procs:
+                _kill(p)
+            for f in logs:
+                f.close()
+    if not points:
+        raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
+                             "run `smartlaunch-node bench-comm --debug` to see why")
+    nccl_env = {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
+    return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env, gpus=tuple(gpus))
+
+
+def _wait_all(procs, limit: float):
+    """None when every rank exited 0; else (rank, reason) of the first failure."""
+    deadline = time.monotonic() + limit
+    while True:
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                return rank, f"exited with code {code}"
+        if all(c == 0 for c in codes):
+            return None
+        if time.monotonic() > deadline:
+            rank = next(r for r, c in enumerate(codes) if c is None)
+            return rank, f"did not finish within {limit:g} s"
+        time.sleep(0.05)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None) -> CommCurve:
+    """The cached curve for this topology, group and NCCL environment; measured on a miss.
+    Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo."""
+    gpus = tuple(gpus)
+    device = "cuda" if topology is not None and topology.source == "nvml" else "cpu"
+    backend = "nccl" if device == "cuda" else "gloo"
+    key = comm_key(topology, gpus, backend, environ)
+    need = sizes_for(device, max_bytes)[-1]
+    hit = load_comm(policy, key, environ, need_bytes=need)
+    if hit is not None:
+        return hit
+    curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes)
+    store_comm(policy, key, curve, environ)
+    return curve

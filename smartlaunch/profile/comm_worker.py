@@ -1,0 +1,70 @@
+"""One rank of the all-reduce benchmark (started by smartlaunch.profile.comm, one per GPU).
+
+    RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
+        --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F
+
+Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
+per-rank median is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
+[[bytes, seconds], ...] as JSON to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", required=True, choices=("nccl", "gloo"))
+    ap.add_argument("--device-index", type=int, default=None)
+    ap.add_argument("--sizes", required=True)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    if args.backend == "nccl":
+        device = torch.device("cuda", args.device_index)
+        torch.cuda.set_device(device)
+        sync = torch.cuda.synchronize
+    else:
+        device = torch.device("cpu")
+        sync = lambda: None  # noqa: E731  gloo's all_reduce returns when done
+    kw = {"device_id": device} if args.backend == "nccl" else {}
+    dist.init_process_group(args.backend, **kw)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        medians = []
+        for nbytes in sizes:
+            buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+            for _ in range(args.warmup):
+                dist.all_reduce(buf)
+            sync()
+            times = []
+            for _ in range(args.iters):
+                dist.barrier()  # start together: rank skew would count as all-reduce time
+                sync()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                sync()
+                times.append(time.perf_counter() - t0)
+            medians.append(statistics.median(times))
+            del buf
+        worst = torch.tensor(medians, dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        if dist.get_rank() == 0:
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump([[s, t] for s, t in zip(sizes, worst.tolist())], f)
+            os.replace(tmp, args.out)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
