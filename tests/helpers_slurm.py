@@ -1,0 +1,235 @@
+"""A real single-node Slurm (Debian's slurm-wlm 22.05 + munge) for the Slurm tests.
+
+Started once per session without systemd: munged as the munge user on a private socket,
+`slurmctld -i` and `slurmd` daemonizing with PID files in a temp dir; stopped by PID at the
+end. Client calls go through `timeout`, as they block ~10 s per retry when slurmctld is down.
+Skipped (with the reason) where the packages or root are missing: `.ci/install-slurm.sh`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATES = REPO / "tests" / "slurm"
+HOOKS = REPO / "hooks" / "slurm"
+PROGRAMS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "scontrol", "squeue", "lua5.3")
+
+
+def missing_reason() -> str | None:
+    if sys.platform != "linux":
+        return "Slurm tests need Linux"
+    if os.geteuid() != 0:
+        return "Slurm tests need root (slurmd, munged, mknod); run them in CI's container"
+    absent = [p for p in PROGRAMS if not (shutil.which(p) or os.path.exists(f"/usr/sbin/{p}"))]
+    if absent:
+        return f"missing {', '.join(absent)}: run .ci/install-slurm.sh (apt slurm-wlm munge lua5.3)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+class SlurmCluster:
+    def __init__(self, root: Path, task_plugin: str = "task/affinity"):
+        self.dir = root
+        self.host = socket.gethostname().split(".")[0]
+        self.task_plugin = task_plugin
+        self.conf = root / "slurm.conf"
+        self.hooks_env = root / "hooks" / "hooks.env"
+        self.state_dir = root / "node-state"
+        self.pids: dict[str, int] = {}
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        for k in [k for k in self.env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
+            if k != "SLURM_CONF":
+                del self.env[k]
+
+    # ---- set-up ----------------------------------------------------------------------
+    def write_config(self, hooks_settings: dict[str, str]) -> None:
+        d = self.dir
+        for sub in ("state", "spool", "munge", "hooks", "node-state"):
+            (d / sub).mkdir(exist_ok=True)
+        subst = {"@HOST@": self.host, "@DIR@": str(d), "@CTLD_PORT@": str(free_port()),
+                 "@SLURMD_PORT@": str(free_port()), "@CPUS@": str(os.cpu_count() or 2),
+                 "@TASK_PLUGIN@": self.task_plugin}
+        text = (TEMPLATES / "slurm.conf.in").read_text()
+        for k, v in subst.items():
+            text = text.replace(k, v)
+        self.conf.write_text(text)
+        shutil.copy(TEMPLATES / "gres.conf.in", d / "gres.conf")
+        (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=no\n")
+        # JobSubmitPlugins=lua reads job_submit.lua next to slurm.conf.
+        shutil.copy(HOOKS / "job_submit.lua", d / "job_submit.lua")
+        # Copies of the hooks, so their sibling hooks.env (the admin's config) is the test's.
+        for name in ("prolog", "epilog"):
+            shutil.copy(HOOKS / name, d / "hooks" / name)
+            os.chmod(d / "hooks" / name, 0o755)
+        self.set_hooks_env(hooks_settings)
+        for i in range(2):
+            dev = Path(f"/dev/nvidia{i}")
+            if not dev.exists():
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
+
+    def set_hooks_env(self, settings: dict[str, str]) -> None:
+        base = {"SMARTLAUNCH_PYTHON": sys.executable, "SMARTLAUNCH_STATE_DIR": str(self.state_dir)}
+        lines = [f"{k}={v}" for k, v in {**base, **settings}.items()]
+        self.hooks_env.write_text("\n".join(lines) + "\n")
+
+    def start(self) -> None:
+        d = self.dir
+        os.chown(d / "munge", _uid("munge"), _gid("munge"))
+        os.chmod(d / "munge", 0o755)
+        self._daemon("munged", ["runuser", "-u", "munge", "--", _sbin("munged"), "--force",
+                                f"--socket={d}/munge/munge.socket",
+                                f"--pid-file={d}/munge/munged.pid",
+                                f"--log-file={d}/munge/munged.log",
+                                f"--seed-file={d}/munge/munged.seed"], d / "munge" / "munged.pid")
+        self._daemon("slurmctld", [_sbin("slurmctld"), "-i", "-f", str(self.conf)],
+                     d / "slurmctld.pid")
+        self._daemon("slurmd", [_sbin("slurmd"), "-f", str(self.conf)], d / "slurmd.pid")
+        self.wait_node_idle()
+
+    def _daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} failed to start ({done.returncode}): "
+                               f"{done.stderr.strip()}\n{self.logs()}")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if pid_file.exists() and pid_file.read_text().strip():
+                self.pids[name] = int(pid_file.read_text().split()[0])
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{name} wrote no PID file {pid_file}\n{self.logs()}")
+
+    def wait_node_idle(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.node_state()
+            if state.split("+")[0] in ("IDLE", "MIXED", "ALLOCATED") and "DRAIN" not in state:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"node not idle after {timeout} s (state {state})\n{self.logs()}")
+
+    def stop(self) -> None:
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid = self.pids.pop(name, None)
+            if pid is None:
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.05)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    # ---- clients ---------------------------------------------------------------------
+    def client(self, *argv: str, timeout: int = 30, check: bool = False,
+               env: dict | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+        cmd = ["timeout", "-k", "2", str(timeout), *argv]
+        return subprocess.run(cmd, env={**self.env, **(env or {})}, capture_output=True,
+                              text=True, timeout=timeout + 5, check=check, cwd=cwd)
+
+    def node(self) -> dict[str, str]:
+        from smartlaunch.slurm.parse import parse_key_values
+        out = self.client("scontrol", "-o", "show", "node", self.host, timeout=15)
+        return parse_key_values(out.stdout)
+
+    def node_state(self) -> str:
+        return self.node().get("State", "")
+
+    def job(self, job_id: str) -> dict[str, str]:
+        from smartlaunch.slurm.parse import parse_key_values
+        return parse_key_values(self.client("scontrol", "-o", "show", "job", job_id).stdout)
+
+    def wait_job(self, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+                 timeout: float = 30) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} not in {states} after {timeout} s: {info}\n{self.logs()}")
+
+    def resume(self) -> None:
+        self.client("scontrol", "update", f"nodename={self.host}", "state=resume", timeout=15)
+        self.wait_node_idle()
+
+    def logs(self, tail: int = 30) -> str:
+        out = []
+        for name in ("slurmctld.log", "slurmd.log", "munge/munged.log"):
+            p = self.dir / name
+            if p.exists():
+                lines = p.read_text(errors="replace").splitlines()[-tail:]
+                out.append(f"--- {name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _uid(user: str) -> int:
+    import pwd
+    return pwd.getpwnam(user).pw_uid
+
+
+def _gid(group: str) -> int:
+    import grp
+    return grp.getgrnam(group).gr_gid
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="smartlaunch-slurm-"))
+    os.chmod(root, 0o755)
+    cluster = SlurmCluster(root)
+    cluster.write_config({"SMARTLAUNCH_FAKE_TOPOLOGY": fake_topology("healthy")})
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def fake_topology(name: str) -> str:
+    """A node fixture for the hooks: tests/slurm/<name>.json."""
+    return str(TEMPLATES / f"topo-{name}.json")
