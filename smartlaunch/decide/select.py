@@ -75,14 +75,14 @@ def choose_auto(ctx, cands: dict) -> Choice:
         else:
             why = "the all-reduce over " + "; ".join(gpu_list(k[1]) for k in missing) + \
                   " could not be measured"
-        measured = _trials(ctx, [single, *ddp], why) if d.trials else None
+        measured, note = _trials(ctx, [single, *ddp], why, "decision.trials") if d.trials else \
+            (None, f"{why}, and trials are off")
         if measured:
             return measured
         known = {k: preds[k].speedup for k in [single, *ddp] if preds[k] is not None}
         if ctx.predictable and len(known) > 1:
-            return _by_model(ctx, known, f"{why}; decided among the predicted candidates")
-        return _fallback(ctx, ddp, why + ("" if d.trials else
-                                          f", and trials are off ({rule('decision.trials')})"))
+            return _by_model(ctx, known, f"{note}; decided among the predicted candidates")
+        return _fallback(ctx, ddp, note)
 
     scores = {k: preds[k].speedup for k in [single, *ddp]}
     floor, band = d.min_efficiency, d.uncertainty_band
@@ -91,10 +91,10 @@ def choose_auto(ctx, cands: dict) -> Choice:
         why = ("the prediction is within ±" + pct(band) + " of the policy's " + pct(floor) + ": " +
                ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
         remaining = [k for k in ddp if preds[k].efficiency >= floor - band]
-        measured = _trials(ctx, [single, *remaining], why)
+        measured, note = _trials(ctx, [single, *remaining], why, "decision.uncertainty_band")
         if measured:
             return measured
-        return _by_model(ctx, scores, f"{why}; no trial could run, so the prediction decides")
+        return _by_model(ctx, scores, f"{note}, so the prediction decides")
     return _by_model(ctx, scores, None)
 
 
@@ -119,12 +119,11 @@ def _by_model(ctx, scores: dict, note: str | None) -> Choice:
     return Choice(win[0], win[1], "model")
 
 
-def _trials(ctx, keys: list, why: str) -> Choice | None:
+def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, str]:
+    """(the choice by measurement, or None and why not)."""
     rule = ctx.policy.rule
     if ctx.trial is None:
-        ctx.reasons.append(Reason(f"{why}: a measured trial was wanted but no trial runner is "
-                                  f"available", rule("decision.trials")))
-        return None
+        return None, f"{why}; a measured trial was wanted but none can run here"
     measured = {}
     for k in keys:
         got = ctx.trial(Candidate(k[0], k[1]))
@@ -132,9 +131,7 @@ def _trials(ctx, keys: list, why: str) -> Choice | None:
             measured[k] = float(got)
     single = keys[0]
     if single not in measured:
-        ctx.reasons.append(Reason(f"{why}: the trial of single GPU{single[1][0]} gave no "
-                                  f"measurement", rule("decision.trials")))
-        return None
+        return None, f"{why}; the trial of single GPU{single[1][0]} gave no measurement"
     scores = {k: v / measured[single] for k, v in measured.items()}
     win = _pick(ctx, scores)
     names = ", ".join(("single" if k[0] == Strategy.SINGLE else f"DDP×{_key_n(k)}") +
@@ -145,8 +142,8 @@ def _trials(ctx, keys: list, why: str) -> Choice | None:
         text += "; no measurement for " + ", ".join(f"DDP×{_key_n(k)}" for k in lost)
     win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
         else f"single GPU{win[1][0]}"
-    ctx.reasons.append(Reason(f"{text} → {win_name}", rule("decision.uncertainty_band")))
-    return Choice(win[0], win[1], "trial", measured)
+    ctx.reasons.append(Reason(f"{text} → {win_name}", rule(rule_key)))
+    return Choice(win[0], win[1], "trial", measured), text
 
 
 def _fallback(ctx, ddp: list, why: str) -> Choice:
@@ -228,6 +225,8 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
         tail = ": not asked for"
     elif c.strategy == Strategy.DDP and c.efficiency is not None and c.efficiency < floor:
         tail = f": below the policy's {pct(floor)}"
+    elif c.strategy == Strategy.SINGLE and win.speedup is not None:
+        tail = f": {_name(win)} gives {times(win.speedup)} its samples/s"
     elif c.speedup is not None and win.speedup is not None:
         tail = f": {times(c.speedup)} is less than {_name(win)}'s {times(win.speedup)}"
     else:

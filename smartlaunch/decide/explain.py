@@ -1,0 +1,125 @@
+"""`--explain` as text: what will run, then every number the decision used, then why.
+
+`--explain=json` is `Plan.to_json()` (schema: docs/plan-schema.md); this is the same Plan for
+people. Nothing here decides anything.
+"""
+from __future__ import annotations
+
+from smartlaunch.decide.plan import Candidate, Plan, Strategy
+from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
+
+
+def render_text(plan: Plan) -> str:
+    lines = [_headline(plan)]
+    lines += _profile(plan.profile)
+    lines += _comm(plan.comm)
+    t = plan.topology
+    if t:
+        lines.append(f"topology: {t.get('source', '??')}, fingerprint {t.get('fingerprint', '??')}"
+                     + (f" ({t['note']})" if t.get("note") else ""))
+    if plan.candidates:
+        lines.append("")
+        lines += _table(plan.candidates)
+        lines.append("")
+        lines.append("why each candidate won or lost:")
+        lines += [f"  - {c.reason}" for c in plan.candidates if c.reason]
+    lines.append("")
+    lines.append("reasons:")
+    lines += [f"  - {r.text}" + (f"  [{r.rule}]" if r.rule else "") for r in plan.reasons] \
+        or ["  (none)"]
+    if plan.device == "cuda":
+        lines.append(f"GPUs left free: {gpu_list(plan.left_free)}")
+    lines.append("environment added to workers:")
+    lines += [f"  {e.name}={e.value}  ({e.source})" for e in plan.env] or ["  (nothing)"]
+    lines.append("NUMA binding:")
+    lines += [f"  local rank {b.local_rank} → GPU{b.gpu}, NUMA node {b.numa_node}, CPUs "
+              f"{cpu_ranges(b.cpus)} ({b.mode} via {b.mechanism})" + (f": {b.note}" if b.note else "")
+              for b in plan.numa] or ["  (none)"]
+    if plan.variants:
+        lines.append(f"variants ({len(plan.variants)}):")
+        lines += [f"  {i}: {' '.join(v)}" for i, v in enumerate(plan.variants)]
+    return "\n".join(lines) + "\n"
+
+
+def _headline(plan: Plan) -> str:
+    where = gpu_list(plan.gpus) if plan.gpus else "the CPU"
+    if plan.strategy == Strategy.DDP:
+        what = f"DDP×{plan.nproc_per_node} on {where}"
+        if plan.link_class:
+            what += f" (worst link {plan.link_class})"
+    elif plan.strategy == Strategy.INDEPENDENT:
+        what = f"{len(plan.variants)} independent single-GPU jobs on {where}" if plan.gpus else \
+            f"{len(plan.variants)} independent CPU jobs"
+    else:
+        what = f"single process on {where}"
+    extra = f"nproc-per-node {plan.nproc_per_node}, nnodes {plan.nnodes}, device {plan.device}, " \
+            f"up to {plan.requested_max} allowed"
+    return f"smartlaunch: {what} [{extra}]" + (" (strategy forced)" if plan.forced else "")
+
+
+def _profile(p: dict) -> list[str]:
+    if not p:
+        return ["profile: none"]
+    if p.get("status") not in ("ok", "incomplete"):
+        note = f": {p['note']}" if p.get("note") else ""
+        return [f"profile: {p.get('status')}{note}"]
+    params = p.get("trainable_params") or p.get("total_params") or 0
+    step, p90, bwd = p.get("step_time_s"), p.get("step_time_p90_s"), p.get("backward_s")
+    peak = p.get("peak_gpu_mem_bytes")
+    parts = [f"{params / 1e6:.1f}M params", f"{mb(p.get('grad_bytes'))} grads",
+             f"batch {p.get('batch_size') if p.get('batch_size') is not None else '??'}",
+             f"step {ms(step)}" + (f" (p90 {ms(p90)})" if p90 else "")]
+    if bwd and step:
+        parts.append(f"backward {pct(bwd / step)} of the step")
+    parts.append(f"peak {peak / 1024 ** 3:.1f} GiB" if peak else "peak ??")
+    cost = p.get("dry_run_s")
+    parts.append("cached" if p.get("cached") else
+                 (f"dry run {cost:.1f} s" if cost is not None else "dry run ??"))
+    out = ["profile: " + ", ".join(parts) + f" [{p.get('status')}, {p.get('steps_measured', 0)} steps]"]
+    if p.get("note"):
+        out.append(f"  note: {p['note']}")
+    return out
+
+
+def _comm(c: dict) -> list[str]:
+    if not c:
+        return ["all-reduce: not measured"]
+    at_grad = c.get("busbw_at_grad_GBps")
+    return [f"all-reduce ({c.get('backend')}, {gpu_list(c.get('gpus') or ())}, "
+            f"{'cached' if c.get('cached') else 'measured'}): busbw "
+            f"{gbps(c['busbw_256MiB_GBps'] * 1e9)} at 256 MiB"
+            + (f", {gbps(at_grad * 1e9)} at the gradient size" if at_grad else "")
+            + f", latency {c.get('latency_us', 0):.0f} µs"]
+
+
+def _table(cands: tuple[Candidate, ...]) -> list[str]:
+    head = ("", "candidate", "GPUs", "step", "samples/s", "speedup", "eff", "all-reduce", "from")
+    rows = [head]
+    for c in cands:
+        name = {Strategy.SINGLE: "single", Strategy.INDEPENDENT: "independent"}.get(
+            c.strategy, f"DDP×{len(c.gpus)}")
+        rows.append(("*" if c.chosen else "", name, ",".join(map(str, c.gpus)) or "-",
+                     ms(c.predicted_step_s) if c.predicted_step_s else "-",
+                     rate(c.predicted_samples_per_s).split()[0] if c.predicted_samples_per_s
+                     else "-",
+                     times(c.speedup) if c.speedup is not None else "-",
+                     pct(c.efficiency) if c.efficiency is not None else "-",
+                     ms(c.allreduce_s) if c.allreduce_s else "-",
+                     "measured" if c.measured else ("predicted" if c.speedup is not None else "-")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def cpu_ranges(cpus) -> str:
+    cpus = sorted(cpus)
+    if not cpus:
+        return "none"
+    out, start, prev = [], cpus[0], cpus[0]
+    for c in cpus[1:] + [None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if c is not None:
+            start = prev = c
+    return ",".join(out)

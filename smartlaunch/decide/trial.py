@@ -1,0 +1,142 @@
+"""Measured trials: a few real steps of one candidate, for when the model is not sure.
+
+The runner starts the user's entrypoint exactly as the plan would (torchrun semantics, the
+candidate's GPUs only) but wrapped by the dry-run hooks, which time the optimizer steps and end
+the script after them. Rank 0's median step time gives samples/s = N x batch / step.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N \
+        -m smartlaunch.decide.trial --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
+
+Run as a module (`python -m smartlaunch.decide.trial`), this file is the per-rank shim: each
+rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.profile.dryrun.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Mapping
+
+from smartlaunch.decide.plan import Candidate, Strategy
+from smartlaunch.policy.api import Policy
+from smartlaunch.request import Request
+
+KILL_GRACE_S = 5.0
+
+
+def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
+                      *, python: str = sys.executable,
+                      log: Callable[[str], None] | None = None) -> Callable[[Candidate], float | None]:
+    """A `trial(candidate) -> samples/s or None` for decide(). None: the trial could not
+    measure (script failed, no step within policy.dryrun.time_limit_s, --no-python)."""
+
+    def trial(candidate: Candidate) -> float | None:
+        if request.no_python or not request.script:
+            return None
+        n = len(candidate.gpus) if candidate.strategy == Strategy.DDP else 1
+        with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
+            cmd = trial_command(request, policy, n, tmp, python)
+            env = dict(environ)
+            if candidate.gpus:
+                env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, candidate.gpus)
+            env["SMARTLAUNCH_TRIAL"] = "1"
+            logfile = Path(tmp) / "trial.log"
+            rc = run_limited(cmd, env, policy.dryrun.time_limit_s, logfile)
+            result = read_rank0(Path(tmp))
+            if log is not None and (rc != 0 or result is None):
+                tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
+                log(f"trial of {candidate.strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
+        return samples_per_s(result, n)
+
+    return trial
+
+
+def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
+                  python: str = sys.executable) -> list[str]:
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "smartlaunch.decide.trial", "--out-dir", out_dir,
+           "--warmup", str(policy.dryrun.warmup_steps),
+           "--measure", str(policy.decision.trial_steps)]
+    if request.module:
+        cmd.append("--module")
+    return [*cmd, request.script, *request.script_args]
+
+
+def visible_devices(environ: Mapping[str, str], gpus) -> str:
+    """CUDA_VISIBLE_DEVICES for the candidate: its ordinals are relative to the job's own
+    CUDA_VISIBLE_DEVICES (Slurm, the user), so map them through it."""
+    seen = environ.get("CUDA_VISIBLE_DEVICES")
+    if seen:
+        ids = [s.strip() for s in seen.split(",") if s.strip()]
+        if all(g < len(ids) for g in gpus):
+            return ",".join(ids[g] for g in gpus)
+    return ",".join(str(g) for g in gpus)
+
+
+def run_limited(cmd: list[str], env: dict, limit_s: float, logfile: Path) -> int | None:
+    """Run in its own process group; past the limit SIGTERM the group (the dry-run hooks write
+    what they measured), then SIGKILL. None: it was killed."""
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+            return None
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc, signal.SIGKILL)
+                proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)   # start_new_session: the group id is the leader's pid
+    except ProcessLookupError:
+        pass
+
+
+def read_rank0(out_dir: Path) -> dict | None:
+    path = out_dir / "rank0.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def samples_per_s(result: dict | None, nproc: int) -> float | None:
+    """nproc x batch / rank 0's median step; batch unknown -> steps/s x nproc (the ratio to
+    single, all decide() uses, is the same)."""
+    if not result:
+        return None
+    step = result.get("step_time_s")
+    if not step or step <= 0:
+        return None
+    batch = result.get("batch_size") or 1
+    return nproc * batch / step
+
+
+def _shim(argv: list[str]) -> None:
+    """Per-rank entry: --out-dir DIR [dry-run options] SCRIPT ARGS."""
+    if len(argv) < 2 or argv[0] != "--out-dir":
+        raise SystemExit("usage: python -m smartlaunch.decide.trial --out-dir DIR "
+                         "[--warmup N] [--measure N] [--module] SCRIPT [ARGS...]")
+    rank = os.environ.get("RANK", "0")
+    out = os.path.join(argv[1], f"rank{rank}.json")
+    from smartlaunch.profile import dryrun
+    dryrun.main(["--out", out, *argv[2:]])
+
+
+if __name__ == "__main__":
+    _shim(sys.argv[1:])
