@@ -121,7 +121,7 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):   # O_DIRECTORY says ENOTDIR
             raise LeaseDirError(f"lease directory {path} is a symlink; another user may control its "
                                 "target: remove it or set paths.lease_dir to a real directory") from None
         if exc.errno == errno.ENOTDIR:
