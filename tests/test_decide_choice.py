@@ -1,0 +1,248 @@
+"""The decision on fake machines with synthetic profiles and all-reduce curves."""
+from __future__ import annotations
+
+import pytest
+
+from helpers_decide import (
+    FakeComm, FakeTrial, critical, dual_socket, gpu, machine, nv_pair, nvswitch8, pcie4,
+    pcie_pair, policy, profile, request,
+)
+from smartlaunch.decide import Strategy, decide
+from smartlaunch.errors import ExitCode, NoFreeGPUError, PlanError, PolicyError, UsageError
+from smartlaunch.profile.api import ProfileStatus
+from smartlaunch.topology.api import cpu_only
+
+GPT = dict(params=163_000_000, step_ms=21.0)
+RESNET = dict(params=25_600_000, step_ms=17.0)
+
+
+def run(topo, prof, pol=None, req=None, **kw):
+    comm = kw.pop("comm", None) or FakeComm(topo)
+    plan = decide(req or request(), topo, pol or policy(), prof, comm_for=comm, **kw)
+    return plan, comm
+
+
+def chosen(plan):
+    return [c for c in plan.candidates if c.chosen]
+
+
+def test_ddp_wins_on_nvlink_and_explains_with_numbers(clean_env):
+    plan, _ = run(nv_pair(), profile(**GPT))
+    assert plan.strategy == Strategy.DDP and plan.gpus == (0, 1) and plan.nproc_per_node == 2
+    assert plan.link_class == "NV18" and plan.left_free == ()
+    win = chosen(plan)[0]
+    assert win.efficiency >= 0.7 and win.speedup > 1.0
+    assert win.predicted_samples_per_s == pytest.approx(2 * 64 / win.predicted_step_s)
+    assert any(r.rule.startswith("decision.min_efficiency=0.7 (built-in)") for r in plan.reasons)
+    assert plan.comm["busbw_256MiB_GBps"] > 200
+
+
+def test_single_wins_on_slow_link_and_names_the_free_gpu(clean_env):
+    plan, _ = run(pcie_pair("SYS"), profile(**GPT))
+    assert plan.strategy == Strategy.SINGLE and plan.gpus == (0,) and plan.nproc_per_node == 1
+    assert plan.left_free == (1,)
+    ddp = [c for c in plan.candidates if c.strategy == Strategy.DDP][0]
+    assert ddp.efficiency < 0.7
+    assert "below the policy's 70%" in ddp.reason and "GPU1 left free" in ddp.reason
+    assert f"{ddp.speedup:.2f}×" in ddp.reason and "all-reduce" in ddp.reason
+
+
+def test_more_gpus_win_only_when_they_scale(clean_env):
+    big, _ = run(nvswitch8(), profile(**GPT))
+    assert big.strategy == Strategy.DDP and len(big.gpus) == 8
+    ns = sorted(len(c.gpus) for c in big.candidates if c.strategy == Strategy.DDP)
+    assert ns == list(range(2, 9))
+    # On PCIe, ResNet scales at x2 within a switch but x3/x4 cross the SYS link.
+    plan, _ = run(dual_socket(), profile(**RESNET))
+    assert plan.strategy == Strategy.DDP and plan.gpus == (0, 1)
+    x4 = [c for c in plan.candidates if len(c.gpus) == 4][0]
+    assert x4.efficiency < chosen(plan)[0].efficiency
+
+
+def test_ddp4_beats_ddp2_by_samples_per_second(clean_env):
+    plan, _ = run(pcie4(), profile(**RESNET))
+    assert plan.strategy == Strategy.DDP and len(plan.gpus) == 4
+    rates = {len(c.gpus): c.predicted_samples_per_s for c in plan.candidates}
+    assert rates[4] == max(rates.values())
+    assert "DDP×4" in [c for c in plan.candidates if len(c.gpus) == 2][0].reason
+
+
+def test_eight_gpu_node_asked_for_two_gets_an_nv_pair_on_one_numa_node(clean_env):
+    plan, comm = run(nvswitch8(), profile(**GPT), req=request(max_gpus=2))
+    assert plan.gpus == (0, 1) and plan.requested_max == 2
+    assert all(len(g) <= 2 for g in comm.calls)
+    # With GPUs 1-3 leased, the pair must still sit on one socket: 4+5, not 0+4.
+    plan, _ = run(nvswitch8(), profile(**GPT), req=request(max_gpus=2),
+                  unavailable=frozenset({1, 2, 3}))
+    assert plan.gpus == (4, 5)
+    assert any("leased" in r.text for r in plan.reasons)
+
+
+def test_dual_socket_with_sys_forbidden_never_crosses_sockets(clean_env):
+    pol = policy(ddp_link_classes=("NV", "PIX", "PXB", "PHB", "NODE"))
+    plan, comm = run(dual_socket(), profile(**RESNET), pol)
+    assert all(len(g) <= 2 for g in comm.calls)
+    assert plan.gpus == (0, 1)
+    said = [r for r in plan.reasons if r.rule.startswith("decision.ddp_link_classes")]
+    assert said and "SYS" in said[0].text
+    # One free GPU per socket: no allowed pair at all -> single, and said so.
+    plan, _ = run(dual_socket(), profile(**RESNET), pol, unavailable=frozenset({1, 3}))
+    assert plan.strategy == Strategy.SINGLE
+    assert any("DDP×2 is not considered" in r.text for r in plan.reasons)
+
+
+def test_busy_unhealthy_and_leased_gpus_are_avoided(clean_env):
+    topo = machine([gpu(0, foreign=True), gpu(1), gpu(2), gpu(3, lost=True)],
+                   lambda a, b: "NV18", findings=[critical(2)])
+    plan, comm = run(topo, profile(**GPT))
+    assert plan.strategy == Strategy.SINGLE and plan.gpus == (1,)
+    assert all(0 not in g and 2 not in g and 3 not in g for g in comm.calls)
+    texts = " ".join(r.text for r in plan.reasons)
+    assert "GPU0 is busy" in texts and "GPU2 is unhealthy" in texts and "GPU3 is unhealthy" in texts
+    # The policy may allow busy GPUs.
+    plan, _ = run(topo, profile(**GPT), policy(avoid_busy_gpus=False))
+    assert plan.gpus == (0, 1)
+
+
+def test_every_gpu_taken_is_a_waitable_error(clean_env):
+    with pytest.raises(NoFreeGPUError) as e:
+        run(nv_pair(), profile(), unavailable=frozenset({0, 1}))
+    assert e.value.exit_code == ExitCode.NO_FREE_GPU and "leased" in str(e.value)
+
+
+def test_peak_that_fits_no_gpu_is_refused_for_single_and_ddp(clean_env):
+    topo = pcie_pair("PHB", total_gib=16, free_gib=15.2)
+    with pytest.raises(PlanError) as e:
+        run(topo, profile(peak_gib=21.3))
+    msg = str(e.value)
+    assert e.value.exit_code == ExitCode.PLAN
+    assert "21.3 GiB" in msg and "15.2 GiB free × 0.80 headroom" in msg
+    assert "DDP replicates the model" in msg and "reduce the batch size" in msg
+    # Forced: launched anyway, with the warning in the reasons.
+    plan, _ = run(topo, profile(peak_gib=21.3), req=request(strategy="single"))
+    assert plan.strategy == Strategy.SINGLE
+    assert any("does not fit" in r.text for r in plan.reasons)
+
+
+def test_memory_screens_out_only_the_small_gpu(clean_env):
+    topo = machine([gpu(0, free_gib=5), gpu(1), gpu(2)], lambda a, b: "NV18")
+    plan, _ = run(topo, profile(peak_gib=10, **GPT))
+    assert 0 not in plan.gpus and plan.gpus == (1, 2)
+
+
+def test_policy_caps_and_forbidden_strategies(clean_env):
+    plan, _ = run(nvswitch8(), profile(**GPT), policy(max_gpus=4))
+    assert len(plan.gpus) == 4 and plan.requested_max == 4
+    assert any(r.rule.startswith("decision.max_gpus=4") for r in plan.reasons)
+    plan, comm = run(nv_pair(), profile(**GPT), policy(allowed_strategies=("single",)))
+    assert plan.strategy == Strategy.SINGLE and comm.calls == []
+    assert any(r.rule.startswith("decision.allowed_strategies") for r in plan.reasons)
+    with pytest.raises(PolicyError):
+        run(nv_pair(), profile(), policy(allowed_strategies=("single",)),
+            req=request(strategy="ddp"))
+
+
+def test_too_many_gpus_asked_is_a_usage_error(clean_env, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(UsageError) as e:
+        run(nv_pair(), profile(), req=request(max_gpus=4))
+    assert str(e.value) == ("--nproc-per-node 4 exceeds the 2 GPUs visible to this job "
+                            "(CUDA_VISIBLE_DEVICES=0,1); lower it or use --nproc-per-node gpu")
+    assert e.value.exit_code == ExitCode.USAGE
+
+
+def test_forced_strategies_skip_the_model_but_show_it(clean_env):
+    plan, _ = run(pcie_pair("SYS"), profile(**GPT), req=request(strategy="ddp"))
+    assert plan.strategy == Strategy.DDP and plan.gpus == (0, 1) and plan.forced
+    assert any(r.rule == "user: --strategy ddp" for r in plan.reasons)
+    assert chosen(plan)[0].efficiency < 0.7           # the prediction is still shown
+    plan, _ = run(nv_pair(), profile(**GPT), req=request(strategy="single"))
+    assert plan.strategy == Strategy.SINGLE and plan.left_free == (1,)
+    with pytest.raises(PlanError) as e:
+        run(nv_pair(), profile(), req=request(strategy="ddp"), unavailable=frozenset({1}))
+    assert "--strategy ddp needs at least 2 usable GPUs" in str(e.value)
+
+
+def test_independent_jobs_for_variants(clean_env):
+    variants = (("--lr", "0.1"), ("--lr", "0.01"), ("--lr", "0.001"))
+    plan, _ = run(pcie4(), profile(**RESNET), req=request(variants=variants))
+    assert plan.strategy == Strategy.INDEPENDENT and plan.nproc_per_node == 1
+    assert plan.variants == variants and plan.gpus == (0, 1, 2, 3)
+    ind = [c for c in plan.candidates if c.strategy == Strategy.INDEPENDENT][0]
+    single = [c for c in plan.candidates if c.strategy == Strategy.SINGLE][0]
+    assert ind.predicted_samples_per_s == pytest.approx(3 * single.predicted_samples_per_s)
+    # Without the sweep preference the aggregate rates decide: 3 concurrent jobs (3×) against
+    # the best DDP run one variant after another.
+    plan, _ = run(pcie4(), profile(**RESNET), policy(prefer_independent_for_sweeps=False),
+                  req=request(variants=variants))
+    best_ddp = max(c.speedup for c in plan.candidates if c.strategy == Strategy.DDP)
+    assert plan.strategy == (Strategy.DDP if best_ddp > 3 else Strategy.INDEPENDENT)
+
+
+def test_trial_decides_near_the_threshold(clean_env):
+    # The MLP on the PIX pair is predicted within the 10% band around 70%.
+    base, _ = run(dual_socket(), profile(), req=request(max_gpus=2))
+    eff = [c for c in base.candidates if c.strategy == Strategy.DDP][0].efficiency
+    assert abs(eff - 0.7) <= 0.1
+    for ddp_rate, want in ((1500.0, Strategy.DDP), (1200.0, Strategy.SINGLE)):
+        trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): ddp_rate})
+        plan, _ = run(dual_socket(), profile(), req=request(max_gpus=2), trial=trial)
+        assert plan.strategy == want
+        assert [c.strategy for c in trial.calls] == [Strategy.SINGLE, Strategy.DDP]
+        measured = [c for c in plan.candidates if c.measured]
+        assert len(measured) == 2
+        assert any(r.rule.startswith("decision.uncertainty_band") for r in plan.reasons)
+
+
+def test_trial_unavailable_falls_back_to_the_prediction_or_the_policy(clean_env):
+    plan, _ = run(dual_socket(), profile(), req=request(max_gpus=2),
+                  trial=FakeTrial({}))          # every trial returns None
+    assert plan.strategy == Strategy.SINGLE
+    assert any("gave no measurement" in r.text for r in plan.reasons)
+    # No profile and no trial runner: policy.decision.fallback_strategy.
+    for fb, want in (("single", Strategy.SINGLE), ("ddp", Strategy.DDP)):
+        plan, comm = run(nv_pair(), None, policy(fallback_strategy=fb))
+        assert plan.strategy == want and comm.calls == []
+        assert any(r.rule.startswith(f"decision.fallback_strategy={fb}") for r in plan.reasons)
+
+
+def test_no_profile_runs_trials_of_every_candidate(clean_env):
+    trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 180.0, ("ddp", 3): 250.0,
+                       ("ddp", 4): 260.0})
+    bad = profile(status=ProfileStatus.NO_STEP, step_ms=None, note="no optimizer step in 120 s")
+    plan, _ = run(pcie4(), bad, trial=trial)
+    assert [len(c.gpus) for c in trial.calls] == [1, 2, 3, 4]
+    assert plan.strategy == Strategy.DDP and len(plan.gpus) == 3   # 4 is 65% efficient
+    assert "no_step" in " ".join(r.text for r in plan.reasons)
+    # Trials off: no trial even with a runner.
+    trial = FakeTrial({("single", 1): 100.0})
+    plan, _ = run(pcie4(), bad, policy(trials=False), trial=trial)
+    assert trial.calls == [] and plan.strategy == Strategy.SINGLE
+
+
+def test_unmeasurable_link_triggers_a_trial(clean_env):
+    topo = nv_pair()
+    trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 190.0})
+    plan, _ = run(topo, profile(**GPT), comm=FakeComm(topo, missing=[(0, 1)]), trial=trial)
+    assert plan.strategy == Strategy.DDP and chosen(plan)[0].measured
+    assert any("could not be measured" in r.text for r in plan.reasons)
+
+
+def test_cpu_only(clean_env):
+    topo = cpu_only("NVML not found")
+    plan, _ = run(topo, profile(), req=request(max_gpus=4))
+    assert (plan.device, plan.strategy, plan.nproc_per_node) == ("cpu", Strategy.SINGLE, 1)
+    assert "NVML not found" in plan.reasons[-1].text
+    plan, _ = run(topo, profile(), req=request(strategy="ddp", max_gpus=3))
+    assert (plan.device, plan.strategy, plan.nproc_per_node) == ("cpu", Strategy.DDP, 3)
+
+
+def test_multi_node_is_deterministic_and_uses_all_allowed_local_gpus(clean_env):
+    req = request(nnodes="2", max_gpus=4)
+    trial = FakeTrial({("single", 1): 100.0})
+    a, comm = run(nvswitch8(), None, req=req, trial=trial)
+    b, _ = run(nvswitch8(), profile(**GPT), req=req, trial=trial)
+    assert a.strategy == b.strategy == Strategy.DDP and a.gpus == b.gpus == (0, 1, 2, 3)
+    assert a.nproc_per_node == 4 and a.nnodes == "2"
+    assert trial.calls == [] and comm.calls == []
+    assert any("every node decides the same" in r.text for r in a.reasons)
