@@ -1,0 +1,164 @@
+"""Dry runs of real, unchanged scripts on the CPU: counts, batch size, times, failure cases."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+import smartlaunch
+from helpers_profile import SCRIPTS, NANOGPT_ARGS, counts, load, nanogpt_expected, nanogpt_workdir
+from smartlaunch.errors import DryRunError, ExitCode
+from smartlaunch.policy.api import DryRunPolicy, Policy
+from smartlaunch.profile.api import ProfileStatus
+from smartlaunch.profile.runner import run_dry_run
+from smartlaunch.request import Request
+
+pytestmark = pytest.mark.timeout(120)
+
+POLICY = Policy(dryrun=DryRunPolicy(time_limit_s=60, warmup_steps=1, measure_steps=3))
+
+
+def dry(script, *args, module=False, environ=None, policy=POLICY):
+    env = dict(os.environ if environ is None else environ)
+    req = Request(script=str(script), script_args=tuple(args), module=module)
+    return run_dry_run(req, policy, gpu=None, environ=env)
+
+
+def assert_measured(prof, expected, batch):
+    params, grad_bytes = expected
+    assert prof.status == ProfileStatus.OK, prof.note
+    assert (prof.trainable_params, prof.grad_bytes) == (params, grad_bytes)
+    assert prof.batch_size == batch
+    assert prof.steps_measured == POLICY.dryrun.measure_steps
+    assert prof.step_time_p90_s >= prof.step_time_s > 0
+    assert prof.startup_s > 0 and prof.dry_run_s > prof.startup_s
+    assert prof.peak_host_mem_bytes > 10 << 20
+    assert prof.device == "cpu"
+
+
+def test_plain_script_with_worker_processes_leaves_none_behind(clean_env):
+    pid_dir = clean_env / "pids"
+    pid_dir.mkdir()
+    mod = load(SCRIPTS / "tiny_train.py", "tiny_train_for_tests")
+    prof = dry(SCRIPTS / "tiny_train.py", "--batch-size", "8", "--width", "48", "--workers", "2",
+               "--pid-dir", str(pid_dir))
+    assert_measured(prof, counts(mod.build_model(48)), batch=8)
+    assert prof.total_params == prof.trainable_params
+    assert prof.param_dtypes == {"float32": prof.total_params}
+    assert prof.num_grad_tensors == 6 and prof.wrapped is None
+    workers = [int(p.name) for p in pid_dir.iterdir()]
+    assert len(workers) == 2
+    time.sleep(0.2)
+    assert not [p for p in workers if _alive(p)], "DataLoader workers survived the dry run"
+    assert "script output:" in prof.note and os.path.exists(prof.note.split("script output: ")[1][:-1])
+
+
+def test_frozen_layers_count_as_params_but_not_gradients(clean_env):
+    mod = load(SCRIPTS / "frozen.py", "frozen_for_tests")
+    model = mod.build_model()
+    prof = dry(SCRIPTS / "frozen.py")
+    assert_measured(prof, counts(model), batch=24)
+    assert prof.total_params == counts(model, trainable_only=False)[0] > prof.trainable_params
+    assert prof.backward_s is not None and prof.forward_s is not None
+
+
+def test_package_run_with_dash_m(clean_env):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from pkg_train.model import build_model
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    env = dict(os.environ, PYTHONPATH=str(SCRIPTS))
+    prof = dry("pkg_train", "--batch-size", "5", module=True, environ=env)
+    assert_measured(prof, counts(build_model()), batch=5)
+
+
+def test_resnet_training_script(clean_env):
+    mod = load(SCRIPTS / "resnet_train.py", "resnet_train_for_tests")
+    prof = dry(SCRIPTS / "resnet_train.py", "--batch-size", "2", "--image-size", "32",
+               "--num-classes", "10")
+    assert_measured(prof, counts(mod.build_model(10)), batch=2)
+
+
+def test_pytorch_examples_ddp_tutorial_unchanged(clean_env):
+    # multigpu_torchrun.py calls torch.cuda.set_device and NCCL unconditionally: CPU shim.
+    sys.path.insert(0, str(SCRIPTS / "ddp_tutorial"))
+    try:
+        mod = load(SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", "ddp_tutorial_for_tests")
+        _, model, _ = mod.load_train_objs()
+    finally:
+        sys.path.remove(str(SCRIPTS / "ddp_tutorial"))
+    env = dict(os.environ, SMARTLAUNCH_DRYRUN_CPU_SHIM="1")
+    prof = dry(SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", "2", "1", "--batch_size", "8",
+               environ=env)
+    assert_measured(prof, counts(model), batch=8)
+    assert prof.wrapped == "DDP"
+
+
+def test_nanogpt_train_unchanged(clean_env, monkeypatch):
+    work = nanogpt_workdir(clean_env)
+    monkeypatch.chdir(work)  # train.py execs configurator.py and reads data/ from its cwd
+    env = dict(os.environ, SMARTLAUNCH_DRYRUN_CPU_SHIM="1")
+    prof = dry(work / "train.py", *NANOGPT_ARGS, environ=env)
+    assert_measured(prof, nanogpt_expected(), batch=4)
+    assert prof.wrapped == "DDP"  # torchrun's RANK makes nanoGPT wrap itself
+
+
+def test_cuda_only_script_without_shim_crashes_and_is_not_launched(clean_env):
+    with pytest.raises(DryRunError) as err:
+        dry(SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", "2", "1")
+    assert err.value.exit_code == ExitCode.DRY_RUN
+    assert "exit code 1" in str(err.value)
+
+
+def test_no_optimizer_gets_a_clear_note_and_marker_opt_in_works(clean_env):
+    prof = dry(SCRIPTS / "no_optimizer.py")
+    assert prof.status == ProfileStatus.NO_STEP and not prof.usable
+    assert "no torch optimizer" in prof.note and prof.step_time_s is None
+    mod = load(SCRIPTS / "no_optimizer.py", "no_optimizer_for_tests")
+    marked = dry(SCRIPTS / "no_optimizer.py", "--mark")
+    assert_measured(marked, counts(mod.build_model()), batch=8)
+
+
+def test_crash_reports_exit_code_and_stderr(clean_env):
+    with pytest.raises(DryRunError) as err:
+        dry(SCRIPTS / "crash.py")
+    msg = str(err.value)
+    assert "exit code 3" in msg and "learning rate must be positive" in msg
+    assert "was not launched" in msg
+
+
+def test_time_limit_ends_a_script_that_never_steps(clean_env):
+    policy = Policy(dryrun=DryRunPolicy(time_limit_s=3, warmup_steps=1, measure_steps=3))
+    t0 = time.monotonic()
+    prof = dry(SCRIPTS / "sleeper.py", policy=policy)
+    assert time.monotonic() - t0 < 3 + 6
+    assert prof.status == ProfileStatus.NO_STEP
+    assert "no training step seen within 3 s" in prof.note
+
+
+def test_no_python_is_skipped_without_running(clean_env):
+    marker = clean_env / "ran"
+    req = Request(script="touch", script_args=(str(marker),), no_python=True)
+    prof = run_dry_run(req, POLICY, gpu=None, environ=dict(os.environ))
+    assert prof.status == ProfileStatus.SKIPPED and "--no-python" in prof.note
+    assert not marker.exists()
+
+
+def test_profile_step_is_a_no_op_outside_the_dry_run():
+    assert smartlaunch._step_hook is None
+    assert smartlaunch.profile_step() is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
