@@ -88,13 +88,23 @@ def admin_policy_path(environ: Mapping[str, str]) -> tuple[str | None, set[int]]
     return (ADMIN_POLICY_PATH if os.path.lexists(ADMIN_POLICY_PATH) else None), {0}
 
 
+def _ancestors(path: str) -> list[str]:
+    out, parent = [], os.path.dirname(os.path.dirname(path))
+    while parent not in out:
+        out.append(parent)
+        parent = os.path.dirname(parent)
+    return out
+
+
 def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
-    """Refuse an admin file that a non-root user could rewrite (or swap out via its directory)."""
-    real = os.path.realpath(path)
-    checks = [(path, "file"), (os.path.dirname(os.path.abspath(path)), "directory")]
-    if real != os.path.abspath(path):
-        checks += [(real, "file"), (os.path.dirname(real), "directory")]
-    for p, what in checks:
+    """Refuse an admin file that a non-root user could rewrite, or swap out through its
+    directory or any directory above it (sticky ones such as /tmp excepted there: their
+    entries can only be renamed by their owners)."""
+    checks = []
+    for p in dict.fromkeys([os.path.abspath(path), os.path.realpath(path)]):
+        checks += [(p, "file", False), (os.path.dirname(p), "directory", False)]
+        checks += [(d, "directory", True) for d in _ancestors(p)]
+    for p, what, sticky_ok in checks:
         try:
             st = os.stat(p)
         except OSError as exc:
@@ -107,7 +117,8 @@ def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
             raise PolicyError(f"admin policy {what} {p} is owned by uid {st.st_uid}, not root, so "
                               f"a non-root user could rewrite the admin rules; refusing it. Fix: "
                               f"sudo chown root {p}")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and
+                                                            st.st_mode & stat.S_ISVTX):
             raise PolicyError(f"admin policy {what} {p} is group/world-writable (mode "
                               f"{stat.S_IMODE(st.st_mode):04o}), so a non-root user could rewrite "
                               f"the admin rules; refusing it. Fix: sudo chmod go-w {p}")
