@@ -132,6 +132,10 @@ MALFORMED = {
         "launch:\n  nccl:\n    PXB:\n      NCCL_P2P_LEVEL: PIX\n",
         "4: launch.nccl.PXB.NCCL_P2P_LEVEL: NCCL_P2P_LEVEL=PIX disables the working P2P path of "
         f"PXB links; {NO_P2P}"),
+    "legacy integer P2P level below PXB": (
+        "launch:\n  nccl:\n    PXB:\n      NCCL_P2P_LEVEL: 1\n",
+        "4: launch.nccl.PXB.NCCL_P2P_LEVEL: NCCL_P2P_LEVEL=1 disables the working P2P path of "
+        f"PXB links; {NO_P2P}"),
     "unknown P2P level": (
         "launch:\n  nccl:\n    PXB:\n      NCCL_P2P_LEVEL: FAST\n",
         "4: launch.nccl.PXB.NCCL_P2P_LEVEL: 'FAST' is not an NCCL_P2P_LEVEL; use one of: LOC, "
@@ -241,6 +245,7 @@ def test_p2p_settings_allowed_where_no_p2p_path_is_disabled(tmp_path):
           nccl:
             PHB: {NCCL_P2P_DISABLE: "1"}
             PXB: {NCCL_P2P_LEVEL: PXB, NCCL_P2P_DISABLE: 0}
+            PIX: {NCCL_P2P_LEVEL: 1}    # NCCL's legacy integer for PIX
             NV: {NCCL_P2P_LEVEL: NVL}
         """)
     assert validate_file(path).values["launch.nccl.PHB"] == {"NCCL_P2P_DISABLE": "1"}

@@ -284,3 +284,9 @@ def replace_values(policy: Policy, changes: Mapping[str, Any], label: str) -> Po
                         notes=dict(policy.notes), admin_path=policy.admin_path, layers=layers)
 
 
+
+
+# Callers import the whole policy API from here (pipeline, launch.nccl).
+from smartlaunch.policy.enforce import (  # noqa: E402,F401
+    apply_request, check_request, enforced_env,
+)

@@ -298,12 +298,13 @@ class _Walker:
             "the working P2P path of NV/PIX/PXB links"
         fix = "remove it; NCCL already skips P2P where it does not work"
         if var == "NCCL_P2P_DISABLE" and (family is None or family in P2P_FAMILY_LEVEL):
-            if value.strip() not in ("", "0"):
+            if value.strip().lower() not in ("", "0", "false", "no"):
                 raise self.error(node, key, f"NCCL_P2P_DISABLE={value} disables {where}; {fix}")
         if var == "NCCL_P2P_LEVEL" and floor:
             level = P2P_LEVELS.get(value.strip().upper())
             if level is None and value.strip().isdigit():
-                level = int(value)
+                # NCCL's legacy integers: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4+ SYS (no NVL).
+                level = P2P_LEVELS[("LOC", "PIX", "PXB", "PHB", "SYS")[min(int(value), 4)]]
             if level is None:
                 raise self.error(node, key, f"{value!r} is not an NCCL_P2P_LEVEL; use one of: "
                                  + ", ".join(P2P_LEVELS))
