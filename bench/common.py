@@ -1,0 +1,302 @@
+"""The regret benchmark's data: the suite, the link conditions, the child environment, the
+parsers of what scripts and smartlaunch print, and the regret arithmetic.
+
+Pure functions only (no subprocesses, no GPU): bench/regret.py runs things, this module judges
+them, and the CPU tests exercise it on synthetic records.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+# Every child on the lent H200 machines needs these (NVLink SHARP/multicast must stay off).
+REQUIRED_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+# The same machine made to look like three interconnects. smartlaunch gets only these
+# variables and must find the link's speed by measuring it.
+CONDITIONS: dict[str, dict[str, str]] = {
+    "nvlink": {},
+    "host": {"NCCL_P2P_DISABLE": "1"},                            # through host memory
+    "sockets": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"},  # TCP, a slow link
+}
+
+# Removed from the parent's environment so that each child sees only its condition and a
+# fresh launcher contract.
+_STRIP = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_P2P_LEVEL", "NCCL_SHM_LEVEL",
+          "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+          "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    script: str                     # relative to the repository root
+    args: tuple[str, ...]           # model/batch arguments (no --steps/--warmup)
+    warmup: int
+    steps: int                      # sized so a timed region is ~0.3-1 s on an H200
+    torchvision: bool = False       # cannot run where torchvision is missing (the CPU CI)
+
+
+MLP = "examples/train.py"           # the seeds' two MLPs live in the lead's example
+SUITE: tuple[Entry, ...] = (
+    Entry("mlp-medium-b64", MLP, ("--model", "medium", "--batch-size", "64"), 20, 300),
+    Entry("mlp-medium-b1024", MLP, ("--model", "medium", "--batch-size", "1024"), 20, 300),
+    Entry("mlp-large-b64", MLP, ("--model", "large", "--batch-size", "64"), 20, 200),
+    Entry("mlp-large-b512", MLP, ("--model", "large", "--batch-size", "512"), 20, 200),
+    Entry("cnn-small-b128", "bench/suite/cnn.py", ("--batch-size", "128"), 10, 100),
+    Entry("lstm-b64", "bench/suite/lstm.py", ("--batch-size", "64"), 10, 60),
+    Entry("recsys-b2048", "bench/suite/recsys.py", ("--batch-size", "2048"), 10, 60),
+    Entry("resnet18-b64", "bench/suite/resnet.py", ("--arch", "resnet18", "--batch-size", "64"),
+          5, 30, torchvision=True),
+    Entry("resnet50-b64", "bench/suite/resnet.py", ("--arch", "resnet50", "--batch-size", "64"),
+          5, 20, torchvision=True),
+    Entry("bert-base-b32", "bench/suite/bert.py", ("--batch-size", "32"), 5, 20),
+    Entry("gpt-124m-b8", "bench/suite/gpt.py", ("--batch-size", "8"), 5, 20),
+    Entry("vit-l16-b16", "bench/suite/vit.py", ("--batch-size", "16"), 3, 10, torchvision=True),
+)
+
+
+def entry(entry_id: str) -> Entry:
+    for e in SUITE:
+        if e.id == entry_id:
+            return e
+    raise KeyError(f"unknown suite entry {entry_id!r}; known: {', '.join(e.id for e in SUITE)}")
+
+
+def child_env(base: dict[str, str], condition: str | None) -> dict[str, str]:
+    """The parent's environment, cleaned, plus the machine's requirements and the condition.
+    condition None: a single-GPU run, which never initialises NCCL."""
+    env = {k: v for k, v in base.items()
+           if k not in _STRIP and not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env.update(REQUIRED_ENV)
+    if condition is not None:
+        env.update(CONDITIONS[condition])
+    return env
+
+
+# ---- what the scripts print ----------------------------------------------------------------
+_THROUGHPUT = re.compile(r"^throughput: samples/s=(?P<sps>[\d.eE+-]+) per_rank=(?P<per_rank>[\d.eE+-]+)"
+                         r" world=(?P<world>\d+) step_ms=(?P<step_ms>[\d.eE+-]+)\s*$", re.M)
+_PARAMS = re.compile(r"\bparams=(\d+)")
+_BATCH = re.compile(r"\bbatch=(\d+)")
+
+
+def parse_throughput(text: str) -> dict[str, float] | None:
+    """The last `throughput:` line of a run's stdout, or None."""
+    found = list(_THROUGHPUT.finditer(text))
+    if not found:
+        return None
+    m = found[-1]
+    return {"samples_per_s": float(m["sps"]), "per_rank": float(m["per_rank"]),
+            "world": int(m["world"]), "step_ms": float(m["step_ms"])}
+
+
+def parse_model_line(text: str) -> dict[str, int]:
+    out = {}
+    for key, rx in (("params", _PARAMS), ("batch", _BATCH)):
+        m = rx.search(text)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+# ---- what smartlaunch prints --------------------------------------------------------------
+def parse_plan(text: str) -> dict[str, Any] | None:
+    """The first JSON object in `smartlaunch --explain=json`'s stdout (log lines around it
+    are tolerated), or None."""
+    dec = json.JSONDecoder()
+    for i, ch in enumerate(text):
+        if ch == "{":
+            try:
+                obj, _ = dec.raw_decode(text[i:])
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and "strategy" in obj:
+                return obj
+    return None
+
+
+def plan_summary(plan: dict[str, Any], nproc: int) -> dict[str, Any]:
+    """What the benchmark needs from a Plan (docs/plan-schema.md): the effective choice
+    (`ddp` only with >= 2 ranks; single and a one-job `independent` both run one GPU), the
+    DDP×nproc candidate's predicted speedup, and why."""
+    strategy = str(plan.get("strategy"))
+    ranks = int(plan.get("nproc_per_node") or 1)
+    choice = "ddp" if strategy == "ddp" and ranks >= 2 else "single"
+    cand = next((c for c in plan.get("candidates") or ()
+                 if c.get("strategy") == "ddp" and len(c.get("gpus") or ()) == nproc), None)
+    profile = plan.get("profile") or {}
+    comm = plan.get("comm") or {}
+    return {
+        "strategy": strategy,
+        "nproc_per_node": ranks,
+        "choice": choice,
+        "gpus": list(plan.get("gpus") or ()),
+        "predicted_speedup": cand.get("speedup") if cand else None,
+        "predicted_by_trial": bool(cand.get("measured")) if cand else None,
+        "candidates": [{k: c.get(k) for k in ("strategy", "gpus", "speedup", "efficiency",
+                                              "measured", "chosen", "reason")}
+                       for c in plan.get("candidates") or ()],
+        "reasons": [r.get("text", "") for r in plan.get("reasons") or ()][:6],
+        "profile_params": profile.get("total_params"),
+        "profile_batch": profile.get("batch_size"),
+        "profile_status": profile.get("status"),
+        "profile_cached": profile.get("cached"),
+        "comm_cached": comm.get("cached"),
+        "link_class": plan.get("link_class"),
+    }
+
+
+# ---- regret -------------------------------------------------------------------------------
+SEEDS_PARAMS, SEEDS_BATCH = 10_000_000, 64
+
+
+def seeds_rule(params: int | None, batch: int | None) -> str | None:
+    """The seeds' checklist: DDP only for a model over 10M parameters with batch >= 64."""
+    if params is None or batch is None:
+        return None
+    return "ddp" if params > SEEDS_PARAMS and batch >= SEEDS_BATCH else "single"
+
+
+def regret(choice: str | None, single: float, ddp: float) -> float | None:
+    """1 - chosen / best, from samples/s measured in the same run."""
+    if choice not in ("single", "ddp") or not (single > 0 and ddp > 0):
+        return None
+    chosen = ddp if choice == "ddp" else single
+    return 1.0 - chosen / max(single, ddp)
+
+
+def latest(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """The last record per (kind, script, condition); a successful record is never replaced
+    by a later failure, so a resumed run cannot erase a measurement."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        key = (r["kind"], r["script"], r.get("condition"))
+        if r.get("ok") or not (out.get(key) or {}).get("ok"):
+            out[key] = r
+    return out
+
+
+def build_rows(records: list[dict[str, Any]], conditions=tuple(CONDITIONS)) -> list[dict[str, Any]]:
+    """One row per script x condition measured, in suite order, with all three policies."""
+    by = latest(records)
+    order = [e.id for e in SUITE] + sorted({r["script"] for r in records} - {e.id for e in SUITE})
+    rows = []
+    for sid in order:
+        single = by.get(("single", sid, None))
+        for cond in conditions:
+            ddp, sl = by.get(("ddp", sid, cond)), by.get(("smartlaunch", sid, cond))
+            if not (ddp or sl):
+                continue
+            s_sps = single["samples_per_s"] if single and single.get("ok") else 0.0
+            d_sps = ddp["samples_per_s"] if ddp and ddp.get("ok") else 0.0
+            meas = d_sps / s_sps if s_sps and d_sps else None
+            sl_ok = bool(sl and sl.get("ok"))
+            params = (single or {}).get("params") or (sl or {}).get("profile_params")
+            batch = (single or {}).get("batch") or (sl or {}).get("profile_batch")
+            pred = sl.get("predicted_speedup") if sl_ok else None
+            choices = {"smartlaunch": sl.get("choice") if sl_ok else None,
+                       "always_ddp": "ddp", "seeds": seeds_rule(params, batch)}
+            rows.append({
+                "script": sid, "condition": cond, "params": params, "batch": batch,
+                "single_sps": s_sps or None, "ddp_sps": d_sps or None,
+                "measured_speedup": meas,
+                "oracle": (("ddp" if d_sps > s_sps else "single") if meas else None),
+                "choice": choices,
+                "regret": {k: regret(c, s_sps, d_sps) for k, c in choices.items()},
+                "predicted_speedup": pred,
+                "predicted_by_trial": sl.get("predicted_by_trial") if sl_ok else None,
+                "pred_error": (pred - meas) / meas if pred is not None and meas else None,
+                "decision_s": sl.get("wall_s") if sl_ok else None,
+                "decision_warm_s": sl.get("warm_wall_s") if sl_ok else None,
+                "profile_cached": sl.get("profile_cached") if sl_ok else None,
+                "errors": {k: r.get("error") for k, r in (("single", single), ("ddp", ddp),
+                                                          ("smartlaunch", sl))
+                           if r and not r.get("ok")},
+            })
+    return rows
+
+
+def _stats(xs: list[float]) -> dict[str, float | int | None]:
+    return {"n": len(xs), "mean": statistics.fmean(xs) if xs else None,
+            "median": statistics.median(xs) if xs else None, "max": max(xs) if xs else None}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    policies = {}
+    for pol in ("smartlaunch", "always_ddp", "seeds"):
+        vals = [r["regret"][pol] for r in rows if r["regret"][pol] is not None]
+        policies[pol] = {**_stats(vals), "missing": len(rows) - len(vals)}
+    errs = [abs(r["pred_error"]) for r in rows if r["pred_error"] is not None]
+    first = [r["decision_s"] for r in rows if r["decision_s"] is not None]
+    cold = [r["decision_s"] for r in rows if r["decision_s"] is not None and r["profile_cached"] is False]
+    warm = [r["decision_warm_s"] for r in rows if r["decision_warm_s"] is not None]
+    sl, pe, wm = policies["smartlaunch"], _stats(errs), _stats(warm)
+    goals = {
+        "mean regret <= 2%": None if sl["mean"] is None else sl["mean"] <= 0.02,
+        "max regret <= 8%": None if sl["max"] is None else sl["max"] <= 0.08,
+        "|pred-meas|/meas <= 15%": None if pe["max"] is None else pe["max"] <= 0.15,
+        "warm decision <= 0.5 s": None if wm["max"] is None else wm["max"] <= 0.5,
+    }
+    return {"rows": len(rows), "regret": policies, "pred_error_abs": pe,
+            "pred_within_15pct": sum(e <= 0.15 for e in errs),
+            "decision_first_s": _stats(first), "decision_cold_s": _stats(cold),
+            "decision_warm_s": wm, "goals": goals}
+
+
+# ---- the report ---------------------------------------------------------------------------
+def _f(x, fmt: str = "{:.2f}", none: str = "–") -> str:
+    return none if x is None else fmt.format(x)
+
+
+def _pct(x) -> str:
+    return _f(None if x is None else 100 * x, "{:.1f}%")
+
+
+def render_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [f"# Regret benchmark — {meta.get('machine', '?')}, {meta.get('date', '?')}", "",
+             "Speedup = DDP×2 samples/s ÷ single-GPU samples/s, same per-GPU batch, both measured "
+             "in the same invocation on the same machine (single once per script: it never "
+             "touches NCCL). Regret = 1 − chosen ÷ best of the two.", "",
+             "| script | params | batch | link | single s/s | DDP s/s | speedup meas. | pred. | "
+             "err | oracle | smartlaunch | regret SL | always-DDP | seeds | decide 1st s | warm s |",
+             "|" + "---|" * 16]
+    for r in rows:
+        reg, ch = r["regret"], r["choice"]
+        pred = _f(r["predicted_speedup"]) + (" (trial)" if r.get("predicted_by_trial") else "")
+        lines.append("| " + " | ".join([
+            r["script"], _f(r["params"], "{:,}"), _f(r["batch"], "{}"), r["condition"],
+            _f(r["single_sps"], "{:,.0f}"), _f(r["ddp_sps"], "{:,.0f}"),
+            _f(r["measured_speedup"]), pred, _pct(r["pred_error"]), r["oracle"] or "–",
+            ch["smartlaunch"] or "–", _pct(reg["smartlaunch"]), _pct(reg["always_ddp"]),
+            f"{_pct(reg['seeds'])} ({ch['seeds'] or '?'})",
+            _f(r["decision_s"], "{:.1f}") + (" (cold)" if r.get("profile_cached") is False else ""),
+            _f(r["decision_warm_s"])]) + " |")
+    lines += ["", "## Summary", "", "| policy | rows | mean regret | max regret | no data |",
+              "|---|---|---|---|---|"]
+    for pol, name in (("smartlaunch", "smartlaunch"), ("always_ddp", "always-DDP (torchrun)"),
+                      ("seeds", "seeds' rule (>10M params, batch ≥ 64)")):
+        s = summary["regret"][pol]
+        lines.append(f"| {name} | {s['n']} | {_pct(s['mean'])} | {_pct(s['max'])} | {s['missing']} |")
+    pe = summary["pred_error_abs"]
+    lines += ["",
+              f"- Predicted vs measured DDP speedup: max |pred − meas| / meas = {_pct(pe['max'])}, "
+              f"mean {_pct(pe['mean'])}; {summary['pred_within_15pct']} of {pe['n']} within ±15%.",
+              f"- Decision wall time (whole `smartlaunch --explain=json` command): first call per row "
+              f"median {_f(summary['decision_first_s']['median'], '{:.1f}')} s, "
+              f"max {_f(summary['decision_first_s']['max'], '{:.1f}')} s; cold profile cache "
+              f"median {_f(summary['decision_cold_s']['median'], '{:.1f}')} s; warm caches median "
+              f"{_f(summary['decision_warm_s']['median'])} s, max {_f(summary['decision_warm_s']['max'])} s.",
+              "", "Goals: " + "; ".join(f"{k}: {'–' if v is None else ('met' if v else 'NOT met')}"
+                                        for k, v in summary["goals"].items()) + "."]
+    errors = [(r["script"], r["condition"], k, v) for r in rows for k, v in r["errors"].items()]
+    if errors:
+        lines += ["", "## Failed runs", ""] + [f"- {s} / {c} / {k}: {v}" for s, c, k, v in errors]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Regret benchmark: for every suite script x link condition, measure single-GPU and DDP×N
+samples/s, ask `smartlaunch --explain=json` what it would do, and score it and two peers
+(always-DDP, the seeds' rule) by regret = 1 - chosen / best. See bench/README.md.
+
+Every measurement is appended to <out>/regret-records.jsonl as soon as it ends, so a run that
+is cut short loses at most the measurement in flight, and a later run resumes: measurements
+already recorded successfully are skipped (--fresh re-measures). Each run, and --report-only,
+then writes regret-<date>-<machine>.{md,json,png} from all the records.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+from common import CONDITIONS, SUITE
+
+REPO = Path(__file__).resolve().parent.parent
+RECORDS = "regret-records.jsonl"
+SMARTLAUNCH = (sys.executable, "-c", "import sys; from smartlaunch.cli import main; "
+               "sys.argv[0] = 'smartlaunch'; sys.exit(main())")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scripts", default="", help="comma-separated suite ids (default: all; --list)")
+    p.add_argument("--conditions", default=",".join(CONDITIONS),
+                   help=f"comma-separated subset of {','.join(CONDITIONS)}")
+    p.add_argument("--steps", type=int, help="timed steps for every script (default: per script)")
+    p.add_argument("--warmup", type=int, help="warm-up steps for every script (default: per script)")
+    p.add_argument("--nproc", type=int, default=2, help="DDP ranks (one per GPU)")
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--timeout", type=float, default=150.0, help="seconds per child run")
+    p.add_argument("--budget", type=float, default=None,
+                   help="wall seconds for the whole invocation: no run starts after it, runs are "
+                        "cut at it, the report is still written")
+    p.add_argument("--skip-smartlaunch", action="store_true", help="measure single/DDP only")
+    p.add_argument("--no-warm-call", action="store_true",
+                   help="skip the second (warm-cache) smartlaunch call per row")
+    p.add_argument("--smartlaunch", default=None,
+                   help="command that runs smartlaunch (default: this Python's smartlaunch.cli)")
+    p.add_argument("--sl-steps", type=int, default=100_000,
+                   help="--steps shown to smartlaunch: it sees a long run, as a user launches one")
+    p.add_argument("--extra-args", default="", help="appended to every script's args (e.g. --tiny)")
+    p.add_argument("--include-torchvision", choices=("auto", "yes", "no"), default="auto",
+                   help="run the torchvision scripts (auto: when importable here)")
+    p.add_argument("--machine", default=None, help="machine label (default: from NVML)")
+    p.add_argument("--fresh", action="store_true", help="re-measure what is already recorded")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the report")
+    p.add_argument("--list", action="store_true", help="print the suite and exit")
+    return p.parse_args(argv)
+
+
+# ---- running children -----------------------------------------------------------------------
+def run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
+    """Run one child in its own session; on timeout its whole process group is ended, so
+    torchrun's workers go with it."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=max(1.0, timeout))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                out, err = "", ""
+    wall = time.perf_counter() - t0
+    return {"rc": proc.returncode, "stdout": out or "", "stderr": err or "", "wall_s": wall,
+            "timed_out": timed_out}
+
+
+def _error(res: dict, what: str) -> str:
+    if res["timed_out"]:
+        return f"timed out after {res['wall_s']:.0f} s"
+    tail = (res["stderr"].strip().splitlines() or res["stdout"].strip().splitlines() or [""])[-3:]
+    return f"{what} (rc={res['rc']}): " + " | ".join(t.strip()[:300] for t in tail)
+
+
+def script_argv(e: common.Entry, args, steps: int | None = None) -> list[str]:
+    return [e.script, *e.args, "--warmup", str(args.warmup if args.warmup is not None else e.warmup),
+            "--steps", str(steps if steps is not None else
+                           (args.steps if args.steps is not None else e.steps)),
+            *shlex.split(args.extra_args)]
+
+
+def measure(kind: str, e: common.Entry, cond: str | None, args, timeout: float) -> dict:
+    env = common.child_env(dict(os.environ), cond)
+    if kind == "single":
+        argv = [sys.executable, *script_argv(e, args)]
+    else:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(args.nproc), *script_argv(e, args)]
+    res = run(argv, env, timeout)
+    tp = common.parse_throughput(res["stdout"])
+    rec = {"kind": kind, "script": e.id, "condition": cond, "cmd": argv[1:], "wall_s": res["wall_s"],
+           "ok": res["rc"] == 0 and tp is not None, **(tp or {}), **common.parse_model_line(res["stdout"])}
+    if not rec["ok"]:
+        rec["error"] = _error(res, "no throughput line" if res["rc"] == 0 else "failed")
+    return rec
+
+
+def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict:
+    env = common.child_env(dict(os.environ), cond)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    base = shlex.split(args.smartlaunch) if args.smartlaunch else list(SMARTLAUNCH)
+    argv = [*base, "--explain=json", "--nproc-per-node", str(args.nproc),
+            *script_argv(e, args, steps=args.sl_steps)]
+    res = run(argv, env, timeout)
+    plan = common.parse_plan(res["stdout"])
+    rec = {"kind": "smartlaunch", "script": e.id, "condition": cond, "cmd": argv[len(base):],
+           "wall_s": res["wall_s"], "ok": res["rc"] == 0 and plan is not None}
+    if not rec["ok"]:
+        rec["error"] = _error(res, "no plan JSON" if res["rc"] == 0 else "failed")
+        return rec
+    rec.update(common.plan_summary(plan, args.nproc))
+    if warm:
+        again = run(argv, env, timeout)
+        # The decision time that matters to a user: the whole command, caches warm.
+        rec["warm_wall_s"] = again["wall_s"] if again["rc"] == 0 else None
+        if again["rc"] != 0:
+            rec["warm_error"] = _error(again, "failed")
+        else:
+            plan2 = common.parse_plan(again["stdout"]) or {}
+            rec["warm_choice"] = common.plan_summary(plan2, args.nproc)["choice"] if plan2 else None
+    return rec
+
+
+# ---- records --------------------------------------------------------------------------------
+def load_records(out: Path) -> list[dict]:
+    path = out / RECORDS
+    if not path.exists():
+        return []
+    recs = []
+    for line in path.read_text().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            continue          # a line cut by a kill mid-write
+    return recs
+
+
+def append_record(out: Path, rec: dict) -> None:
+    with open(out / RECORDS, "a") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def machine_label() -> str:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        finally:
+            pynvml.nvmlShutdown()
+        name = name.decode() if isinstance(name, bytes) else name
+        short = [w for w in name.replace("NVIDIA", "").split() if any(c.isdigit() for c in w)]
+        return f"{n}x{(short or [name.split()[-1]])[0]}"
+    except Exception:
+        return "cpu-" + socket.gethostname().split(".")[0]
+
+
+def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -> list[Path]:
+    """regret-<date>-<machine>.md/.json (and .png when matplotlib is there) from all records."""
+    if not records:
+        return []
+    machines = sorted({r.get("machine", "?") for r in records})
+    meta = {"machine": "+".join(machines), "date": max(r.get("date", "") for r in records),
+            "records": len(records)}
+    rows = common.build_rows(records, conditions)
+    summary = common.summarize(rows)
+    stem = out / f"regret-{meta['date']}-{meta['machine']}"
+    md = common.render_markdown(rows, summary, meta)
+    paths = [stem.with_suffix(".md"), stem.with_suffix(".json")]
+    try:
+        import plot
+        paths.append(plot.plot_speedups(rows, stem.with_suffix(".png"),
+                                        f"{meta['machine']} {meta['date']}"))
+    except ImportError as e:
+        md += f"\nPlot not drawn: {e}.\n"
+    paths[0].write_text(md)
+    paths[1].write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
+                                   indent=1, sort_keys=True, default=str))
+    return paths
+
+
+# ---- the run --------------------------------------------------------------------------------
+def selected(args) -> list[common.Entry]:
+    entries = [common.entry(s) for s in args.scripts.split(",") if s] or list(SUITE)
+    tv = args.include_torchvision
+    if tv == "auto":
+        import importlib.util
+        tv = "yes" if importlib.util.find_spec("torchvision") else "no"
+    return [e for e in entries if tv == "yes" or not e.torchvision]
+
+
+def run_suite(args, out: Path) -> None:
+    conds = [c for c in args.conditions.split(",") if c]
+    for c in conds:
+        if c not in CONDITIONS:
+            raise SystemExit(f"unknown condition {c!r}; choose from {', '.join(CONDITIONS)}")
+    entries = selected(args)
+    machine = args.machine or machine_label()
+    stamp = {"machine": machine, "date": dt.date.today().isoformat()}
+    done = set() if args.fresh else {k for k, r in common.latest(load_records(out)).items() if r.get("ok")}
+    t_start = time.perf_counter()
+
+    def left() -> float:
+        return float("inf") if args.budget is None else args.budget - (time.perf_counter() - t_start)
+
+    def record(rec: dict) -> None:
+        rec.update(stamp, time=dt.datetime.now().isoformat(timespec="seconds"))
+        append_record(out, rec)
+        msg = f"{rec['samples_per_s']:.1f} samples/s" if "samples_per_s" in rec else (
+            f"{rec.get('choice')} pred={rec.get('predicted_speedup')} {rec['wall_s']:.1f}s/"
+            f"{rec.get('warm_wall_s')}" if rec["ok"] else rec.get("error"))
+        print(f"[{time.perf_counter() - t_start:6.0f}s] {rec['kind']:11} {rec['script']:18} "
+              f"{rec['condition'] or '-':8} {msg}", flush=True)
+
+    for e in entries:
+        todo = [("single", None)] + [(k, c) for c in conds for k in ("ddp", "smartlaunch")
+                                     if k == "ddp" or not args.skip_smartlaunch]
+        for kind, cond in todo:
+            if (kind, e.id, cond) in done:
+                continue
+            if left() < 15:
+                print(f"budget spent; stopping before {kind} {e.id} {cond or ''}", flush=True)
+                return
+            timeout = min(args.timeout, left() - 5)
+            if kind == "smartlaunch":
+                record(decide(e, cond, args, timeout, warm=not args.no_warm_call))
+            else:
+                record(measure(kind, e, cond, args, timeout))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for e in SUITE:
+            print(f"{e.id:18} {' '.join(script_argv(e, args))}")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if not args.report_only:
+            run_suite(args, out)
+    finally:
+        for p in write_report(load_records(out), out):
+            print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

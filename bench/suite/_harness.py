@@ -1,0 +1,136 @@
+"""What every suite script shares: torchrun's environment contract, the DDP wrap, the timed loop.
+
+A suite script builds its model, its optimizer and a `make_batch(i)` on the device, then
+calls `train(...)`. Timing: `--warmup` steps, then a device sync (and, under DDP, a barrier,
+both outside the clock), then `--steps` steps, then a sync. Single and DDP time the same
+region, so their samples/s compare directly. Rank 0 prints two lines:
+
+    model=<name> params=<n> batch=<per-rank batch>
+    throughput: samples/s=<world*batch*steps/s> per_rank=<batch*steps/s> world=<n> step_ms=<ms>
+
+Kept next to the scripts (imported as a sibling, like nanoGPT's `from model import GPT`), so
+each script still runs as plain `python script.py`, under `torchrun` and under smartlaunch.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Ctx:
+    rank: int
+    local_rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def parser(description: str, *, batch: int, steps: int, warmup: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--batch-size", type=int, default=batch, help="per rank, as torchrun scripts do")
+    p.add_argument("--steps", type=int, default=steps, help="timed steps")
+    p.add_argument("--warmup", type=int, default=warmup, help="untimed steps first")
+    p.add_argument("--tiny", action="store_true", help="a toy-sized model (CPU tests)")
+    p.add_argument("--amp", choices=("bf16", "off"), default=None,
+                   help="autocast dtype on CUDA (default: the script's own choice)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def setup() -> Ctx:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Ctx(rank, local_rank, world, device)
+
+
+def autocast(ctx: Ctx, amp: str | None, default: str):
+    """bf16 autocast on CUDA when asked (or the script's default); never on CPU, where
+    bf16 kernels are slow enough to make the tiny CPU runs pointless."""
+    if ctx.cuda and (amp or default) == "bf16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
+          make_batch: Callable[[int], tuple], loss_fn: Callable, *, amp_default: str = "off") -> None:
+    """make_batch(i) -> (inputs tuple, target); loss_fn(output, target) -> scalar."""
+    n_params = sum(p.numel() for p in model.parameters())
+    if ctx.world > 1:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[ctx.local_rank] if ctx.cuda else None)
+    opt = make_opt(model.parameters())
+    amp = autocast(ctx, args.amp, amp_default)
+
+    def step(i: int) -> torch.Tensor:
+        inputs, target = make_batch(i)
+        opt.zero_grad(set_to_none=True)
+        with amp:
+            loss = loss_fn(model(*inputs), target)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def sync() -> None:
+        if ctx.cuda:
+            torch.cuda.synchronize()
+
+    loss = None
+    for i in range(args.warmup):
+        loss = step(i)
+    sync()
+    if ctx.world > 1:
+        dist.barrier()      # ranks start the clock together; outside the timed region
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        loss = step(args.warmup + i)
+    sync()
+    seconds = time.perf_counter() - t0
+
+    if ctx.rank == 0 and args.steps > 0:
+        per_rank = args.batch_size * args.steps / seconds
+        print(f"model={name} params={n_params} batch={args.batch_size} "
+              f"loss={float(loss.detach()):.4f}", flush=True)
+        print(f"throughput: samples/s={per_rank * ctx.world:.1f} per_rank={per_rank:.1f} "
+              f"world={ctx.world} step_ms={seconds / args.steps * 1e3:.3f}", flush=True)
+    if ctx.world > 1:
+        dist.destroy_process_group()
+
+
+def pool(n: int, make: Callable[[int], tuple]) -> Callable[[int], tuple]:
+    """A few synthetic batches made once on the device, cycled: data changes from step to
+    step as with a loader, but no generator kernels run inside the timed steps."""
+    batches = [make(i) for i in range(n)]
+    return lambda i: batches[i % n]
+
+
+def classify_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out.float(), target)
+
+
+def need_torchvision():
+    try:
+        import torchvision
+    except ImportError as e:
+        raise SystemExit(f"{e}: this benchmark needs torchvision; install the build that "
+                         "matches your torch (pip install torchvision==<matching>)") from None
+    return torchvision
