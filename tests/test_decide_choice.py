@@ -167,7 +167,7 @@ def test_independent_jobs_for_variants(clean_env):
     variants = (("--lr", "0.1"), ("--lr", "0.01"), ("--lr", "0.001"))
     plan, _ = run(pcie4(), profile(**RESNET), req=request(variants=variants))
     assert plan.strategy == Strategy.INDEPENDENT and plan.nproc_per_node == 1
-    assert plan.variants == variants and plan.gpus == (0, 1, 2, 3)
+    assert plan.variants == variants and plan.gpus == (0, 1, 2) and plan.left_free == (3,)
     ind = [c for c in plan.candidates if c.strategy == Strategy.INDEPENDENT][0]
     single = [c for c in plan.candidates if c.strategy == Strategy.SINGLE][0]
     assert ind.predicted_samples_per_s == pytest.approx(3 * single.predicted_samples_per_s)

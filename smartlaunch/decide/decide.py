@@ -231,7 +231,7 @@ class _Ctx:
             out[(Strategy.DDP, group)] = (Candidate(Strategy.DDP, group), self.predict(group))
         if self.request.variants:
             k = min(len(self.request.variants), top)
-            pool = tuple(self.usable[:top])
+            pool = tuple(self.usable[:k])   # more GPUs than jobs would sit idle
             ipred = None
             if pred is not None:
                 ipred = Prediction(k, pred.step_s, float(k), 1.0, 0.0, 0.0, 0,

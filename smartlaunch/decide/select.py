@@ -226,7 +226,8 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
     elif c.strategy == Strategy.DDP and c.efficiency is not None and c.efficiency < floor:
         tail = f": below the policy's {pct(floor)}"
     elif c.strategy == Strategy.SINGLE and win.speedup is not None:
-        tail = f": {_name(win)} gives {times(win.speedup)} its samples/s"
+        verb = "give" if win.strategy == Strategy.INDEPENDENT else "gives"
+        tail = f": {_name(win)} {verb} {times(win.speedup)} its samples/s"
     elif c.speedup is not None and win.speedup is not None:
         tail = f": {times(c.speedup)} is less than {_name(win)}'s {times(win.speedup)}"
     else:

@@ -1,0 +1,87 @@
+"""The explain text, against golden files.
+
+Regenerate after an intended change (then read the diff):
+    SMARTLAUNCH_REGEN_GOLDEN=1 pytest tests/test_decide_explain.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers_decide import (
+    FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, pcie_pair, policy, profile, request,
+)
+from smartlaunch.decide import EnvVar, NumaBinding, decide
+from smartlaunch.decide.explain import cpu_ranges, render_text
+from smartlaunch.topology.api import cpu_only
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+# Read at import: the clean_env fixture removes SMARTLAUNCH_* variables.
+REGEN = os.environ.get("SMARTLAUNCH_REGEN_GOLDEN") == "1"
+GPT = dict(params=163_000_000, step_ms=21.0)
+
+
+def _ddp_nvlink():
+    plan = decide(request(), nv_pair(), policy(), profile(**GPT), comm_for=FakeComm(nv_pair()))
+    return dataclasses.replace(
+        plan, env=(EnvVar("NCCL_DEBUG", "WARN", "kept from environment"),),
+        numa=(NumaBinding(0, 0, 0, tuple(range(8)), "node", "numactl"),
+              NumaBinding(1, 1, 0, tuple(range(8)), "node", "numactl")))
+
+
+def _single_pcie():
+    topo = pcie_pair("PHB")
+    return decide(request(), topo, policy(), profile(**GPT, peak_gib=9.8), comm_for=FakeComm(topo))
+
+
+def _trial():
+    topo = dual_socket()
+    return decide(request(max_gpus=2), topo, policy(), profile(), comm_for=FakeComm(topo),
+                  trial=FakeTrial({("single", 1): 20000.0, ("ddp", 2): 31000.0}))
+
+
+def _independent():
+    return decide(request(variants=(("--lr", "0.1"), ("--lr", "0.01"))), pcie4(), policy(),
+                  profile(), comm_for=FakeComm(pcie4()))
+
+
+def _fallback_cpu():
+    return decide(request(max_gpus=2), cpu_only("NVML library not found"), policy(), None,
+                  comm_for=lambda g: None)
+
+
+def _no_profile():
+    return decide(request(), nv_pair(), policy(), None, comm_for=FakeComm(nv_pair()))
+
+
+CASES = {"ddp-nvlink": _ddp_nvlink, "single-pcie": _single_pcie, "trial": _trial,
+         "independent": _independent, "cpu": _fallback_cpu, "no-profile": _no_profile}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_explain_text_matches_golden(clean_env, name):
+    text = render_text(CASES[name]())
+    path = GOLDEN / f"explain-{name}.txt"
+    if REGEN:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), "regenerate with SMARTLAUNCH_REGEN_GOLDEN=1 if intended"
+
+
+def test_explain_leads_with_the_plan_and_shows_the_numbers(clean_env):
+    plan = _ddp_nvlink()
+    text = render_text(plan)
+    first = text.splitlines()[0]
+    assert "DDP×2 on GPUs 0,1" in first and "NV18" in first
+    win = [c for c in plan.candidates if c.chosen][0]
+    assert f"{win.speedup:.2f}×" in text and "163.0M params" in text
+    assert "NCCL_DEBUG=WARN  (kept from environment)" in text
+    assert "CPUs 0-7" in text and "decision.min_efficiency=0.7 (built-in)" in text
+
+
+def test_cpu_ranges():
+    assert cpu_ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
+    assert cpu_ranges(()) == "none"
