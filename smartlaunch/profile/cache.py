@@ -116,8 +116,16 @@ def script_file(request, cwd: str, environ) -> Path | None:
     return Path(spec.origin) if spec is not None and spec.origin else None
 
 
+def torch_version() -> str:
+    # metadata, not `import torch`: a cache hit must stay cheap (the import alone is ~1-3 s)
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "none"
+
+
 def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = None) -> str:
-    import torch
     cwd = cwd or os.getcwd()
     h = hashlib.sha256()
     main = script_file(request, cwd, environ)
@@ -135,7 +143,7 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         "script": request.script, "module": request.module, "args": list(request.script_args),
         "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
         "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
-        "torch": torch.__version__, "gpu": gpu_model,
+        "torch": torch_version(), "gpu": gpu_model,
     }
     h.update(json.dumps(key, sort_keys=True).encode())
     return h.hexdigest()[:32]

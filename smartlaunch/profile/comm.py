@@ -66,8 +66,11 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                            LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 if device != "cuda":
                     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+                # gloo emulates a group on a shared CPU, where noise only adds time: take the
+                # minimum; NCCL on GPUs: the median, as a training step would see it.
                 cmd = [sys.executable, "-m", "smartlaunch.profile.comm_worker", "--backend", backend,
-                       "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out]
+                       "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out,
+                       "--stat", "median" if device == "cuda" else "min"]
                 if device == "cuda":
                     cmd += ["--device-index", str(gpu)]
                 procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=logs[rank],

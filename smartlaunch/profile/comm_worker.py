@@ -4,7 +4,7 @@
         --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F
 
 Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
-per-rank median is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
+per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
 [[bytes, seconds], ...] as JSON to --out.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", required=True)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--stat", default="median", choices=("median", "min"))
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import torch
@@ -53,7 +54,7 @@ def main(argv=None) -> None:
                 dist.all_reduce(buf)
                 sync()
                 times.append(time.perf_counter() - t0)
-            medians.append(statistics.median(times))
+            medians.append(statistics.median(times) if args.stat == "median" else min(times))
             del buf
         worst = torch.tensor(medians, dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
