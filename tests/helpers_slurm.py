@@ -22,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "tests" / "slurm"
 HOOKS = REPO / "hooks" / "slurm"
+LUA_CAP = 1          # below the node's 2 GPUs, so a satisfiable request is refused by policy
 PROGRAMS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "scontrol", "squeue", "lua5.3")
 
 
@@ -63,8 +64,9 @@ class SlurmCluster:
     # ---- set-up ----------------------------------------------------------------------
     def write_config(self, hooks_settings: dict[str, str]) -> None:
         d = self.dir
-        for sub in ("state", "spool", "munge", "hooks", "node-state"):
+        for sub in ("state", "spool", "munge", "hooks", "node-state", "shared"):
             (d / sub).mkdir(exist_ok=True)
+        os.chmod(d / "shared", 0o1777)      # job output and pid files of unprivileged jobs
         subst = {"@HOST@": self.host, "@DIR@": str(d), "@CTLD_PORT@": str(free_port()),
                  "@SLURMD_PORT@": str(free_port()), "@CPUS@": str(os.cpu_count() or 2),
                  "@TASK_PLUGIN@": self.task_plugin}
@@ -75,7 +77,10 @@ class SlurmCluster:
         shutil.copy(TEMPLATES / "gres.conf.in", d / "gres.conf")
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainDevices=no\n")
         # JobSubmitPlugins=lua reads job_submit.lua next to slurm.conf.
-        shutil.copy(HOOKS / "job_submit.lua", d / "job_submit.lua")
+        lua = (HOOKS / "job_submit.lua").read_text()
+        capped = lua.replace("local MAX_GPUS_PER_JOB = 8 ", f"local MAX_GPUS_PER_JOB = {LUA_CAP} ")
+        assert capped != lua, "job_submit.lua no longer has the MAX_GPUS_PER_JOB line"
+        (d / "job_submit.lua").write_text(capped)
         # Copies of the hooks, so their sibling hooks.env (the admin's config) is the test's.
         for name in ("prolog", "epilog"):
             shutil.copy(HOOKS / name, d / "hooks" / name)
@@ -127,6 +132,16 @@ class SlurmCluster:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"node not idle after {timeout} s (state {state})\n{self.logs()}")
+
+    def quiesce(self, timeout: float = 30) -> None:
+        """No jobs left and no epilog running (node not COMPLETING): safe to change hooks.env."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            queue = self.client("squeue", "-h", "-o", "%i %T", timeout=15).stdout.strip()
+            if not queue and "COMPLETING" not in self.node_state():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"jobs still present after {timeout} s: {queue}\n{self.logs()}")
 
     def stop(self) -> None:
         for name in ("slurmd", "slurmctld", "munged"):

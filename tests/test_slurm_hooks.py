@@ -41,9 +41,9 @@ def test_health_rules_against_baseline():
     deg = health.check(node("degraded"), base)
     assert codes(deg, "critical") == [("p2p_lost", 0), ("pcie_width_degraded", 1)]
     assert "x8, baseline x16" in next(f.message for f in deg if f.code == "pcie_width_degraded")
-    assert codes(health.check(node("lost-gpu"), base), "critical") == [("gpu_lost", 1)]
-    # Only the job's GPUs are judged: GPU 1 lost does not fail a job on GPU 0.
-    assert health.check(node("lost-gpu"), base, [0]) == []
+    assert codes(health.check(node("lost-gpu"), base), "critical") == [("gpu_lost", 0)]
+    # Only the job's GPUs are judged: GPU 0 lost does not fail a job on GPU 1.
+    assert health.check(node("lost-gpu"), base, [1]) == []
 
 
 def test_prolog_healthy_writes_snapshot_and_passes(clean_env, tmp_path):
@@ -59,7 +59,7 @@ def test_prolog_critical_fault_is_one_line_health_error(clean_env, tmp_path):
     with pytest.raises(HealthError) as exc:
         hooks.run("prolog", config(tmp_path, "lost-gpu"), {"SLURM_JOB_GPUS": "0,1"})
     msg = str(exc.value)
-    assert "GPU 1" in msg and "state=resume" in msg and "\n" not in msg
+    assert "GPU 0" in msg and "state=resume" in msg and "\n" not in msg
     assert exc.value.exit_code == ExitCode.HEALTH
 
 
