@@ -19,7 +19,6 @@ SIGHUP) and stopped every job the same way. No job process, nor its process grou
 """
 from __future__ import annotations
 
-import ctypes
 import enum
 import json
 import os
@@ -33,14 +32,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from smartlaunch.errors import ExitCode, NoFreeGPUError, UsageError
+from smartlaunch.launch import numa
 from smartlaunch.launch.env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease, LeaseManager
 from smartlaunch.launch.signals import TERMINATING, forward_signals
+from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 _ACQUIRE_MORE_EVERY_S = 1.0
 _POLL_S = 0.05
 _SAMPLES_RE = re.compile(rb"samples/s[=:] *([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)")
-_PR_SET_PDEATHSIG = 1
 
 
 # ---- variants -------------------------------------------------------------------------------
@@ -154,28 +154,10 @@ def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
-def _worker_argv(request) -> list[str]:
-    try:
-        from smartlaunch.launch.worker import worker_command
-    except ImportError as exc:          # the worker hook (pdeath signal, NUMA, progress) not landed
-        if exc.name != "smartlaunch.launch.worker":
-            raise
-        return request.command(sys.executable)
-    return worker_command(request, sys.executable)
-
-
-def _preexec(cpus: tuple[int, ...]) -> Callable[[], None]:
-    libc = ctypes.CDLL(None, use_errno=True)    # loaded before fork: nothing to import in the child
-
-    def run() -> None:
-        # the kernel SIGTERMs the job if smartlaunch dies, even by SIGKILL
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if cpus:
-            try:
-                os.sched_setaffinity(0, cpus)
-            except OSError:
-                pass
-    return run
+def _binding(plan, topology, policy, gpu: int):
+    """The NUMA binding of the job on `gpu`: the plan's (prepare() fills it), else computed."""
+    bindings = plan.numa or numa.plan_bindings(plan, topology, policy.launch.numa_binding)
+    return next((b for b in bindings if b.gpu == gpu), None)
 
 
 # ---- the queue ------------------------------------------------------------------------------
@@ -244,22 +226,23 @@ class IndependentLauncher:
                     self.lease.release(i)
 
     def _start(self, job: Job, gpu: int | None) -> None:
+        # The worker hook binds NUMA and dies with smartlaunch. No run dir: independent jobs
+        # have no hang watchdog, and the hook's step counter imports torch up front (~6 s of
+        # CPU per job on a 2-core box) even for scripts that never use it.
+        binding = _binding(self.plan, self.topology, self.policy, gpu) if gpu is not None else None
         env = dict(os.environ)
         env.update(self.plan.env_dict())
         env.update(single_rank_env(master_port=free_port(), run_id=f"{self.run_id}-{job.index}"))
-        env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs)),
-                    "SMARTLAUNCH_RUN_ID": self.run_id})
-        cpus: tuple[int, ...] = ()
+        env.update(worker_env(self.log_dir, f"{self.run_id}-{job.index}", [binding] if binding else []))
+        env.pop(RUN_DIR_VAR, None)
+        env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs))})
         if gpu is not None:
-            g = self.topology.gpu(gpu)
             env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], os.environ, self.topology)
-            if self.policy.launch.numa_binding != "off" and g.numa_node >= 0:
-                cpus = g.cpus
-        argv = _worker_argv(self.request) + list(self.request.script_args) + list(job.args)
+        argv = worker_command(self.request, sys.executable) + list(self.request.script_args) + list(job.args)
         job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")
         with open(job.log_path, "ab") as out:
             job.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True, preexec_fn=_preexec(cpus))
+                                        env=env, start_new_session=True)
         job.state, job.gpu, job.started = JobState.RUNNING, gpu, time.monotonic()
         where = f"GPU {gpu}" if gpu is not None else "CPU"
         self.log(f"job {job.index} started on {where} (pid {job.proc.pid}): "
@@ -285,7 +268,7 @@ class IndependentLauncher:
 
     def poll(self):
         for job in self._in(JobState.RUNNING):
-            code = job.proc.poll()
+            code = job.proc.poll() if job.state == JobState.RUNNING else None   # fail-fast ended it
             if code is None:
                 continue
             job.finish(code)
