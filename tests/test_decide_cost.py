@@ -1,0 +1,89 @@
+"""The cost model: DDP buckets, overlap with backward, fixed costs; and its sanity against the
+shape of the 2× H200 reference (slow links lose, fast links win), not its exact numbers."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from helpers_decide import curve, profile
+from smartlaunch.decide.cost import MiB, CostModel, predict_ddp, predict_single
+from smartlaunch.profile.api import CommCurve
+
+BARE = CostModel(ddp_overhead_s=0.0, per_bucket_s=0.0, compute_slowdown=1.0)
+
+
+def linear(n, bytes_per_s):
+    return CommCurve.from_points(n, "nccl", [(1, 1 / bytes_per_s), (2 ** 33, 2 ** 33 / bytes_per_s)])
+
+
+def test_buckets_follow_ddp():
+    m = CostModel()
+    assert m.split(0) == []
+    assert m.split(512 * 1024) == [512 * 1024]
+    assert m.split(60 * MiB) == [1 * MiB, 25 * MiB, 25 * MiB, 9 * MiB]
+    assert sum(m.split(123_456_789)) == 123_456_789
+
+
+def test_one_bucket_cannot_hide():
+    p = dataclasses.replace(profile(step_ms=10.0, backward_share=0.5), grad_bytes=1 * MiB)
+    c = linear(2, 1 * MiB / 2e-3)                     # 2 ms for the one bucket
+    pred = predict_ddp(p, c, 2, BARE)
+    assert pred.exposed_s == pytest.approx(2e-3)
+    assert pred.step_s == pytest.approx(12e-3)
+    assert pred.speedup == pytest.approx(2 * 10 / 12)
+    assert pred.efficiency == pytest.approx(pred.speedup / 2)
+
+
+def test_early_buckets_hide_behind_backward():
+    p = dataclasses.replace(profile(step_ms=100.0, backward_share=0.6), grad_bytes=101 * MiB)
+    c = linear(2, 1 * MiB / 0.1e-3)                   # 0.1 ms per MiB: 10 ms in all
+    pred = predict_ddp(p, c, 2, BARE)
+    assert pred.allreduce_s == pytest.approx(10.1e-3, rel=1e-3)
+    # Only the last 25 MiB bucket (2.5 ms) is left after backward ends.
+    assert pred.exposed_s == pytest.approx(2.5e-3, rel=1e-3)
+
+
+def test_comm_longer_than_backward_is_exposed():
+    p = dataclasses.replace(profile(step_ms=10.0, backward_share=0.6), grad_bytes=200 * MiB)
+    c = linear(2, 1e9)
+    pred = predict_ddp(p, c, 2, BARE)
+    total = 200 * MiB / 1e9
+    assert pred.exposed_s > total - 6e-3            # at most backward's 6 ms hides
+    assert pred.step_s == pytest.approx(10e-3 + pred.exposed_s)
+
+
+def test_fixed_costs_and_slowdown_add_up():
+    p = dataclasses.replace(profile(step_ms=10.0, backward_share=0.5), grad_bytes=0)
+    m = CostModel(ddp_overhead_s=0.4e-3, per_bucket_s=0.0, compute_slowdown=1.1)
+    pred = predict_ddp(p, linear(2, 1e12), 2, m)
+    assert pred.step_s == pytest.approx(10e-3 + 0.1 * 5e-3 + 0.4e-3)
+
+
+def test_backward_share_from_profile_or_default():
+    known = predict_single(profile(backward_share=0.7))
+    assert known.backward_share == pytest.approx(0.7) and known.backward_share_known
+    unknown = predict_single(profile(backward_share=None))
+    assert unknown.backward_share == CostModel().default_backward_share
+    assert not unknown.backward_share_known
+
+
+def test_faster_links_and_smaller_grads_scale_better():
+    p = profile(params=25_600_000, step_ms=17.0)
+    speeds = [predict_ddp(p, curve(2, bw), 2).speedup for bw in (3.1e9, 27e9, 296e9)]
+    assert speeds == sorted(speeds)
+    small = predict_ddp(profile(params=1_000_000, step_ms=17.0), curve(2, 27e9), 2).speedup
+    assert small > speeds[1]
+
+
+def test_defaults_reproduce_the_shape_of_the_reference():
+    # Reference (2× H200): slow sockets lose badly for big gradients, NVLink wins for all;
+    # step times are plausible guesses since the reference records only the ratios.
+    gpt = profile(params=163_000_000, step_ms=21.0)
+    mlp = profile(params=6_900_000, step_ms=2.4)
+    nv, host, sock = curve(2, 296e9), curve(2, 27e9), curve(2, 3.1e9)
+    assert predict_ddp(gpt, sock, 2).speedup < 0.5
+    assert predict_ddp(mlp, sock, 2).speedup < 1.0
+    for p in (gpt, mlp):
+        assert predict_ddp(p, nv, 2).speedup > 1.4
+        assert predict_ddp(p, nv, 2).speedup > predict_ddp(p, host, 2).speedup

@@ -1,0 +1,58 @@
+"""The measured-trial runner: real torchrun processes (gloo on CPU) under the dry-run hooks."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from smartlaunch.decide.plan import Candidate, Strategy
+from smartlaunch.decide.trial import make_trial_runner, samples_per_s, visible_devices
+from smartlaunch.policy.api import DecisionPolicy, DryRunPolicy, Policy
+from smartlaunch.request import Request
+
+SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "decide" / "tiny_ddp.py")
+QUICK = Policy(decision=DecisionPolicy(trial_steps=3), dryrun=DryRunPolicy(warmup_steps=1))
+
+
+def test_single_and_ddp_trials_measure_samples_per_second(clean_env):
+    logs = []
+    trial = make_trial_runner(Request(script=SCRIPT), QUICK, dict(os.environ), log=logs.append)
+    one = trial(Candidate(Strategy.SINGLE, (0,)))
+    two = trial(Candidate(Strategy.DDP, (0, 1)))
+    assert one is not None and one > 0, logs
+    assert two is not None and two > 0, logs
+
+
+def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, tmp_path):
+    # Generous: on a loaded 2-core CI box torch's import alone can take seconds.
+    limit = 15.0
+    pol = dataclasses.replace(QUICK, dryrun=DryRunPolicy(time_limit_s=limit))
+    env = {**os.environ, "HANG": "1", "HANG_PIDFILE": str(tmp_path / "pid")}
+    trial = make_trial_runner(Request(script=SCRIPT), pol, env)
+    t0 = time.monotonic()
+    assert trial(Candidate(Strategy.DDP, (0, 1))) is None
+    assert time.monotonic() - t0 < limit + 10.0
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+    assert pids, "the workers never started"
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_no_python_entrypoints_cannot_be_trialled(clean_env):
+    trial = make_trial_runner(Request(script="/bin/true", no_python=True), QUICK, {})
+    assert trial(Candidate(Strategy.SINGLE, (0,))) is None
+
+
+def test_candidate_ordinals_map_through_the_jobs_visible_devices():
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, (1, 3)) == "5,7"
+    assert visible_devices({}, (0, 1)) == "0,1"
+
+
+def test_rate_is_ranks_times_batch_over_rank0_step():
+    assert samples_per_s({"step_time_s": 0.02, "batch_size": 64}, 2) == pytest.approx(6400)
+    assert samples_per_s({"step_time_s": None}, 2) is None and samples_per_s(None, 1) is None
