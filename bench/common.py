@@ -187,7 +187,8 @@ def latest(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
 def build_rows(records: list[dict[str, Any]], conditions=tuple(CONDITIONS)) -> list[dict[str, Any]]:
     """One row per script x condition measured, in suite order, with all three policies."""
     by = latest(records)
-    order = [e.id for e in SUITE] + sorted({r["script"] for r in records} - {e.id for e in SUITE})
+    seen = {r["script"] for r in records if r["kind"] in ("single", "ddp", "smartlaunch")}
+    order = [e.id for e in SUITE if e.id in seen] + sorted(seen - {e.id for e in SUITE})
     rows = []
     for sid in order:
         single = by.get(("single", sid, None))
@@ -229,7 +230,9 @@ def _stats(xs: list[float]) -> dict[str, float | int | None]:
             "median": statistics.median(xs) if xs else None, "max": max(xs) if xs else None}
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], baseline_s: float | None = None) -> dict[str, Any]:
+    """baseline_s: wall time of `python -c "import torch, torch.distributed.run"` on the
+    same machine, the floor under any Python launcher's decision time."""
     policies = {}
     for pol in ("smartlaunch", "always_ddp", "seeds"):
         vals = [r["regret"][pol] for r in rows if r["regret"][pol] is not None]
@@ -248,7 +251,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"rows": len(rows), "regret": policies, "pred_error_abs": pe,
             "pred_within_15pct": sum(e <= 0.15 for e in errs),
             "decision_first_s": _stats(first), "decision_cold_s": _stats(cold),
-            "decision_warm_s": wm, "goals": goals}
+            "decision_warm_s": wm, "python_torch_import_s": baseline_s, "goals": goals}
 
 
 # ---- the report ---------------------------------------------------------------------------
@@ -293,7 +296,9 @@ def render_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: d
               f"median {_f(summary['decision_first_s']['median'], '{:.1f}')} s, "
               f"max {_f(summary['decision_first_s']['max'], '{:.1f}')} s; cold profile cache "
               f"median {_f(summary['decision_cold_s']['median'], '{:.1f}')} s; warm caches median "
-              f"{_f(summary['decision_warm_s']['median'])} s, max {_f(summary['decision_warm_s']['max'])} s.",
+              f"{_f(summary['decision_warm_s']['median'])} s, max {_f(summary['decision_warm_s']['max'])} s "
+              f"(Python start-up + `import torch, torch.distributed.run` alone: "
+              f"{_f(summary.get('python_torch_import_s'))} s).",
               "", "Goals: " + "; ".join(f"{k}: {'–' if v is None else ('met' if v else 'NOT met')}"
                                         for k, v in summary["goals"].items()) + "."]
     errors = [(r["script"], r["condition"], k, v) for r in rows for k, v in r["errors"].items()]

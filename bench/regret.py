@@ -51,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="command that runs smartlaunch (default: this Python's smartlaunch.cli)")
     p.add_argument("--sl-steps", type=int, default=100_000,
                    help="--steps shown to smartlaunch: it sees a long run, as a user launches one")
-    p.add_argument("--extra-args", default="", help="appended to every script's args (e.g. --tiny)")
+    p.add_argument("--extra-args", default="",
+                   help="appended to every script's args; write it as --extra-args='--amp bf16'")
+    p.add_argument("--tiny", action="store_true", help="toy-sized models (CPU smoke runs)")
     p.add_argument("--include-torchvision", choices=("auto", "yes", "no"), default="auto",
                    help="run the torchvision scripts (auto: when importable here)")
     p.add_argument("--machine", default=None, help="machine label (default: from NVML)")
@@ -99,7 +101,7 @@ def script_argv(e: common.Entry, args, steps: int | None = None) -> list[str]:
     return [e.script, *e.args, "--warmup", str(args.warmup if args.warmup is not None else e.warmup),
             "--steps", str(steps if steps is not None else
                            (args.steps if args.steps is not None else e.steps)),
-            *shlex.split(args.extra_args)]
+            *(["--tiny"] if args.tiny else []), *shlex.split(args.extra_args)]
 
 
 def measure(kind: str, e: common.Entry, cond: str | None, args, timeout: float) -> dict:
@@ -187,7 +189,8 @@ def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -
     meta = {"machine": "+".join(machines), "date": max(r.get("date", "") for r in records),
             "records": len(records)}
     rows = common.build_rows(records, conditions)
-    summary = common.summarize(rows)
+    base = [r["wall_s"] for r in records if r["kind"] == "baseline" and r.get("ok")]
+    summary = common.summarize(rows, min(base) if base else None)
     stem = out / f"regret-{meta['date']}-{meta['machine']}"
     md = common.render_markdown(rows, summary, meta)
     paths = [stem.with_suffix(".md"), stem.with_suffix(".json")]
@@ -230,17 +233,32 @@ def run_suite(args, out: Path) -> None:
     def record(rec: dict) -> None:
         rec.update(stamp, time=dt.datetime.now().isoformat(timespec="seconds"))
         append_record(out, rec)
-        msg = f"{rec['samples_per_s']:.1f} samples/s" if "samples_per_s" in rec else (
-            f"{rec.get('choice')} pred={rec.get('predicted_speedup')} {rec['wall_s']:.1f}s/"
-            f"{rec.get('warm_wall_s')}" if rec["ok"] else rec.get("error"))
+        if not rec["ok"]:
+            msg = rec.get("error")
+        elif rec["kind"] == "smartlaunch":
+            msg = (f"{rec['choice']} predicted={rec['predicted_speedup']} "
+                   f"{rec['wall_s']:.1f} s, warm {rec.get('warm_wall_s') or float('nan'):.2f} s")
+        elif rec["kind"] == "baseline":
+            msg = f"python + torch import {rec['wall_s']:.2f} s"
+        else:
+            msg = f"{rec['samples_per_s']:.1f} samples/s, step {rec['step_ms']:.2f} ms"
         print(f"[{time.perf_counter() - t_start:6.0f}s] {rec['kind']:11} {rec['script']:18} "
               f"{rec['condition'] or '-':8} {msg}", flush=True)
 
+    if ("baseline", "-", None) not in done:
+        # What any Python launcher pays before deciding anything: start-up plus torchrun's imports.
+        res = run([sys.executable, "-c", "import torch, torch.distributed.run"],
+                  common.child_env(dict(os.environ), None), 60)
+        record({"kind": "baseline", "script": "-", "condition": None, "wall_s": res["wall_s"],
+                "ok": res["rc"] == 0, "samples_per_s": 0.0})
     for e in entries:
         todo = [("single", None)] + [(k, c) for c in conds for k in ("ddp", "smartlaunch")
                                      if k == "ddp" or not args.skip_smartlaunch]
+        # A speedup is a ratio from one invocation: unless every single/DDP measurement of
+        # this script is already recorded, measure them all again.
+        measured = all((k, e.id, c) in done for k, c in todo if k != "smartlaunch")
         for kind, cond in todo:
-            if (kind, e.id, cond) in done:
+            if (kind, e.id, cond) in done and (kind == "smartlaunch" or measured):
                 continue
             if left() < 15:
                 print(f"budget spent; stopping before {kind} {e.id} {cond or ''}", flush=True)

@@ -1,0 +1,73 @@
+"""Every suite script that can run on the CPU trains under torchrun with two gloo ranks (tiny
+sizes) and rank 0 prints the throughput line bench/regret.py parses."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import common  # noqa: E402  (bench/ is not a package; its scripts import each other by name)
+
+CPU_SCRIPTS = sorted({e.script for e in common.SUITE if not e.torchvision})
+TV_SCRIPTS = sorted({e.script for e in common.SUITE if e.torchvision})
+
+
+def _argv(script: str) -> list[str]:
+    # The lead's MLP example has no --tiny; its medium model is CPU-sized already.
+    tiny = [] if script == common.MLP else ["--tiny", "--batch-size", "4"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            script, "--steps", "3", "--warmup", "1", *tiny]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """All scripts started at once (the runs are mostly start-up, which overlaps well on two
+    cores), then collected."""
+    env = common.child_env(dict(os.environ), None)
+    env.update(OMP_NUM_THREADS="1", HOME=str(tmp_path_factory.mktemp("home")))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    procs = {s: subprocess.Popen(_argv(s), cwd=REPO, env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for s in CPU_SCRIPTS}
+    return {s: (p, *p.communicate(timeout=120)) for s, p in procs.items()}
+
+
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
+def test_script_trains_under_torchrun_with_two_ranks(runs, script):
+    proc, out, err = runs[script]
+    assert proc.returncode == 0, err[-2000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("throughput:")]
+    assert len(lines) == 1, out            # rank 0 only
+    tp = common.parse_throughput(out)
+    assert tp is not None, lines
+    assert tp["world"] == 2
+    model = common.parse_model_line(out)
+    assert model["params"] > 0 and model["batch"] > 0
+    assert tp["samples_per_s"] == pytest.approx(2 * tp["per_rank"], rel=1e-3)
+    if script != common.MLP:
+        # bench/suite's scripts time one region: per rank = batch / mean step time. (The
+        # example reports the median step instead.)
+        assert tp["per_rank"] == pytest.approx(model["batch"] * 1e3 / tp["step_ms"], rel=0.02)
+
+
+@pytest.mark.parametrize("script", TV_SCRIPTS)
+def test_torchvision_script_runs_single_process(script, clean_env):
+    if importlib.util.find_spec("torchvision") is None:
+        pytest.skip("torchvision is not installed here (the GPU machine has it)")
+    res = subprocess.run([sys.executable, str(REPO / script), "--tiny", "--steps", "2", "--warmup",
+                          "1", "--batch-size", "2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert common.parse_throughput(res.stdout)["world"] == 1
+
+
+def test_scripts_exist_and_suite_ids_are_unique():
+    assert len({e.id for e in common.SUITE}) == len(common.SUITE)
+    assert len({e.script for e in common.SUITE}) >= 8
+    for e in common.SUITE:
+        assert (REPO / e.script).is_file(), e.script
