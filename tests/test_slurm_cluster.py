@@ -110,7 +110,7 @@ def test_prolog_critical_fault_drains_the_node(slurm_cluster):
             time.sleep(0.2)
             info = c.job(job)
         assert info["JobState"] == "PENDING" and int(info["Restarts"]) >= 1, info
-        assert "held" in info.get("Reason", "").lower() or info.get("Priority") == "0", info
+        assert info["Reason"] == "launch_failed_requeued_held" and info["Priority"] == "0", info
         log = (c.state_dir / "prolog-last.json").read_text()
         assert "gpu_lost" in log and f'"job_id": "{job}"' in log
     finally:
