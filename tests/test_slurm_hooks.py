@@ -150,3 +150,17 @@ def test_hook_scripts_pass_named_data_to_an_isolated_interpreter(tmp_path, mode)
     assert got["env"]["PATH"] == "/usr/sbin:/usr/bin:/sbin:/bin"
     assert set(got["env"]) <= {"PATH", "LANG", "SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_USER",
                                "SLURM_JOB_GPUS", "SLURMD_NODENAME", "SLURM_JOB_NODELIST"}
+
+
+def test_epilog_releases_the_jobs_leases(clean_env, tmp_path):
+    leases = pytest.importorskip("smartlaunch.launch.leases")
+    if not hasattr(leases, "release_job"):
+        pytest.skip("smartlaunch.launch.leases.release_job not there yet")
+    lease_dir = tmp_path / "leases"
+    os.close(leases.open_lease_dir(str(lease_dir)))
+    (lease_dir / "GPU-a.holder").write_text('{"slurm_job_id": "9", "pid": 1}')
+    (lease_dir / "GPU-b.holder").write_text('{"slurm_job_id": "10", "pid": 1}')
+    cfg = config(tmp_path, "healthy", SMARTLAUNCH_LEASE_DIR=str(lease_dir))
+    assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534"}) == 0
+    assert sorted(p.name for p in lease_dir.glob("*.holder")) == ["GPU-b.holder"]
+    assert "released 1 lease(s)" in (tmp_path / "state" / "hooks.log").read_text()

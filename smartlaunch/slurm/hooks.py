@@ -34,6 +34,7 @@ KEYS = {
     "SMARTLAUNCH_COMM_MAX_AGE_S": "re-measure all-reduce when the cache is older (0: never)",
     "SMARTLAUNCH_COMM_TIMEOUT_S": "time limit of that measurement",
     "SMARTLAUNCH_LEASE_DIR": "lease directory whose job leases the epilog releases",
+    "SMARTLAUNCH_POLICY": "admin policy file given to bench-comm (its paths.cache_dir)",
     "SMARTLAUNCH_KILL_GRACE_S": "seconds between SIGTERM and SIGKILL for leftovers",
 }
 
@@ -46,6 +47,7 @@ class HookConfig:
     comm_max_age_s: float = 7 * 86400
     comm_timeout_s: float = 5.0
     lease_dir: str | None = None
+    policy: str | None = None
     kill_grace_s: float = 3.0
     source: str = "(defaults)"
 
@@ -74,6 +76,7 @@ class HookConfig:
                    comm_max_age_s=num("SMARTLAUNCH_COMM_MAX_AGE_S", cls.comm_max_age_s),
                    comm_timeout_s=num("SMARTLAUNCH_COMM_TIMEOUT_S", cls.comm_timeout_s),
                    lease_dir=values.get("SMARTLAUNCH_LEASE_DIR") or None,
+                   policy=values.get("SMARTLAUNCH_POLICY") or None,
                    kill_grace_s=num("SMARTLAUNCH_KILL_GRACE_S", cls.kill_grace_s),
                    source=str(p))
 
@@ -243,8 +246,8 @@ def _release_leases(cfg: HookConfig, env, d: Path) -> None:
                 "release_job); leases of dead processes expire on their own")
         return
     try:
-        n = release_job(cfg.lease_dir, job)
-        _log(d, f"epilog job {job}: released {n} lease(s) in {cfg.lease_dir}")
+        released = release_job(cfg.lease_dir, job)
+        _log(d, f"epilog job {job}: released {len(released)} lease(s) in {cfg.lease_dir}")
     except Exception as exc:   # best-effort: a lease problem is not a node fault
         _log(d, f"epilog job {job}: lease release failed: {exc}")
 
@@ -257,8 +260,11 @@ def _maybe_measure_comm(cfg: HookConfig, d: Path, node: Topology, gpus) -> None:
     if stamp.exists() and time.time() - stamp.stat().st_mtime < cfg.comm_max_age_s:
         return
     (d / "comm").mkdir(mode=0o755, exist_ok=True)
-    argv = [sys.executable, "-I", "-m", "smartlaunch.node_cli", "bench-comm",
-            "--cache-dir", str(d / "comm")]
+    # Where the curve lands is the policy's paths.cache_dir: launches on the node read it there.
+    argv = [sys.executable, "-I", "-m", "smartlaunch.node_cli", "bench-comm", "--no-pairs",
+            "--max-mb", "64"]
+    if cfg.policy:
+        argv += ["--policy", cfg.policy]
     if gpus:
         argv += ["--gpus", ",".join(map(str, gpus))]
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
