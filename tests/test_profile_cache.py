@@ -33,8 +33,22 @@ def starts(marker) -> int:
 def test_cache_hit_skips_the_dry_run_and_reprofile_forces_one(clean_env):
     marker = clean_env / "starts.txt"
     env = dict(os.environ)
-    first = cache.profile_entrypoint(tiny(marker), POLICY, gpu=None, gpu_model="cpu", environ=env)
-    assert first.status == ProfileStatus.OK and not first.cached and starts(marker) == 1
+    results = []
+
+    def launch():
+        results.append(cache.profile_entrypoint(tiny(marker), POLICY, gpu=None, gpu_model="cpu",
+                                                environ=env))
+
+    # two launches of one job at once: the second waits on the lock, then hits the cache
+    threads = [threading.Thread(target=launch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert starts(marker) == 1
+    assert sorted(p.cached for p in results) == [False, True]
+    first = next(p for p in results if not p.cached)
+    assert first.status == ProfileStatus.OK
     again = cache.profile_entrypoint(tiny(marker), POLICY, gpu=None, gpu_model="cpu", environ=env)
     assert again.cached and starts(marker) == 1
     assert dataclasses.replace(again, cached=False) == first
@@ -43,24 +57,6 @@ def test_cache_hit_skips_the_dry_run_and_reprofile_forces_one(clean_env):
     forced = cache.profile_entrypoint(tiny(marker, reprofile=True), POLICY, gpu=None,
                                       gpu_model="cpu", environ=env)
     assert not forced.cached and starts(marker) == 2
-
-
-def test_concurrent_launches_of_one_job_profile_it_once(clean_env):
-    marker = clean_env / "starts.txt"
-    env = dict(os.environ)
-    results = []
-
-    def launch():
-        results.append(cache.profile_entrypoint(tiny(marker), POLICY, gpu=None, gpu_model="cpu",
-                                                environ=env))
-
-    threads = [threading.Thread(target=launch) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert starts(marker) == 1
-    assert sorted(p.cached for p in results) == [False, True]
 
 
 def test_key_follows_content_args_and_gpu_model_but_not_visible_devices(clean_env, monkeypatch):

@@ -25,7 +25,7 @@ from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.profile.cache import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
-EXIT_GRACE_S = 10.0      # result written -> the script should have unwound by then
+EXIT_GRACE_S = 3.0       # result written -> unwound by then (torch teardown ~0.5 s), else killed
 TAIL_LINES = 20
 
 
