@@ -56,6 +56,7 @@ class SlurmCluster:
         self.hooks_env = root / "hooks" / "hooks.env"
         self.state_dir = root / "node-state"
         self.pids: dict[str, int] = {}
+        self.made_devices: list[Path] = []
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         for k in [k for k in self.env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))]:
             if k != "SLURM_CONF":
@@ -90,6 +91,7 @@ class SlurmCluster:
             dev = Path(f"/dev/nvidia{i}")
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
+                self.made_devices.append(dev)
 
     def set_hooks_env(self, settings: dict[str, str]) -> None:
         base = {"SMARTLAUNCH_PYTHON": sys.executable, "SMARTLAUNCH_STATE_DIR": str(self.state_dir)}
@@ -157,6 +159,9 @@ class SlurmCluster:
                 time.sleep(0.05)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for dev in self.made_devices:       # other tests must not mistake them for a driver
+            dev.unlink(missing_ok=True)
+        self.made_devices.clear()
 
     # ---- clients ---------------------------------------------------------------------
     def client(self, *argv: str, timeout: int = 30, check: bool = False,
