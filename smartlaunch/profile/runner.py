@@ -27,6 +27,7 @@ from smartlaunch.profile.cache import cache_root, private_dir, read_json
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
 EXIT_GRACE_S = 3.0       # result written -> unwound by then (torch teardown ~0.5 s), else killed
 TAIL_LINES = 20
+KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
 
 
 def free_port() -> int:
@@ -89,6 +90,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
     limit = float(policy.dryrun.time_limit_s)
     logs = private_dir(private_dir(cache_root(policy, environ)) / "logs")
+    _prune(logs)
     stem = Path(request.script).stem or "script"
     log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
@@ -116,6 +118,15 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
     return _profile(request, data, proc.returncode, timed_out, limit, list(tail), log_path, elapsed)
+
+
+def _prune(logs: Path) -> None:
+    old = sorted(logs.glob("dryrun-*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]
+    for p in old:
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
@@ -150,10 +161,12 @@ def _reap_group(proc: subprocess.Popen) -> None:
 def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> ModelProfile:
     limit_txt = f"{limit:g} s"
     where = f"(script output: {log_path})"
-    if not timed_out and code not in (0, None) and not (data and data.get("steps_measured")):
+    complete = bool(data) and int(data.get("steps_measured") or 0) >= _asked(request, data)
+    if not timed_out and code not in (0, None) and not complete:
         last = "\n".join(tail[-10:])
+        how = f"exit code {code}" if code > 0 else f"signal {-code}"
         raise DryRunError(
-            f"the dry run of {request.script} failed with exit code {code}; it was not launched. "
+            f"the dry run of {request.script} failed with {how}; it was not launched. "
             f"Fix the script and run again (its output: {log_path}).\n{last}")
     data = data or {}
     fields = {f.name for f in dataclasses.fields(ModelProfile)}
