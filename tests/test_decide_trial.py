@@ -17,12 +17,11 @@ SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "decide" / "tiny_ddp.
 QUICK = Policy(decision=DecisionPolicy(trial_steps=3), dryrun=DryRunPolicy(warmup_steps=1))
 
 
-def test_single_and_ddp_trials_measure_samples_per_second(clean_env):
+def test_a_ddp_trial_measures_samples_per_second(clean_env):
+    # Single runs the same torchrun path with --nproc-per-node 1; one real run keeps CI short.
     logs = []
     trial = make_trial_runner(Request(script=SCRIPT), QUICK, dict(os.environ), log=logs.append)
-    one = trial(Candidate(Strategy.SINGLE, (0,)))
     two = trial(Candidate(Strategy.DDP, (0, 1)))
-    assert one is not None and one > 0, logs
     assert two is not None and two > 0, logs
 
 
