@@ -1,0 +1,264 @@
+"""DDP through torch's own elastic agent, plus what torchrun lacks.
+
+The LaunchConfig comes from `torch.distributed.run.config_from_args` on torchrun's parsed
+namespace, so every torchrun option behaves as in torchrun. What changes: the entrypoint is
+the worker hook (worker.py), the group is narrowed to plan.gpus, plan.env is added, and around
+the agent run a watchdog thread (failure/hang/straggler), a reaper process (no orphans when
+smartlaunch is SIGKILLed) and signal handlers (forwarding, grace, 128+N) do their part.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from smartlaunch.decide.plan import Plan
+from smartlaunch.errors import ExitCode, UsageError
+from smartlaunch.launch import procs
+from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
+from smartlaunch.launch.watchdog import Watchdog
+from smartlaunch.launch.worker import worker_env
+from smartlaunch.policy.api import Policy
+from smartlaunch.request import Request
+from smartlaunch.topology.api import Topology
+
+WORKER_MODULE = "smartlaunch.launch.worker"
+LOG_TAIL_LINES = 15
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # SIGUSR1/2: warnings only
+
+
+def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) -> int:
+    result = launch_ddp(plan, request, policy, topology)
+    if result.message:
+        print(result.message, file=sys.stderr, flush=True)
+    return result.exit_code
+
+
+def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology, *,
+               environ: Mapping[str, str] | None = None) -> LaunchResult:
+    if request.torchrun_args is None:
+        raise UsageError("DDP launch needs torchrun's parsed arguments (Request.torchrun_args): "
+                         "build the Request through smartlaunch's command line")
+    from torch.distributed.run import config_from_args
+
+    environ = dict(os.environ if environ is None else environ)
+    args = argparse.Namespace(**vars(request.torchrun_args))
+    _torchrun_preprocess(args)
+    args.nproc_per_node = str(plan.nproc_per_node)
+    launch = policy.launch
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir = os.path.join(os.path.expanduser(launch.log_dir), run_id)
+    os.makedirs(run_dir, exist_ok=True)
+    user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
+    if not user_logs:
+        args.log_dir, args.tee = run_dir, "3"       # tee: the terminal still shows everything
+    log_root = args.log_dir
+
+    overrides = _worker_overrides(plan, topology, environ, run_dir, run_id,
+                                  numa=args.numa_binding is None)
+    host = socket.gethostname()
+    reaper = _start_reaper(run_id, run_dir, plan.nproc_per_node, environ)
+    watchdog = Watchdog(run_dir, plan.nproc_per_node, launch, host,
+                        act_on_death=args.max_restarts == 0,
+                        gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
+                        read_topology=lambda: _fresh_topology(environ),
+                        display=sys.stderr.isatty())
+    got: list[int] = []
+    failures: dict = {}
+    try:
+        with _patched_environ(overrides):
+            config, cmd, cmd_args = config_from_args(args)
+            entry, entry_args = _wrap_entrypoint(cmd, cmd_args, args)
+            if "shutdown_timeout" in _fields(config) and args.shutdown_timeout is None:
+                config.shutdown_timeout = max(1, math.ceil(launch.signal_grace_s))
+            if "signals_to_handle" in _fields(config):
+                config.signals_to_handle = "SIGQUIT"  # ours: TERM/INT/HUP/USR1/USR2 (below)
+            failures = _run_agent(config, entry, entry_args, watchdog, launch.signal_grace_s, got)
+    finally:
+        watchdog.close()
+        procs.kill_run(run_id, watchdog.live_pids().values(), exclude=(reaper.pid,))
+        _stop_reaper(reaper)
+    return _result(watchdog, failures, got, host, log_root, run_dir)
+
+
+def _run_agent(config, entry, entry_args, watchdog: Watchdog, grace: float, got: list[int]) -> dict:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import launch_agent
+
+    def on_signal(signum, _frame):
+        got.append(signum)
+        if signum in _TERMINATING:
+            watchdog.stop(None, grace)         # SIGKILL backstop; the agent forwards signum
+            raise SignalException(f"smartlaunch got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+        watchdog.forward(signum, group=False)  # a warning for the rank, not its DataLoader workers
+
+    def on_child(_signum, _frame):
+        watchdog.note_children()
+
+    with _signal_handlers(on_signal, on_child):
+        watchdog.start()
+        try:
+            launch_agent(config, entry, list(entry_args))
+        except ChildFailedError as exc:
+            return dict(exc.failures)
+        except SignalException:
+            pass
+    return {}
+
+
+def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_root: str,
+            run_dir: str) -> LaunchResult:
+    details = {"run_dir": run_dir, "log_dir": log_root, "straggler": watchdog.straggler}
+    if watchdog.hang is not None:
+        h = watchdog.hang
+        msg = (f"smartlaunch: hang: {h.describe(host)}. Stacks of all ranks: "
+               f"{', '.join(h.stack_files)}. Job ended (exit {int(ExitCode.HANG)}).")
+        return LaunchResult(RunState.HUNG, int(ExitCode.HANG), msg, (), {**details, "hang": h})
+    terminating = [s for s in got if s in _TERMINATING]
+    if terminating or (got and failures):
+        sig = (terminating or got)[0]
+        name = signal.Signals(sig).name
+        msg = f"smartlaunch: got {name}: forwarded to all ranks, stopped them (exit {128 + sig})"
+        return LaunchResult(RunState.INTERRUPTED, 128 + sig, msg, (), details)
+    root = _root_failure(watchdog.failure, failures, host, log_root)
+    if root is None:
+        return LaunchResult(RunState.SUCCEEDED, 0, "", (), details)
+    msg = f"smartlaunch: {root.describe()}; the other ranks were stopped."
+    if root.log_tail:
+        tail = "\n".join(f"    | {line}" for line in root.log_tail.splitlines())
+        msg += f"\n  last lines of {root.log_path}:\n{tail}"
+    return LaunchResult(RunState.FAILED, int(ExitCode.WORKER_FAILED), msg, (root,), details)
+
+
+def _root_failure(seen: RankFailure | None, failures: dict, host: str, log_root: str) -> RankFailure | None:
+    """The watchdog saw the first death; torch's agent reaped it and knows its exit status."""
+    by_local = {pf.local_rank: (rank, pf) for rank, pf in failures.items()}
+    if seen is None:
+        if not failures:
+            return None
+        first = min(failures, key=lambda r: (failures[r].exitcode == -signal.SIGTERM, failures[r].timestamp, r))
+        pf = failures[first]
+        seen = RankFailure(pf.local_rank, first, host, pf.pid, None, None)
+    if seen.local_rank in by_local and seen.exit_code is None and seen.signal is None:
+        _, pf = by_local[seen.local_rank]
+        code, sig = (None, pf.signal_name()) if pf.exitcode < 0 else (pf.exitcode, None)
+        seen = RankFailure(seen.local_rank, seen.rank, host, seen.pid or pf.pid, code, sig)
+    path, tail = log_tail(log_root, seen.local_rank)
+    return RankFailure(seen.local_rank, seen.rank, seen.host, seen.pid, seen.exit_code,
+                       seen.signal, tail, path)
+
+
+def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str | None, str]:
+    """Last lines of a rank's log under torch's layout <root>/<id>/attempt_<n>/<rank>/."""
+    if not log_root:
+        return None, ""
+    found = sorted(Path(log_root).glob(f"*/attempt_*/{local_rank}/std*.log"),
+                   key=lambda p: (p.stat().st_mtime, p.name == "stderr.log"))
+    for path in reversed(found):
+        text = path.read_text(errors="replace").rstrip()
+        if text:
+            return str(path), "\n".join(text.splitlines()[-lines:])
+    return (str(found[-1]) if found else None), ""
+
+
+# ---- pieces -------------------------------------------------------------------------------
+def _torchrun_preprocess(args: argparse.Namespace) -> None:
+    """torch.distributed.run.run()'s rewriting of the namespace, before config_from_args."""
+    import uuid
+    from torch.distributed.run import parse_min_max_nnodes
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and getattr(args, "master_port", None) is None:
+        if parse_min_max_nnodes(args.nnodes)[1] == 1:
+            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if getattr(args, "master_port", None) is None:
+        args.master_port = 29500
+
+
+def _wrap_entrypoint(cmd, cmd_args: list[str], args) -> tuple[str, list[str]]:
+    """torchrun's (cmd, args) with the worker hook in front of the script."""
+    python = cmd if isinstance(cmd, str) and not args.no_python else os.getenv("PYTHON_EXEC", sys.executable)
+    if callable(cmd) or args.run_path:
+        return python, ["-u", "-m", WORKER_MODULE, *cmd_args]
+    if args.no_python:
+        return python, ["-u", "-m", WORKER_MODULE, "--no-python", cmd, *cmd_args]
+    rest = list(cmd_args)
+    while rest and rest[0] in ("-u", "-m"):
+        rest.pop(0)
+    flags = ["--module"] if args.module else []
+    return python, ["-u", "-m", WORKER_MODULE, *flags, *rest]
+
+
+def _worker_overrides(plan: Plan, topology: Topology, environ: Mapping[str, str], run_dir: str,
+                      run_id: str, numa: bool) -> dict[str, str]:
+    from smartlaunch.launch.env import narrow_visible
+    env: dict[str, str] = {}
+    if plan.device == "cuda" and plan.gpus and tuple(plan.gpus) != tuple(g.index for g in topology.gpus):
+        env["CUDA_VISIBLE_DEVICES"] = narrow_visible(plan.gpus, environ, topology)
+    env.update(plan.env_dict())
+    env.update(worker_env(run_dir, run_id, plan.numa if numa else ()))
+    return env
+
+
+def _fresh_topology(environ: Mapping[str, str]):
+    from smartlaunch.topology import discover
+    return discover(environ)
+
+
+def _fields(config) -> set[str]:
+    import dataclasses
+    return {f.name for f in dataclasses.fields(config)}
+
+
+def _start_reaper(run_id: str, run_dir: str, nproc: int, environ: Mapping[str, str]) -> subprocess.Popen:
+    env = {k: v for k, v in environ.items() if k != procs.RUN_ID_VAR}
+    return subprocess.Popen([sys.executable, "-m", "smartlaunch.launch.reaper", run_id, run_dir, str(nproc)],
+                            stdin=subprocess.PIPE, env=env, start_new_session=True)
+
+
+def _stop_reaper(reaper: subprocess.Popen) -> None:
+    try:
+        reaper.stdin.close()
+        reaper.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        reaper.kill()
+
+
+@contextlib.contextmanager
+def _patched_environ(changes: Mapping[str, str]) -> Iterator[None]:
+    """torch's agent builds worker environments from os.environ; restore it afterwards so an
+    in-process caller (tests, the lead's CLI) keeps its own."""
+    saved = dict(os.environ)
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _signal_handlers(handler, on_child) -> Iterator[None]:
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield                                   # handlers live in the main thread only
+        return
+    previous = {s: signal.getsignal(s) for s in (*_FORWARDED, signal.SIGCHLD)}
+    for s in _FORWARDED:
+        signal.signal(s, handler)
+    signal.signal(signal.SIGCHLD, on_child)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

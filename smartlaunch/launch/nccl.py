@@ -1,0 +1,90 @@
+"""NCCL variables for a DDP plan, chosen by the link class of its GPU group.
+
+Rules (issue 7): the user's environment wins over the policy, the admin's enforced variables
+win over both; NVLink SHARP (NCCL_NVLS_ENABLE) is never turned on by us; nothing that would
+disable a P2P path the topology reports as working.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from smartlaunch.decide.plan import EnvVar, Plan
+from smartlaunch.policy.api import Policy
+from smartlaunch.topology.api import Topology, link_family
+
+NVLS = "NCCL_NVLS_ENABLE"
+# NCCL_P2P_LEVEL: P2P is used when the path is at most this far. Our families, nearest first.
+_P2P_LEVELS = ("LOC", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+_P2P_LEVEL_ALIASES = {"NVL": "NV", "0": "LOC", "1": "NV", "2": "PIX", "3": "PXB", "4": "PHB", "5": "SYS"}
+
+
+def enforced_env(policy: Policy) -> dict[str, str]:
+    """The admin's enforced variables. Guarded: the policy loader may not provide it yet."""
+    try:
+        from smartlaunch.policy.load import enforced_env as _enforced
+    except ImportError:
+        return {}
+    return dict(_enforced(policy))
+
+
+def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str],
+             enforced: Mapping[str, str] | None = None) -> tuple[EnvVar, ...]:
+    enforced = dict(enforced_env(policy) if enforced is None else enforced)
+    family = link_family(plan.link_class) if plan.link_class else None
+    table = policy.launch.nccl.get(family, {}) if family else {}
+    src = _policy_source(policy, family)
+    working_p2p = _working_p2p_families(plan, topology)
+    out: dict[str, EnvVar] = {}
+    for name, value in table.items():
+        value = str(value)
+        if name in enforced:
+            continue
+        if name == NVLS:
+            continue                                # only the environment decides NVLS
+        if _disables_p2p(name, value, working_p2p):
+            continue
+        if name in environ:
+            out[name] = EnvVar(name, environ[name], f"kept from environment (policy {src} wanted {value})")
+        else:
+            out[name] = EnvVar(name, value, src)
+    if NVLS in environ:
+        out[NVLS] = EnvVar(NVLS, environ[NVLS], "kept from environment")
+    for name, value in enforced.items():
+        value = str(value)
+        if name == NVLS and value != "0" and environ.get(NVLS) != value:
+            continue                                # never turn NVLS on, even by enforcement
+        out[name] = EnvVar(name, value, "admin enforce")
+    return tuple(out.values())
+
+
+def _policy_source(policy: Policy, family: str | None) -> str:
+    key = f"launch.nccl.{family}"
+    origin = policy.sources.get(key) or policy.source_of("launch.nccl")
+    return f"policy {key} ({origin})"
+
+
+def _working_p2p_families(plan: Plan, topology: Topology) -> set[str]:
+    fams: set[str] = set()
+    gpus = sorted(plan.gpus)
+    for i, a in enumerate(gpus):
+        for b in gpus[i + 1:]:
+            try:
+                link = topology.link(a, b)
+            except KeyError:
+                continue
+            if link.p2p:
+                fams.add(link.family)
+    return fams
+
+
+def _disables_p2p(name: str, value: str, working: set[str]) -> bool:
+    if not working:
+        return False
+    if name == "NCCL_P2P_DISABLE":
+        return value.strip().lower() not in ("0", "", "false", "no")
+    if name == "NCCL_P2P_LEVEL":
+        level = _P2P_LEVEL_ALIASES.get(value.strip().upper(), value.strip().upper())
+        if level not in _P2P_LEVELS:
+            return False
+        return any(_P2P_LEVELS.index(f) > _P2P_LEVELS.index(level) for f in working if f in _P2P_LEVELS)
+    return False

@@ -1,0 +1,178 @@
+"""NUMA bindings: which CPUs (and memory node) each local rank should use, and applying them
+inside the worker.
+
+torchrun's --numa-binding assumes local rank n uses cuda:n and needs numactl; here the node is
+that of the GPU the rank really uses (plan.gpus[local_rank], after CUDA_VISIBLE_DEVICES), and
+the CPUs are the node's CPUs this job may use (topology already intersects with the cpuset).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from smartlaunch.decide.plan import NumaBinding, Plan
+from smartlaunch.topology.api import Topology
+
+MODES = ("off", "node", "exclusive-cores")
+ENV_VAR = "SMARTLAUNCH_NUMA"
+APPLIED_VAR = "SMARTLAUNCH_NUMA_APPLIED"    # set when the worker re-executed under numactl
+SINGLE_NODE_NOTE = "single NUMA node: no binding needed"
+
+
+def core_groups(cpus: Sequence[int], siblings: Callable[[int], tuple[int, ...]] | None = None
+                ) -> list[tuple[int, ...]]:
+    """CPUs grouped by physical core, so exclusive-cores never splits hyperthread siblings
+    between two ranks. Without sibling information each CPU is its own core."""
+    siblings = siblings or _sysfs_siblings
+    allowed, seen, groups = set(cpus), set(), []
+    for c in sorted(cpus):
+        if c in seen:
+            continue
+        group = tuple(sorted(s for s in (siblings(c) or (c,)) if s in allowed)) or (c,)
+        seen.update(group)
+        groups.append(group)
+    return groups
+
+
+def _sysfs_siblings(cpu: int) -> tuple[int, ...]:
+    p = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        return tuple(parse_cpulist(p.read_text()))
+    except (OSError, ValueError):
+        return (cpu,)
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def format_cpulist(cpus: Sequence[int]) -> str:
+    cpus = sorted(set(cpus))
+    runs: list[str] = []
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        runs.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(runs)
+
+
+def plan_bindings(plan: Plan, topology: Topology, mode: str, *, numactl: str | None = None,
+                  siblings: Callable[[int], tuple[int, ...]] | None = None
+                  ) -> tuple[NumaBinding, ...]:
+    """One binding per entry of plan.gpus (local rank = position). Independent plans get one
+    per GPU too: the job on GPU g uses the binding whose `gpu` is g."""
+    if plan.device != "cuda" or not plan.gpus:
+        return ()
+    numactl = numactl if numactl is not None else (shutil.which("numactl") or "")
+    nodes = {n: c for n, c in topology.numa_nodes.items() if n >= 0}
+    out: list[NumaBinding] = []
+    for lr, idx in enumerate(plan.gpus):
+        try:
+            g = topology.gpu(idx)
+        except KeyError:
+            out.append(NumaBinding(lr, idx, -1, (), mode, "none", f"GPU {idx} not in topology: not bound"))
+            continue
+        if mode == "off":
+            out.append(NumaBinding(lr, idx, g.numa_node, (), mode, "none",
+                                   "launch.numa_binding=off: not bound"))
+            continue
+        if g.numa_node < 0 or len(nodes) <= 1:
+            out.append(NumaBinding(lr, idx, -1, (), mode, "none", SINGLE_NODE_NOTE))
+            continue
+        cpus = tuple(g.cpus or nodes.get(g.numa_node, ()))
+        if not cpus:
+            out.append(NumaBinding(lr, idx, g.numa_node, (), mode, "none",
+                                   f"no CPU of NUMA node {g.numa_node} is allowed to this job: not bound"))
+            continue
+        out.append(NumaBinding(lr, idx, g.numa_node, cpus, mode, "", ""))
+    if mode == "exclusive-cores":
+        out = _split_cores(out, siblings)
+    return tuple(_with_mechanism(b, numactl) for b in out)
+
+
+def _split_cores(bindings: list[NumaBinding], siblings) -> list[NumaBinding]:
+    """Ranks on one node share its cores out in contiguous, disjoint groups of whole cores."""
+    by_node: dict[int, list[int]] = {}
+    for i, b in enumerate(bindings):
+        if b.cpus:
+            by_node.setdefault(b.numa_node, []).append(i)
+    out = list(bindings)
+    for node, members in by_node.items():
+        cores = core_groups(bindings[members[0]].cpus, siblings)
+        k = len(members)
+        if len(cores) < k:
+            for i in members:
+                out[i] = _replace(out[i], note=f"{len(cores)} cores on node {node} for {k} ranks: "
+                                             "sharing the node's CPUs")
+            continue
+        for j, i in enumerate(members):
+            lo, hi = j * len(cores) // k, (j + 1) * len(cores) // k
+            mine = tuple(c for core in cores[lo:hi] for c in core)
+            out[i] = _replace(out[i], cpus=mine, note=f"cores {hi - lo} of {len(cores)} on node {node}")
+    return out
+
+
+def _with_mechanism(b: NumaBinding, numactl: str) -> NumaBinding:
+    if b.mechanism == "none":
+        return b
+    if numactl:
+        return _replace(b, mechanism="numactl", note=_join(b.note, f"CPUs and memory on node {b.numa_node}"))
+    return _replace(b, mechanism="sched_setaffinity",
+                    note=_join(b.note, "numactl not installed: CPU affinity only, memory not bound"))
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+def _replace(b: NumaBinding, **kw) -> NumaBinding:
+    import dataclasses
+    return dataclasses.replace(b, **kw)
+
+
+# ---- worker side ---------------------------------------------------------------------------
+def encode(bindings: Sequence[NumaBinding]) -> str:
+    """The value of SMARTLAUNCH_NUMA: what each worker needs to bind itself."""
+    return json.dumps([{"local_rank": b.local_rank, "node": b.numa_node, "cpus": list(b.cpus),
+                        "mechanism": b.mechanism} for b in bindings if b.mechanism != "none"],
+                      separators=(",", ":"))
+
+
+def binding_for(environ: Mapping[str, str]) -> dict | None:
+    """This worker's entry: the only one, or the one of its LOCAL_RANK."""
+    raw = environ.get(ENV_VAR)
+    if not raw:
+        return None
+    try:
+        entries = json.loads(raw)
+    except ValueError:
+        return None
+    if len(entries) == 1:
+        return entries[0]
+    lr = int(environ.get("LOCAL_RANK", "0"))
+    return next((e for e in entries if e.get("local_rank") == lr), None)
+
+
+def numactl_argv(entry: dict, argv: Sequence[str]) -> list[str]:
+    """--physcpubind (not --cpunodebind): the node may hold CPUs outside this job's cpuset."""
+    return [shutil.which("numactl") or "numactl", f"--physcpubind={format_cpulist(entry['cpus'])}",
+            f"--membind={entry['node']}", "--", *argv]
+
+
+def apply_affinity(entry: dict) -> None:
+    cpus = set(entry["cpus"]) & os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, cpus)

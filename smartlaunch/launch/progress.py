@@ -1,0 +1,94 @@
+"""Per-rank progress records: the worker hook writes, the launcher's watchdog reads.
+
+One small file per local rank, `<run_dir>/progress/local<N>.bin`, memory-mapped by the
+worker. A step costs two stores into the mapping (no system call, no lock), so counting
+every optimizer step is cheaper than deciding whether to write; the launcher reads the
+52 bytes with a plain read() a few times a second. Times are CLOCK_MONOTONIC, which is
+system-wide on Linux, so launcher and workers compare them directly.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_FMT = "<4siiiqdddi"        # magic, pid, local_rank, rank, steps, t_start, t_first, t_last, exit
+_SIZE = struct.calcsize(_FMT)
+_MAGIC = b"SLP1"
+_OFF_STEPS = 16
+_OFF_FIRST = 32
+_OFF_LAST = 40
+_OFF_EXIT = 48
+RUNNING = -1000             # exit field while the script runs
+
+
+def progress_path(run_dir: str | os.PathLike, local_rank: int) -> Path:
+    return Path(run_dir) / "progress" / f"local{local_rank}.bin"
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    pid: int
+    local_rank: int
+    rank: int
+    steps: int
+    t_start: float           # worker hook started
+    t_first: float           # first step ended (0.0: none yet)
+    t_last: float            # latest step ended (0.0: none yet)
+    exit_code: int | None    # None while running; the script's exit status once it returned
+
+    @property
+    def started(self) -> bool:
+        return self.steps > 0
+
+
+class ProgressWriter:
+    """Counts steps of one rank. `step()` is the hot path: keep it two stores."""
+
+    def __init__(self, path: str | os.PathLike, local_rank: int, rank: int):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, _SIZE)
+            self._mm = mmap.mmap(fd, _SIZE)
+        finally:
+            os.close(fd)
+        self.steps = 0
+        struct.pack_into(_FMT, self._mm, 0, _MAGIC, os.getpid(), local_rank, rank, 0,
+                         time.monotonic(), 0.0, 0.0, RUNNING)
+
+    def step(self) -> None:
+        now = time.monotonic()
+        self.steps += 1
+        if self.steps == 1:
+            struct.pack_into("<d", self._mm, _OFF_FIRST, now)
+        struct.pack_into("<d", self._mm, _OFF_LAST, now)
+        struct.pack_into("<q", self._mm, _OFF_STEPS, self.steps)
+
+    def exited(self, code: int) -> None:
+        struct.pack_into("<i", self._mm, _OFF_EXIT, int(code))
+
+
+def read_progress(path: str | os.PathLike) -> ProgressRecord | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_SIZE)
+    except OSError:
+        return None
+    if len(data) < _SIZE or data[:4] != _MAGIC:
+        return None
+    _, pid, local_rank, rank, steps, t_start, t_first, t_last, code = struct.unpack(_FMT, data)
+    return ProgressRecord(pid, local_rank, rank, steps, t_start, t_first, t_last,
+                          None if code == RUNNING else code)
+
+
+def status_line(rates: dict[int, float | None], steps: dict[int, int]) -> str:
+    """The live one-line display: steps/s per local rank."""
+    parts = []
+    for lr in sorted(steps):
+        r = rates.get(lr)
+        parts.append(f"r{lr} {steps[lr]} ({'--' if r is None else f'{r:.2f}'}/s)")
+    return "smartlaunch: steps " + " | ".join(parts)

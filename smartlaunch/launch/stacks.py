@@ -1,0 +1,87 @@
+"""Stack dumps of hung ranks: faulthandler in each worker (on DUMP_SIGNAL), py-spy when
+installed (it also sees native frames, e.g. a rank stuck inside an NCCL kernel wait)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+
+from smartlaunch.launch.worker import DUMP_SIGNAL, stack_path
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+PY_SPY_TIMEOUT_S = 10.0
+
+
+def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict[int, str]:
+    """Ask every rank (local rank -> pid) for its stacks; return local rank -> new text.
+
+    A SIGSTOPped rank cannot run its handler, so each rank also gets SIGCONT right after the
+    dump signal: the pending dump then runs. The job is being ended anyway."""
+    offsets = {}
+    for lr, pid in pids.items():
+        path = stack_path(run_dir, lr)
+        offsets[lr] = os.path.getsize(path) if os.path.exists(path) else 0
+        for sig in (DUMP_SIGNAL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+    pyspy = shutil.which("py-spy")
+    if pyspy:
+        for lr, pid in pids.items():
+            _py_spy(pyspy, pid, stack_path(run_dir, lr).replace(".txt", ".py-spy.txt"))
+    deadline = time.monotonic() + wait_s
+    texts: dict[int, str] = {}
+    while time.monotonic() < deadline:
+        for lr in pids:
+            texts[lr] = _read_from(stack_path(run_dir, lr), offsets[lr])
+        if all("most recent call first" in t for t in texts.values()):
+            time.sleep(0.1)          # let the other threads' stacks land too
+            break
+        time.sleep(0.05)
+    return {lr: _read_from(stack_path(run_dir, lr), offsets[lr]) for lr in pids}
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _py_spy(pyspy: str, pid: int, out_path: str) -> None:
+    try:
+        res = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=PY_SPY_TIMEOUT_S)
+        text = res.stdout + res.stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        text = f"py-spy dump failed: {exc}\n"
+    with open(out_path, "a") as f:
+        f.write(text)
+
+
+def top_frame(dump: str) -> str | None:
+    """'train.py:42 in train_step' of the main thread. faulthandler lists threads newest
+    first, so the main thread is the last block (whichever thread caught the signal)."""
+    lines = dump.splitlines()
+    starts = [i for i, l in enumerate(lines) if l.startswith(("Current thread", "Thread"))]
+    for line in lines[starts[-1] if starts else 0:]:
+        m = _FRAME.match(line)
+        if m:
+            return f"{m['file']}:{m['line']} in {m['func']}"
+    return None
+
+
+def in_library(frame: str | None) -> bool:
+    """True when the frame is inside torch or another installed package (a rank waiting in a
+    collective), False in the user's own code (the rank that stopped the others)."""
+    if not frame:
+        return False
+    path = frame.split(":", 1)[0]
+    return any(part in path for part in ("site-packages", "dist-packages", "/torch/", "/lib/python"))

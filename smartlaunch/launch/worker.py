@@ -1,0 +1,171 @@
+"""The worker hook: `python -m smartlaunch.launch.worker [--module|--no-python] TARGET ARGS...`.
+
+Every rank (and single/independent job) runs through this wrapper instead of its script, so
+the script needs no change and keeps the environment torchrun sets. Before the script runs:
+  - NUMA binding for this LOCAL_RANK (re-exec under numactl, or CPU affinity alone);
+  - no orphans: PR_SET_PDEATHSIG=SIGKILL, plus a thread that kills this rank's process group
+    if the launcher goes away (a fork child such as a DataLoader worker does not inherit
+    PDEATHSIG; the launcher's reaper process sweeps those);
+  - faulthandler on DUMP_SIGNAL writing all threads' stacks to <run_dir>/stacks/local<N>.txt
+    (a real-time signal: SIGUSR1/2 belong to the script, Slurm sends them for preemption);
+  - a progress counter fed by torch's optimizer step hook and smartlaunch.profile_step().
+Launchers should start the hook with start_new_session=True (torch's agent does) so that a
+rank and its children form one process group the launcher can signal as a whole.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from smartlaunch.launch import numa
+from smartlaunch.launch.progress import ProgressWriter, progress_path
+
+RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
+RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag the reaper finds stray processes by
+LAUNCHER_PID_VAR = "SMARTLAUNCH_LAUNCHER_PID"
+DUMP_SIGNAL = signal.SIGRTMIN + 2
+_PR_SET_PDEATHSIG = 1
+_PARENT_POLL_S = 1.0
+_keep: list = []                           # objects that must outlive main() (stack file)
+
+
+def worker_command(request, python: str) -> list[str]:
+    """argv of one wrapped worker, without script args (like Request.command)."""
+    flags = ["--no-python"] if request.no_python else ["--module"] if request.module else []
+    return [python, "-u", "-m", "smartlaunch.launch.worker", *flags, request.script]
+
+
+def worker_env(run_dir: str, run_id: str, bindings: Sequence = ()) -> dict[str, str]:
+    """Variables a launcher adds to each worker's environment for the hook."""
+    env = {RUN_DIR_VAR: str(run_dir), RUN_ID_VAR: run_id, LAUNCHER_PID_VAR: str(os.getpid())}
+    encoded = numa.encode(bindings)
+    if encoded != "[]":
+        env[numa.ENV_VAR] = encoded
+    return env
+
+
+def stack_path(run_dir: str, local_rank: int) -> str:
+    return os.path.join(run_dir, "stacks", f"local{local_rank}.txt")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mode, target, args = _parse(list(argv))
+    _bind_numa(argv)
+    _die_with_parent()
+    run_dir = os.environ.get(RUN_DIR_VAR)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if mode == "no-python":
+        os.execvp(target, [target, *args])
+    writer = None
+    if run_dir:
+        _register_stack_dump(stack_path(run_dir, local_rank))
+        writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
+                                int(os.environ.get("RANK", "0")))
+        _install_step_hooks(writer)
+    code = 1
+    try:
+        sys.argv = [target, *args]
+        if mode == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        raise
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+        raise
+    finally:
+        if writer is not None:
+            writer.exited(code)
+
+
+def _parse(argv: list[str]) -> tuple[str, str, list[str]]:
+    mode = "path"
+    while argv and argv[0] in ("--module", "--no-python", "-m"):
+        mode = "no-python" if argv.pop(0) == "--no-python" else "module"
+    if not argv:
+        sys.exit("usage: python -m smartlaunch.launch.worker [--module|--no-python] TARGET [ARGS...]")
+    return mode, argv[0], argv[1:]
+
+
+def _bind_numa(argv: list[str]) -> None:
+    entry = numa.binding_for(os.environ)
+    if not entry:
+        return
+    if entry.get("mechanism") == "numactl":
+        if os.environ.get(numa.APPLIED_VAR):
+            return                        # this process already runs under numactl
+        os.environ[numa.APPLIED_VAR] = "1"
+        cmd = numa.numactl_argv(entry, [sys.executable, "-u", "-m", "smartlaunch.launch.worker", *argv])
+        try:
+            os.execv(cmd[0], cmd)         # same pid: the agent still tracks this rank
+        except OSError:
+            del os.environ[numa.APPLIED_VAR]   # numactl vanished since the plan: affinity only
+    try:
+        numa.apply_affinity(entry)
+    except OSError:
+        pass
+
+
+def _die_with_parent() -> None:
+    expected = int(os.environ.get(LAUNCHER_PID_VAR, "0") or 0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass                              # not Linux: the watcher thread below still works
+    parent = os.getppid()
+    if expected and parent != expected:
+        os._exit(128 + signal.SIGKILL)    # the launcher died before PDEATHSIG was armed
+
+    def watch() -> None:
+        while True:
+            threading.Event().wait(_PARENT_POLL_S)
+            if os.getppid() != parent:
+                if os.getpgrp() == os.getpid():
+                    os.killpg(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="smartlaunch-parent-watch", daemon=True).start()
+
+
+def _register_stack_dump(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    f = open(path, "a")                   # noqa: SIM115 -- faulthandler needs it open for life
+    _keep.append(f)
+    faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True, chain=False)
+    faulthandler.enable(file=f, all_threads=True)    # fatal signals: stacks for the root cause
+
+
+def _install_step_hooks(writer: ProgressWriter) -> None:
+    import smartlaunch
+    explicit = [False]
+
+    def profile_step() -> None:
+        explicit[0] = True                # explicit marks win over optimizer counting
+        writer.step()
+
+    def on_optimizer_step(optimizer, args, kwargs) -> None:
+        if not explicit[0]:
+            writer.step()
+
+    smartlaunch._step_hook = profile_step
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError:
+        return                            # not a torch program: profile_step() only
+    register_optimizer_step_post_hook(on_optimizer_step)
+
+
+if __name__ == "__main__":
+    main()
