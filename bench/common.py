@@ -46,12 +46,12 @@ class Entry:
 
 MLP = "examples/train.py"           # the seeds' two MLPs live in the lead's example
 SUITE: tuple[Entry, ...] = (
-    Entry("mlp-medium-b64", MLP, ("--model", "medium", "--batch-size", "64"), 20, 300),
-    Entry("mlp-medium-b1024", MLP, ("--model", "medium", "--batch-size", "1024"), 20, 300),
+    Entry("mlp-medium-b64", MLP, ("--model", "medium", "--batch-size", "64"), 20, 500),
+    Entry("mlp-medium-b1024", MLP, ("--model", "medium", "--batch-size", "1024"), 20, 500),
     Entry("mlp-large-b64", MLP, ("--model", "large", "--batch-size", "64"), 20, 200),
     Entry("mlp-large-b512", MLP, ("--model", "large", "--batch-size", "512"), 20, 200),
-    Entry("cnn-small-b128", "bench/suite/cnn.py", ("--batch-size", "128"), 10, 100),
-    Entry("lstm-b64", "bench/suite/lstm.py", ("--batch-size", "64"), 10, 60),
+    Entry("cnn-small-b128", "bench/suite/cnn.py", ("--batch-size", "128"), 10, 150),
+    Entry("lstm-b64", "bench/suite/lstm.py", ("--batch-size", "64"), 10, 100),
     Entry("recsys-b2048", "bench/suite/recsys.py", ("--batch-size", "2048"), 10, 60),
     Entry("resnet18-b64", "bench/suite/resnet.py", ("--arch", "resnet18", "--batch-size", "64"),
           5, 30, torchvision=True),

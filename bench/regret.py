@@ -45,8 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="wall seconds for the whole invocation: no run starts after it, runs are "
                         "cut at it, the report is still written")
     p.add_argument("--skip-smartlaunch", action="store_true", help="measure single/DDP only")
-    p.add_argument("--no-warm-call", action="store_true",
-                   help="skip the second (warm-cache) smartlaunch call per row")
+    p.add_argument("--warm-call", choices=("once", "all", "none"), default="once",
+                   help="repeat the smartlaunch call with warm caches: for the first condition of "
+                        "each script (once), for every row (all), or never")
     p.add_argument("--smartlaunch", default=None,
                    help="command that runs smartlaunch (default: this Python's smartlaunch.cli)")
     p.add_argument("--sl-steps", type=int, default=100_000,
@@ -265,7 +266,8 @@ def run_suite(args, out: Path) -> None:
                 return
             timeout = min(args.timeout, left() - 5)
             if kind == "smartlaunch":
-                record(decide(e, cond, args, timeout, warm=not args.no_warm_call))
+                warm = args.warm_call == "all" or (args.warm_call == "once" and cond == conds[0])
+                record(decide(e, cond, args, timeout, warm=warm))
             else:
                 record(measure(kind, e, cond, args, timeout))
 
