@@ -167,44 +167,30 @@ def append_record(out: Path, rec: dict) -> None:
 
 
 def machine_label() -> str:
+    """"2xH200" from NVML, else from nvidia-smi (nvidia-ml-py may be absent where the
+    package was installed with --no-deps), else "cpu-<host>"."""
+    names: list[str] = []
     try:
         import pynvml
         pynvml.nvmlInit()
         try:
-            n = pynvml.nvmlDeviceGetCount()
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                names.append(n.decode() if isinstance(n, bytes) else n)
         finally:
             pynvml.nvmlShutdown()
-        name = name.decode() if isinstance(name, bytes) else name
-        short = [w for w in name.replace("NVIDIA", "").split() if any(c.isdigit() for c in w)]
-        return f"{n}x{(short or [name.split()[-1]])[0]}"
     except Exception:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30).stdout
+            names = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if not names:
         return "cpu-" + socket.gethostname().split(".")[0]
-
-
-def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -> list[Path]:
-    """regret-<date>-<machine>.md/.json (and .png when matplotlib is there) from all records."""
-    if not records:
-        return []
-    machines = sorted({r.get("machine", "?") for r in records})
-    meta = {"machine": "+".join(machines), "date": max(r.get("date", "") for r in records),
-            "records": len(records)}
-    rows = common.build_rows(records, conditions)
-    base = [r["wall_s"] for r in records if r["kind"] == "baseline" and r.get("ok")]
-    summary = common.summarize(rows, min(base) if base else None)
-    stem = out / f"regret-{meta['date']}-{meta['machine']}"
-    md = common.render_markdown(rows, summary, meta)
-    paths = [stem.with_suffix(".md"), stem.with_suffix(".json")]
-    try:
-        import plot
-        paths.append(plot.plot_speedups(rows, stem.with_suffix(".png"),
-                                        f"{meta['machine']} {meta['date']}"))
-    except ImportError as e:
-        md += f"\nPlot not drawn: {e}.\n"
-    paths[0].write_text(md)
-    paths[1].write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
-                                   indent=1, sort_keys=True, default=str))
-    return paths
+    words = names[0].replace("NVIDIA", "").split()
+    short = next((w for w in words if any(c.isdigit() for c in w)), words[-1] if words else "GPU")
+    return f"{len(names)}x{short}"
 
 
 # ---- the run --------------------------------------------------------------------------------
