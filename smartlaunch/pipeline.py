@@ -43,13 +43,16 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
     topology = discover(environ)
-    unavailable = _leased_elsewhere(topology, policy)
+    unavailable = frozenset(_leased_elsewhere(topology, policy))
+    # The same decision without measurements first: an impossible request (too many GPUs,
+    # ddp on one GPU, a forbidden strategy) fails in milliseconds, before any dry run.
+    decide(request, topology, policy, None, comm_for=lambda group: None, unavailable=unavailable)
     profile = _profile(request, policy, topology, environ, unavailable)
     plan = decide(
         request, topology, policy, profile,
         comm_for=_comm_for(topology, policy, environ, profile),
         trial=_trial_runner(request, policy, environ),
-        unavailable=frozenset(unavailable),
+        unavailable=unavailable,
     )
     plan = prepare(plan, topology, policy, environ)
     if notes:

@@ -47,7 +47,7 @@ class SingleLauncher:
         # can end the whole group, DataLoader workers included.
         self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
 
-    def signal(self, signum: int) -> None:
+    def on_signal(self, signum: int) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signum)
         if signum in TERMINATING and self._stop_deadline is None:
@@ -79,7 +79,7 @@ class SingleLauncher:
 def run_single(plan, request, policy, topology) -> int:
     launcher = SingleLauncher(worker_argv(request), single_env(plan, topology),
                               policy.launch.signal_grace_s)
-    with forward_signals(launcher.signal):
+    with forward_signals(launcher.on_signal):
         launcher.start()
         while (result := launcher.poll()) is None:
             time.sleep(0.05)

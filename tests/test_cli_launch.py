@@ -1,0 +1,120 @@
+"""The CLI end to end on CPU: forced strategies, exit codes, explain, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, REPO, fixture_path
+
+SCRIPTS = Path(__file__).parent / "scripts_cli"
+
+
+def smartlaunch(args, cwd, env_extra=None, timeout=120):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "smartlaunch.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(args, cwd, timeout=120):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_ddp_on_cpu_trains_and_exits_0(clean_env):
+    r = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", str(EXAMPLES / "train.py"),
+                     "--steps", "5", "--warmup", "1"], clean_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "world=2" in r.stdout and "throughput: samples/s=" in r.stdout
+
+
+def test_rank1_exception_gives_torchruns_exit_code(clean_env):
+    script = str(SCRIPTS / "fail_rank1.py")
+    ours = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", script], clean_env)
+    theirs = torchrun(["--nproc-per-node", "2", script], clean_env)
+    assert theirs.returncode != 0
+    assert ours.returncode == theirs.returncode, ours.stderr[-2000:]
+    assert "boom in rank 1" in ours.stderr
+
+
+def test_single_sets_torchruns_worker_contract(clean_env):
+    out_ours, out_theirs = clean_env / "ours.json", clean_env / "theirs.json"
+    script = str(SCRIPTS / "envdump.py")
+    r = smartlaunch(["--strategy", "single", script, str(out_ours)], clean_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert torchrun(["--nproc-per-node", "1", script, str(out_theirs)], clean_env).returncode == 0
+    ours, theirs = json.loads(out_ours.read_text()), json.loads(out_theirs.read_text())
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                 "GROUP_RANK": "0", "ROLE_RANK": "0", "GROUP_WORLD_SIZE": "1",
+                 "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default", "TORCHELASTIC_RESTART_COUNT": "0",
+                 "TORCHELASTIC_MAX_RESTARTS": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}.items():
+        assert ours[k] == v == theirs[k], k
+    # Same variables as torchrun sets; only the agent store differs (there is no agent).
+    assert set(ours) == set(theirs)
+    assert ours["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert int(ours["MASTER_PORT"]) > 0 and ours["MASTER_ADDR"]
+    assert ours["_world"] == 1
+
+
+def test_single_returns_the_scripts_exit_code(clean_env):
+    r = smartlaunch(["--strategy", "single", str(SCRIPTS / "envdump.py"),
+                     str(clean_env / "o.json"), "7"], clean_env)
+    assert r.returncode == 7
+
+
+def test_single_narrows_cuda_visible_devices_to_the_chosen_gpu(clean_env):
+    out = clean_env / "o.json"
+    r = smartlaunch(["--strategy", "single", str(SCRIPTS / "envdump.py"), str(out)], clean_env,
+                    {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"),
+                     "CUDA_VISIBLE_DEVICES": "1,0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(out.read_text())["CUDA_VISIBLE_DEVICES"] in ("1", "0")
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_explain_prints_the_plan_and_never_starts_the_script(clean_env, fmt):
+    marker = clean_env / "started"
+    script = clean_env / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    r = smartlaunch([f"--explain={fmt}", "--strategy", "ddp", "--nproc-per-node", "2",
+                     str(script)], clean_env,
+                    {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not marker.exists()
+    if fmt == "json":
+        plan = json.loads(r.stdout)
+        assert plan["schema_version"] == 1
+        assert plan["strategy"] == "ddp" and plan["gpus"] == [0, 1]
+        assert plan["nproc_per_node"] == 2 and plan["device"] == "cuda"
+    else:
+        assert "ddp" in r.stdout.lower() and "GPU" in r.stdout
+
+
+def test_nproc_above_visible_gpus_is_a_usage_error(clean_env):
+    (clean_env / "t.py").write_text("")
+    r = smartlaunch(["--nproc-per-node", "4", "t.py"], clean_env,
+                    {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--nproc-per-node 4" in r.stderr
+
+
+def test_ddp_with_one_gpu_is_refused(clean_env):
+    (clean_env / "t.py").write_text("")
+    r = smartlaunch(["--strategy", "ddp", "t.py"], clean_env,
+                    {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"),
+                     "CUDA_VISIBLE_DEVICES": "0"})
+    assert r.returncode == 5, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "ddp" in r.stderr
+
+
+def test_example_runs_unchanged_under_both_launchers(clean_env):
+    args = [str(EXAMPLES / "train.py"), "--model", "large", "--steps", "2", "--warmup", "1",
+            "--batch-size", "8"]
+    assert torchrun(["--nproc-per-node", "2"] + args, clean_env).returncode == 0
+    r = smartlaunch(args, clean_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "params=6887178" in r.stdout
