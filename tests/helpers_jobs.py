@@ -81,7 +81,7 @@ LEASE_CLIENT = textwrap.dedent("""
     from smartlaunch.topology.api import Topology
     topo_path, out, hold_s, ident = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     topo = Topology.from_dict(json.load(open(topo_path)))
-    mgr = LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"], poll_s=0.02)
+    mgr = LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"])
     with mgr.acquire(topo, [g.index for g in topo.gpus], 1, wait=True, timeout_s=60) as lease:
         start = time.time()
         time.sleep(hold_s)

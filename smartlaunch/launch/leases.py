@@ -44,6 +44,7 @@ ENV_LEASE_DIR = "SMARTLAUNCH_LEASE_DIR"
 _RECORD_MAX_BYTES = 64 * 1024
 _START_TIME_TOLERANCE_S = 0.5   # psutil derives create_time from clock ticks; same boot, same value
 _STATUS_EVERY_S = 30.0
+_DESCRIBE_EVERY_S = 2.0         # how often a waiter re-reads holder records for its status line
 
 
 class LeaseDirError(SmartlaunchError):
@@ -265,8 +266,8 @@ class LeaseManager:
         except TypeError:       # filelock < 4 lacks these knobs; flock semantics are the same
             return filelock.UnixFileLock(path, **kw)
 
-    def _try_gpu(self, topology: Topology, index: int) -> tuple[_Held | None, str]:
-        """(held, "") or (None, why the GPU is not available)."""
+    def _try_gpu(self, topology: Topology, index: int, describe: bool = True) -> tuple[_Held | None, str]:
+        """(held, "") or (None, why the GPU is not available; naming holders only if `describe`)."""
         gpu = topology.gpu(index)
         if gpu.busy:
             users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
@@ -277,6 +278,8 @@ class LeaseManager:
         try:
             lock.acquire(blocking=False)
         except filelock.Timeout:
+            if not describe:     # waiters retry often; reading every record each time costs CPU
+                return None, "leased"
             live = self.holders(gpu.uuid)
             others = [h for h in live if not self._mine(h)]
             if others or live:
@@ -323,13 +326,13 @@ class LeaseManager:
         lease, _ = self._attempt(topology, candidates, count)
         return lease
 
-    def _attempt(self, topology, candidates, count) -> tuple[Lease | None, dict[int, str]]:
+    def _attempt(self, topology, candidates, count, describe=True) -> tuple[Lease | None, dict[int, str]]:
         order = list(candidates)
         if self.share:
             order.sort(key=lambda i: len(self.holders(topology.gpu(i).uuid, prune=False)))
         got, why = [], {}
         for i in order:
-            held, reason = self._try_gpu(topology, i)
+            held, reason = self._try_gpu(topology, i, describe)
             if held is None:
                 why[i] = reason
                 continue
@@ -352,12 +355,13 @@ class LeaseManager:
             raise NoFreeGPUError(f"asked for {count} GPUs but only {len(candidates)} are allowed "
                                  f"({_fmt(candidates)}); lower --nproc-per-node or allow more GPUs")
         start = time.monotonic()
-        last_msg, last_time = None, 0.0
+        last_msg, last_time, next_describe = None, 0.0, start
         while True:
-            lease, why = self._attempt(topology, candidates, count)
+            waited = time.monotonic() - start
+            describe = not wait or waited >= timeout_s or bool(status and time.monotonic() >= next_describe)
+            lease, why = self._attempt(topology, candidates, count, describe)
             if lease is not None:
                 return lease
-            waited = time.monotonic() - start
             summary = _summarise(why)
             if not wait:
                 raise NoFreeGPUError(f"{summary}; retry later or drop --no-wait to wait up to {timeout_s:g} s")
@@ -366,10 +370,12 @@ class LeaseManager:
             if waited >= timeout_s:
                 raise NoFreeGPUError(f"waited {waited:.0f} s for {count} free GPU(s) of {_fmt(candidates)}: "
                                      f"{summary}; raise jobs.wait_timeout_s or free a GPU")
-            if status and (summary != last_msg or time.monotonic() - last_time >= _STATUS_EVERY_S):
+            if describe and status and (summary != last_msg or time.monotonic() - last_time >= _STATUS_EVERY_S):
                 status(f"waiting for {count} free GPU(s) of {_fmt(candidates)}: {summary} "
                        f"({waited:.0f} s of {timeout_s:g} s)")
                 last_msg, last_time = summary, time.monotonic()
+            if describe:
+                next_describe = time.monotonic() + _DESCRIBE_EVERY_S
             # jitter: fifty waiters must not retry in lockstep
             time.sleep(self.poll_s * (0.5 + random.random()))
             if refresh is not None:
