@@ -48,8 +48,9 @@ def worker_init(_):
 
 
 def misbehave(rank, step):
-    if rank != FAULT_RANK or step != FAULT_STEP:
+    if rank != FAULT_RANK or step != FAULT_STEP or not FAULT:
         return
+    mark("fault")            # its mtime is when the misbehaviour began
     if FAULT == "raise":
         raise RuntimeError(f"injected failure in rank {rank} at step {step}")
     if FAULT == "exit":
