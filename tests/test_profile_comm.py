@@ -22,8 +22,9 @@ def test_gloo_curve_over_two_processes_is_monotone_ish_and_interpolates(clean_en
     assert curve.world_size == 2 and curve.backend == "gloo" and curve.gpus == (0, 1)
     times = [t for _, t in curve.points]
     assert all(t > 0 for t in times)
-    # loopback gloo on a busy 2-core runner is noisy; 64x the bytes must still cost more
-    assert times[-1] > times[0]
+    # loopback gloo on a busy 2-core runner is noisy (one descheduling costs more than 4 MB);
+    # 32-64x the bytes must still cost more than the smallest messages
+    assert max(times[-2:]) > min(times[:2])
     (x0, y0), (x1, y1) = curve.points[-2], curve.points[-1]
     mid = (x0 + x1) // 2
     assert curve.time(mid) == pytest.approx(y0 + (y1 - y0) * (mid - x0) / (x1 - x0))

@@ -161,7 +161,7 @@ class Recorder:
         self.t_last, self.fwd_cur, self.bwd_cur = self.now(), 0.0, 0.0
         if len(self.intervals) >= self.measure:
             self.done = True
-            self.write()
+            self.write(reason="measured")
             raise SystemExit(0)
 
     # ---- result -----------------------------------------------------------------------------
@@ -214,7 +214,8 @@ class Recorder:
             r["peak_gpu_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
         return r
 
-    def write(self) -> None:
+    def write(self, reason: str = "exit") -> None:
+        """reason: "measured" (we end the script), "exit" (it ended), "signal" (time limit)."""
         if self.written or not self.out:
             return
         self.written = True
@@ -222,6 +223,7 @@ class Recorder:
             data = self.result()
         except Exception as exc:  # never turn a finished run into a crash
             data = {"steps_seen": self.steps, "error": f"{type(exc).__name__}: {exc}"}
+        data["reason"] = reason
         tmp = f"{self.out}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(data, f)
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(rec.write)  # the script ended on its own: report what was seen
 
     def on_term(signum, frame):
-        rec.write()
+        rec.write(reason="signal")
         sys.stdout.flush()
         os._exit(128 + signum)
 

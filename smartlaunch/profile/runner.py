@@ -25,7 +25,7 @@ from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.profile.cache import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
-EXIT_GRACE_S = 3.0       # result written -> unwound by then (torch teardown ~0.5 s), else killed
+EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
 TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
 
@@ -139,7 +139,10 @@ def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
             return False
         except subprocess.TimeoutExpired:
             pass
-        if os.path.exists(out):
+        # Only a result written because the measurement finished bounds the exit: one written
+        # at the script's own exit (atexit) must keep the script's real exit code.
+        done = read_json(Path(out)) if os.path.exists(out) else None
+        if done and done.get("reason") == "measured":
             try:
                 proc.wait(timeout=EXIT_GRACE_S)
             except subprocess.TimeoutExpired:
