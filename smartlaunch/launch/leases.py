@@ -144,8 +144,10 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
 
 def _check_dir(path: str, st: os.stat_result) -> None:
     if st.st_uid not in (0, os.geteuid()):
-        raise LeaseDirError(f"lease directory {path} is owned by uid {st.st_uid}, who could delete or "
-                            "swap leases; set paths.lease_dir to a directory owned by you or root")
+        # The owner of a sticky directory may delete anyone's files in it.
+        raise LeaseDirError(f"lease directory {path} is owned by uid {st.st_uid}, who could delete other "
+                            "users' leases; have root create it with mode 1777 (tmpfiles.d: "
+                            f"`d {path} 1777 root root -`) or set paths.lease_dir to a directory you own")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         raise LeaseDirError(f"lease directory {path} is group/world-writable without the sticky bit "
                             f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone can delete leases; "
@@ -171,12 +173,12 @@ class LeaseManager:
     share may hold one GPU together; an exclusive lease still excludes them."""
 
     def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
-                 poll_s: float = 0.1):
+                 poll_s: float = 0.1, create: bool = True):
         self.lease_dir = os.path.abspath(os.path.expanduser(lease_dir))
         self.share = share
         self.poll_s = poll_s
         self._private = _is_private_location(self.lease_dir) if private is None else private
-        self._dfd = open_lease_dir(self.lease_dir, private=self._private)
+        self._dfd = open_lease_dir(self.lease_dir, private=self._private, create=create)
         self._base = f"/proc/self/fd/{self._dfd}" if os.path.isdir("/proc/self/fd") else self.lease_dir
         self._boot = boot_id()
         self._me = psutil.Process(os.getpid())
@@ -190,6 +192,12 @@ class LeaseManager:
         if self._dfd >= 0:
             os.close(self._dfd)
             self._dfd = -1
+
+    def __enter__(self) -> "LeaseManager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---- records ------------------------------------------------------------------------
     def holders(self, uuid: str, *, prune: bool = True) -> list[Holder]:
@@ -292,14 +300,14 @@ class LeaseManager:
                 return None, f"lease file {name} is a symlink (not made by smartlaunch); ask an admin to remove it"
             return None, f"lease file {name} cannot be opened ({exc.strerror}); ask an admin to remove it"
         try:
-            live = self.holders(gpu.uuid)
-            blocking = [h for h in live if not (self.share and h.shared)]
-            if blocking:
-                return None, _leased_by(blocking)
-            record = self._write_record(gpu.uuid, index)
+            blocking = [h for h in self.holders(gpu.uuid) if not (self.share and h.shared)]
+            record = None if blocking else self._write_record(gpu.uuid, index)
         except BaseException:
             lock.release()
             raise
+        if record is None:
+            lock.release()
+            return None, _leased_by(blocking)
         if self.share:
             lock.release()       # shared leases hold the flock only while checking and writing
             lock = None
@@ -430,31 +438,16 @@ class Lease:
 def release_job(lease_dir: str, job_id: str) -> list[str]:
     """Slurm epilog: remove the holder records of `job_id` (its processes are gone, so their
     flocks are too). Returns the removed paths."""
-    dfd = open_lease_dir(lease_dir, create=False)
+    mgr = LeaseManager(lease_dir, create=False)
     removed = []
     try:
-        for name in os.listdir(dfd):
-            if not name.endswith(".holder"):
-                continue
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-            except OSError:
-                continue
-            try:
-                ok = stat.S_ISREG(os.fstat(fd).st_mode)
-                data = json.loads(os.read(fd, _RECORD_MAX_BYTES)) if ok else {}
-            except (OSError, ValueError):
-                data = {}
-            finally:
-                os.close(fd)
-            if isinstance(data, dict) and str(data.get("slurm_job_id")) == str(job_id):
-                try:
-                    os.unlink(name, dir_fd=dfd)
-                    removed.append(os.path.join(os.path.abspath(lease_dir), name))
-                except OSError:
-                    pass
+        for name in os.listdir(mgr._dfd):
+            h = mgr._read_record(name) if name.endswith(".holder") else None
+            if h is not None and h.slurm_job_id is not None and str(h.slurm_job_id) == str(job_id):
+                mgr._unlink(name)
+                removed.append(os.path.join(mgr.lease_dir, name))
     finally:
-        os.close(dfd)
+        mgr.close()
     return removed
 
 
