@@ -65,7 +65,7 @@ JOB_SCRIPT = textwrap.dedent("""
     rec = {k: os.environ.get(k) for k in keys}
     rec["pid"] = os.getpid()
     rec["affinity"] = sorted(os.sched_getaffinity(0))
-    print(f"throughput: samples/s={a.rate} step=1", flush=True)
+    print(f"throughput: samples/s={a.rate} per_rank={a.rate} world=1 step_ms=1.0", flush=True)
     print("some stderr", file=sys.stderr, flush=True)
     time.sleep(a.sleep)
     rec.update(start=start, end=time.time(), argv=sys.argv[1:])

@@ -82,3 +82,23 @@ def test_cli_each_runs_five_jobs_on_two_gpus_and_reports_exit_codes(clean_env):
         running = [x["CUDA_VISIBLE_DEVICES"] for x in recs if x["start"] <= t < x["end"]]
         assert len(running) <= 2 and len(set(running)) == len(running)
     assert os.listdir(os.environ["SMARTLAUNCH_LEASE_DIR"])          # the CLI used the test's lease dir
+
+
+def test_bench_reads_the_job_logs_smartlaunch_names(clean_env, capsys):
+    """bench/independent_bench.py finds each job's log from the launcher's own stderr lines."""
+    import sys
+    sys.path.insert(0, str(H.REPO / "bench"))
+    try:
+        import independent_bench as ib
+    finally:
+        sys.path.remove(str(H.REPO / "bench"))
+    from smartlaunch.launch.independent import run_independent
+    out = clean_env / "out dir"
+    out.mkdir()
+    script = H.write_script(clean_env, "job.py", H.JOB_SCRIPT)
+    assert run_independent(H.plan([["--rate", "5"], ["--rate", "6"]]), H.request(script, "--out", str(out)),
+                           H.policy(clean_env / "with space"), H.fake_topology(2)) == 0
+    logs = ib.job_logs(capsys.readouterr().err)
+    assert sorted(logs) == [0, 1] and {w for w, _ in logs.values()} == {"GPU 0", "GPU 1"}
+    rates = [ib.common.parse_throughput(open(logs[i][1]).read())["samples_per_s"] for i in (0, 1)]
+    assert rates == [5.0, 6.0]
