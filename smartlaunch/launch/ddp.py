@@ -25,7 +25,7 @@ from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch.launch import procs
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
 from smartlaunch.launch.watchdog import Watchdog
-from smartlaunch.launch.worker import worker_env
+from smartlaunch.launch.worker import TEE_DIR_VAR, worker_env
 from smartlaunch.policy.api import Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
@@ -59,12 +59,12 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
     run_dir = os.path.join(os.path.expanduser(launch.log_dir), run_id)
     os.makedirs(run_dir, exist_ok=True)
     user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
-    if not user_logs:
-        args.log_dir, args.tee = run_dir, "3"       # tee: the terminal still shows everything
-    log_root = args.log_dir
-
     overrides = _worker_overrides(plan, topology, environ, run_dir, run_id,
                                   numa=args.numa_binding is None)
+    if not user_logs:       # the hook copies each rank's output; the terminal sees it unchanged
+        overrides[TEE_DIR_VAR] = log_root = os.path.join(run_dir, "logs")
+    else:
+        log_root = args.log_dir
     host = socket.gethostname()
     reaper = _start_reaper(run_id, run_dir, plan.nproc_per_node, environ)
     watchdog = Watchdog(run_dir, plan.nproc_per_node, launch, host,
@@ -159,10 +159,12 @@ def _root_failure(seen: RankFailure | None, failures: dict, host: str, log_root:
 
 
 def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str | None, str]:
-    """Last lines of a rank's log under torch's layout <root>/<id>/attempt_<n>/<rank>/."""
+    """Last lines of a rank's log: the hook's <root>/<local_rank>/, or torch's layout
+    <root>/<id>/attempt_<n>/<local_rank>/ when the user gave --log-dir/--tee/--redirects."""
     if not log_root:
         return None, ""
-    found = sorted(Path(log_root).glob(f"*/attempt_*/{local_rank}/std*.log"),
+    root = Path(log_root)
+    found = sorted([*root.glob(f"*/attempt_*/{local_rank}/std*.log"), *root.glob(f"{local_rank}/std*.log")],
                    key=lambda p: (p.stat().st_mtime, p.name == "stderr.log"))
     for path in reversed(found):
         text = path.read_text(errors="replace").rstrip()

@@ -29,6 +29,7 @@ from smartlaunch.launch.progress import ProgressWriter, progress_path
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag the reaper finds stray processes by
 LAUNCHER_PID_VAR = "SMARTLAUNCH_LAUNCHER_PID"
+TEE_DIR_VAR = "SMARTLAUNCH_TEE_DIR"        # copy stdout/stderr to <dir>/<local_rank>/std*.log
 DUMP_SIGNAL = signal.SIGRTMIN + 2
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_S = 1.0
@@ -58,9 +59,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     mode, target, args = _parse(list(argv))
     _bind_numa(argv)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if os.environ.get(TEE_DIR_VAR):
+        _tee_output(os.path.join(os.environ[TEE_DIR_VAR], str(local_rank)))
     _die_with_parent()
     run_dir = os.environ.get(RUN_DIR_VAR)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if mode == "no-python":
         os.execvp(target, [target, *args])
     writer = None
@@ -115,6 +118,32 @@ def _bind_numa(argv: list[str]) -> None:
         numa.apply_affinity(entry)
     except OSError:
         pass
+
+
+def _tee_output(log_dir: str) -> None:
+    """Copy fds 1 and 2 to log files through a small forked copier each, leaving the terminal
+    output exactly as without smartlaunch (torch's own tee prefixes every line with
+    `[default0]:`, which breaks scripts' parsers). The copier ignores the signals the job gets
+    so it drains everything until the last writer is gone (or the launcher's SIGKILL)."""
+    os.makedirs(log_dir, exist_ok=True)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        path = os.path.join(log_dir, f"{name}.log")
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.close(w)
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+                signal.signal(s, signal.SIG_IGN)
+            with open(path, "ab", buffering=0) as log:
+                while data := os.read(r, 65536):
+                    log.write(data)
+                    try:
+                        os.write(fd, data)
+                    except OSError:
+                        pass              # terminal gone: keep the log complete anyway
+            os._exit(0)
+        os.close(r)
+        os.dup2(w, fd)
+        os.close(w)
 
 
 def _die_with_parent() -> None:
