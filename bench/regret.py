@@ -193,6 +193,31 @@ def machine_label() -> str:
     return f"{len(names)}x{short}"
 
 
+def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -> list[Path]:
+    """regret-<date>-<machine>.md/.json (and .png when matplotlib is there) from all records."""
+    if not records:
+        return []
+    machines = sorted({r.get("machine", "?") for r in records})
+    meta = {"machine": "+".join(machines), "date": max(r.get("date", "") for r in records),
+            "records": len(records)}
+    rows = common.build_rows(records, conditions)
+    base = [r["wall_s"] for r in records if r["kind"] == "baseline" and r.get("ok")]
+    summary = common.summarize(rows, min(base) if base else None)
+    stem = out / f"regret-{meta['date']}-{meta['machine']}"
+    md = common.render_markdown(rows, summary, meta)
+    paths = [stem.with_suffix(".md"), stem.with_suffix(".json")]
+    try:
+        import plot
+        paths.append(plot.plot_speedups(rows, stem.with_suffix(".png"),
+                                        f"{meta['machine']} {meta['date']}"))
+    except ImportError as e:
+        md += f"\nPlot not drawn: {e}.\n"
+    paths[0].write_text(md)
+    paths[1].write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
+                                   indent=1, sort_keys=True, default=str))
+    return paths
+
+
 # ---- the run --------------------------------------------------------------------------------
 def selected(args) -> list[common.Entry]:
     entries = [common.entry(s) for s in args.scripts.split(",") if s] or list(SUITE)
