@@ -234,3 +234,29 @@ def test_only_nvml_py_imports_pynvml_and_nothing_at_import_time():
             "print('pynvml' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_nvlink_class_without_nvlink_p2p_is_flagged(tmp_path):
+    nvml = h200_pair()
+    nvml.p2p = {frozenset((0, 1)): (0, 0, 5)}          # PCIe P2P works, NVLink P2P does not
+    topo = backend(nvml, tmp_path).read({})
+    assert topo.link(0, 1).link_class == "NV18"
+    assert [(f.code, f.gpu) for f in topo.findings] == [("p2p_nvlink_unavailable", None)]
+
+
+def test_our_overhead_for_an_eight_gpu_node_is_far_below_the_budget(tmp_path):
+    # Everything but NVML itself (translation, sysfs, visibility, health) for 8 NVSwitch GPUs;
+    # the real figure, NVML included, comes from bench/topology_bench.py on the H200 machine.
+    import statistics
+    import time
+    d = [FakeDevice(uuid(i), bus(i), nvlinks=["switch"] * 18, procs=[(os.getpid(), MIB)]) for i in range(8)]
+    nvml = FakeNvml(d, levels={frozenset((a, b)): 50 for a in range(8) for b in range(8)},
+                    p2p={frozenset((a, b)): (0, 0, 0) for a in range(8) for b in range(8)})
+    be = backend(nvml, tmp_path, nodes={0: "0-15", 1: "16-31"})
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        topo = be.read({})
+        times.append(time.perf_counter() - t0)
+    assert len(topo.links) == 28 and {l.link_class for l in topo.links} == {"NV18"}
+    assert statistics.median(times) < 0.1

@@ -46,6 +46,8 @@ def fixture_file(name_or_path: str) -> Path:
     if path.suffix == ".json" or "/" in name_or_path:
         if path.is_file():
             return path
+        if (FIXTURES / path.name).is_file() and "/" not in name_or_path:
+            return FIXTURES / path.name
         raise UsageError(f"{ENV_VAR}={name_or_path}: no such file; give a fixture name "
                          f"({', '.join(fixture_names())}) or the path of a JSON topology")
     path = FIXTURES / f"{name_or_path}.json"
