@@ -47,7 +47,12 @@ def run(args: argparse.Namespace) -> int:
     if topo.source == "none":
         print(f"smartlaunch-node: {topo.note}; the launcher will run on the CPU", file=sys.stderr)
         return int(ExitCode.NO_GPU)
-    print(to_json(topo) if args.json else render(topo))
+    try:
+        sys.stdout.write((to_json(topo) if args.json else render(topo)) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `topo | head`: the reader left; keep Python's exit-time flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return int(ExitCode.OK)
 
 
