@@ -68,7 +68,7 @@ def test_direct_nvlinks_count_per_peer(tmp_path):
     (0x1, ("gpu_idle",)),
     (0x4 | 0x40, ("sw_power_cap", "hw_thermal_slowdown")),
     (0x8 | 0x80, ("hw_slowdown", "hw_power_brake_slowdown")),
-    (0x1000, ("0x1000",)),
+    (0x400 | 0x1000, ("reliability", "0x1000")),
 ])
 def test_throttle_bitmask_decoding(mask, names):
     assert decode_throttle(mask) == names

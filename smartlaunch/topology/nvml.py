@@ -38,7 +38,7 @@ THROTTLE_BITS = (
     (0x001, "gpu_idle"), (0x002, "applications_clocks_setting"), (0x004, "sw_power_cap"),
     (0x008, "hw_slowdown"), (0x010, "sync_boost"), (0x020, "sw_thermal_slowdown"),
     (0x040, "hw_thermal_slowdown"), (0x080, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
+    (0x100, "display_clock_setting"), (0x200, "board_limit"), (0x400, "reliability"),
 )
 _CLOCK_SM, _TEMPERATURE_GPU, _ECC_UNCORRECTED, _VOLATILE, _AGGREGATE = 1, 0, 1, 0, 1
 _MIB = 1024 * 1024
