@@ -127,6 +127,7 @@ def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
 def user_policy_path(user_path: str | None, environ: Mapping[str, str],
                      cwd: str) -> str | None:
     if user_path is not None:
+        user_path = os.path.join(cwd, os.path.expanduser(user_path))   # absolute stays as is
         if not os.path.isfile(user_path):
             raise PolicyError(f"policy file {user_path} (--policy) not found; check the path or "
                               "drop --policy")
