@@ -143,3 +143,10 @@ def policy(**decision) -> Policy:
 
 def request(**kw) -> Request:
     return Request(script="train.py", **kw)
+
+
+# Scenario tests pin the cost model's constants: calibrating the defaults on real GPUs must
+# not move a scenario across the policy's thresholds.
+from smartlaunch.decide.cost import CostModel  # noqa: E402
+
+TEST_MODEL = CostModel(compute_slowdown=1.05, ddp_overhead_s=0.1e-3)

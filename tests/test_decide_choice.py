@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers_decide import (
+from helpers_decide import (  # noqa: I001
+    TEST_MODEL,
     FakeComm, FakeTrial, critical, dual_socket, gpu, machine, nv_pair, nvswitch8, pcie4,
     pcie_pair, policy, profile, request,
 )
@@ -17,6 +18,7 @@ RESNET = dict(params=25_600_000, step_ms=17.0)
 
 
 def run(topo, prof, pol=None, req=None, **kw):
+    kw.setdefault("model", TEST_MODEL)
     comm = kw.pop("comm", None) or FakeComm(topo)
     plan = decide(req or request(), topo, pol or policy(), prof, comm_for=comm, **kw)
     return plan, comm

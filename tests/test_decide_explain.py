@@ -14,7 +14,7 @@ import pytest
 from helpers_decide import (
     FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, pcie_pair, policy, profile, request,
 )
-from smartlaunch.decide import EnvVar, NumaBinding, decide
+from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.explain import cpu_ranges, render_text
 from smartlaunch.topology.api import cpu_only
 
@@ -22,6 +22,12 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 # Read at import: the clean_env fixture removes SMARTLAUNCH_* variables.
 REGEN = os.environ.get("SMARTLAUNCH_REGEN_GOLDEN") == "1"
 GPT = dict(params=163_000_000, step_ms=21.0)
+
+import functools  # noqa: E402
+
+from helpers_decide import TEST_MODEL  # noqa: E402
+
+decide = functools.partial(_decide, model=TEST_MODEL)
 
 
 def _ddp_nvlink():

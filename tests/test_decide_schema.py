@@ -9,11 +9,17 @@ from pathlib import Path
 import pytest
 
 from helpers_decide import FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, policy, profile, request
-from smartlaunch.decide import EnvVar, NumaBinding, decide
+from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.plan import SCHEMA_VERSION
 from smartlaunch.topology.api import cpu_only
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "plan-schema.md"
+
+import functools  # noqa: E402
+
+from helpers_decide import TEST_MODEL  # noqa: E402
+
+decide = functools.partial(_decide, model=TEST_MODEL)
 
 
 def documented() -> dict[str, set[str]]:

@@ -52,14 +52,17 @@ class CostModel:
     # Backward's share of a step when the profile could not time it (forward:backward ~ 1:2,
     # plus optimizer and data loading).
     default_backward_share: float = 0.6
-    # DDP bookkeeping per step outside the all-reduce: reducer hooks, the final wait and
-    # copy-back. The 6.9M MLP's 1.92x on NVLink leaves ~0.1 ms per step for this plus its
-    # 0.09 ms all-reduce, so it is small.
-    ddp_overhead_s: float = 0.1e-3
+    # DDP bookkeeping per step outside the all-reduce: reducer finalisation, the final wait
+    # and copy-back. Fitted with compute_slowdown (below) on 2x H200, 2026-11-22.
+    ddp_overhead_s: float = 0.2e-3
     # Per bucket: copying grads into the flat bucket and launching the collective.
     per_bucket_s: float = 20e-6
-    # Backward runs this much slower while NCCL kernels hold SMs (1.0-1.1; see module doc).
-    compute_slowdown: float = 1.05
+    # Backward runs this much slower under DDP: autograd hooks of the reducer, copies into
+    # the buckets, NCCL kernels holding SMs and HBM bandwidth. Fitted on 2x H200 (2026-11-22)
+    # by least squares on the relative speedup error of 6 small models x 3 link conditions
+    # (bench/results/regret-*.md: 1.5 with 0.2 ms overhead gave mean |error| 9%, max 23%,
+    # against 22% / 55% for the first guess, 1.05 / 0.1 ms); validated on the larger models.
+    compute_slowdown: float = 1.5
 
     def split(self, grad_bytes: int) -> list[int]:
         """Bucket sizes in the order DDP all-reduces them."""

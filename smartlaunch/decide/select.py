@@ -254,5 +254,8 @@ def comm_summary(curve, profile) -> dict[str, Any]:
            "busbw_256MiB_GBps": round(curve.bus_bandwidth_Bps(256 * MiB) / 1e9, 3),
            "busbw_at_grad_GBps": round(curve.bus_bandwidth_Bps(grad) / 1e9, 3) if grad else None,
            "grad_bytes": grad, "latency_us": round(curve.latency_s * 1e6, 3),
-           "cached": curve.cached, "env": dict(curve.env)}
+           "cached": curve.cached, "env": dict(curve.env),
+           # The measured curve itself, so a decision can be replayed and audited offline.
+           "points": [[int(b), float(t)] for b, t in curve.points],
+           "bandwidth_Bps": curve.bandwidth_Bps}
     return out
