@@ -10,7 +10,6 @@ import argparse
 import copy
 import importlib.util
 import os
-import shlex
 import shutil
 import sys
 from collections.abc import Mapping
@@ -151,9 +150,9 @@ def _max_gpus(value: str) -> int | None:
 
 
 def _variants(each: list[str], each_file: str | None) -> tuple[tuple[str, ...], ...]:
-    variants = [tuple(shlex.split(v)) for v in each]
+    from smartlaunch.launch.independent import parse_each, parse_each_file
+    variants = [parse_each(v) for v in each]
     if each_file:
-        from smartlaunch.launch.independent import parse_each_file
         variants += parse_each_file(each_file)
     return tuple(variants)
 

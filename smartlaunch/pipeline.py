@@ -29,35 +29,53 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
 
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.decide import decide
+    from smartlaunch.errors import NoFreeGPUError
     from smartlaunch.launch.prepare import prepare
-    from smartlaunch.policy.load import check_request, load_policy
+    from smartlaunch.policy.load import apply_request, load_policy
     from smartlaunch.slurm.env import apply_to_torchrun_args, detect
     from smartlaunch.topology import discover
 
-    policy = load_policy(request.policy_path, environ=environ)
-    check_request(policy, request)
-    notes: list[str] = []
+    policy = apply_request(load_policy(request.policy_path, environ=environ), request)
+    notes: list[tuple[str, str]] = []   # (reason, rule) added to the plan's reasons
     slurm = detect(environ)
     if slurm is not None and request.torchrun_args is not None:
-        notes += apply_to_torchrun_args(slurm, request.torchrun_args, given)
+        notes += [(n, "slurm allocation")
+                  for n in apply_to_torchrun_args(slurm, request.torchrun_args, given)]
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
     topology = discover(environ)
     unavailable = frozenset(_leased_elsewhere(topology, policy))
     # The same decision without measurements first: an impossible request (too many GPUs,
     # ddp on one GPU, a forbidden strategy) fails in milliseconds, before any dry run.
-    decide(request, topology, policy, None, comm_for=lambda group: None, unavailable=unavailable)
-    profile = _profile(request, policy, topology, environ, unavailable)
+    measure = True
+    try:
+        decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
+    except NoFreeGPUError:
+        # Every usable GPU is leased by another launch: plan as if they were free and let the
+        # launcher wait for its lease (or, with --no-wait, fail naming the holders);
+        # measuring on GPUs someone else holds would disturb them, so the policy's fallback
+        # decides.
+        notes.append(("every usable GPU is leased by another launch: no dry run; the launch "
+                      "waits for its GPUs", "jobs.wait_timeout_s"))
+        unavailable, measure = frozenset(), False
+        decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
+    profile = _profile(request, policy, topology, environ, unavailable) if measure else None
     plan = decide(
         request, topology, policy, profile,
         comm_for=_comm_for(topology, policy, environ, profile),
-        trial=_trial_runner(request, policy, environ),
+        trial=_trial_runner(request, policy, environ) if measure else None,
         unavailable=unavailable,
     )
     plan = prepare(plan, topology, policy, environ)
+    if slurm is not None and slurm.gpus and len(plan.gpus) < len(slurm.gpus):
+        # Admins read wasted allocations from job logs; say it in their terms.
+        notes.append((f"the plan uses {len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm "
+                      f"allocated on this node; GPUs left free: "
+                      f"{', '.join(f'GPU{g}' for g in plan.left_free) or 'none usable'}",
+                      "slurm allocation"))
     if notes:
         plan = dataclasses.replace(
-            plan, reasons=plan.reasons + tuple(Reason(n, "slurm allocation") for n in notes))
+            plan, reasons=plan.reasons + tuple(Reason(text, rule) for text, rule in notes))
     return plan, topology, policy
 
 
@@ -65,7 +83,8 @@ def _leased_elsewhere(topology, policy) -> set[int]:
     if not topology.gpus:
         return set()
     from smartlaunch.launch.leases import LeaseManager
-    return LeaseManager(policy.paths.lease_dir, share=policy.jobs.share_gpus).taken(topology)
+    with LeaseManager.from_policy(policy) as leases:
+        return leases.taken(topology)
 
 
 def needs_profile(request: Request, topology, usable: list[int]) -> bool:
@@ -86,10 +105,13 @@ def _profile(request, policy, topology, environ, unavailable):
     from smartlaunch.launch.env import narrow_visible
     from smartlaunch.profile.cache import profile_entrypoint
     gpu = usable[0]
-    print(f"smartlaunch: profiling {request.script} on GPU{gpu} (dry run, at most "
-          f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)", file=sys.stderr, flush=True)
+
+    def announce():
+        print(f"smartlaunch: profiling {request.script} on GPU{gpu} (dry run, at most "
+              f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)", file=sys.stderr, flush=True)
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
-                              gpu_model=topology.gpu(gpu).name, environ=environ)
+                              gpu_model=topology.gpu(gpu).name, environ=environ,
+                              announce=announce)
 
 
 def _comm_for(topology, policy, environ, profile):

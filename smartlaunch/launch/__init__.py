@@ -1,16 +1,42 @@
 """Launch layer: runs a Plan. `execute()` is the only entry the CLI uses."""
 from __future__ import annotations
 
-from smartlaunch.decide.plan import Strategy
+import dataclasses
+import sys
 
 
 def execute(plan, request, policy, topology) -> int:
-    """Run the plan to completion; return smartlaunch's exit code."""
+    """Run the plan to completion, holding GPU leases while it runs; return the exit code."""
+    from smartlaunch.decide.plan import Strategy
+
+    if plan.strategy == Strategy.INDEPENDENT:  # leases GPU by GPU as its queue moves
+        from smartlaunch.launch.independent import run_independent
+        return run_independent(plan, request, policy, topology)
+    if plan.device != "cuda" or not plan.gpus:
+        return _run(plan, request, policy, topology)
+
+    from smartlaunch.launch.leases import LeaseManager
+    ddp = plan.strategy == Strategy.DDP
+    # DDP needs exactly its group (the decision chose it for its links); a single job may
+    # move to any GPU the decision left free if its first choice was taken meanwhile.
+    candidates = plan.gpus if ddp else plan.gpus + plan.left_free
+    count = len(plan.gpus) if ddp else 1
+    with LeaseManager.from_policy(policy) as leases, leases.acquire(
+            topology, candidates, count, wait=not request.no_wait,
+            timeout_s=policy.jobs.wait_timeout_s, status=_status) as lease:
+        if not ddp and lease.gpus != plan.gpus[:1]:
+            plan = dataclasses.replace(plan, gpus=lease.gpus)
+        return _run(plan, request, policy, topology)
+
+
+def _run(plan, request, policy, topology) -> int:
+    from smartlaunch.decide.plan import Strategy
     if plan.strategy == Strategy.DDP:
         from smartlaunch.launch.ddp import run_ddp
         return run_ddp(plan, request, policy, topology)
-    if plan.strategy == Strategy.INDEPENDENT:
-        from smartlaunch.launch.independent import run_independent
-        return run_independent(plan, request, policy, topology)
     from smartlaunch.launch.single import run_single
     return run_single(plan, request, policy, topology)
+
+
+def _status(line: str) -> None:
+    print(f"smartlaunch: {line}", file=sys.stderr, flush=True)

@@ -22,7 +22,6 @@ def free_port() -> int:
 
 def single_rank_env(master_port: int | None = None, run_id: str | None = None) -> dict[str, str]:
     run_id = run_id or str(uuid.uuid4())
-    err_dir = tempfile.mkdtemp(prefix="smartlaunch-err-")
     return {
         "RANK": "0",
         "LOCAL_RANK": "0",
@@ -39,7 +38,10 @@ def single_rank_env(master_port: int | None = None, run_id: str | None = None) -
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCHELASTIC_ERROR_FILE": os.path.join(err_dir, "error.json"),
+        # Written by @record only when the script fails; the random run id keeps the name
+        # unguessable in a shared /tmp, and nothing is created up front (no temp dir leak).
+        "TORCHELASTIC_ERROR_FILE": os.path.join(tempfile.gettempdir(),
+                                                f"smartlaunch-error-{run_id}.json"),
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     }

@@ -149,8 +149,10 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
     return h.hexdigest()[:32]
 
 
-def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ) -> ModelProfile:
-    """The cached profile of this entrypoint, or a fresh dry run stored for next time."""
+def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
+                       announce=None) -> ModelProfile:
+    """The cached profile of this entrypoint, or a fresh dry run stored for next time.
+    announce() is called just before a dry run starts (not on a cache hit)."""
     from filelock import FileLock
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
@@ -166,6 +168,8 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
                     return _replace(ModelProfile.from_dict(hit), cached=True)
                 except (KeyError, TypeError, ValueError):
                     pass  # an older or damaged entry: profile again
+        if announce is not None:
+            announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ)
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
             write_json(path, profile.to_dict())

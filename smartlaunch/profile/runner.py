@@ -12,7 +12,6 @@ import collections
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 from smartlaunch.errors import DryRunError
+from smartlaunch.launch.env import single_rank_env
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.profile.cache import cache_root, private_dir, read_json
 
@@ -30,21 +30,12 @@ TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def single_rank_env(environ, gpu: str | None) -> dict[str, str]:
-    """torchrun's environment for one worker of a one-process job."""
+def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
+    """torchrun's environment for the one worker of a one-process job (the same contract
+    the single-GPU launcher gives a real run), plus the dry-run switches."""
     env = dict(environ)
+    env.update(single_rank_env(run_id="smartlaunch-dryrun"))
     env.update({
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1",
-        "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-        "TORCHELASTIC_RUN_ID": "smartlaunch-dryrun", "TORCHELASTIC_USE_AGENT_STORE": "False",
         "PYTHONUNBUFFERED": "1", "SMARTLAUNCH_DRYRUN": "1",
         # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
         "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
@@ -104,7 +95,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         cmd += [request.script, *request.script_args]
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=single_rank_env(environ, gpu), stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(cmd, env=dryrun_env(environ, gpu), stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.PIPE, start_new_session=True)
             tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
             pump = threading.Thread(target=_pump, args=(proc.stderr, tail, echo), daemon=True)

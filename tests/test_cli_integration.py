@@ -1,0 +1,64 @@
+"""The pipeline's glue: leases around single/DDP launches, Slurm notes in the plan."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import fixture_path
+
+from smartlaunch.launch.leases import LeaseManager
+from smartlaunch.topology import discover
+
+FAKE = {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}
+
+
+def smartlaunch(args, cwd, env_extra=None):
+    return subprocess.run([sys.executable, "-m", "smartlaunch.cli", *args], cwd=cwd,
+                          env={**os.environ, **FAKE, **(env_extra or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def _envdump(tmp):
+    script = tmp / "envdump.py"
+    script.write_text("import os, sys\nopen(sys.argv[1], 'w').write("
+                      "os.environ.get('CUDA_VISIBLE_DEVICES', '-'))\n")
+    return script
+
+
+def test_all_gpus_leased_with_no_wait_fails_naming_the_holder(clean_env):
+    topo = discover({**os.environ, **FAKE})
+    out = clean_env / "gpu.txt"
+    with LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]) as m, \
+            m.acquire(topo, [0, 1], 2, wait=False, timeout_s=0):
+        r = smartlaunch(["--strategy", "single", "--no-wait", str(_envdump(clean_env)),
+                         str(out)], clean_env)
+    assert r.returncode == 6, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"pid {os.getpid()}" in lines[0], r.stderr
+    assert not out.exists()
+
+
+def test_single_launch_takes_the_gpu_another_launch_left_free(clean_env):
+    topo = discover({**os.environ, **FAKE})
+    out = clean_env / "gpu.txt"
+    with LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]) as m, \
+            m.acquire(topo, [0], 1, wait=False, timeout_s=0):
+        r = smartlaunch(["--strategy", "single", "--no-wait", str(_envdump(clean_env)),
+                         str(out)], clean_env)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == topo.gpu(1).uuid
+
+
+def test_plan_says_when_it_uses_fewer_gpus_than_slurm_allocated(clean_env):
+    (clean_env / "t.py").write_text("")
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
+             "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_GPUS": "0,1",
+             "SLURM_GPUS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0,1"}
+    r = smartlaunch(["--explain=json", "--strategy", "single", "t.py"], clean_env, slurm)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    texts = [x["text"] for x in plan["reasons"]]
+    assert any("uses 1 of the 2 GPUs Slurm allocated" in t for t in texts), texts
+    assert plan["left_free"] == [1]
