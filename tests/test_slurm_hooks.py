@@ -152,15 +152,24 @@ def test_hook_scripts_pass_named_data_to_an_isolated_interpreter(tmp_path, mode)
                                "SLURM_JOB_GPUS", "SLURMD_NODENAME", "SLURM_JOB_NODELIST"}
 
 
-def test_epilog_releases_the_jobs_leases(clean_env, tmp_path):
-    leases = pytest.importorskip("smartlaunch.launch.leases")
-    if not hasattr(leases, "release_job"):
-        pytest.skip("smartlaunch.launch.leases.release_job not there yet")
+def test_epilog_releases_the_jobs_leases(clean_env, tmp_path, monkeypatch):
+    from smartlaunch.launch.leases import LeaseManager
+    from smartlaunch.topology.fake import from_json
+
     lease_dir = tmp_path / "leases"
-    os.close(leases.open_lease_dir(str(lease_dir)))
-    (lease_dir / "GPU-a.holder").write_text('{"slurm_job_id": "9", "pid": 1}')
-    (lease_dir / "GPU-b.holder").write_text('{"slurm_job_id": "10", "pid": 1}')
-    cfg = config(tmp_path, "healthy", SMARTLAUNCH_LEASE_DIR=str(lease_dir))
-    assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534"}) == 0
-    assert sorted(p.name for p in lease_dir.glob("*.holder")) == ["GPU-b.holder"]
+    topo = from_json("h200-nv18-pair", {})
+    # Real lease records, as two launches of jobs 9 and 10 write them.
+    with LeaseManager(str(lease_dir)) as m:
+        monkeypatch.setenv("SLURM_JOB_ID", "9")
+        job9 = m.acquire(topo, [0], 1, wait=False, timeout_s=0)
+        monkeypatch.setenv("SLURM_JOB_ID", "10")
+        job10 = m.acquire(topo, [1], 1, wait=False, timeout_s=0)
+        before = sorted(p.name for p in lease_dir.glob("*.holder"))
+        assert len(before) == 2
+        cfg = config(tmp_path, "healthy", SMARTLAUNCH_LEASE_DIR=str(lease_dir))
+        assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534"}) == 0
+        left = sorted(p.name for p in lease_dir.glob("*.holder"))
+        assert left == [n for n in before if n.startswith("gpu-" + topo.gpu(1).uuid)]
+        job9.release()
+        job10.release()
     assert "released 1 lease(s)" in (tmp_path / "state" / "hooks.log").read_text()
