@@ -14,7 +14,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 
-from smartlaunch.errors import ExitCode, SmartlaunchError, UsageError
+from smartlaunch.errors import SmartlaunchError, UsageError
 from smartlaunch.request import STRATEGY_CHOICES, Request
 
 # (dest, option strings) of smartlaunch's own options; everything else is torchrun's.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, REPO, fixture_path
+from conftest import EXAMPLES, fixture_path
 
 SCRIPTS = Path(__file__).parent / "scripts_cli"
 

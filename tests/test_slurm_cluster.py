@@ -7,7 +7,6 @@ dummy /dev/nvidiaN nodes have no driver behind them."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 

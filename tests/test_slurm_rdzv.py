@@ -6,9 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from helpers_slurm import REPO
 
@@ -51,6 +48,13 @@ def run_agents(argv_for_rank, tmp_path, job: str) -> list[tuple[str, str]]:
             if p.poll() is None:
                 p.kill()
     for p, (out, err) in zip(procs, outs):
+        # Upstream race (pytorch elastic, e.g. meta-pytorch/torchtune#2676): when both agents
+        # share one machine, the agent that hosts the c10d store may exit after the exit
+        # barrier while the other still polls it, which then fails with a
+        # RendezvousConnectionError although training finished. Seen with plain torchrun
+        # here in about half the runs; check_training() asserts the training itself.
+        if p.returncode != 0 and "RendezvousConnectionError" in err and "num_nodes_waiting" in err:
+            continue
         assert p.returncode == 0, err[-3000:]
     return outs
 
@@ -73,10 +77,6 @@ def test_two_node_agents_train_through_slurm_rendezvous(tmp_path):
 
 
 def test_two_node_agents_through_smartlaunch(tmp_path):
-    cli = (REPO / "smartlaunch" / "cli.py").read_text()
-    if "smartlaunch.slurm" not in cli:
-        pytest.skip("smartlaunch's CLI does not call smartlaunch.slurm.env.detect yet "
-                    "(issue #2 wiring); the torchrun-level test above covers the rendezvous")
     job = str(5000 + os.getpid() % 1000)
     exe = [sys.executable, "-m", "smartlaunch.cli"]
     run_agents(lambda r: [*exe, "--strategy", "ddp", "--nproc-per-node", "1", str(SCRIPT),
