@@ -212,3 +212,27 @@ def _replace(obj, **kw):
 
 __all__ = ["profile_entrypoint", "profile_key", "comm_key", "cache_root", "private_dir",
            "load_comm", "store_comm"]
+
+
+def cached_trials(runner, request, policy, *, topology, environ):
+    """Wrap a trial runner so each candidate's measured samples/s is kept with the profile:
+    same script, arguments and GPU model (the profile key), same GPU group, topology and NCCL
+    environment (the comm key). `--reprofile` measures again."""
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "trials")
+    gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
+    base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
+
+    def run(candidate):
+        key = hashlib.sha256(json.dumps(
+            [base, candidate.strategy.value, comm_key(topology, candidate.gpus, "trial", environ)]
+        ).encode()).hexdigest()[:32]
+        path = folder / f"{key}.json"
+        if not request.reprofile:
+            hit = read_json(path)
+            if hit is not None and isinstance(hit.get("samples_per_s"), (int, float)):
+                return float(hit["samples_per_s"])
+        rate = runner(candidate)
+        if rate is not None:
+            write_json(path, {"samples_per_s": rate, "measured_at": time.time()})
+        return rate
+    return run
