@@ -118,3 +118,46 @@ def test_example_runs_unchanged_under_both_launchers(clean_env):
     r = smartlaunch(args, clean_env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "params=6887178" in r.stdout
+
+
+def test_sigkill_of_smartlaunch_takes_the_single_job_with_it(clean_env):
+    import signal
+    import time
+
+    import psutil
+    pidfile = clean_env / "child.pid"
+    script = clean_env / "sleeper.py"
+    script.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--strategy", "single",
+                             str(script)], cwd=clean_env)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the script outlived a SIGKILLed smartlaunch"
+        time.sleep(0.1)
+
+
+def test_sigterm_reaches_the_single_job_and_its_code_is_returned(clean_env):
+    import signal
+    import time
+    ready = clean_env / "ready"
+    script = clean_env / "graceful.py"
+    script.write_text("import signal, sys, time\n"
+                      "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+                      f"open({str(ready)!r}, 'w').close()\n"
+                      "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--strategy", "single",
+                             str(script)], cwd=clean_env)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 42

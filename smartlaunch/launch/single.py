@@ -14,23 +14,26 @@ import time
 from smartlaunch.launch.api import LaunchResult, RunState
 from smartlaunch.launch.env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for, forward_signals
+from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 
 def worker_argv(request, python: str = sys.executable) -> list[str]:
-    """The wrapped entrypoint (worker hook: no orphans, NUMA, progress) plus script args."""
-    try:  # TODO(integration): the worker hook lands with the DDP work
-        from smartlaunch.launch.worker import worker_command
-    except ImportError:
-        return request.command(python) + list(request.script_args)
+    """The wrapped entrypoint (worker hook: dies with smartlaunch, NUMA binding) + script args."""
     return worker_command(request, python) + list(request.script_args)
 
 
 def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(environ)
     env.update(plan.env_dict())
-    env.update(single_rank_env())
-    if plan.device == "cuda" and plan.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = narrow_visible(plan.gpus[:1], environ, topology)
+    rank_env = single_rank_env()
+    env.update(rank_env)
+    gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
+    binding = next((b for b in plan.numa if b.gpu == gpu), None)
+    env.update(worker_env("", rank_env["TORCHELASTIC_RUN_ID"], [binding] if binding else []))
+    # No run dir: one process has no peer to hang on, so no step counter or stack watchdog.
+    env.pop(RUN_DIR_VAR, None)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], environ, topology)
     env.update(extra or {})
     return env
 
