@@ -1,0 +1,94 @@
+"""The lease directory: where it is, and whether it is safe to trust (issue #8).
+
+Shared directories are created 1777 (like /tmp), private ones 0700; a directory that is a
+symlink, group/world-writable without the sticky bit, or owned by another non-root user is
+refused. The directory is opened once with O_NOFOLLOW; callers keep the fd and work through
+it, so swapping the path for a symlink after the checks changes nothing.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from smartlaunch.errors import ExitCode, SmartlaunchError
+
+ENV_LEASE_DIR = "SMARTLAUNCH_LEASE_DIR"
+
+
+class LeaseDirError(SmartlaunchError):
+    """The lease directory is unsafe or unusable; configured by paths.lease_dir."""
+    exit_code = ExitCode.POLICY
+
+
+def lease_dir_for(policy) -> str:
+    """The directory to use: SMARTLAUNCH_LEASE_DIR unless the admin enforced paths.lease_dir.
+
+    The policy loader maps the variable into the policy too; reading it here keeps tests and
+    `smartlaunch-node epilog` right before and after that lands."""
+    enforced = policy.source_of("paths.lease_dir").startswith("enforced")
+    env = os.environ.get(ENV_LEASE_DIR)
+    return policy.paths.lease_dir if enforced or not env else env
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _is_private_location(path: str) -> bool:
+    home = os.path.realpath(os.path.expanduser("~"))
+    run_user = f"/run/user/{os.geteuid()}"
+    real = os.path.realpath(path)
+    return any(real == p or real.startswith(p + os.sep) for p in (home, run_user) if p != "/")
+
+
+def open_lease_dir(path: str, *, private: bool | None = None, create: bool = True) -> int:
+    """Open (creating if asked) and vet the lease directory; return an O_NOFOLLOW dir fd."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if private is None:
+        private = _is_private_location(path)
+    created = False
+    if create and not os.path.lexists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)       # restrictive until fchmod below: no window at 0777
+            created = True
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):   # O_DIRECTORY says ENOTDIR
+            raise LeaseDirError(f"lease directory {path} is a symlink; another user may control its "
+                                "target: remove it or set paths.lease_dir to a real directory") from None
+        if exc.errno == errno.ENOTDIR:
+            raise LeaseDirError(f"lease directory {path} is not a directory; remove it or set "
+                                "paths.lease_dir elsewhere") from None
+        raise LeaseDirError(f"cannot open lease directory {path}: {exc.strerror}; "
+                            "set paths.lease_dir (or SMARTLAUNCH_LEASE_DIR) to a usable directory") from None
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid():
+            os.fchmod(fd, 0o700 if private else 0o1777)
+            st = os.fstat(fd)
+        _check_dir(path, st)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_dir(path: str, st: os.stat_result) -> None:
+    if st.st_uid not in (0, os.geteuid()):
+        # The owner of a sticky directory may delete anyone's files in it.
+        raise LeaseDirError(f"lease directory {path} is owned by uid {st.st_uid}, who could delete other "
+                            "users' leases; have root create it with mode 1777 (tmpfiles.d: "
+                            f"`d {path} 1777 root root -`) or set paths.lease_dir to a directory you own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise LeaseDirError(f"lease directory {path} is group/world-writable without the sticky bit "
+                            f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone can delete leases; "
+                            f"run `chmod 1777 {path}` (shared) or `chmod 700 {path}` (private)")
