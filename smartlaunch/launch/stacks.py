@@ -34,14 +34,22 @@ def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict
     if pyspy:
         for lr, pid in pids.items():
             _py_spy(pyspy, pid, stack_path(run_dir, lr).replace(".txt", ".py-spy.txt"))
+    # faulthandler writes thread after thread; a dump is complete once every rank's file has
+    # stopped growing for a moment (a loaded machine writes slowly: reading too early gave a
+    # non-main thread's frame as "where").
     deadline = time.monotonic() + wait_s
     texts: dict[int, str] = {}
+    stable_since = None
     while time.monotonic() < deadline:
-        for lr in pids:
-            texts[lr] = _read_from(stack_path(run_dir, lr), offsets[lr])
-        if all("most recent call first" in t for t in texts.values()):
-            time.sleep(0.1)          # let the other threads' stacks land too
-            break
+        now = {lr: _read_from(stack_path(run_dir, lr), offsets[lr]) for lr in pids}
+        complete = all("most recent call first" in t for t in now.values())
+        if complete and now == texts:
+            stable_since = stable_since or time.monotonic()
+            if time.monotonic() - stable_since >= 0.2:
+                break
+        else:
+            stable_since = None
+        texts = now
         time.sleep(0.05)
     return {lr: _read_from(stack_path(run_dir, lr), offsets[lr]) for lr in pids}
 
