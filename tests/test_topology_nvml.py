@@ -168,15 +168,17 @@ def test_single_numa_node_machine_reports_minus_one(tmp_path):
 
 
 def test_processes_with_owner_and_busy(tmp_path):
+    # Foreign pids that cannot be this process (pids are small in some sandboxes).
+    a, b = [p for p in (4242, 4343, 5252) if p != os.getpid()][:2]
     d = [FakeDevice(uuid(0), bus(0), procs=[(os.getpid(), 2048 * MIB)]),
-         FakeDevice(uuid(1), bus(1), procs=[(4242, 20480 * MIB), (4343, None)])]
-    owners = {os.getpid(): ("me", True), 4242: ("bob", False), 4343: (None, False)}
+         FakeDevice(uuid(1), bus(1), procs=[(a, 20480 * MIB), (b, None)])]
+    owners = {os.getpid(): ("me", True), a: ("bob", False), b: (None, False)}
     topo = backend(FakeNvml(d), tmp_path, owner=owners.__getitem__).read({})
     assert [g.busy for g in topo.gpus] == [False, True]
     assert [(p.pid, p.user, p.used_mib, p.ours) for p in topo.gpus[1].processes] == \
-        [(4242, "bob", 20480, False), (4343, None, None, False)]
+        [(a, "bob", 20480, False), (b, None, None, False)]
     (busy,) = [f for f in topo.findings if f.code == "gpu_busy"]
-    assert "pid 4242 (bob, 20480 MiB)" in busy.message and "pid 4343 (unknown user)" in busy.message
+    assert f"pid {a} (bob, 20480 MiB)" in busy.message and f"pid {b} (unknown user)" in busy.message
 
 
 def test_process_owner_knows_this_process_and_its_children():
