@@ -20,4 +20,11 @@ out = {"rank": rank, "world": world, "sum": t.item(), "group_rank": int(os.envir
        "weight": model.module.weight.detach().flatten().tolist()}
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(out, f)
+# Free the DDP reducer before the group: with gloo on torch 2.13 a reducer alive at exit
+# aborts now and then ("terminate called without an active exception"); see examples/train.py.
+del model, opt, loss
+import gc  # noqa: E402
+
+gc.collect()
+dist.barrier()
 dist.destroy_process_group()
