@@ -2,6 +2,7 @@
 installed (it also sees native frames, e.g. a rank stuck inside an NCCL kernel wait)."""
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -25,11 +26,11 @@ def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict
     for lr, pid in pids.items():
         path = stack_path(run_dir, lr)
         offsets[lr] = os.path.getsize(path) if os.path.exists(path) else 0
-        for sig in (DUMP_SIGNAL, signal.SIGCONT):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                break
+        try:
+            _to_main_thread(pid, DUMP_SIGNAL)
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
     pyspy = shutil.which("py-spy")
     if pyspy:
         for lr, pid in pids.items():
@@ -52,6 +53,23 @@ def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict
         texts = now
         time.sleep(0.05)
     return {lr: _read_from(stack_path(run_dir, lr), offsets[lr]) for lr in pids}
+
+
+def _to_main_thread(pid: int, sig: int) -> None:
+    """Send sig to the process's main thread (tid == pid). A process-directed signal may be
+    handled by any thread; then the main thread of a SIGSTOPped rank runs on after SIGCONT
+    while another thread dumps, and the dump shows where it went next, not where it stopped."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    tgkill = getattr(libc, "tgkill", None)
+    if tgkill is None:                       # glibc < 2.30
+        os.kill(pid, sig)
+        return
+    if tgkill(pid, pid, sig) != 0:
+        err = ctypes.get_errno()
+        if err == errno.ESRCH:
+            raise ProcessLookupError(pid)
+        os.kill(pid, sig)
 
 
 def _read_from(path: str, offset: int) -> str:
