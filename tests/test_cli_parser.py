@@ -67,6 +67,8 @@ def test_torchrun_config_parity(clean_env, own, argv):
     (clean_env / "train.py").write_text("print('hi')\n")
     known = build_parser()._option_string_actions
     for tok in argv:
+        if not tok.startswith("-"):
+            break                      # the script: what follows is the script's own
         name = tok.split("=")[0]
         if name.startswith("--") and name not in known:
             pytest.skip(f"{name} is not a torchrun option in this torch version")
