@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.decide.plan import Reason
 from smartlaunch.request import Request
 
 
@@ -136,6 +136,3 @@ def _trial_runner(request, policy, environ, topology):
     return cached_trials(make_trial_runner(request, policy, environ), request, policy,
                          topology=topology, environ=environ)
 
-
-def plan_only(request: Request, environ: Mapping[str, str] = os.environ) -> Plan:
-    return make_plan(request, set(), environ)[0]

@@ -9,7 +9,6 @@ import bisect
 import dataclasses
 import enum
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +139,3 @@ class CommCurve:
         lat, bw = cls.fit(pts)
         return cls(world_size, backend, pts, lat, bw, **kw)
 
-
-def isfinite_pos(x) -> bool:
-    return x is not None and math.isfinite(x) and x > 0
