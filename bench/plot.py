@@ -1,5 +1,6 @@
 """Predicted versus measured DDP speedup, one marker shape per link condition, with y = x and
-the ±15% band of the issue's goal. Imports matplotlib (headless) only when called.
+the ±15% band of the issue's goal. Filled: what the plan said (a trial's measurement where one
+ran); hollow: the cost model's own prediction on those trial rows. Imports matplotlib (headless) only when called.
 
     python bench/plot.py bench/results/regret-<date>-<machine>.json   # redraw from a report
 """
@@ -30,6 +31,15 @@ def plot_speedups(rows: list[dict], path: Path, title: str = "") -> Path:
             continue
         ax.scatter([r["measured_speedup"] for r in mine], [r["predicted_speedup"] for r in mine],
                    marker=marker, color=color, s=42, label=cond, zorder=3)
+        # The cost model alone, where a trial replaced it in the plan: hollow, joined.
+        alone = [r for r in mine if r.get("predicted_by_trial") and r.get("model_speedup")]
+        if alone:
+            ax.scatter([r["measured_speedup"] for r in alone], [r["model_speedup"] for r in alone],
+                       marker=marker, facecolors="none", edgecolors=color, s=42, zorder=3,
+                       label=f"{cond}: cost model where a trial decided")
+            for r in alone:
+                ax.plot([r["measured_speedup"]] * 2, [r["model_speedup"], r["predicted_speedup"]],
+                        color=color, lw=0.6, ls="--")
         for r in mine:
             ax.annotate(r["script"], (r["measured_speedup"], r["predicted_speedup"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points", color=color)

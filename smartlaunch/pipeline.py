@@ -63,7 +63,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     plan = decide(
         request, topology, policy, profile,
         comm_for=_comm_for(topology, policy, environ, profile),
-        trial=_trial_runner(request, policy, environ, topology) if measure else None,
+        trial=_trial_runner(request, policy, environ, topology, profile) if measure else None,
         unavailable=unavailable,
     )
     plan = prepare(plan, topology, policy, environ)
@@ -128,11 +128,13 @@ def _comm_for(topology, policy, environ, profile):
     return comm_for
 
 
-def _trial_runner(request, policy, environ, topology):
+def _trial_runner(request, policy, environ, topology, profile):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.decide.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
-    return cached_trials(make_trial_runner(request, policy, environ), request, policy,
+    step = profile.step_time_s if profile is not None else None
+    return cached_trials(make_trial_runner(request, policy, environ, expected_step_s=step),
+                         request, policy,
                          topology=topology, environ=environ)
 

@@ -149,4 +149,4 @@ def request(**kw) -> Request:
 # not move a scenario across the policy's thresholds.
 from smartlaunch.decide.cost import CostModel  # noqa: E402
 
-TEST_MODEL = CostModel(compute_slowdown=1.05, ddp_overhead_s=0.1e-3)
+TEST_MODEL = CostModel(compute_slowdown=1.05, ddp_overhead_s=0.1e-3, contention_s_per_byte=0.0)

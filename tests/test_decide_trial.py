@@ -55,3 +55,48 @@ def test_candidate_ordinals_map_through_the_jobs_visible_devices():
 def test_rate_is_ranks_times_batch_over_rank0_step():
     assert samples_per_s({"step_time_s": 0.02, "batch_size": 64}, 2) == pytest.approx(6400)
     assert samples_per_s({"step_time_s": None}, 2) is None and samples_per_s(None, 1) is None
+
+
+def test_trial_length_fills_the_policy_window():
+    from smartlaunch.decide.trial import MAX_TRIAL_STEPS, trial_steps
+    pol = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=1.0))
+    assert trial_steps(pol, None) == 20                 # no estimate: the step count alone
+    assert trial_steps(pol, 0.2) == 20                  # 20 x 200 ms already fills 1 s
+    assert trial_steps(pol, 2e-3) == 500                # 2 ms steps: 500 to fill 1 s
+    assert trial_steps(pol, 1e-6) == MAX_TRIAL_STEPS    # capped
+    off = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=0.0))
+    assert trial_steps(off, 2e-3) == 20
+
+
+def test_trial_command_carries_the_step_count(clean_env):
+    from smartlaunch.decide.trial import trial_command
+    cmd = trial_command(Request(script=SCRIPT), QUICK, 2, "/tmp/x", steps=500)
+    assert cmd[cmd.index("--measure") + 1] == "500"
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+
+
+def test_later_trials_size_their_window_from_the_first(clean_env, tmp_path):
+    # A stand-in interpreter: records --measure, reports a 2 ms step for rank 0.
+    seen = tmp_path / "measure.log"
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out-dir) out="$2"; shift;;
+    --measure) echo "$2" >> {seen};;
+  esac
+  shift
+done
+echo '{{"step_time_s": 0.002, "batch_size": 8}}' > "$out/rank0.json"
+""")
+    fake.chmod(0o755)
+    pol = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=0.5))
+    trial = make_trial_runner(Request(script=SCRIPT), pol, {}, python=str(fake))
+    assert trial(Candidate(Strategy.SINGLE, (0,))) == pytest.approx(8 / 0.002)
+    assert trial(Candidate(Strategy.DDP, (0, 1))) == pytest.approx(2 * 8 / 0.002)
+    # No profile estimate: the first runs trial_steps; the second fills 0.5 s of 2 ms steps.
+    assert seen.read_text().split() == ["20", "250"]
+    hinted = make_trial_runner(Request(script=SCRIPT), pol, {}, python=str(fake),
+                               expected_step_s=0.01)
+    hinted(Candidate(Strategy.SINGLE, (0,)))
+    assert seen.read_text().split()[-1] == "50"

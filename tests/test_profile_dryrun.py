@@ -17,7 +17,8 @@ from smartlaunch.request import Request
 
 pytestmark = pytest.mark.timeout(120)
 
-POLICY = Policy(dryrun=DryRunPolicy(time_limit_s=60, warmup_steps=1, measure_steps=3))
+POLICY = Policy(dryrun=DryRunPolicy(time_limit_s=60, warmup_steps=1, measure_steps=3,
+                                   measure_seconds=0.0))
 
 
 def dry(script, *args, module=False, environ=None, policy=POLICY):
@@ -53,6 +54,15 @@ def test_plain_script_with_worker_processes_leaves_none_behind(clean_env):
     time.sleep(0.2)
     assert not [p for p in workers if _alive(p)], "DataLoader workers survived the dry run"
     assert "script output:" in prof.note and os.path.exists(prof.note.split("script output: ")[1][:-1])
+
+
+def test_short_steps_measure_until_the_window_is_long_enough(clean_env):
+    policy = Policy(dryrun=DryRunPolicy(time_limit_s=60, warmup_steps=1, measure_steps=3,
+                                        measure_seconds=0.4))
+    prof = dry(SCRIPTS / "tiny_train.py", "--batch-size", "8", "--width", "48", policy=policy)
+    assert prof.status == ProfileStatus.OK, prof.note
+    assert prof.steps_measured > 3                      # a tiny CPU step is far below 0.4 s / 3
+    assert prof.steps_measured * prof.step_time_s >= 0.4 * 0.9
 
 
 def test_frozen_layers_count_as_params_but_not_gradients(clean_env):

@@ -4,17 +4,28 @@ Formula (all constants live in `CostModel`; the README copies this):
 
     t1        single-GPU step time (profile.step_time_s)
     B         backward time = backward_share * t1   (profile.backward_share, else the default)
-    buckets   gradient bytes G split the way DDP does: first bucket first_bucket_bytes (1 MiB),
-              then bucket_bytes (25 MiB) each, the remainder last
-    s         compute slowdown while NCCL kernels share the SMs (N > 1 only)
+    G         gradient bytes; buckets split the way DDP does: first bucket first_bucket_bytes
+              (1 MiB), then bucket_bytes (25 MiB) each, the remainder last
+    s         backward slowdown under DDP (the reducer's autograd hooks and bucket copies)
     ready_k   = s * B * (bytes of buckets 0..k) / G     gradients arrive evenly over backward
     end_k     = max(ready_k, end_{k-1}) + comm(bytes_k) + per_bucket_s
               comm = CommCurve.time() of the group, measured in the job's environment;
               one NCCL stream, so buckets queue behind each other
     exposed   = max(0, end_last - s * B)        the tail the optimizer step waits for
-    t_N       = t1 + (s - 1) * B + exposed + ddp_overhead_s
+    contend   = kappa * G * 2(N-1)/N            GPU time the overlapped all-reduce takes from
+                                                backward (ring traffic per GPU times kappa)
+    t_N       = t1 + (s - 1) * B + max(exposed, contend) + ddp_overhead_s
     speedup   = N * t1 / t_N         (per-GPU batch is the script's own: torchrun semantics)
     efficiency = speedup / N
+
+Why `contend`: on 2x H200 (2026-11-22) the all-reduce of compute-bound models costs the step
+far more than its standalone time even though it fits inside backward: ResNet-50 2.1 ms for a
+0.68 ms all-reduce, GPT-124M 11.4 ms for 3.6 ms, ViT-L/16 21.7 ms for 8.8 ms, on NVLink. Per
+gradient byte it is steady, ~16-23 ms/GB, on NVLink and on the host path alike, so it is a cost
+of sharing SMs and HBM with NCCL's kernels, not of the link. On slow links the exposed tail is
+larger and wins the max(). Launch-bound models (steps of a few ms, GPU partly idle) pay less
+than kappa * G; the model over-charges them, which the measured trial near the threshold
+catches.
 
 Reference, measured on 2x H200 on 2026-11-21 (DDP x2 samples/s over single, same per-GPU
 batch), used to pick the defaults, not asserted anywhere:
@@ -23,13 +34,6 @@ batch), used to pick the defaults, not asserted anywhere:
     6.9M MLP, batch 64               1.92x                      1.47x                 0.42x
     ResNet-50, batch 64              1.31x                      1.49x                 0.68x
     163M GPT, 8x512 tokens           1.29x                      1.12x                 0.18x
-
-The slow-link columns are explained by the all-reduce alone once it outlasts backward (GPT
-grads ~650 MB at 3.1 GB/s is ~0.21 s against a ~20 ms step; the MLP's 27.5 MB at 27 GB/s is
-~1 ms, mostly exposed behind a ~2.4 ms step). The NVLink column for the compute-bound models
-(ResNet-50, GPT) is not: their all-reduce is < 3 ms yet DDP costs ~50% of the step, which is
-SM/HBM contention from NCCL kernels. A single `compute_slowdown` cannot match both that and the
-MLP's 1.92x; its default is a compromise and is what the lead calibrates on real H200s.
 """
 from __future__ import annotations
 
@@ -52,17 +56,22 @@ class CostModel:
     # Backward's share of a step when the profile could not time it (forward:backward ~ 1:2,
     # plus optimizer and data loading).
     default_backward_share: float = 0.6
-    # DDP bookkeeping per step outside the all-reduce: reducer finalisation, the final wait
-    # and copy-back. Fitted with compute_slowdown (below) on 2x H200, 2026-11-22.
-    ddp_overhead_s: float = 0.2e-3
+    # DDP bookkeeping per step outside the all-reduce: DDP's forward pre-hook, reducer
+    # finalisation, the final wait and copy-back. Mostly CPU time, so it shows in launch-bound
+    # steps. Fitted with the two constants below (see compute_slowdown).
+    ddp_overhead_s: float = 0.6e-3
     # Per bucket: copying grads into the flat bucket and launching the collective.
     per_bucket_s: float = 20e-6
-    # Backward runs this much slower under DDP: autograd hooks of the reducer, copies into
-    # the buckets, NCCL kernels holding SMs and HBM bandwidth. Fitted on 2x H200 (2026-11-22)
-    # by least squares on the relative speedup error of 6 small models x 3 link conditions
-    # (bench/results/regret-*.md: 1.5 with 0.2 ms overhead gave mean |error| 9%, max 23%,
-    # against 22% / 55% for the first guess, 1.05 / 0.1 ms); validated on the larger models.
-    compute_slowdown: float = 1.5
+    # Backward runs this much slower under DDP: the reducer's autograd hooks and bucket copies.
+    # Fitted on 2x H200 (2026-11-22) with ddp_overhead_s and contention_s_per_byte by a grid
+    # search minimising the mean relative speedup error over 28 script x link rows of
+    # bench/results/regret-2026-11-22-2xH200.md (bench/fit_cost.py): mean |error| 11%, 20 of
+    # 28 within 15%, against 14% / 15 of 28 for the previous single-slowdown fit (1.5, 0.2 ms).
+    compute_slowdown: float = 1.05
+    # Seconds of step time per byte of ring all-reduce traffic per GPU while the all-reduce
+    # overlaps backward: NCCL's kernels and the bucket copies share SMs and HBM with it
+    # (16 ms/GB on H200; see the module docstring). 0 switches the term off.
+    contention_s_per_byte: float = 16e-12
 
     def split(self, grad_bytes: int) -> list[int]:
         """Bucket sizes in the order DDP all-reduces them."""
@@ -85,10 +94,11 @@ class Prediction:
     speedup: float                 # samples/s over single GPU
     efficiency: float              # speedup / n
     allreduce_s: float             # total all-reduce time per step (hidden + exposed)
-    exposed_s: float               # the part the step waits for
+    exposed_s: float               # the overlap tail the step waits for
     buckets: int
     backward_share: float
     backward_share_known: bool
+    comm_cost_s: float = 0.0       # what communication adds to the step: max(exposed, contention)
 
     def samples_per_s(self, batch: int | None) -> float | None:
         return self.n * batch / self.step_s if batch else None
@@ -126,6 +136,9 @@ def predict_ddp(profile: ModelProfile, curve: CommCurve, n: int,
         comm_total += t
         end = max(ready, end) + t
     exposed = max(0.0, end - bwd)
-    step = t1 + (s - 1.0) * share * t1 + exposed + model.ddp_overhead_s
+    contention = model.contention_s_per_byte * profile.grad_bytes * 2 * (n - 1) / n
+    cost = max(exposed, contention)
+    step = t1 + (s - 1.0) * share * t1 + cost + model.ddp_overhead_s
     speedup = n * t1 / step
-    return Prediction(n, step, speedup, speedup / n, comm_total, exposed, len(sizes), share, known)
+    return Prediction(n, step, speedup, speedup / n, comm_total, exposed, len(sizes), share, known,
+                      cost)

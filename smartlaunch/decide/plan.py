@@ -46,6 +46,7 @@ class Candidate:
     speedup: float | None = None          # samples/s over single GPU
     efficiency: float | None = None       # speedup / len(gpus)
     allreduce_s: float | None = None      # exposed + hidden all-reduce time per step
+    comm_cost_s: float | None = None      # what communication adds to the step (cost model)
     measured: bool = False                # from a trial, not the model
     chosen: bool = False
     reason: str = ""

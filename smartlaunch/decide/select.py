@@ -177,10 +177,12 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
                      predicted_step_s=(n * batch / choice.measured[key]) if batch else None)
             if pred is not None:
                 f["allreduce_s"] = pred.allreduce_s or None
+                f["comm_cost_s"] = pred.comm_cost_s or None
         elif pred is not None:
             f = dict(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
                      speedup=pred.speedup, efficiency=pred.efficiency,
-                     allreduce_s=pred.allreduce_s if key[0] == Strategy.DDP else None)
+                     allreduce_s=pred.allreduce_s if key[0] == Strategy.DDP else None,
+                     comm_cost_s=pred.comm_cost_s if key[0] == Strategy.DDP else None)
             if key[0] == Strategy.INDEPENDENT:
                 f["predicted_samples_per_s"] = pred.speedup * batch / pred.step_s if batch else None
         rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
@@ -214,8 +216,8 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
                     f"({pct(c.efficiency)} efficiency, {rate(c.predicted_samples_per_s)})")
         else:
             head = (f"DDP×{n} on {gpu_list(c.gpus)} predicted {times(c.speedup)} "
-                    f"({pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} "
-                    f"(exposed {ms(pred.exposed_s)}) of {ms(c.predicted_step_s)} per step)")
+                    f"({pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
+                    f"{ms(pred.comm_cost_s)} of {ms(c.predicted_step_s)} per step)")
     if c.chosen:
         return head + (f" → chosen ({choice.basis})" if choice.basis != "forced" else
                        " → chosen (as asked)")

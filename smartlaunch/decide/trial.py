@@ -2,7 +2,13 @@
 
 The runner starts the user's entrypoint exactly as the plan would (torchrun semantics, the
 candidate's GPUs only) but wrapped by the dry-run hooks, which time the optimizer steps and end
-the script after them. Rank 0's median step time gives samples/s = N x batch / step.
+the script after them. Rank 0's synced window gives samples/s = N x batch / step.
+
+How long: at least `decision.trial_steps` steps and at least `decision.trial_seconds` of
+measured window, estimated from the profile's step time (or the previous trial's). A 20-step
+window of a 2 ms step is 40 ms, short enough for one slow all-reduce or clock ramp to move the
+ratio by 20% (2x H200, 2026-11-22: a 20-step trial saw 0.98x where 500 steps gave 1.22x). Every
+rank gets the same step count on its command line, so the ranks stop together.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \
         -m smartlaunch.decide.trial --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
@@ -13,6 +19,7 @@ rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -28,18 +35,23 @@ from smartlaunch.request import Request
 KILL_GRACE_S = 5.0
 
 
+MAX_TRIAL_STEPS = 5000
+
+
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
-                      *, python: str = sys.executable,
+                      *, expected_step_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None) -> Callable[[Candidate], float | None]:
     """A `trial(candidate) -> samples/s or None` for decide(). None: the trial could not
     measure (script failed, no step within policy.dryrun.time_limit_s, --no-python)."""
+    last_step = [expected_step_s]
 
     def trial(candidate: Candidate) -> float | None:
         if request.no_python or not request.script:
             return None
         n = len(candidate.gpus) if candidate.strategy == Strategy.DDP else 1
+        steps = trial_steps(policy, last_step[0])
         with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
-            cmd = trial_command(request, policy, n, tmp, python)
+            cmd = trial_command(request, policy, n, tmp, python, steps=steps)
             env = dict(environ)
             if candidate.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, candidate.gpus)
@@ -50,17 +62,27 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             if log is not None and (rc != 0 or result is None):
                 tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
                 log(f"trial of {candidate.strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
+        if result and result.get("step_time_s"):
+            last_step[0] = result["step_time_s"]
         return samples_per_s(result, n)
 
     return trial
 
 
+def trial_steps(policy: Policy, step_s: float | None) -> int:
+    """Measured steps for one trial: trial_steps, or more to fill trial_seconds."""
+    d = policy.decision
+    if not step_s or step_s <= 0:
+        return d.trial_steps
+    return max(d.trial_steps, min(MAX_TRIAL_STEPS, math.ceil(d.trial_seconds / step_s)))
+
+
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
-                  python: str = sys.executable) -> list[str]:
+                  python: str = sys.executable, *, steps: int | None = None) -> list[str]:
     cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "smartlaunch.decide.trial", "--out-dir", out_dir,
            "--warmup", str(policy.dryrun.warmup_steps),
-           "--measure", str(policy.decision.trial_steps)]
+           "--measure", str(steps or policy.decision.trial_steps)]
     if request.module:
         cmd.append("--module")
     return [*cmd, request.script, *request.script_args]

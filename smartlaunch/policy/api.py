@@ -18,7 +18,8 @@ class DecisionPolicy:
     min_efficiency: float = 0.70          # DDP speedup / GPUs needed to pick DDP (seeds: 70%+)
     uncertainty_band: float = 0.10        # |predicted eff - min_efficiency| below this -> trial
     trials: bool = True                   # run measured trials inside the band
-    trial_steps: int = 20
+    trial_steps: int = 20                 # at least this many measured steps per trial
+    trial_seconds: float = 1.0            # and at least this long a measured window
     allowed_strategies: tuple[str, ...] = STRATEGIES
     max_gpus: int | None = None           # per job; None = all visible
     ddp_link_classes: tuple[str, ...] = LINK_FAMILIES
@@ -61,6 +62,7 @@ class DryRunPolicy:
     time_limit_s: float = 120.0
     warmup_steps: int = 5
     measure_steps: int = 20
+    measure_seconds: float = 0.5          # and keep measuring until the window is this long
 
 
 @dataclass(frozen=True)

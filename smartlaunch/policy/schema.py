@@ -56,6 +56,7 @@ RANGES: dict[str, Range] = {
     "decision.min_efficiency": Range(0.0, 1.0),       # >1 would need superlinear speedup
     "decision.uncertainty_band": Range(0.0, 0.5),
     "decision.trial_steps": Range(1, 10_000),
+    "decision.trial_seconds": Range(0.0, 600.0),
     "decision.max_gpus": Range(1, 1024),
     "decision.memory_headroom": Range(0.0, 1.0, lo_open=True),
     "launch.rank_failure_timeout_s": Range(0.0, DAY_S, lo_open=True),
@@ -67,6 +68,7 @@ RANGES: dict[str, Range] = {
     "dryrun.time_limit_s": Range(0.0, DAY_S, lo_open=True),
     "dryrun.warmup_steps": Range(0, 10_000),
     "dryrun.measure_steps": Range(1, 10_000),
+    "dryrun.measure_seconds": Range(0.0, 600.0),
     "jobs.jobs_per_gpu": Range(1, 16),
     "jobs.wait_timeout_s": Range(0.0, 30 * DAY_S),
     "paths.comm_cache_max_age_s": Range(0.0, 365 * DAY_S),

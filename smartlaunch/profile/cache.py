@@ -224,7 +224,8 @@ def cached_trials(runner, request, policy, *, topology, environ):
 
     def run(candidate):
         key = hashlib.sha256(json.dumps(
-            [base, candidate.strategy.value, comm_key(topology, candidate.gpus, "trial", environ)]
+            [base, candidate.strategy.value, comm_key(topology, candidate.gpus, "trial", environ),
+             policy.decision.trial_steps, policy.decision.trial_seconds]
         ).encode()).hexdigest()[:32]
         path = folder / f"{key}.json"
         if not request.reprofile:

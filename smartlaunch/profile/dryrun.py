@@ -1,12 +1,13 @@
 """Child side of the dry run: run the user's entrypoint unchanged, with hooks installed first.
 
-    python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] [--cpu-shim]
-                                         [--module] SCRIPT [ARGS...]
+    python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N]
+                                         [--min-seconds S] [--cpu-shim] [--module] SCRIPT [ARGS...]
 
 Hooks (all global, none needs the script's cooperation):
 - an optimizer step post-hook: one step = one `step()` of the first optimizer that steps
   (or one `smartlaunch.profile_step()` once the script calls it); device-synchronized times
-  between steps after `warmup` steps, `measure` intervals measured;
+  between steps after `warmup` steps, `measure` intervals measured, more while the window
+  is shorter than `min-seconds` (at most MAX_STEPS);
 - module forward pre/post hooks until the first step: the root modules called (depth 0), the
   batch size (leading dimension of a root's first tensor input, with grad enabled), DDP/FSDP;
   afterwards only the roots keep two cheap hooks that time forward and backward.
@@ -26,15 +27,19 @@ import statistics
 import sys
 import time
 
+MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
-         "[--cpu-shim] [--module] SCRIPT [ARGS...]")
+         "[--min-seconds S] [--cpu-shim] [--module] SCRIPT [ARGS...]")
 
 
 class Recorder:
-    def __init__(self, out: str, warmup: int, measure: int):
+    def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
+        # Only for one process: ranks of a DDP trial must stop at the same step, so trials
+        # size their window in steps (decide.trial) and leave this 0.
+        self.min_seconds = max(0.0, min_seconds)
         self.t_start = time.perf_counter()
         self.optimizers_built = 0
         self.primary = None              # the optimizer whose steps count, or "marker"
@@ -174,7 +179,8 @@ class Recorder:
         t = time.perf_counter()
         self.intervals.append(t - self.t_last)
         self.t_last = t
-        if len(self.intervals) >= self.measure:
+        if len(self.intervals) >= self.measure and (
+                t - self.t_window >= self.min_seconds or len(self.intervals) >= MAX_STEPS):
             self.window_s = self.now() - self.t_window
             self.done = True
             self.write(reason="measured")
@@ -304,6 +310,7 @@ def _wrapper(modules) -> str | None:
 
 def parse(argv: list[str]) -> dict:
     opts = {"out": os.environ.get("SMARTLAUNCH_DRYRUN_OUT", ""), "warmup": 5, "measure": 20,
+            "min_seconds": 0.0,
             "module": False, "cpu_shim": os.environ.get("SMARTLAUNCH_DRYRUN_CPU_SHIM") == "1"}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -311,6 +318,9 @@ def parse(argv: list[str]) -> dict:
         if a in ("--out", "--warmup", "--measure") and i + 1 < len(argv):
             key = a[2:]
             opts[key] = argv[i + 1] if key == "out" else int(argv[i + 1])
+            i += 2
+        elif a == "--min-seconds" and i + 1 < len(argv):
+            opts["min_seconds"] = float(argv[i + 1])
             i += 2
         elif a in ("--module", "-m"):
             opts["module"] = True
@@ -330,7 +340,7 @@ def parse(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
-    rec = Recorder(opts["out"], opts["warmup"], opts["measure"])
+    rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"])
     if opts["cpu_shim"]:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()

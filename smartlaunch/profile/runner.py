@@ -89,7 +89,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         out = os.path.join(tmp, "profile.json")
         cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", "--out", out,
                "--warmup", str(policy.dryrun.warmup_steps),
-               "--measure", str(policy.dryrun.measure_steps)]
+               "--measure", str(policy.dryrun.measure_steps),
+               "--min-seconds", str(policy.dryrun.measure_seconds)]
         if request.module:
             cmd.append("--module")
         cmd += [request.script, *request.script_args]
