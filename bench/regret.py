@@ -50,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "each script (once), for every row (all), or never")
     p.add_argument("--smartlaunch", default=None,
                    help="command that runs smartlaunch (default: this Python's smartlaunch.cli)")
+    p.add_argument("--policy", default=str(REPO / "bench" / "policy-throughput.yaml"),
+                   help="policy file smartlaunch decides under (default: DDP whenever faster, "
+                        "the benchmark's own oracle)")
     p.add_argument("--sl-steps", type=int, default=100_000,
                    help="--steps shown to smartlaunch: it sees a long run, as a user launches one")
     p.add_argument("--extra-args", default="",
@@ -125,7 +128,7 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
     env = common.child_env(dict(os.environ), cond)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     base = shlex.split(args.smartlaunch) if args.smartlaunch else list(SMARTLAUNCH)
-    argv = [*base, "--explain=json", "--nproc-per-node", str(args.nproc),
+    argv = [*base, "--policy", args.policy, "--explain=json", "--nproc-per-node", str(args.nproc),
             *script_argv(e, args, steps=args.sl_steps)]
     res = run(argv, env, timeout)
     plan = common.parse_plan(res["stdout"])

@@ -184,6 +184,8 @@ def fake_smartlaunch(tmp_path: Path) -> str:
         "import os, sys\nsys.path.insert(0, %r)\n" % str(Path(__file__).parent) +
         "from test_bench_regret import plan_json\n"
         "if os.environ.get('NCCL_NVLS_ENABLE') != '0': sys.exit('required env missing')\n"
+        "if not sys.argv[sys.argv.index('--policy') + 1].endswith('policy-throughput.yaml'):\n"
+        "    sys.exit('the benchmark policy was not passed')\n"
         "p2p_off = os.environ.get('NCCL_P2P_DISABLE') == '1'\n"
         "print(plan_json('single', 0.6) if p2p_off else plan_json('ddp', 1.5))\n")
     return shlex.join([sys.executable, str(script)])
