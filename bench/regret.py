@@ -147,6 +147,7 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
         else:
             plan2 = common.parse_plan(again["stdout"]) or {}
             rec["warm_choice"] = common.plan_summary(plan2, args.nproc)["choice"] if plan2 else None
+            rec["warm_timings"] = plan2.get("timings") or {}
     return rec
 
 
@@ -205,7 +206,9 @@ def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -
             "records": len(records)}
     rows = common.build_rows(records, conditions)
     base = [r["wall_s"] for r in records if r["kind"] == "baseline" and r.get("ok")]
-    summary = common.summarize(rows, min(base) if base else None)
+    summary = common.summarize(rows, min(base) if base else None,
+                               [(r.get("time", ""), r["wall_s"]) for r in records
+                                if r["kind"] == "baseline" and r.get("ok")])
     stem = out / f"regret-{meta['date']}-{meta['machine']}"
     md = common.render_markdown(rows, summary, meta)
     paths = [stem.with_suffix(".md"), stem.with_suffix(".json")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Mapping
 
 from smartlaunch.decide.plan import Reason
@@ -35,6 +36,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.slurm.env import apply_to_torchrun_args, detect
     from smartlaunch.topology import discover
 
+    clock = _Clock()
     policy = apply_request(load_policy(request.policy_path, environ=environ), request)
     notes: list[tuple[str, str]] = []   # (reason, rule) added to the plan's reasons
     slurm = detect(environ)
@@ -43,8 +45,11 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
                   for n in apply_to_torchrun_args(slurm, request.torchrun_args, given)]
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
+    clock.lap("policy")
     topology = discover(environ)
+    clock.lap("topology")
     unavailable = frozenset(_leased_elsewhere(topology, policy))
+    clock.lap("leases")
     # The same decision without measurements first: an impossible request (too many GPUs,
     # ddp on one GPU, a forbidden strategy) fails in milliseconds, before any dry run.
     measure = True
@@ -60,13 +65,17 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
         unavailable, measure = frozenset(), False
         decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
     profile = _profile(request, policy, topology, environ, unavailable) if measure else None
+    clock.lap("profile")
+    trial = _trial_runner(request, policy, environ, topology, profile) if measure else None
     plan = decide(
         request, topology, policy, profile,
-        comm_for=_comm_for(topology, policy, environ, profile),
-        trial=_trial_runner(request, policy, environ, topology, profile) if measure else None,
+        comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile)),
+        trial=clock.timed("trials", trial) if trial is not None else None,
         unavailable=unavailable,
     )
+    clock.lap("decide")
     plan = prepare(plan, topology, policy, environ)
+    clock.lap("prepare")
     if slurm is not None and slurm.gpus and len(plan.gpus) < len(slurm.gpus):
         # Admins read wasted allocations from job logs; say it in their terms.
         notes.append((f"the plan uses {len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm "
@@ -76,7 +85,44 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     if notes:
         plan = dataclasses.replace(
             plan, reasons=plan.reasons + tuple(Reason(text, rule) for text, rule in notes))
-    return plan, topology, policy
+    return dataclasses.replace(plan, timings=clock.result()), topology, policy
+
+
+class _Clock:
+    """Seconds per stage, so --explain can show what the decision cost and where. Calls
+    timed through `timed` (all-reduce benchmarks, trials) run inside decide(); their time is
+    kept under their own name, not in decide's lap."""
+
+    def __init__(self):
+        self.t = self.t0 = time.perf_counter()
+        self.laps: dict[str, float] = {}
+        self.nested = 0.0                  # timed() seconds since the last lap
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + max(0.0, now - self.t - self.nested)
+        self.t, self.nested = now, 0.0
+
+    def timed(self, name: str, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - t
+                self.laps[name] = self.laps.get(name, 0.0) + spent
+                self.nested += spent
+        return wrapper
+
+    def result(self) -> dict[str, float]:
+        out = {k: round(v, 4) for k, v in self.laps.items()}
+        out["total"] = round(time.perf_counter() - self.t0, 4)
+        try:    # the whole command so far: interpreter start-up and imports included
+            import psutil
+            out["since_process_start"] = round(time.time() - psutil.Process().create_time(), 3)
+        except Exception:
+            pass
+        return out
 
 
 def _leased_elsewhere(topology, policy) -> set[int]:

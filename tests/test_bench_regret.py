@@ -267,3 +267,13 @@ def test_fit_recovers_constants_that_generated_the_measurements():
     best, score = fit_cost.fit(rows)
     assert score < 0.01
     assert max(abs(e) for e in fit_cost.errors(rows, best)) < 0.02
+
+
+def test_warm_decision_is_compared_with_its_own_invocations_import_floor():
+    records = [rec("single", "m", samples_per_s=100.0), rec("ddp", "m", "nvlink", samples_per_s=150.0),
+               rec("smartlaunch", "m", "nvlink", choice="ddp", predicted_speedup=1.5,
+                   warm_wall_s=5.0, time="2026-11-22T02:00:00")]
+    rows = common.build_rows(records)
+    s = common.summarize(rows, 3.0, [("2026-11-22T01:00:00", 3.0), ("2026-11-22T01:59:00", 4.0),
+                                     ("2026-11-22T03:00:00", 2.0)])
+    assert s["decision_warm_over_import_s"] == pytest.approx(1.0)    # 5.0 - the 4.0 before it

@@ -62,3 +62,23 @@ def test_plan_says_when_it_uses_fewer_gpus_than_slurm_allocated(clean_env):
     texts = [x["text"] for x in plan["reasons"]]
     assert any("uses 1 of the 2 GPUs Slurm allocated" in t for t in texts), texts
     assert plan["left_free"] == [1]
+
+
+def test_plan_shows_what_each_stage_of_the_decision_cost(clean_env):
+    # A cold decision: the dry run is timed under profile, the all-reduce benchmark under
+    # allreduce; the warm one reads both from the cache and says so in its timings.
+    script = os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")
+    args = ["--explain=json", "--nproc-per-node", "2", script, "--batch-size", "8"]
+    cold = json.loads(smartlaunch(args, clean_env).stdout)["timings"]
+    stages = ("policy", "topology", "leases", "profile", "allreduce", "decide", "prepare")
+    assert set(stages) <= set(cold)
+    assert cold["profile"] > 0.5                          # a real dry run of the script
+    assert cold["total"] >= sum(cold[k] for k in stages) * 0.99
+    assert cold["since_process_start"] > cold["total"]    # imports come before the clock
+    r = smartlaunch(["--explain", *args[1:]], clean_env)
+    warm_text = r.stdout
+    assert r.returncode == 0, r.stderr
+    line = [x for x in warm_text.splitlines() if x.startswith("decided in ")]
+    assert len(line) == 1 and "since the command started" in line[0]
+    warm = json.loads(smartlaunch(args, clean_env).stdout)["timings"]
+    assert warm["profile"] < cold["profile"] / 5 and warm["allreduce"] < cold["allreduce"]

@@ -38,6 +38,8 @@ def render_text(plan: Plan) -> str:
     if plan.variants:
         lines.append(f"variants ({len(plan.variants)}):")
         lines += [f"  {i}: {' '.join(v)}" for i, v in enumerate(plan.variants)]
+    if plan.timings:
+        lines.append(_timings(plan.timings))
     return "\n".join(lines) + "\n"
 
 
@@ -123,3 +125,14 @@ def cpu_ranges(cpus) -> str:
         if c is not None:
             start = prev = c
     return ",".join(out)
+
+
+TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")
+
+
+def _timings(t: dict) -> str:
+    parts = ", ".join(f"{k} {t[k]:.2f}" for k in TIMED_STAGES if t.get(k, 0) >= 0.005)
+    head = f"decided in {t.get('total', 0):.2f} s" + (f" ({parts})" if parts else "")
+    if t.get("since_process_start") is not None:
+        head += f"; {t['since_process_start']:.2f} s since the command started (Python, torch import)"
+    return head

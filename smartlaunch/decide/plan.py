@@ -77,6 +77,7 @@ class Plan:
     topology: dict[str, Any] = field(default_factory=dict)    # fingerprint, source, note
     nnodes: str = "1"
     forced: bool = False                         # --strategy given (not auto)
+    timings: dict[str, float] = field(default_factory=dict)   # seconds per pipeline stage
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
