@@ -52,6 +52,7 @@ class FakeDevice:
     handle_error: int | None = None               # nvmlDeviceGetHandleByIndex raises this
     lost_in: set = field(default_factory=set)     # calls that raise GPU_IS_LOST
     unsupported: set = field(default_factory=set) # calls that raise NOT_SUPPORTED
+    persistence: int = 1                          # nvmlDeviceGetPersistenceMode
 
 
 class FakeNvml:
@@ -166,6 +167,10 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, d):
         return d.limit_mw
+
+    def nvmlDeviceGetPersistenceMode(self, d):
+        self._on("persistence", d)
+        return d.persistence
 
     def nvmlDeviceGetClockInfo(self, d, kind):
         assert kind == 1, "SM clock"

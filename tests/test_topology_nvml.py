@@ -85,6 +85,19 @@ def test_throttled_hot_gpu_at_power_limit_gives_findings(tmp_path):
     assert "sw_power_cap" not in by_code["clocks_throttled"].message   # normal under load
 
 
+def test_persistence_mode_off_is_one_line_for_the_machine(tmp_path):
+    devs = [FakeDevice(uuid(i), bus(i), persistence=0 if i < 2 else 1) for i in range(3)]
+    topo = backend(FakeNvml(devs), tmp_path / "a").read({})
+    assert [g.persistence_mode for g in topo.gpus] == [False, False, True]
+    off = [f for f in topo.findings if f.code == "persistence_off"]
+    assert len(off) == 1 and off[0].gpu is None
+    assert "GPU0, GPU1" in off[0].message and "GPU2" not in off[0].message
+    devs = [FakeDevice(uuid(0), bus(0), unsupported={"persistence"})]
+    topo = backend(FakeNvml(devs), tmp_path / "b").read({})
+    assert topo.gpus[0].persistence_mode is None
+    assert not [f for f in topo.findings if f.code == "persistence_off"]
+
+
 def test_pcie_generation_drop_counts_only_while_busy(tmp_path):
     idle = FakeDevice(uuid(0), bus(0), pcie=(1, 5, 16, 16), util=0, throttle=0x1)
     busy = FakeDevice(uuid(1), bus(1), pcie=(3, 5, 16, 16), util=95, throttle=0x0)

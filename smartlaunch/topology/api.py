@@ -86,6 +86,7 @@ class GPU:
     row_remap_pending: bool | None = None # Ampere+ replaced page retirement with row remapping
     row_remap_failed: bool | None = None
     nvml_error: str | None = None         # why the device is `lost`, as NVML said it
+    persistence_mode: bool | None = None  # off: the driver tears down when no process holds it
 
     @property
     def busy(self) -> bool:

@@ -27,6 +27,14 @@ def assess(gpus: Sequence[GPU], links: Iterable[Link], extra: Iterable[Finding] 
         out.extend(gpu_findings(g))
     for link in links:
         out.extend(link_findings(link))
+    off = [g.index for g in gpus if g.persistence_mode is False and not g.lost]
+    if off:
+        # One line for the machine: on an 8-GPU node eight copies would drown the rest.
+        out.append(Finding(Severity.INFO, "persistence_off",
+                           f"persistence mode is off on {', '.join(f'GPU{i}' for i in off)}: each "
+                           f"process that opens an idle GPU (NVML, CUDA) waits for the driver to "
+                           f"initialise it again; admins: run nvidia-persistenced or "
+                           f"`nvidia-smi -pm 1`"))
     out.extend(extra)
     seen, unique = set(), []
     for f in out:

@@ -154,6 +154,7 @@ class NvmlBackend:
         if throttle is None:
             throttle = c.get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         remap = c.get("nvmlDeviceGetRemappedRows", h)
+        persistence = c.get("nvmlDeviceGetPersistenceMode", h)
         d.nvlink = NvlinkPorts.read(c, h, known_buses)
         return dict(
             name=d.name,
@@ -179,6 +180,7 @@ class NvmlBackend:
             retired_pages=_retired_pages(c, h),
             row_remap_pending=None if remap is None else bool(remap[2]),
             row_remap_failed=None if remap is None else bool(remap[3]),
+            persistence_mode=None if persistence is None else bool(persistence),
         )
 
     def _locality(self, c: Calls, d: _Device, n_nodes: int) -> tuple[int, tuple[int, ...]]:
