@@ -32,9 +32,8 @@ from typing import Any
 
 from smartlaunch.errors import PolicyError
 from smartlaunch.policy.api import Policy
-from smartlaunch.policy.schema import (
-    ENFORCE_MODES, SECTIONS, ParsedFile, base_key, parse_text, section_fields,
-)
+from smartlaunch.policy.rules import ENFORCE_MODES, SECTIONS, base_key, section_fields
+from smartlaunch.policy.schema import ParsedFile, parse_text
 
 ADMIN_POLICY_PATH = "/etc/smartlaunch/policy.yaml"
 USER_POLICY_CWD = "smartlaunch.yaml"

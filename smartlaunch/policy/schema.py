@@ -1,104 +1,24 @@
 """The policy file schema and its validator.
 
-Sections, keys and types come from the dataclasses in api.py (one place to add a key). What a
-type cannot say -- ranges, allowed values, how an admin's `enforce:` combines with a user's
-value -- is declared here, in plain tables, one row per key.
-
-The validator walks the YAML node tree (not the loaded dict) so every error can name the
+The key tables (sections, ranges, allowed values, enforce modes) live in rules.py. The
+validator walks the YAML node tree (not the loaded dict) so every error can name the
 `file:line` and the dotted key path.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import functools
-import re
-import types
 import typing
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import yaml
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy.api import (
-    LINK_FAMILIES, STRATEGIES, DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy,
-    PathsPolicy,
+from smartlaunch.policy.api import LINK_FAMILIES
+from smartlaunch.policy.rules import (
+    KIND_NAMES, CHOICES, RANGES, SECTIONS, field_default, section_fields,
 )
-
-SECTIONS: dict[str, type] = {
-    "decision": DecisionPolicy,
-    "launch": LaunchPolicy,
-    "dryrun": DryRunPolicy,
-    "jobs": JobsPolicy,
-    "paths": PathsPolicy,
-}
-NUMA_MODES = ("off", "node", "exclusive-cores")
-DAY_S = 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class Range:
-    lo: float
-    hi: float
-    lo_open: bool = False       # lo itself not allowed (a zero timeout means "never wait")
-
-    def holds(self, v: float) -> bool:
-        return (v > self.lo if self.lo_open else v >= self.lo) and v <= self.hi
-
-    def describe(self) -> str:
-        if self.lo_open:
-            return f"above {self.lo:g} and at most {self.hi:g}"
-        return f"from {self.lo:g} to {self.hi:g}"
-
-
-RANGES: dict[str, Range] = {
-    "decision.min_efficiency": Range(0.0, 1.0),       # >1 would need superlinear speedup
-    "decision.uncertainty_band": Range(0.0, 0.5),
-    "decision.trial_steps": Range(1, 10_000),
-    "decision.trial_seconds": Range(0.0, 600.0),
-    "decision.max_gpus": Range(1, 1024),
-    "decision.memory_headroom": Range(0.0, 1.0, lo_open=True),
-    "launch.rank_failure_timeout_s": Range(0.0, DAY_S, lo_open=True),
-    "launch.hang_timeout_s": Range(0.0, 7 * DAY_S, lo_open=True),
-    "launch.hang_step_multiple": Range(1.0, 1000.0),  # <1 would flag every normal step
-    "launch.startup_grace_s": Range(0.0, DAY_S),
-    "launch.signal_grace_s": Range(0.0, 3600.0),
-    "launch.straggler_threshold": Range(0.0, 1.0, lo_open=True),
-    "dryrun.time_limit_s": Range(0.0, DAY_S, lo_open=True),
-    "dryrun.warmup_steps": Range(0, 10_000),
-    "dryrun.measure_steps": Range(1, 10_000),
-    "dryrun.measure_seconds": Range(0.0, 600.0),
-    "jobs.jobs_per_gpu": Range(1, 16),
-    "jobs.wait_timeout_s": Range(0.0, 30 * DAY_S),
-    "paths.comm_cache_max_age_s": Range(0.0, 365 * DAY_S),
-}
-
-# key -> (allowed values, what one of them is called in a message)
-CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
-    "decision.allowed_strategies": (STRATEGIES, "strategy"),
-    "decision.ddp_link_classes": (LINK_FAMILIES, "link family"),
-    "decision.fallback_strategy": (STRATEGIES, "strategy"),
-    "launch.numa_binding": (NUMA_MODES, "NUMA mode"),
-}
-
-# How an enforced value combines with the value below it. "max": the admin value is a cap (a
-# user may be stricter); "min": a floor; "subset": the user's list is cut down to the admin's;
-# every other key: the admin value replaces the user's.
-ENFORCE_MODES: dict[str, str] = {
-    "decision.max_gpus": "max",
-    "decision.min_efficiency": "min",
-    "decision.allowed_strategies": "subset",
-    "decision.ddp_link_classes": "subset",
-    "decision.memory_headroom": "max",
-    "launch.rank_failure_timeout_s": "max",
-    "launch.hang_timeout_s": "max",
-    "launch.startup_grace_s": "max",
-    "launch.signal_grace_s": "max",
-    "dryrun.time_limit_s": "max",
-    "jobs.jobs_per_gpu": "max",
-    "jobs.wait_timeout_s": "max",
-}
 
 # NCCL_P2P_LEVEL: the farthest link over which NCCL still uses P2P.
 P2P_LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
@@ -106,47 +26,6 @@ P2P_LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
 # slows DDP down (the seeds' NCCL_P2P_DISABLE=1 was for a PHB host bridge without P2P).
 P2P_FAMILY_LEVEL = {"NV": 1, "PIX": 2, "PXB": 3}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-_KIND_NAMES = {
-    "float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
-    "optint": "an integer or null", "strtuple": "a list of names", "nccl": "a mapping of link "
-    "families to NCCL variables", "env": "a mapping of variable names to values",
-}
-
-
-def _kind(tp: Any) -> str:
-    if tp in (bool, int, float, str):
-        return tp.__name__
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType) and set(args) == {int, type(None)}:
-        return "optint"
-    if origin is tuple and args == (str, ...):
-        return "strtuple"
-    if origin is dict and args == (str, dict[str, str]):
-        return "nccl"
-    if origin is dict and args == (str, str):
-        return "env"
-    raise TypeError(f"policy schema has no rule for the type {tp!r}; add one in schema._kind")
-
-
-@functools.cache
-def section_fields(section: str) -> dict[str, str]:
-    """{field name: kind} of one section, in declaration order."""
-    cls = SECTIONS[section]
-    hints = typing.get_type_hints(cls)
-    return {f.name: _kind(hints[f.name]) for f in dataclasses.fields(cls)}
-
-
-def field_default(dotted: str) -> Any:
-    """The built-in value of 'section.field' (for hints in messages)."""
-    section, name = dotted.split(".")[:2]
-    f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
-
-
-def base_key(dotted: str) -> str:
-    """'launch.nccl.PHB' -> 'launch.nccl'; the key whose schema row applies."""
-    return ".".join(dotted.split(".")[:2])
 
 
 @dataclass
@@ -318,7 +197,7 @@ class _Walker:
             return self.name_list(node, label, dotted)
         if not isinstance(node, yaml.ScalarNode):
             got = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
-            raise self.error(node, label, f"expected {_KIND_NAMES[kind]}, got {got}")
+            raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {got}")
         v = self.construct(node)
         if kind == "str" and dotted in CHOICES and node.style is None and \
                 node.value in CHOICES[dotted][0]:
@@ -335,7 +214,7 @@ class _Walker:
                     "optint": "; write an integer, e.g. 4, or null",
                     "int": f"; write an integer, e.g. {field_default(dotted)}",
                     "float": f"; write a number, e.g. {field_default(dotted)}"}[kind]
-            raise self.error(node, label, f"expected {_KIND_NAMES[kind]}, got {_describe(v)}"
+            raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {_describe(v)}"
                              + hint)
         if kind == "float":
             v = float(v)

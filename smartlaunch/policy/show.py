@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from smartlaunch.policy.api import Policy
-from smartlaunch.policy.schema import SECTIONS, section_fields
+from smartlaunch.policy.rules import SECTIONS, section_fields
 
 
 def yaml_scalar(v: Any) -> str:
