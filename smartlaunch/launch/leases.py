@@ -38,13 +38,15 @@ import filelock
 import psutil
 
 from smartlaunch.errors import NoFreeGPUError
+from smartlaunch.launch.lease_holders import (
+    Holder, alive, current_user, fmt_indices, leased_by, summarise,
+)
 from smartlaunch.launch.lease_dir import (  # noqa: F401  (re-exported: callers use leases.*)
     ENV_LEASE_DIR, LeaseDirError, _is_private_location, boot_id, lease_dir_for, open_lease_dir,
 )
 from smartlaunch.topology.api import Topology
 
 _RECORD_MAX_BYTES = 64 * 1024
-_START_TIME_TOLERANCE_S = 0.5   # psutil derives create_time from clock ticks; same boot, same value
 _STATUS_EVERY_S = 30.0
 _DESCRIBE_EVERY_S = 2.0         # how often a waiter re-reads holder records for its status line
 
@@ -53,43 +55,8 @@ class _UnsafeLockFile(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class Holder:
-    pid: int
-    create_time: float
-    boot_id: str
-    uid: int
-    user: str
-    host: str
-    slurm_job_id: str | None
-    time: float
-    gpu_uuid: str
-    shared: bool = False
-    record: str = ""            # file name inside the lease dir
-
-    def describe(self) -> str:
-        extra = [f"user {self.user}"] if self.user else []
-        if self.slurm_job_id:
-            extra.append(f"job {self.slurm_job_id}")
-        return f"pid {self.pid}" + (f" ({', '.join(extra)})" if extra else "")
-
-
 def _safe_name(uuid: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", uuid)
-
-
-def _alive(h: Holder, my_boot: str) -> bool:
-    if not h.boot_id or h.boot_id != my_boot:
-        return False
-    try:
-        p = psutil.Process(h.pid)
-        if p.status() == psutil.STATUS_ZOMBIE:       # SIGKILLed, not yet reaped: its flock is gone
-            return False
-        return abs(p.create_time() - h.create_time) <= _START_TIME_TOLERANCE_S
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
 
 
 class LeaseManager:
@@ -134,7 +101,7 @@ class LeaseManager:
             h = self._read_record(name)
             if h is None:
                 continue
-            if _alive(h, self._boot):
+            if alive(h, self._boot):
                 live.append(h)
             elif prune:
                 self._unlink(name)
@@ -160,7 +127,7 @@ class LeaseManager:
 
     def _write_record(self, uuid: str, index: int) -> str:
         rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot,
-               "uid": os.geteuid(), "user": _user(), "host": socket.gethostname(),
+               "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
                "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
                "gpu_uuid": uuid, "gpu_index": index, "shared": self.share}
         name = f"gpu-{_safe_name(uuid)}.{os.getpid()}.{secrets.token_hex(8)}.holder"
@@ -179,7 +146,7 @@ class LeaseManager:
             pass    # another user's record in a sticky dir, or already gone
 
     def _mine(self, h: Holder) -> bool:
-        return h.pid == os.getpid() and abs(h.create_time - self._my_start) <= _START_TIME_TOLERANCE_S
+        return h.is_process(os.getpid(), self._my_start)
 
     # ---- one GPU ------------------------------------------------------------------------
     def _lock(self, uuid: str) -> filelock.BaseFileLock:
@@ -215,7 +182,7 @@ class LeaseManager:
             live = self.holders(gpu.uuid)
             others = [h for h in live if not self._mine(h)]
             if others or live:
-                return None, _leased_by(others) if others else "leased by this launch"
+                return None, leased_by(others) if others else "leased by this launch"
             return None, f"leased (lock {name} is held; its holder has not written its record yet)"
         except _UnsafeLockFile:
             return None, f"lease file {name} is not a regular file with one link; ask an admin to remove it"
@@ -231,7 +198,7 @@ class LeaseManager:
             raise
         if record is None:
             lock.release()
-            return None, _leased_by(blocking)
+            return None, leased_by(blocking)
         if self.share:
             lock.release()       # shared leases hold the flock only while checking and writing
             lock = None
@@ -285,7 +252,7 @@ class LeaseManager:
         signal arrived) ends the wait. Raises NoFreeGPUError."""
         if count > len(candidates):
             raise NoFreeGPUError(f"asked for {count} GPUs but only {len(candidates)} are allowed "
-                                 f"({_fmt(candidates)}); lower --nproc-per-node or allow more GPUs")
+                                 f"({fmt_indices(candidates)}); lower --nproc-per-node or allow more GPUs")
         start = time.monotonic()
         last_msg, last_time, next_describe = None, 0.0, start
         while True:
@@ -294,16 +261,16 @@ class LeaseManager:
             lease, why = self._attempt(topology, candidates, count, describe)
             if lease is not None:
                 return lease
-            summary = _summarise(why)
+            summary = summarise(why)
             if not wait:
                 raise NoFreeGPUError(f"{summary}; retry later or drop --no-wait to wait up to {timeout_s:g} s")
             if cancel is not None and cancel():
                 raise NoFreeGPUError(f"interrupted while waiting for {count} free GPU(s): {summary}")
             if waited >= timeout_s:
-                raise NoFreeGPUError(f"waited {waited:.0f} s for {count} free GPU(s) of {_fmt(candidates)}: "
+                raise NoFreeGPUError(f"waited {waited:.0f} s for {count} free GPU(s) of {fmt_indices(candidates)}: "
                                      f"{summary}; raise jobs.wait_timeout_s or free a GPU")
             if describe and status and (summary != last_msg or time.monotonic() - last_time >= _STATUS_EVERY_S):
-                status(f"waiting for {count} free GPU(s) of {_fmt(candidates)}: {summary} "
+                status(f"waiting for {count} free GPU(s) of {fmt_indices(candidates)}: {summary} "
                        f"({waited:.0f} s of {timeout_s:g} s)")
                 last_msg, last_time = summary, time.monotonic()
             if describe:
@@ -373,42 +340,3 @@ def release_job(lease_dir: str, job_id: str) -> list[str]:
     finally:
         mgr.close()
     return removed
-
-
-def _user() -> str:
-    try:
-        import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (KeyError, ImportError):
-        return str(os.geteuid())
-
-
-def _fmt(indices) -> str:
-    return ",".join(str(i) for i in indices)
-
-
-def _leased_by(holders: list[Holder]) -> str:
-    seen = []
-    for h in holders:
-        d = h.describe()
-        if d not in seen:
-            seen.append(d)
-    return "leased by " + " and ".join(seen)
-
-
-def _summarise(why: dict[int, str]) -> str:
-    """'GPUs 0,1 are leased by pid 1234 (user bob, job 77); GPU 2 is in use by pid 9 ...'"""
-    groups: dict[str, list[int]] = {}
-    leased: list[int] = []
-    holders: list[str] = []
-    for i, reason in why.items():
-        if reason.startswith("leased by pid "):      # one clause for every GPU leased by someone
-            leased.append(i)
-            holders += [d for d in reason[len("leased by "):].split(" and ") if d not in holders]
-        else:
-            groups.setdefault(reason, []).append(i)
-    if leased:
-        groups = {"leased by " + " and ".join(holders): leased, **groups}
-    parts = [f"GPU{'s' if len(ix) > 1 else ''} {_fmt(ix)} {'are' if len(ix) > 1 else 'is'} {reason}"
-             for reason, ix in groups.items()]
-    return "; ".join(parts) or "no GPU to choose from"
