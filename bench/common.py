@@ -165,17 +165,26 @@ REPLAY_PROFILE_KEYS = ("status", "total_params", "trainable_params", "grad_bytes
                        "forward_s", "backward_s", "steps_measured", "peak_gpu_mem_bytes", "device")
 
 
-def replay_model(rec: dict[str, Any] | None, model=None) -> float | None:
-    """The cost model's DDP speedup for a recorded smartlaunch row (its own profile and
-    all-reduce curve), whether or not a trial decided that row. None: not replayable."""
+def replay_inputs(rec: dict[str, Any] | None):
+    """(ModelProfile, CommCurve) a recorded smartlaunch row decided from, or None where the
+    record lacks them (records before the replay fields)."""
     if not rec or not (rec.get("profile") or {}).get("step_time_s") or \
             len((rec.get("comm") or {}).get("points") or ()) < 2:
         return None
-    from smartlaunch.decide.cost import CostModel, predict_ddp
     from smartlaunch.profile.api import CommCurve, ModelProfile
-    prof = ModelProfile.from_dict(rec["profile"])
     c = rec["comm"]
-    curve = CommCurve.from_points(int(c["world_size"]), c.get("backend", "nccl"), c["points"])
+    return (ModelProfile.from_dict(rec["profile"]),
+            CommCurve.from_points(int(c["world_size"]), c.get("backend", "nccl"), c["points"]))
+
+
+def replay_model(rec: dict[str, Any] | None, model=None) -> float | None:
+    """The cost model's DDP speedup for a recorded smartlaunch row (its own profile and
+    all-reduce curve), whether or not a trial decided that row. None: not replayable."""
+    inputs = replay_inputs(rec)
+    if inputs is None:
+        return None
+    from smartlaunch.decide.cost import CostModel, predict_ddp
+    prof, curve = inputs
     return predict_ddp(prof, curve, curve.world_size, model or CostModel()).speedup
 
 

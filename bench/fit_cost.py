@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 from smartlaunch.decide.cost import CostModel, predict_ddp  # noqa: E402
-from smartlaunch.profile.api import CommCurve, ModelProfile  # noqa: E402
 
 GRID = {
     "compute_slowdown": [1.0 + 0.05 * i for i in range(11)],
@@ -36,17 +35,12 @@ def rows_from(records: list[dict]) -> list[dict]:
     by = common.latest(records)
     out = []
     for (kind, script, cond), rec in by.items():
-        if kind != "smartlaunch" or not rec.get("ok") or common.replay_model(rec) is None:
-            continue
+        inputs = common.replay_inputs(rec) if kind == "smartlaunch" and rec.get("ok") else None
         single, ddp = by.get(("single", script, None)), by.get(("ddp", script, cond))
-        if not (single and single.get("ok") and ddp and ddp.get("ok")):
+        if inputs is None or not (single and single.get("ok") and ddp and ddp.get("ok")):
             continue
-        c = rec["comm"]
-        out.append({"script": script, "condition": cond,
-                    "profile": ModelProfile.from_dict(rec["profile"]),
-                    "curve": CommCurve.from_points(int(c["world_size"]), c.get("backend", "nccl"),
-                                                   c["points"]),
-                    "measured": ddp["samples_per_s"] / single["samples_per_s"]})
+        out.append({"script": script, "condition": cond, "profile": inputs[0],
+                    "curve": inputs[1], "measured": ddp["samples_per_s"] / single["samples_per_s"]})
     return out
 
 

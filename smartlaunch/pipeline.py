@@ -117,10 +117,10 @@ class _Clock:
     def result(self) -> dict[str, float]:
         out = {k: round(v, 4) for k, v in self.laps.items()}
         out["total"] = round(time.perf_counter() - self.t0, 4)
+        import psutil
         try:    # the whole command so far: interpreter start-up and imports included
-            import psutil
             out["since_process_start"] = round(time.time() - psutil.Process().create_time(), 3)
-        except Exception:
+        except psutil.Error:
             pass
         return out
 
@@ -181,6 +181,5 @@ def _trial_runner(request, policy, environ, topology, profile):
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     return cached_trials(make_trial_runner(request, policy, environ, expected_step_s=step),
-                         request, policy,
-                         topology=topology, environ=environ)
+                         request, policy, topology=topology, environ=environ)
 

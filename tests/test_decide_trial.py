@@ -58,12 +58,13 @@ def test_rate_is_ranks_times_batch_over_rank0_step():
 
 
 def test_trial_length_fills_the_policy_window():
-    from smartlaunch.decide.trial import MAX_TRIAL_STEPS, trial_steps
+    from smartlaunch.decide.trial import trial_steps
+    from smartlaunch.profile.dryrun import MAX_STEPS
     pol = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=1.0))
     assert trial_steps(pol, None) == 20                 # no estimate: the step count alone
     assert trial_steps(pol, 0.2) == 20                  # 20 x 200 ms already fills 1 s
     assert trial_steps(pol, 2e-3) == 500                # 2 ms steps: 500 to fill 1 s
-    assert trial_steps(pol, 1e-6) == MAX_TRIAL_STEPS    # capped
+    assert trial_steps(pol, 1e-6) == MAX_STEPS          # capped
     off = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=0.0))
     assert trial_steps(off, 2e-3) == 20
 

@@ -30,12 +30,10 @@ from typing import Callable, Mapping
 
 from smartlaunch.decide.plan import Candidate, Strategy
 from smartlaunch.policy.api import Policy
+from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.request import Request
 
 KILL_GRACE_S = 5.0
-
-
-MAX_TRIAL_STEPS = 5000
 
 
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
@@ -43,13 +41,14 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                       log: Callable[[str], None] | None = None) -> Callable[[Candidate], float | None]:
     """A `trial(candidate) -> samples/s or None` for decide(). None: the trial could not
     measure (script failed, no step within policy.dryrun.time_limit_s, --no-python)."""
-    last_step = [expected_step_s]
+    last_step = expected_step_s          # the next trial's window is sized from the last one
 
     def trial(candidate: Candidate) -> float | None:
+        nonlocal last_step
         if request.no_python or not request.script:
             return None
         n = len(candidate.gpus) if candidate.strategy == Strategy.DDP else 1
-        steps = trial_steps(policy, last_step[0])
+        steps = trial_steps(policy, last_step)
         with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
             cmd = trial_command(request, policy, n, tmp, python, steps=steps)
             env = dict(environ)
@@ -63,7 +62,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
                 log(f"trial of {candidate.strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
         if result and result.get("step_time_s"):
-            last_step[0] = result["step_time_s"]
+            last_step = result["step_time_s"]
         return samples_per_s(result, n)
 
     return trial
@@ -74,7 +73,7 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
     d = policy.decision
     if not step_s or step_s <= 0:
         return d.trial_steps
-    return max(d.trial_steps, min(MAX_TRIAL_STEPS, math.ceil(d.trial_seconds / step_s)))
+    return max(d.trial_steps, min(MAX_STEPS, math.ceil(d.trial_seconds / step_s)))
 
 
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
