@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,25 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("SMARTLAUNCH_LEASE_DIR", str(tmp_path / "leases"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+
+
+def own_lines(stderr: str) -> list[str]:
+    """stderr's lines without Python warnings that imported libraries print (torch warns
+    "Failed to initialize NumPy" where numpy is absent): a one-line error stays one line
+    whatever torch says about its own environment."""
+    out, skip_source = [], False
+    for line in stderr.strip().splitlines():
+        if _WARNING.match(line):
+            skip_source = True
+            continue
+        if skip_source and line.startswith(" "):
+            continue
+        skip_source = False
+        out.append(line)
+    return out
 
 
 def fixture_path(name: str) -> str:

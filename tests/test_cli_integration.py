@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import fixture_path
+from conftest import fixture_path, own_lines
 
 from smartlaunch.launch.leases import LeaseManager
 from smartlaunch.topology import discover
@@ -35,7 +35,7 @@ def test_all_gpus_leased_with_no_wait_fails_naming_the_holder(clean_env):
         r = smartlaunch(["--strategy", "single", "--no-wait", str(_envdump(clean_env)),
                          str(out)], clean_env)
     assert r.returncode == 6, r.stderr
-    lines = r.stderr.strip().splitlines()
+    lines = own_lines(r.stderr)
     assert len(lines) == 1 and f"pid {os.getpid()}" in lines[0], r.stderr
     assert not out.exists()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, fixture_path
+from conftest import EXAMPLES, fixture_path, own_lines
 
 SCRIPTS = Path(__file__).parent / "scripts_cli"
 
@@ -99,7 +99,7 @@ def test_nproc_above_visible_gpus_is_a_usage_error(clean_env):
     r = smartlaunch(["--nproc-per-node", "4", "t.py"], clean_env,
                     {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
     assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "--nproc-per-node 4" in r.stderr
+    assert len(own_lines(r.stderr)) == 1 and "--nproc-per-node 4" in r.stderr
 
 
 def test_ddp_with_one_gpu_is_refused(clean_env):
@@ -108,7 +108,7 @@ def test_ddp_with_one_gpu_is_refused(clean_env):
                     {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"),
                      "CUDA_VISIBLE_DEVICES": "0"})
     assert r.returncode == 5, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "ddp" in r.stderr
+    assert len(own_lines(r.stderr)) == 1 and "ddp" in r.stderr
 
 
 def test_example_runs_unchanged_under_both_launchers(clean_env):

@@ -10,6 +10,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from smartlaunch.cli import build_parser, parse
+from conftest import own_lines
 
 # (smartlaunch's own options, torchrun command line). smartlaunch gets own + torchrun argv;
 # torchrun gets the torchrun argv alone. Both must yield the same LaunchConfig and command.
@@ -127,7 +128,7 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(clean_env, args, needle
     (clean_env / "train.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     r = _run_cli(args, clean_env)
     assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
+    lines = own_lines(r.stderr)
     assert len(lines) == 1 and lines[0].startswith("smartlaunch: error: "), r.stderr
     assert needle in lines[0]
     assert not marker.exists()

@@ -9,6 +9,7 @@ import yaml
 
 from smartlaunch.policy.load import builtin_values, load_policy, validate_file
 from tests.helpers_policy import POLICIES, admin_environ, needs_no_system_admin_policy, write
+from conftest import own_lines
 
 pytestmark = needs_no_system_admin_policy
 
@@ -38,7 +39,7 @@ def test_check_invalid_file_exits_with_the_policy_code(clean_env):
     assert out.returncode == 3 and out.stdout == ""
     assert out.stderr.startswith(f"smartlaunch-node: error: {path}:3: decision.min_efficency: "
                                  "unknown key; did you mean 'min_efficiency'?")
-    assert len(out.stderr.splitlines()) == 1
+    assert len(own_lines(out.stderr)) == 1
 
 
 def test_check_without_file_validates_every_layer(clean_env):

@@ -11,6 +11,7 @@ import pytest
 from helpers_slurm import HOOKS, fake_topology
 from smartlaunch.errors import ExitCode, HealthError
 from smartlaunch.slurm import health, hooks
+from conftest import own_lines
 
 ROOT = os.geteuid() == 0
 
@@ -73,7 +74,7 @@ def test_baseline_then_degraded_link_fails_via_node_cli(clean_env, tmp_path):
                           "--config", cfg], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == ExitCode.HEALTH
     assert "PCIe link is x8, baseline x16" in out.stderr or "P2P between GPU 0 and 1" in out.stderr
-    assert out.stderr.strip().splitlines()[-1].startswith("smartlaunch prolog: error:")
+    assert own_lines(out.stderr)[-1].startswith("smartlaunch prolog: error:")
 
 
 def test_baseline_refuses_a_faulty_node(clean_env, tmp_path):

@@ -7,6 +7,7 @@ from helpers_topology import run_node
 from smartlaunch.errors import ExitCode
 from smartlaunch.topology.api import Topology
 from smartlaunch.topology.fake import from_json
+from conftest import own_lines
 
 
 def _matrix(text: str, title_line: int) -> list[list[str]]:
@@ -89,7 +90,7 @@ def test_no_nvml_says_so_in_one_line_and_exits_no_gpu(clean_env):
         res = run_node(args)
         assert res.returncode == ExitCode.NO_GPU == 4
         assert res.stdout == ""
-        (line,) = res.stderr.splitlines()
+        (line,) = own_lines(res.stderr)
         assert line.startswith("smartlaunch-node: no NVIDIA driver/NVML on this machine (")
         assert line.endswith("); the launcher will run on the CPU")
 
@@ -104,7 +105,7 @@ def test_unknown_fixture_is_a_usage_error_with_a_suggestion(clean_env):
 def test_bad_cuda_visible_devices_is_a_usage_error(clean_env):
     res = run_node(["topo"], {"SMARTLAUNCH_FAKE_TOPOLOGY": "busy-gpu", "CUDA_VISIBLE_DEVICES": "cuda:0"})
     assert res.returncode == ExitCode.USAGE
-    (line,) = res.stderr.splitlines()
+    (line,) = own_lines(res.stderr)
     assert "'cuda:0' is neither a GPU index nor a GPU/MIG UUID" in line
 
 
