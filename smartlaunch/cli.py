@@ -27,6 +27,7 @@ OWN_OPTIONS = {
     "each_file": ("--each-file",),
     "no_wait": ("--no-wait",),
     "debug": ("--debug",),
+    "quiet": ("--quiet",),
 }
 EXPLAIN_FORMATS = ("text", "json")
 
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-wait", action="store_true",
                    help="fail at once when no GPU is free instead of waiting")
     g.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    g.add_argument("--quiet", action="store_true",
+                   help="no 'smartlaunch: <decision>' line before the job's output "
+                        "(policy: launch.quiet)")
     return parser
 
 
@@ -126,6 +130,7 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
         reprofile=ns.reprofile,
         no_wait=ns.no_wait,
         debug=ns.debug,
+        quiet=ns.quiet,
         nnodes=str(ns.nnodes),
         torchrun_args=torchrun_ns,
     )

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Mapping
 
 from smartlaunch.decide.plan import Reason
 from smartlaunch.request import Request
+from smartlaunch.statusline import StatusLine
 
 
 def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ) -> int:
-    plan, topology, policy = make_plan(request, given, environ)
+    status = StatusLine()
+    try:
+        plan, topology, policy = make_plan(request, given, environ, status)
+    finally:
+        status.clear()           # an error line or the plan starts at column 0
     if request.explain == "json":
         print(plan.to_json())
         return 0
@@ -24,11 +28,18 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         from smartlaunch.decide.explain import render_text
         print(render_text(plan))
         return 0
+    if not (request.quiet or policy.launch.quiet):
+        from smartlaunch.decide.explain import decision_line
+        status.line(decision_line(plan))
     from smartlaunch.launch import execute
-    return execute(plan, request, policy, topology)
+    try:
+        return execute(plan, request, policy, topology, status=status)
+    finally:
+        status.close()
 
 
-def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
+def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
+              status: StatusLine | None = None):
     from smartlaunch.decide import decide
     from smartlaunch.errors import NoFreeGPUError
     from smartlaunch.launch.prepare import prepare
@@ -37,6 +48,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.topology import discover
 
     clock = _Clock()
+    status = status if status is not None else StatusLine(tty=False, stream=_Null())
     policy = apply_request(load_policy(request.policy_path, environ=environ), request)
     notes: list[tuple[str, str]] = []   # (reason, rule) added to the plan's reasons
     slurm = detect(environ)
@@ -64,15 +76,16 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
                       "waits for its GPUs", "jobs.wait_timeout_s"))
         unavailable, measure = frozenset(), False
         decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
-    profile = _profile(request, policy, topology, environ, unavailable) if measure else None
+    profile = _profile(request, policy, topology, environ, unavailable, status) if measure else None
     clock.lap("profile")
-    trial = _trial_runner(request, policy, environ, topology, profile) if measure else None
+    trial = _trial_runner(request, policy, environ, topology, profile, status) if measure else None
     plan = decide(
         request, topology, policy, profile,
-        comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile)),
+        comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
         trial=clock.timed("trials", trial) if trial is not None else None,
         unavailable=unavailable,
     )
+    status.clear()
     clock.lap("decide")
     plan = prepare(plan, topology, policy, environ)
     clock.lap("prepare")
@@ -143,7 +156,15 @@ def needs_profile(request: Request, topology, usable: list[int]) -> bool:
     return min(limit, len(usable)) > 1 and not request.variants
 
 
-def _profile(request, policy, topology, environ, unavailable):
+class _Null:
+    def write(self, s):
+        pass
+
+    def flush(self):
+        pass
+
+
+def _profile(request, policy, topology, environ, unavailable, status):
     usable = [g.index for g in topology.gpus
               if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
     if not needs_profile(request, topology, usable):
@@ -153,14 +174,16 @@ def _profile(request, policy, topology, environ, unavailable):
     gpu = usable[0]
 
     def announce():
-        print(f"smartlaunch: profiling {request.script} on GPU{gpu} (dry run, at most "
-              f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)", file=sys.stderr, flush=True)
+        status.ticking(f"profiling {request.script} on GPU{gpu} (dry run of at most "
+                       f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)")
+    binary = getattr(status.stream, "buffer", None)
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
                               gpu_model=topology.gpu(gpu).name, environ=environ,
-                              announce=announce)
+                              announce=announce,
+                              echo=status.echo(binary) if binary is not None else None)
 
 
-def _comm_for(topology, policy, environ, profile):
+def _comm_for(topology, policy, environ, profile, status):
     if not topology.gpus:
         return lambda group: None
     from smartlaunch.profile.comm import comm_curve
@@ -170,16 +193,30 @@ def _comm_for(topology, policy, environ, profile):
         max_bytes = max(1 << 20, 1 << (int(profile.grad_bytes) - 1).bit_length())
 
     def comm_for(group):
+        from smartlaunch.decide.words import gpu_list, mb
+        status.ticking(f"measuring all-reduce over {gpu_list(group)} up to "
+                       f"{mb(max_bytes) if max_bytes else 'the largest size'} (cached afterwards)")
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes)
     return comm_for
 
 
-def _trial_runner(request, policy, environ, topology, profile):
+def _trial_runner(request, policy, environ, topology, profile, status):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.decide.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
-    return cached_trials(make_trial_runner(request, policy, environ, expected_step_s=step),
-                         request, policy, topology=topology, environ=environ)
+    runner = make_trial_runner(request, policy, environ, expected_step_s=step)
+    count = 0
+
+    def announced(candidate):
+        nonlocal count
+        from smartlaunch.decide.words import gpu_list
+        count += 1
+        what = (f"DDP×{len(candidate.gpus)}" if candidate.strategy.value == "ddp"
+                else candidate.strategy.value)
+        status.ticking(f"trial {count}: {what} on {gpu_list(candidate.gpus)} (measured steps, at "
+                       f"least {policy.decision.trial_seconds:g} s)")
+        return runner(candidate)
+    return cached_trials(announced, request, policy, topology=topology, environ=environ)
 

@@ -5,8 +5,9 @@ import dataclasses
 import sys
 
 
-def execute(plan, request, policy, topology) -> int:
-    """Run the plan to completion, holding GPU leases while it runs; return the exit code."""
+def execute(plan, request, policy, topology, status=None) -> int:
+    """Run the plan to completion, holding GPU leases while it runs; return the exit code.
+    status: the StatusLine a waiting launch draws on (erased before the job starts)."""
     from smartlaunch.decide.plan import Strategy
 
     if plan.strategy == Strategy.INDEPENDENT:  # leases GPU by GPU as its queue moves
@@ -23,7 +24,10 @@ def execute(plan, request, policy, topology) -> int:
     count = len(plan.gpus) if ddp else 1
     with LeaseManager.from_policy(policy) as leases, leases.acquire(
             topology, candidates, count, wait=not request.no_wait,
-            timeout_s=policy.jobs.wait_timeout_s, status=_status) as lease:
+            timeout_s=policy.jobs.wait_timeout_s,
+            status=status.update if status is not None else _status) as lease:
+        if status is not None:
+            status.clear()
         if not ddp and lease.gpus != plan.gpus[:1]:
             plan = dataclasses.replace(plan, gpus=lease.gpus)
         return _run(plan, request, policy, topology)
