@@ -28,12 +28,14 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         from smartlaunch.decide.explain import render_text
         print(render_text(plan))
         return 0
-    if not (request.quiet or policy.launch.quiet):
-        from smartlaunch.decide.explain import decision_line
-        status.line(decision_line(plan))
+    from smartlaunch.decide.explain import decision_line
     from smartlaunch.launch import execute
+
+    def announce(final_plan) -> None:      # once the GPUs are held, just before the job
+        if not (request.quiet or policy.launch.quiet):
+            status.line(decision_line(final_plan))
     try:
-        return execute(plan, request, policy, topology, status=status)
+        return execute(plan, request, policy, topology, status=status, announce=announce)
     finally:
         status.close()
 
@@ -57,9 +59,13 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
                   for n in apply_to_torchrun_args(slurm, request.torchrun_args, given)]
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
+    _check_paths(request, policy, environ)
     clock.lap("policy")
     topology = discover(environ)
     clock.lap("topology")
+    # An impossible request (too many GPUs, ddp on one GPU, a forbidden strategy) fails here,
+    # in milliseconds, before the lease directory is touched or anything is measured.
+    decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=frozenset())
     unavailable = frozenset(_leased_elsewhere(topology, policy))
     clock.lap("leases")
     # The same decision without measurements first: an impossible request (too many GPUs,
@@ -99,6 +105,35 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
         plan = dataclasses.replace(
             plan, reasons=plan.reasons + tuple(Reason(text, rule) for text, rule in notes))
     return dataclasses.replace(plan, timings=clock.result()), topology, policy
+
+
+def _check_paths(request: Request, policy, environ) -> None:
+    """Directories this launch will write, checked before anything is written: the cache for
+    a decision that may measure, the log directory for a launch that may run DDP or
+    independent jobs (issue 13: a file there gave a traceback after the leases were taken)."""
+    if request.explain:
+        return
+    if request.strategy == "auto":
+        from smartlaunch.profile.cache import cache_root
+        _check_dir_usable(str(cache_root(policy, environ)), "paths.cache_dir", policy)
+    if request.strategy in ("auto", "ddp", "independent"):
+        _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
+
+
+def _check_dir_usable(path: str, key: str, policy) -> None:
+    """A directory the launch will create files under: the path, or its nearest existing
+    parent, must be a directory this user can write (else exit 3 naming the setting)."""
+    from smartlaunch.errors import PolicyError
+    full = os.path.abspath(os.path.expanduser(path))
+    probe = full
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    where = f"{key}={path} ({policy.source_of(key)})"
+    if not os.path.isdir(probe):
+        raise PolicyError(f"{where}: {probe} is not a directory; set {key} to a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PolicyError(f"{where}: {probe} is not writable by you; set {key} to a directory "
+                          f"you can write")
 
 
 class _Clock:

@@ -5,15 +5,19 @@ import dataclasses
 import sys
 
 
-def execute(plan, request, policy, topology, status=None) -> int:
+def execute(plan, request, policy, topology, status=None, announce=None) -> int:
     """Run the plan to completion, holding GPU leases while it runs; return the exit code.
-    status: the StatusLine a waiting launch draws on (erased before the job starts)."""
+    status: the StatusLine a waiting launch draws on (erased before the job starts);
+    announce(plan): called once the plan's GPUs are held, just before the job starts."""
     from smartlaunch.decide.plan import Strategy
 
+    announce = announce or (lambda p: None)
     if plan.strategy == Strategy.INDEPENDENT:  # leases GPU by GPU as its queue moves
         from smartlaunch.launch.independent import run_independent
+        announce(plan)
         return run_independent(plan, request, policy, topology)
     if plan.device != "cuda" or not plan.gpus:
+        announce(plan)
         return _run(plan, request, policy, topology)
 
     from smartlaunch.launch.leases import LeaseManager
@@ -30,6 +34,7 @@ def execute(plan, request, policy, topology, status=None) -> int:
             status.clear()
         if not ddp and lease.gpus != plan.gpus[:1]:
             plan = dataclasses.replace(plan, gpus=lease.gpus)
+        announce(plan)
         return _run(plan, request, policy, topology)
 
 

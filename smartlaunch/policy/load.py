@@ -112,6 +112,9 @@ def user_policy_path(user_path: str | None, environ: Mapping[str, str],
                      cwd: str) -> str | None:
     if user_path is not None:
         user_path = os.path.join(cwd, os.path.expanduser(user_path))   # absolute stays as is
+        if os.path.isdir(user_path):
+            raise PolicyError(f"policy file {user_path} (--policy) is a directory; name the "
+                              ".yaml file in it")
         if not os.path.isfile(user_path):
             raise PolicyError(f"policy file {user_path} (--policy) not found; check the path or "
                               "drop --policy")

@@ -134,7 +134,11 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         siblings = sorted(p for p in main.parent.glob("*.py") if p != main)[:MAX_SIBLINGS]
         budget = MAX_SIBLING_BYTES
         for p in siblings:
-            data = p.read_bytes()[:budget]
+            try:        # a directory named x.py, an unreadable file: not the script's code
+                with open(p, "rb") as f:
+                    data = f.read(budget)
+            except OSError:
+                continue
             budget -= len(data)
             h.update(p.name.encode() + b"\0" + hashlib.sha256(data).digest())
     else:
