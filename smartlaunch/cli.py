@@ -254,7 +254,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    sys.exit(main())
+    code = main()
+    # Everything of ours is done: leases released, children reaped. What is left is the
+    # interpreter's teardown of torch (imported for torchrun's parser): 0.5 s on an idle
+    # 2-core machine, and ~18 s per launcher with 20 launchers queued on 2 GPUs there
+    # (bench/results/wait-2026-11-22-cpu.md). A job's launcher should end with its job.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,8 +26,9 @@ def smartlaunch(args, cwd, env_extra=None, timeout=180):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def on_terminal(args, cwd, env_extra=None, timeout=180) -> tuple[int, bytes]:
-    """Run with stdout and stderr on one pseudo-terminal, as in an interactive shell."""
+def on_terminal(args, cwd, env_extra=None, timeout=180, watch=None) -> tuple[int, bytes]:
+    """Run with stdout and stderr on one pseudo-terminal, as in an interactive shell;
+    watch(output so far) is called after every read."""
     master, slave = pty.openpty()
     env = {**os.environ, **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", *args], cwd=cwd, env=env,
@@ -41,6 +43,8 @@ def on_terminal(args, cwd, env_extra=None, timeout=180) -> tuple[int, bytes]:
         if not chunk:
             break
         out += chunk
+        if watch is not None:
+            watch(out)
     os.close(master)
     return proc.wait(timeout=30), out
 
@@ -160,3 +164,54 @@ def test_status_line_in_a_log_repeats_at_most_once_per_interval():
     status.line("done")
     assert out.data.splitlines() == ["smartlaunch: waiting", "smartlaunch: waiting 60 s",
                                      "smartlaunch: waiting 120 s", "smartlaunch: done"]
+
+
+def _hold_both_gpus(clean_env):
+    from smartlaunch.launch.leases import LeaseManager
+    from smartlaunch.topology.fake import from_json
+    manager = LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"])
+    return manager, manager.acquire(from_json("h200-nv18-pair", {}), [0, 1], 2, wait=False,
+                                    timeout_s=0)
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_waiting_launch_shows_its_place_and_the_holder(clean_env, terminal):
+    import threading
+    script = clean_env / "hello.py"
+    script.write_text("print('job ran')\n")
+    manager, lease = _hold_both_gpus(clean_env)
+    released = threading.Event()
+
+    def watch(out: bytes) -> None:      # let it wait a while once it says so, then free a GPU
+        if b"waiting for" in out and not released.is_set():
+            released.set()
+            threading.Timer(4.5, lease.release).start()
+    args = ["--strategy", "single", str(script)]
+    try:
+        if terminal:
+            rc, raw = on_terminal(args, clean_env, PAIR, watch=watch)
+            err, shown = raw.decode(), screen(raw)
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", *args], cwd=clean_env,
+                                    env={**os.environ, **PAIR}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            err = ""
+            for line in proc.stderr:
+                err += line
+                watch(err.encode())
+            out = proc.stdout.read()
+            rc, shown = proc.wait(timeout=60), own_lines(err) + out.splitlines()
+    finally:
+        lease.release()
+        manager.close()
+    assert rc == 0, err
+    waiting = re.findall(r"smartlaunch: (waiting for 1 GPU\(s\) of 0,1: 1st of 1 in the queue; "
+                         r"GPUs 0,1 are leased by pid (\d+)[^\r\n\x1b]*waited (\d+) s)", err)
+    assert waiting and {int(w[1]) for w in waiting} == {os.getpid()}, err
+    if terminal:      # redrawn in place as it waits, gone once the job runs
+        assert len({w[2] for w in waiting}) >= 2
+        assert not any("waiting" in line for line in shown), shown
+    else:             # a log: one line for the wait, whatever its length
+        assert len(waiting) == 1
+    assert shown[-1] == "job ran"
+    assert not list(Path(os.environ["SMARTLAUNCH_LEASE_DIR"]).glob("*.waiter"))

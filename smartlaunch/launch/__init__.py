@@ -29,7 +29,8 @@ def execute(plan, request, policy, topology, status=None, announce=None) -> int:
     with LeaseManager.from_policy(policy) as leases, leases.acquire(
             topology, candidates, count, wait=not request.no_wait,
             timeout_s=policy.jobs.wait_timeout_s,
-            status=status.update if status is not None else _status) as lease:
+            status=_status if status is None else None,
+            progress=status.update if status is not None else None) as lease:
         if status is not None:
             status.clear()
         if not ddp and lease.gpus != plan.gpus[:1]:
