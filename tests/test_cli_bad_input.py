@@ -216,3 +216,24 @@ def test_bad_input(results, row):
     assert re.search(row.says, lines[0]), lines[0]
     assert got["left"] == [], f"processes left running: {got['left']}"
     assert got["new_files"] == [], f"files left behind: {got['new_files']}"
+
+
+def test_a_directory_or_unreadable_file_named_py_beside_the_script_is_not_code(tmp_path):
+    # Issue 13: both gave a traceback in the profile key (IsADirectoryError, PermissionError).
+    from smartlaunch.policy.api import Policy
+    from smartlaunch.profile.cache import profile_key
+    from smartlaunch.request import Request
+    (tmp_path / "train.py").write_text("print(1)\n")
+    request = Request(script="train.py")
+
+    def key() -> str:
+        return profile_key(request, Policy(), gpu_model="x", environ={}, cwd=str(tmp_path))
+    plain = key()
+    (tmp_path / "models.py").mkdir()
+    secret = tmp_path / "secret.py"
+    secret.write_text("x = 1\n")
+    secret.chmod(0)
+    try:
+        assert key() != "" and (os.geteuid() == 0 or key() == plain)
+    finally:
+        secret.chmod(0o644)
