@@ -32,7 +32,8 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.decide import decide
     from smartlaunch.errors import NoFreeGPUError
     from smartlaunch.launch.prepare import prepare
-    from smartlaunch.policy.load import apply_request, load_policy
+    from smartlaunch.policy.enforce import apply_request
+    from smartlaunch.policy.load import load_policy
     from smartlaunch.slurm.env import apply_to_torchrun_args, detect
     from smartlaunch.topology import discover
 
@@ -148,7 +149,7 @@ def _profile(request, policy, topology, environ, unavailable):
               if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
     if not needs_profile(request, topology, usable):
         return None
-    from smartlaunch.launch.env import narrow_visible
+    from smartlaunch.worker_env import narrow_visible
     from smartlaunch.profile.cache import profile_entrypoint
     gpu = usable[0]
 
