@@ -253,3 +253,18 @@ def slurm_cluster():
 def fake_topology(name: str) -> str:
     """A node fixture for the hooks: tests/slurm/<name>.json."""
     return str(TEMPLATES / f"topo-{name}.json")
+
+
+def topology_running(name: str, processes: dict[int, int], pid_text: str | None = None) -> str:
+    """The fixture `name` as JSON text with the GPU processes {pid: physical GPU} on it, the
+    way NVML would list them. `pid_text` replaces the pid in the text (a placeholder a job
+    script fills in with its own child's pid)."""
+    import json
+    node = json.loads(Path(fake_topology(name)).read_text())
+    for pid, gpu in processes.items():
+        g = next(g for g in node["gpus"] if g["nvml_index"] == gpu)
+        g["processes"].append({"pid": pid, "user": None, "used_mib": 100, "ours": False})
+    text = json.dumps(node, indent=1)
+    if pid_text:
+        text = text.replace(f'"pid": {next(iter(processes))},', f'"pid": {pid_text},')
+    return text
