@@ -34,7 +34,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.launch.prepare import prepare
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
-    from smartlaunch.slurm.env import apply_to_torchrun_args, detect
+    from smartlaunch.scheduler import detect
     from smartlaunch.topology import discover
 
     clock = _Clock()
@@ -43,7 +43,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     slurm = detect(environ)
     if slurm is not None and request.torchrun_args is not None:
         notes += [(n, "slurm allocation")
-                  for n in apply_to_torchrun_args(slurm, request.torchrun_args, given)]
+                  for n in slurm.fill_torchrun_args(request.torchrun_args, given)]
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
     clock.lap("policy")

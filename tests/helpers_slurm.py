@@ -171,7 +171,7 @@ class SlurmCluster:
                               text=True, timeout=timeout + 5, check=check, cwd=cwd)
 
     def node(self) -> dict[str, str]:
-        from smartlaunch.slurm.parse import parse_key_values
+        from smartlaunch.scheduler.slurm_parse import parse_key_values
         out = self.client("scontrol", "-o", "show", "node", self.host, timeout=15)
         return parse_key_values(out.stdout)
 
@@ -179,7 +179,7 @@ class SlurmCluster:
         return self.node().get("State", "")
 
     def job(self, job_id: str) -> dict[str, str]:
-        from smartlaunch.slurm.parse import parse_key_values
+        from smartlaunch.scheduler.slurm_parse import parse_key_values
         return parse_key_values(self.client("scontrol", "-o", "show", "job", job_id).stdout)
 
     def wait_job(self, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),

@@ -15,7 +15,7 @@ import pytest
 
 from helpers_slurm import LUA_CAP, fake_topology, slurm_cluster, topology_running  # noqa: F401
 
-ENV_CMD = [sys.executable, "-m", "smartlaunch.slurm.env"]
+ENV_CMD = [sys.executable, "-m", "smartlaunch.scheduler"]
 
 
 def srun_json(cluster, *args: str, inner: list[str] | None = None) -> dict:

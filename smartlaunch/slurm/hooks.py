@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from smartlaunch.errors import HealthError, SlurmError
+from smartlaunch.scheduler import slurm
 from smartlaunch.slurm import health
 from smartlaunch.topology.api import Finding, Severity, Topology
 
@@ -116,11 +117,8 @@ def load_baseline(d: Path) -> Topology | None:
 
 
 def job_gpus(env: Mapping[str, str]) -> list[int] | None:
-    raw = env.get("SLURM_JOB_GPUS", "")
-    if not raw.strip():
-        return None
-    from smartlaunch.slurm.parse import parse_id_list
-    return list(parse_id_list(raw, "SLURM_JOB_GPUS"))
+    alloc = slurm.gpu_allocation(env)
+    return list(alloc.gpus) if alloc else None
 
 
 def check_node(cfg: HookConfig, env: Mapping[str, str]) -> tuple[Topology, list[Finding]]:
