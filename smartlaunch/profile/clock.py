@@ -13,6 +13,7 @@ later than the host reaches them).
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 
@@ -65,3 +66,29 @@ def device_clock(torch):
     if cuda.is_available() and cuda.is_initialized():
         return CudaClock(cuda)
     return HostClock()
+
+
+def read_window(clock, marks: list, spans: list) -> dict:
+    """Step time and its split from a closed window: marks at the window start and each step
+    end; spans[i] = [(kind, start mark, end mark), ...] inside step i (forward, backward)."""
+    n = len(marks) - 1
+    out: dict = {"steps_measured": max(0, n)}
+    if n < 1:
+        return out
+    per = sorted(clock.seconds(a, b) for a, b in zip(marks, marks[1:]))
+    step = clock.seconds(marks[0], marks[-1]) / n
+    out.update(step_time_s=step, window_s=step * n,
+               step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]))
+    split: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    for i, step_spans in enumerate(spans[:n]):
+        for kind in ("forward", "backward"):
+            got = [clock.seconds(a, b) for k, a, b in step_spans if k == kind]
+            if got:
+                split[kind].append(sum(got))
+        ends = [b for k, _, b in step_spans if k == "backward"]
+        if ends:   # last backward end -> step end: optimizer, clipping, the scaler
+            split["optimizer"].append(clock.seconds(ends[-1], marks[i + 1]))
+    for kind, xs in split.items():
+        if xs:
+            out[f"{kind}_s"] = statistics.median(xs)
+    return out

@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-from smartlaunch.profile.clock import device_clock
+from smartlaunch.profile.clock import device_clock, read_window
 from smartlaunch.profile.inputs import WorldSizeWatch, first_grad_tensor, leading_dim
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
@@ -92,11 +92,8 @@ class Recorder:
         mm = torch.nn.modules.module
         self.handles.append(mm.register_module_forward_pre_hook(self.on_pre))
         # The post hook sees keyword arguments (global pre hooks cannot): model(**inputs).
-        try:
-            self.handles.append(mm.register_module_forward_hook(
-                self.on_post, with_kwargs=True, always_call=True))
-        except TypeError:  # older signature without always_call
-            self.handles.append(mm.register_module_forward_hook(self.on_post, with_kwargs=True))
+        self.handles.append(mm.register_module_forward_hook(
+            self.on_post, with_kwargs=True, always_call=True))
         self.world.install(torch)
         import smartlaunch
         smartlaunch._step_hook = self.on_marker
@@ -299,32 +296,10 @@ class Recorder:
                 "micro_batch_size": self.micro_batch, "micro_batches": micro}
 
     def window(self) -> dict:
-        """Step time and its split, in device time from the closed window's marks; nothing
-        from host intervals."""
-        c, marks = self.clock, self.marks
-        n = len(marks) - 1
-        out: dict = {"steps_measured": max(0, n), "timing": c.name if c else None,
-                     "window_cut_short": self.t_window is not None and self.closed != "measured"}
-        if self.closed is None or n < 1:
-            return out
-        per = sorted(c.seconds(a, b) for a, b in zip(marks, marks[1:]))
-        step = c.seconds(marks[0], marks[-1]) / n
-        out.update(step_time_s=step, window_s=step * n,
-                   step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]))
-        split = {"forward": [], "backward": [], "optimizer": []}
-        for i, spans in enumerate(self.spans[:n]):
-            if not spans:
-                continue
-            for kind in ("forward", "backward"):
-                got = [c.seconds(a, b) for k, a, b in spans if k == kind]
-                if got:
-                    split[kind].append(sum(got))
-            bwd = [b for k, _, b in spans if k == "backward"]
-            if bwd:   # last backward end -> step end: optimizer, clipping, scaler
-                split["optimizer"].append(c.seconds(bwd[-1], marks[i + 1]))
-        for kind, xs in split.items():
-            if xs:
-                out[f"{kind}_s"] = statistics.median(xs)
+        out = {"timing": self.clock.name if self.clock else None,
+               "window_cut_short": self.t_window is not None and self.closed != "measured"}
+        marks = self.marks if self.closed is not None else self.marks[:1]
+        out.update(read_window(self.clock, marks, self.spans))
         return out
 
     def write(self, reason: str = "exit") -> None:
