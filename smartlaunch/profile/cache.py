@@ -29,6 +29,8 @@ from smartlaunch.store import cache_root, private_dir, read_json, write_json
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
+# 2: device-time windows, batch_size per optimizer step (issue 15); older entries re-profile.
+PROFILE_FORMAT = 2
 
 
 def script_file(request, cwd: str, environ) -> Path | None:
@@ -77,7 +79,7 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         "script": request.script, "module": request.module, "args": list(request.script_args),
         "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
         "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
-        "torch": torch_version(), "gpu": gpu_model,
+        "torch": torch_version(), "gpu": gpu_model, "format": PROFILE_FORMAT,
     }
     h.update(json.dumps(key, sort_keys=True).encode())
     return h.hexdigest()[:32]
