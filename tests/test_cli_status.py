@@ -112,7 +112,10 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr
     ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
-    assert [line.split(" ", 2)[1] for line in ours] == ["profiling", "measuring", "DDP×2"], ours
+    words = [line.split(" ", 2)[1] for line in ours]
+    # A loaded machine may land in the uncertainty band: then trials follow, one line each.
+    assert words[0] == "profiling" and words[-1] in ("DDP×2", "single"), ours
+    assert set(words[1:-1]) <= {"measuring", "trial"} and len(set(ours)) == len(ours), ours
 
 
 @pytest.mark.parametrize("args, want", [
