@@ -30,6 +30,7 @@ class ModelProfile:
     param_dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> element count
     grad_bytes: int = 0                          # bytes DDP would all-reduce per step
     num_grad_tensors: int = 0
+    buffer_bytes: int = 0                        # module buffers DDP broadcasts every forward
     batch_size: int | None = None
     wrapped: str | None = None                   # "DDP", "FSDP" when the script wraps itself
     step_time_s: float | None = None             # median wall time between optimizer steps
