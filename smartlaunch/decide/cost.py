@@ -111,6 +111,7 @@ class ModelError:
     p90_log: float
     median_log: float
     rows: int
+    label: str                     # how --explain names it: "held-out error"
     source: str
 
     @property
@@ -122,6 +123,7 @@ class ModelError:
 # Frozen with the constants above, before the held-out scripts were measured: leave-one-script-
 # out over the old suite (each script predicted by constants fitted without it).
 MODEL_ERROR = ModelError(p90_log=0.241, median_log=0.118, rows=24,
+                         label="leave-one-script-out error",
                          source="leave-one-script-out, old suite, 2x H200 2026-11-22")
 
 
