@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ MiB = 1024 * 1024
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    basis: str = "forced"        # forced | model | trial | fallback | only
+    basis: str = "forced"        # forced | model | trial | launch | fallback | only
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
 
 
@@ -68,6 +69,11 @@ def choose_auto(ctx, cands: dict) -> Choice:
                                   is None else None))
         return Choice(Strategy.SINGLE, single[1], "only")
 
+    if ctx.launched:
+        got = _from_launches(ctx, single, ddp, preds)
+        if got is not None:
+            return got
+
     missing = [k for k in ddp if preds[k] is None]
     if not ctx.predictable or missing:
         if not ctx.predictable:
@@ -87,6 +93,17 @@ def choose_auto(ctx, cands: dict) -> Choice:
         return _fallback(ctx, ddp, note)
 
     scores = {k: preds[k].speedup for k in [single, *ddp]}
+    if ctx.profile.work_depends_on_world_size and d.trials:
+        # The model assumes torchrun's semantics (each rank does the profiled work); a
+        # script that sizes its work by the world size (nanoGPT's accumulation) breaks that.
+        why = (f"the script reads the world size before its first step "
+               f"({ctx.profile.reads_world_size}), so its work per rank under DDP may differ "
+               f"from the profiled run")
+        measured, note = _trials(ctx, [single, *ddp], why, "decision.trials")
+        if measured:
+            return measured
+        return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
+                                      f"does the profiled work")
     floor = d.min_efficiency
     band, source = uncertainty(ctx)
     reach = math.log1p(band)
@@ -115,6 +132,41 @@ def uncertainty(ctx) -> tuple[float, str]:
     if getattr(ctx.profile, "low_confidence", False):
         p90, source = 2 * p90, source + ", doubled for a low-confidence profile"
     return math.expm1(p90), source
+
+
+def _from_launches(ctx, single, ddp: list, preds: dict) -> Choice | None:
+    """Earlier launches of this job measured what DDP×N really gave: those candidates are
+    scored by measurement, the rest by the model (issue 15: predictions were off by up to 4×
+    on workloads the model was not fitted to)."""
+    from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
+    runs = {k: ctx.launched.get(candidate_name(k[0].value, k[1])) for k in ddp}
+    runs = {k: r for k, r in runs.items() if r is not None}
+    prof = ctx.profile.to_dict() if ctx.profile is not None else {}
+    base, source = one_gpu_rate(ctx.launched, prof)
+    if not runs or not base:
+        return None
+    scores = {single: 1.0}
+    for k in ddp:
+        if k in runs:
+            scores[k] = runs[k].rank_steps_per_s / base
+        elif preds[k] is not None:
+            scores[k] = preds[k].speedup
+    win = _pick(ctx, scores)
+    ran = []
+    for k, r in runs.items():
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.measured_at))
+        ran.append(f"DDP×{_key_n(k)} on {gpu_list(k[1])} ran at {times(scores[k])} of one GPU "
+                   f"({pct(scores[k] / _key_n(k))} efficiency, {r.steps} steps, {when}"
+                   + (f"; {r.assumed}" if r.assumed else "") + ")")
+    win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
+        else f"single GPU{win[1][0]}"
+    text = ("measured by earlier launches of this job, preferred over predictions: "
+            + "; ".join(ran) + f"; one GPU from {source}; the policy asks "
+            f"{pct(ctx.policy.decision.min_efficiency)} → {win_name}")
+    ctx.reasons.append(Reason(text, ctx.policy.rule("decision.min_efficiency")))
+    batch = ctx.profile.batch_size if ctx.profile is not None and ctx.profile.batch_size else 1
+    measured = {single: base * batch, **{k: scores[k] * base * batch for k in runs}}
+    return Choice(win[0], win[1], "launch", measured)
 
 
 def _by_model(ctx, scores: dict, note: str | None) -> Choice:

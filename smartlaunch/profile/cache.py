@@ -35,6 +35,8 @@ DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
+# 2: device-time windows, batch_size per optimizer step (issue 15); older entries re-profile.
+PROFILE_FORMAT = 2
 
 
 def cache_root(policy, environ) -> Path:
@@ -143,7 +145,7 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         "script": request.script, "module": request.module, "args": list(request.script_args),
         "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
         "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
-        "torch": torch_version(), "gpu": gpu_model,
+        "torch": torch_version(), "gpu": gpu_model, "format": PROFILE_FORMAT,
     }
     h.update(json.dumps(key, sort_keys=True).encode())
     return h.hexdigest()[:32]
@@ -174,6 +176,17 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
             write_json(path, profile.to_dict())
         return profile
+
+
+def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:
+    """The stored profile of this entrypoint, without running anything (None: none yet)."""
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
+    hit = read_json(folder / (profile_key(request, policy, gpu_model=gpu_model,
+                                          environ=environ) + ".json"))
+    try:
+        return ModelProfile.from_dict(hit) if hit else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def comm_key(topology, gpus, backend: str, environ) -> str:

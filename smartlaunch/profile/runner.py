@@ -170,6 +170,9 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
     measured = int(data.get("steps_measured") or 0)
     if measured and measured >= _asked(request, data):
         status, note = ProfileStatus.OK, f"{measured} steps measured {where}"
+        if data.get("window_cut_short"):
+            note = (f"{measured} steps measured, but the script ended before the window's "
+                    f"minimum length; times are less certain {where}")
     elif measured:
         status = ProfileStatus.INCOMPLETE
         why = f"the time limit ({limit_txt}) ended it" if timed_out else "the script ended"
