@@ -1,6 +1,6 @@
-"""A wide MLP at a small batch (~151M parameters: 6144 wide, 4 hidden layers), batch 16, fp32.
+"""A wide MLP at a small batch (~120M parameters: 6144 wide, 4 hidden layers), batch 16, fp32.
 
-Large gradients (600 MB) and little compute per step: each layer is a skinny matrix product
+Large gradients (480 MB) and little compute per step: each layer is a skinny matrix product
 that reads its weights once, so the step is memory- and launch-bound, not FLOP-bound.
 """
 from __future__ import annotations
