@@ -30,11 +30,11 @@ from smartlaunch.decide.cost import MODEL_ERROR, CostModel, predict_ddp  # noqa:
 FIT = Path(__file__).parent / "results" / "cost-fit-old-suite.json"
 
 
-def band_choice(pred: float, trial: float | None, floor: float, n: int = 2) -> str:
+def band_choice(pred: float, trial: float | None, floor: float, p90: float, n: int = 2) -> str:
     """What the model and its band decide: 'ddp', 'single', 'trial→ddp' / 'trial→single' by the
     recorded trial, or 'trial?' (inside the band, no trial recorded)."""
     eff = pred / n
-    if abs(math.log(max(eff, 1e-9) / floor)) <= MODEL_ERROR.p90_log:
+    if abs(math.log(max(eff, 1e-9) / floor)) <= p90:
         if trial is None:
             return "trial?"
         return "trial→" + ("ddp" if trial / n >= floor and trial > 1 else "single")
@@ -57,6 +57,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("records", nargs="+", type=Path)
     ap.add_argument("--floor", type=float, default=0.5, help="the policy's min_efficiency")
+    ap.add_argument("--band-p90", type=float, default=MODEL_ERROR.p90_log,
+                    help="|ln error| inside which a trial decides (default: MODEL_ERROR's; give "
+                         "the figure that was in force when the records were measured)")
     args = ap.parse_args(argv)
     records = fit_cost.load(args.records)
     by = common.latest(records)
@@ -73,7 +76,7 @@ def main(argv: list[str]) -> int:
             continue
         pred = predict_ddp(rep["profile"], rep["curve"], rep["curve"].world_size, model).speedup
         errs.append(math.log(pred / meas))
-        choice = band_choice(pred, trial_speedup(sl), args.floor)
+        choice = band_choice(pred, trial_speedup(sl), args.floor, args.band_p90)
         mb = (common.regret(choice.split("→")[-1], r["single_sps"], r["ddp_sps"])
               if choice != "trial?" else None)
         for k, v in (("as run", r["regret"]["smartlaunch"]), ("model + band", mb),
@@ -93,7 +96,7 @@ def main(argv: list[str]) -> int:
     fit = json.loads(FIT.read_text()) if FIT.exists() else {}
     lines = ["# Held-out validation of the frozen cost model", "",
              f"Constants frozen in commit 9a133e3 before any held-out script was measured; "
-             f"band: MODEL_ERROR p90 |ln err| {MODEL_ERROR.p90_log} ({MODEL_ERROR.source}); "
+             f"band replayed: p90 |ln err| {args.band_p90}; "
              f"policy min_efficiency {args.floor}. Records: "
              + ", ".join(f"`{p}`" for p in args.records), "",
              "| script | link | measured | model | model err | smartlaunch (as run) | regret | "
