@@ -91,6 +91,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
         comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
         trial=clock.timed("trials", trial) if trial is not None else None,
         unavailable=unavailable,
+        launched=_launched(request, policy, topology, environ) if profile is not None else None,
     )
     status.clear()
     clock.lap("decide")
@@ -234,6 +235,12 @@ def _comm_for(topology, policy, environ, profile, status):
                        f"{mb(max_bytes) if max_bytes else 'the largest size'} (cached afterwards)")
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes)
     return comm_for
+
+
+def _launched(request, policy, topology, environ):
+    """Measured rates of earlier launches of this job (profile.feedback)."""
+    from smartlaunch.profile.feedback import job_key, load_rates
+    return load_rates(policy, job_key(request, policy, topology, environ), environ)
 
 
 def _trial_runner(request, policy, environ, topology, profile, status):

@@ -40,6 +40,9 @@ def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) ->
     result = launch_ddp(plan, request, policy, topology)
     if result.message:
         print(result.message, file=sys.stderr, flush=True)
+    if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
+        from smartlaunch.launch.measured import record_launch
+        record_launch(plan, request, policy, topology, result.details.get("run_dir"))
     return result.exit_code
 
 

@@ -117,6 +117,17 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         return profile
 
 
+def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:
+    """The stored profile of this entrypoint, without running anything (None: none yet)."""
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
+    hit = read_json(folder / (profile_key(request, policy, gpu_model=gpu_model,
+                                          environ=environ) + ".json"))
+    try:
+        return ModelProfile.from_dict(hit) if hit else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def comm_key(topology, gpus, backend: str, environ) -> str:
     key = {
         "topology": topology.fingerprint() if topology is not None else "none",
