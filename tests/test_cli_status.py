@@ -88,8 +88,10 @@ def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
     assert b"\r\x1b[K" in raw and b"profiling" in raw and b"measuring all-reduce" in raw
     ours = [line for line in shown if line.startswith("smartlaunch:")]
     assert len(ours) == 1, shown
-    assert re.fullmatch(r"smartlaunch: DDP×2 on GPUs 0,1 \(NV18\) — (predicted|measured) "
-                        r"\d+\.\d\d× one GPU; --explain for why", ours[0]), ours
+    # DDP or, when a loaded machine's trials say so, single: either way with its number.
+    assert re.fullmatch(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU\d — "
+                        r"DDP×2 )(predicted|measured) \d+\.\d\d× one GPU; --explain for why",
+                        ours[0]), ours
     assert not any("profiling" in line or "all-reduce" in line for line in shown), shown
     assert any(line.startswith("model=") for line in shown)
     assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
