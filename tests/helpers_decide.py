@@ -122,7 +122,13 @@ class FakeComm:
         if tuple(group) in self.missing:
             return None
         fam = link_family(self.topology.worst_link(group).link_class)
-        return curve(len(group), self.busbw[fam], gpus=group)
+        busbw = self.busbw[fam]
+        widths = [self.topology.gpu(i).pcie_width for i in group]
+        full = [self.topology.gpu(i).pcie_width_max for i in group]
+        if fam != "NV" and all(widths) and all(full):
+            # Without NVLink a ring runs at its slowest hop: an x8 GPU halves the group's busbw.
+            busbw *= min(widths) / max(full)
+        return curve(len(group), busbw, gpus=group)
 
 
 class FakeTrial:

@@ -204,6 +204,7 @@ class _Ctx:
         self.usable, self.cap, self.reasons = usable, cap, reasons
         self.curves: dict[tuple[int, ...], CommCurve] = {}
         self.launched: dict[str, MeasuredRate] = {}
+        self.ddp_keys: list = []        # every DDP candidate, for naming those not tried
 
     @property
     def predictable(self) -> bool:

@@ -5,6 +5,9 @@ A GPU is usable when it is healthy, not leased by another launch, has no foreign
 memory headroom. A DDP group is the one whose worst link is best, then the one on the fewest
 NUMA nodes (an NVLink pair on one socket beats GPU0+GPU7 across sockets), then the one with
 the best links overall, then the lowest indices (so every node decides alike).
+Between PCIe links of one class, a GPU whose link trained narrower than its peers (x8 in an
+x16 slot) caps every ring through it: without NVLink a ring's bandwidth is its slowest hop's,
+so a group without that GPU comes first (issue 17: on pcie-4gpu-x8, DDP×3 on GPU0,1,3).
 """
 from __future__ import annotations
 
@@ -81,9 +84,16 @@ def group_key(topology: Topology, group) -> tuple:
     worst = topology.worst_link(group)
     pairs = [topology.link(a, b) for a, b in itertools.combinations(sorted(group), 2)]
     nv = worst.link_class[2:] if worst and worst.link_class[2:].isdigit() else "0"
+    narrow = 0 if worst and worst.link_class.startswith("NV") else -pcie_lanes(topology, group)
     return (link_rank(worst.link_class) if worst else 0, -int(nv),
-            numa_nodes(topology, group),
+            numa_nodes(topology, group), narrow,
             sum(link_rank(p.link_class) for p in pairs), tuple(sorted(group)))
+
+
+def pcie_lanes(topology: Topology, group) -> int:
+    """The narrowest PCIe link width in the group (0 where NVML did not say)."""
+    widths = [topology.gpu(i).pcie_width for i in group]
+    return min((w for w in widths if w), default=0) if all(widths) else 0
 
 
 def best_group(topology: Topology, candidates: list[int], n: int,

@@ -9,9 +9,13 @@ from typing import Any
 
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, Reason, Strategy
-from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
+from smartlaunch.decide.words import gbps, gpu_list, ms, pct, rate, times
 
 MiB = 1024 * 1024
+# A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
+# (README): where predictions rank the DDP candidates, only the best two are tried (issue 17:
+# an 8-GPU node would otherwise try seven group sizes).
+MAX_DDP_TRIALS = 2
 
 
 @dataclass
@@ -41,6 +45,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
     keys = list(cands)
     single = keys[0]
     ddp = [k for k in keys if k[0] == Strategy.DDP]
+    ctx.ddp_keys = ddp
     indep = next((k for k in keys if k[0] == Strategy.INDEPENDENT), None)
     preds = {k: cands[k][1] for k in keys}
 
@@ -99,7 +104,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
         why = (f"the script reads the world size before its first step "
                f"({ctx.profile.reads_world_size}), so its work per rank under DDP may differ "
                f"from the profiled run")
-        measured, note = _trials(ctx, [single, *ddp], why, "decision.trials")
+        measured, note = _trials(ctx, [single, *_top(ddp, scores)], why, "decision.trials")
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
@@ -113,11 +118,18 @@ def choose_auto(ctx, cands: dict) -> Choice:
                pct(band) + ", " + source + "): " +
                ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
         remaining = [k for k in ddp if preds[k].efficiency * (1 + band) >= floor]
-        measured, note = _trials(ctx, [single, *remaining], why, "decision.uncertainty_band")
+        measured, note = _trials(ctx, [single, *_top(remaining, scores)], why,
+                                 "decision.uncertainty_band")
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides")
     return _by_model(ctx, scores, None)
+
+
+def _top(ddp: list, scores: dict) -> list:
+    """The MAX_DDP_TRIALS DDP candidates with the most predicted samples/s, in N order."""
+    best = sorted(ddp, key=lambda k: (-scores[k], _key_n(k)))[:MAX_DDP_TRIALS]
+    return sorted(best, key=_key_n)
 
 
 def uncertainty(ctx) -> tuple[float, str]:
@@ -209,6 +221,11 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
                       f" {rate(v)}" for k, v in measured.items())
     lost = [k for k in keys if k not in measured]
     text = f"{why} → measured trials: {names}"
+    untried = [k for k in ctx.ddp_keys if k not in keys]
+    if untried:
+        text += ("; not tried: " + ", ".join(f"DDP×{_key_n(k)}" for k in untried) +
+                 f" (predicted below the top {MAX_DDP_TRIALS}, or below the policy's threshold "
+                 f"even at the band's edge)")
     if lost:
         text += "; no measurement for " + ", ".join(f"DDP×{_key_n(k)}" for k in lost)
     win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
@@ -260,11 +277,32 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []
     for key, (c, pred) in rows.items():
-        out.append(dataclasses.replace(c, reason=_sentence(c, pred, win, choice, floor,
-                                                           uncertainty(ctx))))
+        text = _sentence(c, pred, win, choice, floor, uncertainty(ctx))
+        if key[0] == Strategy.DDP:
+            text = text.replace(f"DDP×{len(c.gpus)} on {gpu_list(c.gpus)}",
+                                f"DDP×{len(c.gpus)} on {gpu_list(c.gpus)} ({group_note(ctx, key[1])})",
+                                1)
+        out.append(dataclasses.replace(c, reason=text))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
         out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
     return tuple(out)
+
+
+def group_note(ctx, gpus: tuple[int, ...]) -> str:
+    """Why this group for its N, and the curve its prediction used: "worst link NV18, 1 NUMA
+    node, all-reduce 230 GB/s at the gradient size measured on this group"."""
+    from smartlaunch.decide.groups import family_link, numa_nodes
+    k = numa_nodes(ctx.topology, gpus)
+    text = f"worst link {family_link(ctx.topology, gpus)}, {k} NUMA node{'s' if k != 1 else ''}"
+    curve = ctx.curves.get(gpus)
+    if curve is not None:
+        grad = ctx.profile.grad_bytes if ctx.profile is not None and ctx.profile.grad_bytes \
+            else 256 * MiB
+        where = "at the gradient size" if grad != 256 * MiB else "at 256 MiB"
+        text += f", all-reduce {gbps(curve.bus_bandwidth_Bps(grad))} {where} measured on this group"
+    elif ctx.predictable:
+        text += ", no all-reduce curve measured on this group"
+    return text
 
 
 def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float,
