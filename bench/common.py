@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+import multi_n
+
 # Every child on the lent H200 machines needs these (NVLink SHARP/multicast must stay off).
 REQUIRED_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -199,6 +201,12 @@ def replay_inputs(rec: dict[str, Any] | None):
             CommCurve.from_points(int(c["world_size"]), c.get("backend", "nccl"), c["points"]))
 
 
+def replay_n(rec: dict[str, Any] | None) -> int | None:
+    """The world size of the curve a recorded plan carried (its chosen group's)."""
+    inputs = replay_inputs(rec)
+    return inputs[1].world_size if inputs is not None else None
+
+
 def replay_model(rec: dict[str, Any] | None, model=None) -> float | None:
     """The cost model's DDP speedup for a recorded smartlaunch row (its own profile and
     all-reduce curve), whether or not a trial decided that row. None: not replayable."""
@@ -234,53 +242,78 @@ def latest(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     by a later failure, so a resumed run cannot erase a measurement."""
     out: dict[tuple, dict[str, Any]] = {}
     for r in records:
-        key = (r["kind"], r["script"], r.get("condition"))
+        key = (multi_n.label(r), r["script"], r.get("condition"))
         if r.get("ok") or not (out.get(key) or {}).get("ok"):
             out[key] = r
     return out
 
 
 def build_rows(records: list[dict[str, Any]], conditions=tuple(CONDITIONS)) -> list[dict[str, Any]]:
-    """One row per script x condition measured, in suite order, with all three policies."""
+    """One row per script x condition measured, in suite order, with all three policies scored
+    against the best of single and every DDP×N measured (bench/multi_n.py)."""
     by = latest(records)
     seen = {r["script"] for r in records if r["kind"] in ("single", "ddp", "smartlaunch")}
     order = [e.id for e in SUITE if e.id in seen] + sorted(seen - {e.id for e in SUITE})
+    ns = multi_n.sizes(records) or (multi_n.LEGACY_N,)
     rows = []
     for sid in order:
         single = by.get(("single", sid, None))
         for cond in conditions:
-            ddp, sl = by.get(("ddp", sid, cond)), by.get(("smartlaunch", sid, cond))
-            if not (ddp or sl):
+            ddps = {n: by.get((multi_n.ddp_label(n), sid, cond)) for n in ns}
+            sl = by.get(("smartlaunch", sid, cond))
+            if not (any(ddps.values()) or sl):
                 continue
-            s_sps = single["samples_per_s"] if single and single.get("ok") else 0.0
-            d_sps = ddp["samples_per_s"] if ddp and ddp.get("ok") else 0.0
+            measured = multi_n.rates(single, ddps)
+            # The legacy columns are DDP×2's (or the smallest N run): the model was fitted there.
+            first = next((n for n in ns if n in measured), ns[0])
+            s_sps, d_sps = measured.get(1, 0.0), measured.get(first, 0.0)
             meas = d_sps / s_sps if s_sps and d_sps else None
             sl_ok = bool(sl and sl.get("ok"))
             params = (single or {}).get("params") or (sl or {}).get("profile_params")
             batch = (single or {}).get("batch") or (sl or {}).get("profile_batch")
             pred = sl.get("predicted_speedup") if sl_ok else None
-            model = replay_model(sl) if sl_ok else None
+            model, model_n = (replay_model(sl), replay_n(sl)) if sl_ok else (None, None)
+            model_meas = measured.get(model_n, 0.0) / s_sps if s_sps and model_n else None
+            largest = max((n for n, r in ddps.items() if r), default=ns[-1])
             choices = {"smartlaunch": sl.get("choice") if sl_ok else None,
                        "always_ddp": "ddp", "seeds": seeds_rule(params, batch)}
+            picked = {"smartlaunch": multi_n.choice_n(choices["smartlaunch"],
+                                                      sl.get("nproc_per_node") if sl_ok else None,
+                                                      largest),
+                      # torchrun --nproc-per-node <all>, and the seeds' rule's DDP on every GPU
+                      "always_ddp": largest,
+                      "seeds": multi_n.choice_n(choices["seeds"], None, largest)}
+            preds = multi_n.predicted(sl) if sl_ok else {}
+            best = multi_n.oracle(measured)
             rows.append({
                 "script": sid, "condition": cond, "params": params, "batch": batch,
                 "single_sps": s_sps or None, "ddp_sps": d_sps or None,
+                "ddp_sps_by_n": {n: measured.get(n) for n in ns},
                 "measured_speedup": meas,
-                "oracle": (("ddp" if d_sps > s_sps else "single") if meas else None),
-                "choice": choices,
-                "regret": {k: regret(c, s_sps, d_sps) for k, c in choices.items()},
+                "measured_speedup_by_n": {n: measured[n] / s_sps if s_sps and n in measured
+                                          else None for n in ns},
+                "oracle": (("ddp" if best and best > 1 else "single") if best else None),
+                "oracle_n": best,
+                "choice": choices, "choice_n": picked,
+                "regret": {k: multi_n.regret(n, measured) for k, n in picked.items()},
                 "predicted_speedup": pred,
+                "predicted_speedup_by_n": preds,
                 "predicted_by_trial": sl.get("predicted_by_trial") if sl_ok else None,
                 "pred_error": (pred - meas) / meas if pred is not None and meas else None,
+                "pred_error_by_n": {n: preds[n] * s_sps / measured[n] - 1 for n in preds
+                                    if n in measured and s_sps},
                 "model_speedup": model,
-                "model_error": (model - meas) / meas if model is not None and meas else None,
+                "model_error": (model - model_meas) / model_meas
+                if model is not None and model_meas else None,
                 "decision_s": sl.get("wall_s") if sl_ok else None,
                 "decision_warm_s": sl.get("warm_wall_s") if sl_ok else None,
                 "decided_at": sl.get("time") if sl_ok else None,
                 "decision_warm_inproc_s": (sl.get("warm_timings") or {}).get("total") if sl_ok else None,
                 "profile_cached": sl.get("profile_cached") if sl_ok else None,
-                "errors": {k: r.get("error") for k, r in (("single", single), ("ddp", ddp),
-                                                          ("smartlaunch", sl))
+                "errors": {(f"ddp×{n}" if len(ns) > 1 else "ddp") if k == "ddp" else k: r.get("error")
+                           for k, n, r in (("single", 1, single),
+                                           *(("ddp", n, ddps[n]) for n in ns),
+                                           ("smartlaunch", 0, sl))
                            if r and not r.get("ok")},
             })
     return rows
@@ -302,6 +335,7 @@ def summarize(rows: list[dict[str, Any]], baseline_s: float | None = None,
         vals = [r["regret"][pol] for r in rows if r["regret"][pol] is not None]
         policies[pol] = {**_stats(vals), "missing": len(rows) - len(vals)}
     errs = [abs(r["pred_error"]) for r in rows if r["pred_error"] is not None]
+    errs_n = [abs(e) for r in rows for e in (r.get("pred_error_by_n") or {}).values()]
     model_errs = [abs(r["model_error"]) for r in rows if r.get("model_error") is not None]
     first = [r["decision_s"] for r in rows if r["decision_s"] is not None]
     cold = [r["decision_s"] for r in rows if r["decision_s"] is not None and r["profile_cached"] is False]
@@ -324,10 +358,14 @@ def summarize(rows: list[dict[str, Any]], baseline_s: float | None = None,
         # The decision's own cost: the warm command minus what `torchrun` pays to start too.
         "warm decision beyond torch's start-up <= 0.5 s": None if over is None else over <= 0.5,
     }
+    if any(len(r.get("ddp_sps_by_n") or {}) > 1 for r in rows):
+        # issue 17's goal with N in {1, 2, 3, 4} on one machine
+        goals["max regret <= 5% (several N)"] = None if sl["max"] is None else sl["max"] <= 0.05
     if inproc:   # the plan's own clock: policy, topology, caches, decide, prepare
         goals["warm decision in-process <= 0.5 s"] = max(inproc) <= 0.5
     return {"rows": len(rows), "regret": policies, "pred_error_abs": pe,
             "pred_within_15pct": sum(e <= 0.15 for e in errs),
+            "pred_error_abs_every_n": _stats(errs_n),
             "model_error_abs": _stats(model_errs),
             "model_within_15pct": sum(e <= 0.15 for e in model_errs),
             "decision_warm_over_import_s": over,
@@ -336,76 +374,3 @@ def summarize(rows: list[dict[str, Any]], baseline_s: float | None = None,
             "decision_warm_inproc_s": _stats(inproc),
             "decision_first_s": _stats(first), "decision_cold_s": _stats(cold),
             "decision_warm_s": wm, "python_torch_import_s": baseline_s, "goals": goals}
-
-
-# ---- the report ---------------------------------------------------------------------------
-def _f(x, fmt: str = "{:.2f}", none: str = "–") -> str:
-    return none if x is None else fmt.format(x)
-
-
-def _pct(x) -> str:
-    return _f(None if x is None else 100 * x, "{:.1f}%")
-
-
-def _import_floor(summary: dict[str, Any]) -> str:
-    lo_hi = summary.get("python_torch_import_range_s")
-    if lo_hi and lo_hi[1] - lo_hi[0] >= 0.01:
-        return f"{lo_hi[0]:.2f}–{lo_hi[1]:.2f} s across invocations"
-    return _f(summary.get("python_torch_import_s")) + " s"
-
-
-def render_markdown(rows: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = [f"# Regret benchmark — {meta.get('machine', '?')}, {meta.get('date', '?')}", "",
-             "Speedup = DDP×2 samples/s ÷ single-GPU samples/s, same per-GPU batch, both measured "
-             "in the same invocation on the same machine (single once per script: it never "
-             "touches NCCL). Regret = 1 − chosen ÷ best of the two.", "",
-             "`pred.` is what smartlaunch's plan said (a measured trial where marked); `model` "
-             "is the cost model's prediction replayed from the row's own profile and all-reduce "
-             "curve, trial or not.", "",
-             "| script | params | batch | link | single s/s | DDP s/s | speedup meas. | pred. | "
-             "err | model | model err | oracle | smartlaunch | regret SL | always-DDP | seeds | "
-             "decide 1st s | warm s |",
-             "|" + "---|" * 18]
-    for r in rows:
-        reg, ch = r["regret"], r["choice"]
-        pred = _f(r["predicted_speedup"]) + (" (trial)" if r.get("predicted_by_trial") else "")
-        lines.append("| " + " | ".join([
-            r["script"], _f(r["params"], "{:,}"), _f(r["batch"], "{}"), r["condition"],
-            _f(r["single_sps"], "{:,.0f}"), _f(r["ddp_sps"], "{:,.0f}"),
-            _f(r["measured_speedup"]), pred, _pct(r["pred_error"]),
-            _f(r.get("model_speedup")), _pct(r.get("model_error")), r["oracle"] or "–",
-            ch["smartlaunch"] or "–", _pct(reg["smartlaunch"]), _pct(reg["always_ddp"]),
-            f"{_pct(reg['seeds'])} ({ch['seeds'] or '?'})",
-            _f(r["decision_s"], "{:.1f}") + (" (cold)" if r.get("profile_cached") is False else ""),
-            _f(r["decision_warm_s"])]) + " |")
-    lines += ["", "## Summary", "", "| policy | rows | mean regret | max regret | no data |",
-              "|---|---|---|---|---|"]
-    for pol, name in (("smartlaunch", "smartlaunch"), ("always_ddp", "always-DDP (torchrun)"),
-                      ("seeds", "seeds' rule (>10M params, batch ≥ 64)")):
-        s = summary["regret"][pol]
-        lines.append(f"| {name} | {s['n']} | {_pct(s['mean'])} | {_pct(s['max'])} | {s['missing']} |")
-    pe = summary["pred_error_abs"]
-    lines += ["",
-              f"- Predicted vs measured DDP speedup: max |pred − meas| / meas = {_pct(pe['max'])}, "
-              f"mean {_pct(pe['mean'])}; {summary['pred_within_15pct']} of {pe['n']} within ±15%.",
-              f"- The cost model alone (replayed on every row, trial rows included): max "
-              f"{_pct(summary['model_error_abs']['max'])}, mean {_pct(summary['model_error_abs']['mean'])}; "
-              f"{summary['model_within_15pct']} of {summary['model_error_abs']['n']} within ±15%.",
-              f"- Decision wall time (whole `smartlaunch --explain=json` command): first call per row "
-              f"median {_f(summary['decision_first_s']['median'], '{:.1f}')} s, "
-              f"max {_f(summary['decision_first_s']['max'], '{:.1f}')} s; cold profile cache "
-              f"median {_f(summary['decision_cold_s']['median'], '{:.1f}')} s; warm caches median "
-              f"{_f(summary['decision_warm_s']['median'])} s, max {_f(summary['decision_warm_s']['max'])} s "
-              f"(Python start-up + `import torch, torch.distributed.run` alone: "
-              f"{_import_floor(summary)}; warm minus the floor its own invocation measured: "
-              f"{_f(summary.get('decision_warm_over_import_s'))} s)"
-              + (f"; the warm plan's own clock (policy to prepare, in-process): median "
-                 f"{_f(summary['decision_warm_inproc_s']['median'], '{:.3f}')} s, max "
-                 f"{_f(summary['decision_warm_inproc_s']['max'], '{:.3f}')} s"
-                 if (summary.get('decision_warm_inproc_s') or {}).get('n') else "") + ".",
-              "", "Goals: " + "; ".join(f"{k}: {'–' if v is None else ('met' if v else 'NOT met')}"
-                                        for k, v in summary["goals"].items()) + "."]
-    errors = [(r["script"], r["condition"], k, v) for r in rows for k, v in r["errors"].items()]
-    if errors:
-        lines += ["", "## Failed runs", ""] + [f"- {s} / {c} / {k}: {v}" for s, c, k, v in errors]
-    return "\n".join(lines) + "\n"

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import common
+import multi_n
+import report_md
 from common import CONDITIONS, SUITE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(CONDITIONS)}")
     p.add_argument("--steps", type=int, help="timed steps for every script (default: per script)")
     p.add_argument("--warmup", type=int, help="warm-up steps for every script (default: per script)")
-    p.add_argument("--nproc", type=int, default=2, help="DDP ranks (one per GPU)")
+    p.add_argument("--nproc", default="2",
+                   help="DDP sizes to measure, comma-separated (one rank per GPU): --nproc 2,3,4 "
+                        "measures single and DDP×2, ×3, ×4; smartlaunch may use up to the largest")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per child run")
     p.add_argument("--budget", type=float, default=None,
@@ -64,7 +68,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="re-measure what is already recorded")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report")
     p.add_argument("--list", action="store_true", help="print the suite and exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.nprocs = multi_n.parse_nproc(args.nproc)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 # ---- running children -----------------------------------------------------------------------
@@ -108,16 +117,19 @@ def script_argv(e: common.Entry, args, steps: int | None = None) -> list[str]:
             *(["--tiny"] if args.tiny else []), *shlex.split(args.extra_args)]
 
 
-def measure(kind: str, e: common.Entry, cond: str | None, args, timeout: float) -> dict:
+def measure(kind: str, e: common.Entry, cond: str | None, args, timeout: float,
+            nproc: int | None = None) -> dict:
     env = common.child_env(dict(os.environ), cond)
     if kind == "single":
         argv = [sys.executable, *script_argv(e, args)]
     else:
+        nproc = nproc or args.nprocs[0]
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(args.nproc), *script_argv(e, args)]
+                "--nproc-per-node", str(nproc), *script_argv(e, args)]
     res = run(argv, env, timeout)
     tp = common.parse_throughput(res["stdout"])
     rec = {"kind": kind, "script": e.id, "condition": cond, "cmd": argv[1:], "wall_s": res["wall_s"],
+           **({"nproc": nproc} if kind == "ddp" else {}),
            "ok": res["rc"] == 0 and tp is not None, **(tp or {}), **common.parse_model_line(res["stdout"])}
     if not rec["ok"]:
         rec["error"] = _error(res, "no throughput line" if res["rc"] == 0 else "failed")
@@ -128,7 +140,8 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
     env = common.child_env(dict(os.environ), cond)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     base = shlex.split(args.smartlaunch) if args.smartlaunch else list(SMARTLAUNCH)
-    argv = [*base, "--policy", args.policy, "--explain=json", "--nproc-per-node", str(args.nproc),
+    # As a user with the whole node would: up to the largest size; smartlaunch picks N.
+    argv = [*base, "--policy", args.policy, "--explain=json", "--nproc-per-node", str(args.nprocs[-1]),
             *script_argv(e, args, steps=args.sl_steps)]
     res = run(argv, env, timeout)
     plan = common.parse_plan(res["stdout"])
@@ -137,7 +150,7 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
     if not rec["ok"]:
         rec["error"] = _error(res, "no plan JSON" if res["rc"] == 0 else "failed")
         return rec
-    rec.update(common.plan_summary(plan, args.nproc))
+    rec.update(common.plan_summary(plan, args.nprocs[0]))
     if warm:
         again = run(argv, env, timeout)
         # The decision time that matters to a user: the whole command, caches warm.
@@ -146,7 +159,7 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
             rec["warm_error"] = _error(again, "failed")
         else:
             plan2 = common.parse_plan(again["stdout"]) or {}
-            rec["warm_choice"] = common.plan_summary(plan2, args.nproc)["choice"] if plan2 else None
+            rec["warm_choice"] = common.plan_summary(plan2, args.nprocs[0])["choice"] if plan2 else None
             rec["warm_timings"] = plan2.get("timings") or {}
     return rec
 
@@ -210,7 +223,7 @@ def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -
                                [(r.get("time", ""), r["wall_s"]) for r in records
                                 if r["kind"] == "baseline" and r.get("ok")])
     stem = out / f"regret-{meta['date']}-{meta['machine']}"
-    md = common.render_markdown(rows, summary, meta)
+    md = report_md.render_markdown(rows, summary, meta)
     paths = [stem.with_suffix(".md"), stem.with_suffix(".json")]
     try:
         import plot
@@ -254,13 +267,13 @@ def run_suite(args, out: Path) -> None:
         if not rec["ok"]:
             msg = rec.get("error")
         elif rec["kind"] == "smartlaunch":
-            msg = (f"{rec['choice']} predicted={rec['predicted_speedup']} "
+            msg = (f"{rec['choice']}×{rec['nproc_per_node']} predicted={rec['predicted_speedup']} "
                    f"{rec['wall_s']:.1f} s, warm {rec.get('warm_wall_s') or float('nan'):.2f} s")
         elif rec["kind"] == "baseline":
             msg = f"python + torch import {rec['wall_s']:.2f} s"
         else:
             msg = f"{rec['samples_per_s']:.1f} samples/s, step {rec['step_ms']:.2f} ms"
-        print(f"[{time.perf_counter() - t_start:6.0f}s] {rec['kind']:11} {rec['script']:18} "
+        print(f"[{time.perf_counter() - t_start:6.0f}s] {multi_n.label(rec):11} {rec['script']:18} "
               f"{rec['condition'] or '-':8} {msg}", flush=True)
 
     if ("baseline", "-", None) not in done:
@@ -272,23 +285,29 @@ def run_suite(args, out: Path) -> None:
                 "wall_s": min(r["wall_s"] for r in res),
                 "ok": all(r["rc"] == 0 for r in res), "samples_per_s": 0.0})
     for e in entries:
-        todo = [("single", None)] + [(k, c) for c in conds for k in ("ddp", "smartlaunch")
-                                     if k == "ddp" or not args.skip_smartlaunch]
+        todo = [("single", None, None)]
+        for c in conds:
+            todo += [("ddp", c, n) for n in args.nprocs]
+            todo += [] if args.skip_smartlaunch else [("smartlaunch", c, None)]
+
+        def key(kind, cond, n):
+            return (multi_n.ddp_label(n) if kind == "ddp" else kind, e.id, cond)
         # A speedup is a ratio from one invocation: unless every single/DDP measurement of
         # this script is already recorded, measure them all again.
-        measured = all((k, e.id, c) in done for k, c in todo if k != "smartlaunch")
-        for kind, cond in todo:
-            if (kind, e.id, cond) in done and (kind == "smartlaunch" or measured):
+        measured = all(key(*t) in done for t in todo if t[0] != "smartlaunch")
+        for kind, cond, n in todo:
+            if key(kind, cond, n) in done and (kind == "smartlaunch" or measured):
                 continue
             if left() < 15:
-                print(f"budget spent; stopping before {kind} {e.id} {cond or ''}", flush=True)
+                print(f"budget spent; stopping before {kind}{n or ''} {e.id} {cond or ''}",
+                      flush=True)
                 return
             timeout = min(args.timeout, left() - 5)
             if kind == "smartlaunch":
                 warm = args.warm_call == "all" or (args.warm_call == "once" and cond == conds[0])
                 record(decide(e, cond, args, timeout, warm=warm))
             else:
-                record(measure(kind, e, cond, args, timeout))
+                record(measure(kind, e, cond, args, timeout, n))
 
 
 def main(argv=None) -> int:

@@ -277,3 +277,86 @@ def test_warm_decision_is_compared_with_its_own_invocations_import_floor():
     s = common.summarize(rows, 3.0, [("2026-11-22T01:00:00", 3.0), ("2026-11-22T01:59:00", 4.0),
                                      ("2026-11-22T03:00:00", 2.0)])
     assert s["decision_warm_over_import_s"] == pytest.approx(1.0)    # 5.0 - the 4.0 before it
+
+
+# ---- several N on one machine (issue 17) -----------------------------------------------------
+def test_nproc_takes_a_list_and_refuses_what_cannot_run(capsys):
+    assert regret.parse_args(["--nproc", "4,2,3"]).nprocs == (2, 3, 4)
+    assert regret.parse_args([]).nprocs == (2,)
+    for bad in ("1,2", "two", ""):
+        with pytest.raises(SystemExit) as e:
+            regret.parse_args(["--nproc", bad])
+        assert e.value.code == 2 and "--nproc 2,3,4" in capsys.readouterr().err
+
+
+def several_n():
+    return [
+        rec("single", "mlp", samples_per_s=1000.0, params=6_887_178, batch=64),
+        rec("ddp", "mlp", "nvlink", samples_per_s=1900.0, nproc=2),
+        rec("ddp", "mlp", "nvlink", samples_per_s=2500.0, nproc=3),
+        rec("ddp", "mlp", "nvlink", samples_per_s=2400.0, nproc=4),
+        rec("smartlaunch", "mlp", "nvlink", choice="ddp", nproc_per_node=3, predicted_speedup=1.8,
+            candidates=[{"strategy": "ddp", "gpus": [0, 1], "speedup": 1.8},
+                        {"strategy": "ddp", "gpus": [0, 1, 3], "speedup": 2.6}]),
+        rec("ddp", "mlp", "sockets", samples_per_s=1200.0, nproc=2),
+        rec("ddp", "mlp", "sockets", samples_per_s=900.0, nproc=3),
+        rec("ddp", "mlp", "sockets", ok=False, error="timed out after 150 s", nproc=4),
+        rec("smartlaunch", "mlp", "sockets", choice="single", nproc_per_node=1),
+    ]
+
+
+def test_several_n_are_kept_apart_and_the_oracle_is_the_best_of_all():
+    by = common.latest(several_n())
+    assert by["ddp", "mlp", "nvlink"]["samples_per_s"] == 1900.0          # x2 keeps the old key
+    assert by["ddp3", "mlp", "nvlink"]["samples_per_s"] == 2500.0
+    assert by["ddp4", "mlp", "sockets"]["ok"] is False
+    rows = {r["condition"]: r for r in common.build_rows(several_n())}
+    nv, so = rows["nvlink"], rows["sockets"]
+    assert nv["oracle_n"] == 3 and nv["ddp_sps_by_n"] == {2: 1900.0, 3: 2500.0, 4: 2400.0}
+    assert nv["choice_n"] == {"smartlaunch": 3, "always_ddp": 4, "seeds": 1}
+    assert nv["regret"]["smartlaunch"] == 0.0
+    assert nv["regret"]["always_ddp"] == pytest.approx(1 - 2400 / 2500)    # torchrun x4
+    assert nv["regret"]["seeds"] == pytest.approx(1 - 1000 / 2500)
+    assert nv["measured_speedup"] == pytest.approx(1.9)                   # the legacy x2 column
+    assert nv["pred_error_by_n"] == {2: pytest.approx(1.8 / 1.9 - 1), 3: pytest.approx(2.6 / 2.5 - 1)}
+    # sockets: DDP x2 is best (1.2x); single costs 1 - 1000/1200; x4 failed, so always-DDP x4
+    # has no measurement to score (counted as missing, never as zero regret)
+    assert so["oracle_n"] == 2 and so["regret"]["smartlaunch"] == pytest.approx(1 - 1000 / 1200)
+    assert so["regret"]["always_ddp"] is None and "timed out" in so["errors"]["ddp×4"]
+    s = common.summarize(list(rows.values()))
+    assert s["regret"]["always_ddp"]["missing"] == 1
+    assert s["regret"]["smartlaunch"]["max"] == pytest.approx(1 - 1000 / 1200)
+    assert s["goals"]["max regret <= 5% (several N)"] is False
+
+
+def test_report_with_several_n_names_each_rate_and_the_oracle(tmp_path):
+    paths = regret.write_report(several_n(), tmp_path)
+    row = [ln for ln in paths[0].read_text().splitlines() if ln.startswith("| mlp") and "nvlink" in ln][0]
+    assert "×2 1,900; ×3 2,500; ×4 2,400" in row and "| DDP×3 | DDP×3 | 0.0% | 4.0% |" in row
+
+
+def test_run_measures_every_n_per_condition_then_resumes(tmp_path, monkeypatch):
+    rates = {None: 1000.0, 2: 1900.0, 3: 2500.0, 4: 2400.0}
+
+    def measure(kind, e, cond, args, timeout, nproc=None):
+        return {"kind": kind, "script": e.id, "condition": cond, "ok": True, "wall_s": 1.0,
+                "samples_per_s": rates[nproc], "step_ms": 1.0, "params": 7_000_000, "batch": 64,
+                **({"nproc": nproc} if kind == "ddp" else {})}
+
+    def decide(e, cond, args, timeout, warm):
+        assert args.nprocs == (2, 3, 4)
+        return {"kind": "smartlaunch", "script": e.id, "condition": cond, "ok": True,
+                "wall_s": 2.0, "choice": "ddp", "nproc_per_node": 4, "predicted_speedup": 1.8}
+    monkeypatch.setattr(regret, "measure", measure)
+    monkeypatch.setattr(regret, "decide", decide)
+    argv = ["--scripts", "lstm-b64", "--conditions", "nvlink,host", "--nproc", "2,3,4",
+            "--out", str(tmp_path), "--machine", "box4"]
+    assert regret.main(argv) == 0
+    recs = [r for r in regret.load_records(tmp_path) if r["kind"] != "baseline"]
+    assert sorted((r["kind"], r["condition"] or "", r.get("nproc") or 0) for r in recs) == sorted(
+        [("single", "", 0)] + [(k, c, n) for c in ("nvlink", "host")
+                               for k, n in (("ddp", 2), ("ddp", 3), ("ddp", 4), ("smartlaunch", 0))])
+    report = json.loads(next(tmp_path.glob("regret-*-box4.json")).read_text())
+    assert report["summary"]["regret"]["smartlaunch"]["max"] == pytest.approx(1 - 2400 / 2500)
+    n = len(regret.load_records(tmp_path))
+    assert regret.main(argv) == 0 and len(regret.load_records(tmp_path)) == n
