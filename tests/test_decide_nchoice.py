@@ -149,3 +149,22 @@ def test_a_missing_curve_is_said_in_its_row_not_borrowed(clean_env):
     assert rows[3].speedup is None
     assert "no all-reduce curve measured on this group" in rows[3].reason
     assert any("GPUs 0,1,3 could not be measured" in r.text for r in plan.reasons)
+
+
+def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
+    topo = fixture("pcie-4gpu-x8")
+    # 60 ms steps: x2 95%, x3 92%, x4 87% efficient; at a 90% floor the model picks x3 and
+    # x4 (the most samples/s, just under) is the one worth measuring; x2 is not tried.
+    trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 190.0, ("ddp", 3): 270.0,
+                       ("ddp", 4): 365.0})
+    plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0),
+                  policy(uncertainty_band=0.2, min_efficiency=0.9), trial=trial)
+    assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]
+    assert plan.gpus == (0, 1, 2, 3)                       # measured 91%
+    x2 = ddp_by_n(plan)[2]
+    assert not x2.measured and "not tried (at most 2 DDP trials: the model's pick and the fastest other)" in x2.reason
+    # Every DDP candidate short of the floor: the model's pick is single, the two fastest go.
+    trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 150.0, ("ddp", 3): 200.0})
+    plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0),
+                  policy(uncertainty_band=0.2, min_efficiency=0.97), trial=trial)
+    assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]

@@ -16,6 +16,7 @@ MiB = 1024 * 1024
 # (README): where predictions rank the DDP candidates, only the best two are tried (issue 17:
 # an 8-GPU node would otherwise try seven group sizes).
 MAX_DDP_TRIALS = 2
+TRIED = f"at most {MAX_DDP_TRIALS} DDP trials: the model's pick and the fastest other"
 
 
 @dataclass
@@ -104,7 +105,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
         why = (f"the script reads the world size before its first step "
                f"({ctx.profile.reads_world_size}), so its work per rank under DDP may differ "
                f"from the profiled run")
-        measured, note = _trials(ctx, [single, *_top(ddp, scores)], why, "decision.trials")
+        measured, note = _trials(ctx, [single, *_top(ctx, ddp, scores)], why, "decision.trials")
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
@@ -118,7 +119,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
                pct(band) + ", " + source + "): " +
                ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
         remaining = [k for k in ddp if preds[k].efficiency * (1 + band) >= floor]
-        measured, note = _trials(ctx, [single, *_top(remaining, scores)], why,
+        measured, note = _trials(ctx, [single, *_top(ctx, remaining, scores)], why,
                                  "decision.uncertainty_band")
         if measured:
             return measured
@@ -126,10 +127,17 @@ def choose_auto(ctx, cands: dict) -> Choice:
     return _by_model(ctx, scores, None)
 
 
-def _top(ddp: list, scores: dict) -> list:
-    """The MAX_DDP_TRIALS DDP candidates with the most predicted samples/s, in N order."""
-    best = sorted(ddp, key=lambda k: (-scores[k], _key_n(k)))[:MAX_DDP_TRIALS]
-    return sorted(best, key=_key_n)
+def _top(ctx, ddp: list, scores: dict) -> list:
+    """The MAX_DDP_TRIALS DDP candidates to try, in N order: the model's own pick (the most
+    samples/s among those predicted to meet the policy), then the most predicted samples/s
+    among the rest, which a trial may show meeting it. By samples/s alone, DDP×3 and ×4 at
+    59% and 41% were tried and ×2 at 82% was not (examples/train.py on pcie-4gpu-x8, CPU,
+    2026-11-22)."""
+    single = next(k for k in scores if k[0] == Strategy.SINGLE)
+    pick = _pick(ctx, {single: 1.0, **{k: scores[k] for k in ddp}})
+    first = [pick] if pick in ddp else []
+    rest = sorted((k for k in ddp if k not in first), key=lambda k: (-scores[k], _key_n(k)))
+    return sorted((first + rest)[:MAX_DDP_TRIALS], key=_key_n)
 
 
 def uncertainty(ctx) -> tuple[float, str]:
@@ -224,8 +232,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     untried = [k for k in ctx.ddp_keys if k not in keys]
     if untried:
         text += ("; not tried: " + ", ".join(f"DDP×{_key_n(k)}" for k in untried) +
-                 f" (predicted below the top {MAX_DDP_TRIALS}, or below the policy's threshold "
-                 f"even at the band's edge)")
+                 f" ({TRIED}, or out of the policy's reach even at the band's edge)")
     if lost:
         text += "; no measurement for " + ", ".join(f"DDP×{_key_n(k)}" for k in lost)
     win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
@@ -339,6 +346,8 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
         tail = ": not asked for"
     elif c.strategy == Strategy.DDP and c.efficiency is not None and c.efficiency < floor:
         tail = f": below the policy's {pct(floor)}"
+    elif c.strategy == Strategy.DDP and choice.basis == "trial" and not c.measured:
+        tail = f": not tried ({TRIED})"
     elif c.strategy == Strategy.SINGLE and win.speedup is not None:
         verb = "give" if win.strategy == Strategy.INDEPENDENT else "gives"
         tail = f": {_name(win)} {verb} {times(win.speedup)} its samples/s"
