@@ -1,6 +1,8 @@
 """A script that sizes its work by the world size: the plan says what it assumes, a trial settles."""
 from __future__ import annotations
 
+import dataclasses
+
 from helpers_decide import TEST_MODEL, FakeComm, FakeTrial, nv_pair, policy, profile, request
 from smartlaunch.decide import Strategy, decide
 from smartlaunch.decide.explain import render_text
@@ -42,3 +44,12 @@ def test_world_size_read_without_trials_says_the_prediction_assumes_it(clean_env
     plan = plan_for(profile(**GPT, reads_world_size=WHERE), trial=None)
     assert plan.strategy == Strategy.DDP
     assert any("assuming each rank does the profiled work" in r.text for r in plan.reasons)
+
+
+def test_cut_short_window_is_shown_as_low_confidence(clean_env):
+    prof = dataclasses.replace(profile(**GPT), window_cut_short=True, steps_measured=7,
+                               timing="cuda events")
+    assert prof.low_confidence and not profile(**GPT).low_confidence
+    text = render_text(plan_for(prof))
+    assert "[ok, 7 steps, cuda events]" in text
+    assert "confidence: low: the script ended before the measurement window was complete" in text

@@ -35,6 +35,7 @@ from smartlaunch.profile.inputs import WorldSizeWatch, first_grad_tensor, leadin
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 SPLIT_STEPS = 200         # steps of the window that also mark forward/backward (4 events each)
+MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch, micro-batches)
 USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
          "[--min-seconds S] [--cpu-shim] [--module] SCRIPT [ARGS...]")
 
@@ -105,7 +106,8 @@ class Recorder:
 
     def on_post(self, module, args, kwargs, output):
         self.depth = max(0, self.depth - 1)
-        if self.depth == 0 and self.t_first_step is None and self.torch.is_grad_enabled():
+        if self.depth == 0 and self.t_first_step is None and self.torch.is_grad_enabled() \
+                and len(self.calls) < MAX_CALLS:
             self.calls.append((id(module), leading_dim(args, kwargs)))
 
     # ---- timing hooks on the roots (after the first step) --------------------------------
@@ -120,7 +122,8 @@ class Recorder:
     def on_root_pre(self, module, args, kwargs):
         if not self.torch.is_grad_enabled():
             return
-        self.calls.append((id(module), leading_dim(args, kwargs)))
+        if len(self.calls) < MAX_CALLS:
+            self.calls.append((id(module), leading_dim(args, kwargs)))
         if self.splitting():
             module._smartlaunch_t0 = self.clock.mark()
 
