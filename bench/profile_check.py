@@ -1,6 +1,6 @@
 """The dry run's device-time profile against each script's own timing (issue 15, goal: within 5%).
 
-    python bench/profile_check.py [--cases mlp,lstm,conv,accum] [--own-steps 300] [--out FILE]
+    python bench/profile_check.py [--cases mlp,lstm,conv,accum,hf] [--own-steps 300] [--out FILE]
 
 For each case, three runs of the same workload script (written to a temp dir):
   own       the script alone, timing itself: sync, N steps, sync (after 30 warm-up steps)
@@ -68,16 +68,39 @@ else:
         step()
 '''
 
+# A Hugging Face Trainer job (model(**inputs), dict batches, accumulation 2 x batch 8): only
+# the dry run, to check the batch it reads; the Trainer does not time itself comparably.
+HF = r'''
+import sys, tempfile, torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+cfg = BertConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 intermediate_size=1024, num_labels=2)
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100000
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 1000, (64,), generator=g),
+                "attention_mask": torch.ones(64, dtype=torch.long), "labels": i % 2}
+args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=8,
+                         gradient_accumulation_steps=2, max_steps=int(sys.argv[2]),
+                         logging_strategy="no", save_strategy="no", report_to=[],
+                         disable_tqdm=True)
+Trainer(model=BertForSequenceClassification(cfg), args=args, train_dataset=Data()).train()
+'''
+
 
 def run(cmd, env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def case(name: str, tmp: Path, env: dict, own_steps: int) -> dict:
-    script = tmp / "workload.py"
-    own = run([sys.executable, str(script), name, str(own_steps), "own"], env)
-    own_ms = float(own.stdout.split("OWN ")[1]) if "OWN " in own.stdout else None
-    row = {"case": name, "own_ms": own_ms, "own_err": own.stderr[-300:] if own_ms is None else ""}
+    script = tmp / ("hf.py" if name == "hf" else "workload.py")
+    own = None if name == "hf" else \
+        run([sys.executable, str(script), name, str(own_steps), "own"], env)
+    own_ms = float(own.stdout.split("OWN ")[1]) if own and "OWN " in own.stdout else None
+    row = {"case": name, "own_ms": own_ms,
+           "own_err": own.stderr[-300:] if own and own_ms is None else ""}
     for kind, measure, steps in (("window", 100, 100000), ("cut", 1000, 40)):
         out = tmp / f"{name}-{kind}.json"
         r = run([sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
@@ -99,7 +122,7 @@ def case(name: str, tmp: Path, env: dict, own_steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", default="mlp,lstm,conv,accum")
+    ap.add_argument("--cases", default="mlp,lstm,conv,accum,hf")
     ap.add_argument("--out", default=None)
     ap.add_argument("--own-steps", type=int, default=300)
     args = ap.parse_args()
@@ -109,21 +132,23 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "workload.py").write_text(WORKLOAD)
+        (Path(tmp) / "hf.py").write_text(HF)
         for name in args.cases.split(","):
             rows.append(case(name, Path(tmp), env, args.own_steps))
             r = rows[-1]
             print(json.dumps(r), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
-    print("\n| case | own ms | window ms (×own) | cut-short ms (×own, steps) | fwd/bwd/opt ms |")
-    print("|---|---|---|---|---|")
+    print("\n| case | own ms | window ms (×own) | cut-short ms (×own, steps) | fwd/bwd/opt ms | batch (micro) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         w, c = r["window"], r["cut"]
         f = lambda x: f"{x:.3f}" if x else "??"   # noqa: E731
         g = lambda x: f"{x:.3f}" if x else "??"   # noqa: E731
         print(f"| {r['case']} | {f(r['own_ms'])} | {f(w['step_ms'])} ({g(w['vs_own'])}) | "
               f"{f(c['step_ms'])} ({g(c['vs_own'])}, {c['steps']}) | "
-              f"{f(w.get('forward_s'))}/{f(w.get('backward_s'))}/{f(w.get('optimizer_s'))} |")
+              f"{f(w.get('forward_s'))}/{f(w.get('backward_s'))}/{f(w.get('optimizer_s'))} | "
+              f"{w.get('batch')} ({w.get('micro_batches')}) |")
 
 
 if __name__ == "__main__":
