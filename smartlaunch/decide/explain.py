@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from smartlaunch.decide.plan import Candidate, Plan, Strategy
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
+from smartlaunch.vocab import format_ranges
 
 
 def render_text(plan: Plan) -> str:
@@ -133,18 +134,7 @@ def _table(cands: tuple[Candidate, ...]) -> list[str]:
 
 
 def cpu_ranges(cpus) -> str:
-    cpus = sorted(cpus)
-    if not cpus:
-        return "none"
-    out, start, prev = [], cpus[0], cpus[0]
-    for c in cpus[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if c is not None:
-            start = prev = c
-    return ",".join(out)
+    return format_ranges(cpus) or "none"
 
 
 TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")

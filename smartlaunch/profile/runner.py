@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from smartlaunch.errors import DryRunError
-from smartlaunch.launch.env import single_rank_env
+from smartlaunch.worker_env import single_rank_env
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
-from smartlaunch.profile.cache import cache_root, private_dir, read_json
+from smartlaunch.store import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
 EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
