@@ -21,9 +21,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from smartlaunch.profile.cache import (
-    cache_root, comm_key, private_dir, profile_key, read_json, write_json,
-)
+from smartlaunch.profile.cache import comm_key, profile_key
+from smartlaunch.store import cache_root, private_dir, read_json, write_json
 
 # A launch shorter than this says little about the steady rate (start-up, clock ramp, the
 # first checkpoint): not recorded.
