@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, Reason, Strategy
 from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
 
@@ -102,17 +104,34 @@ def choose_auto(ctx, cands: dict) -> Choice:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
                                       f"does the profiled work")
-    floor, band = d.min_efficiency, d.uncertainty_band
-    close = [k for k in ddp if abs(preds[k].efficiency - floor) <= band]
+    floor = d.min_efficiency
+    band, source = uncertainty(ctx)
+    reach = math.log1p(band)
+    close = [k for k in ddp if abs(math.log(max(preds[k].efficiency, 1e-9) / floor)) <= reach]
     if close and d.trials:
-        why = ("the prediction is within ±" + pct(band) + " of the policy's " + pct(floor) + ": " +
+        why = ("the prediction is within its error of the policy's " + pct(floor) + " (±" +
+               pct(band) + ", " + source + "): " +
                ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
-        remaining = [k for k in ddp if preds[k].efficiency >= floor - band]
+        remaining = [k for k in ddp if preds[k].efficiency * (1 + band) >= floor]
         measured, note = _trials(ctx, [single, *remaining], why, "decision.uncertainty_band")
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides")
     return _by_model(ctx, scores, None)
+
+
+def uncertainty(ctx) -> tuple[float, str]:
+    """(relative error of a predicted speedup, where that figure comes from). The policy's
+    decision.uncertainty_band when set; else the cost model's measured error (MODEL_ERROR's
+    90th percentile), doubled in log space when the profile is low-confidence (a window cut
+    short times fewer steps than asked)."""
+    band = ctx.policy.decision.uncertainty_band
+    if band is not None:
+        return band, "decision.uncertainty_band"
+    p90, source = MODEL_ERROR.p90_log, MODEL_ERROR.label
+    if getattr(ctx.profile, "low_confidence", False):
+        p90, source = 2 * p90, source + ", doubled for a low-confidence profile"
+    return math.expm1(p90), source
 
 
 def _from_launches(ctx, single, ddp: list, preds: dict) -> Choice | None:
@@ -241,13 +260,15 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []
     for key, (c, pred) in rows.items():
-        out.append(dataclasses.replace(c, reason=_sentence(c, pred, win, choice, floor)))
+        out.append(dataclasses.replace(c, reason=_sentence(c, pred, win, choice, floor,
+                                                           uncertainty(ctx))))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
         out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
     return tuple(out)
 
 
-def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float) -> str:
+def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float,
+              error: tuple[float, str]) -> str:
     how = "measured" if c.measured else "predicted"
     if c.strategy == Strategy.SINGLE:
         head = f"single {gpu_list(c.gpus)}"
@@ -268,7 +289,8 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
                     f"({pct(c.efficiency)} efficiency, {rate(c.predicted_samples_per_s)})")
         else:
             head = (f"DDP×{n} on {gpu_list(c.gpus)} predicted {times(c.speedup)} "
-                    f"({pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
+                    f"({error[1]} ±{pct(error[0])}; "
+                    f"{pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
                     f"{ms(pred.comm_cost_s)} of {ms(c.predicted_step_s)} per step)")
     if c.chosen:
         return head + (f" → chosen ({choice.basis})" if choice.basis != "forced" else
