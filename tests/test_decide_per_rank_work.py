@@ -41,6 +41,18 @@ def test_world_size_read_asks_for_a_trial_and_explains_the_assumption(clean_env)
     assert any("reads the world size before its first step" in r.text for r in plan.reasons)
 
 
+def test_reading_the_world_size_without_accumulating_is_explained_not_trialled(clean_env):
+    # What every DDP-ready script does (init DDP, size a sampler): no trial for that alone.
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1050.0})
+    prof = profile(**{**GPT, "batch": 8, "micro_batches": 1}, reads_world_size=WHERE)
+    assert not prof.work_depends_on_world_size
+    plan = plan_for(prof, trial, policy(min_efficiency=0.5))   # far outside the model's band
+    assert trial.calls == [] and plan.strategy == Strategy.DDP
+    text = render_text(plan)
+    assert "per-rank work: the script's own code asks for the world size" in text
+    assert "predictions assume torchrun's semantics" in text and "trial settles" not in text
+
+
 def test_world_size_read_without_trials_says_the_prediction_assumes_it(clean_env):
     plan = plan_for(profile(**GPT, reads_world_size=WHERE), trial=None)
     assert plan.strategy == Strategy.DDP

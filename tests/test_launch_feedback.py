@@ -65,7 +65,7 @@ def test_measured_launches_are_used_by_the_next_plan(clean_env):
 def test_short_launches_and_other_jobs_record_nothing(clean_env):
     assert feedback.measured_rate("single", (0,), feedback.MIN_STEPS - 1, 5.0, {}) is None
     assert feedback.measured_rate("single", (0,), 100, 0.5, {}) is None
-    r = feedback.measured_rate("ddp", (0, 1), 101, 2.0, {"batch_size": 8,
+    r = feedback.measured_rate("ddp", (0, 1), 101, 2.0, {"batch_size": 8, "micro_batches": 2,
                                                         "reads_world_size": "t.py:3"})
     assert r.steps_per_s == pytest.approx(50.0) and r.rank_steps_per_s == pytest.approx(100.0)
     assert r.samples_per_s == pytest.approx(800.0) and "torchrun's semantics" in r.assumed
