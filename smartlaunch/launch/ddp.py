@@ -25,7 +25,7 @@ from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch.launch import procs
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
 from smartlaunch.launch.watchdog import Watchdog
-from smartlaunch.launch.worker import TEE_DIR_VAR, worker_env
+from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
 from smartlaunch.policy.api import Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
@@ -66,6 +66,8 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
                                   numa=args.numa_binding is None)
     if not user_logs:       # the hook copies each rank's output; the terminal sees it unchanged
         overrides[TEE_DIR_VAR] = log_root = os.path.join(run_dir, "logs")
+        if sys.stderr.isatty():
+            overrides[STATUS_LINE_VAR] = "1"
     else:
         log_root = args.log_dir
     host = socket.gethostname()

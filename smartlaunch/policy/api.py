@@ -52,6 +52,7 @@ class LaunchPolicy:
     signal_grace_s: float = 10.0          # SIGTERM -> SIGKILL
     straggler_threshold: float = 0.15
     log_dir: str = "~/.cache/smartlaunch/logs"
+    quiet: bool = False                   # no decision line before the job's output (--quiet)
     # Variables for every worker whatever the link. From an admin `enforce:` section they are
     # mandatory (applied over the user's environment, see policy.enforced_env); from any other
     # layer they are defaults the user's own environment overrides.
