@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import multi_n  # noqa: E402
 from smartlaunch.decide.cost import CostModel, predict_ddp  # noqa: E402
 
 GRID = {
@@ -52,7 +53,9 @@ def rows_from(records: list[dict]) -> list[dict]:
     out = []
     for (kind, script, cond), rec in by.items():
         inputs = common.replay_inputs(rec) if kind == "smartlaunch" and rec.get("ok") else None
-        single, ddp = by.get(("single", script, None)), by.get(("ddp", script, cond))
+        # The plan carries its chosen group's curve: compare with DDP×N at that N (issue 17).
+        n = inputs[1].world_size if inputs is not None else multi_n.LEGACY_N
+        single, ddp = by.get(("single", script, None)), by.get((multi_n.ddp_label(n), script, cond))
         if inputs is None or not (single and single.get("ok") and ddp and ddp.get("ok")):
             continue
         prof = inputs[0]

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import multi_n  # noqa: E402
 import fit_cost  # noqa: E402
 from smartlaunch.decide.cost import MODEL_ERROR, CostModel, predict_ddp  # noqa: E402
 
@@ -71,13 +72,15 @@ def main(argv: list[str]) -> int:
     for r in table:
         sl = by.get(("smartlaunch", r["script"], r["condition"]))
         rep = next((x for x in rows if (x["script"], x["condition"]) == (r["script"], r["condition"])), None)
-        meas = r["measured_speedup"]
-        if rep is None or meas is None:
+        if rep is None:
             continue
-        pred = predict_ddp(rep["profile"], rep["curve"], rep["curve"].world_size, model).speedup
+        # the plan's curve is its chosen group's: DDP×n, measured at the same n (issue 17)
+        n, meas = rep["curve"].world_size, rep["measured"]
+        pred = predict_ddp(rep["profile"], rep["curve"], n, model).speedup
         errs.append(math.log(pred / meas))
-        choice = band_choice(pred, trial_speedup(sl), args.floor, args.band_p90)
-        mb = (common.regret(choice.split("→")[-1], r["single_sps"], r["ddp_sps"])
+        choice = band_choice(pred, trial_speedup(sl, n), args.floor, args.band_p90, n)
+        rates = {1: r["single_sps"], **{k: v for k, v in r["ddp_sps_by_n"].items() if v}}
+        mb = (multi_n.regret(n if choice.endswith("ddp") else 1, rates)
               if choice != "trial?" else None)
         for k, v in (("as run", r["regret"]["smartlaunch"]), ("model + band", mb),
                      ("always-DDP", r["regret"]["always_ddp"]), ("seeds' rule", r["regret"]["seeds"])):

@@ -57,16 +57,18 @@ def rates(single: dict | None, ddp: dict[int, dict | None]) -> dict[int, float]:
 
 
 def oracle(measured: dict[int, float]) -> int | None:
-    """The N with the most samples/s (1 = single); ties go to fewer GPUs. None without single."""
-    if 1 not in measured:
+    """The N with the most samples/s (1 = single); ties go to fewer GPUs. None without single
+    or without any DDP run."""
+    if 1 not in measured or len(measured) < 2:
         return None
     return max(measured, key=lambda n: (measured[n], -n))
 
 
 def regret(n: int | None, measured: dict[int, float]) -> float | None:
     """1 - chosen / best over single and every DDP×N measured in the same invocation. None when
-    the chosen N or single was not measured (a failed run scores nothing, it is not a zero)."""
-    if n is None or n not in measured or 1 not in measured:
+    the chosen N or single was not measured, or no DDP run was (a failed run scores nothing, it
+    is not a zero)."""
+    if n is None or n not in measured or 1 not in measured or len(measured) < 2:
         return None
     return 1.0 - measured[n] / max(measured.values())
 

@@ -360,3 +360,13 @@ def test_run_measures_every_n_per_condition_then_resumes(tmp_path, monkeypatch):
     assert report["summary"]["regret"]["smartlaunch"]["max"] == pytest.approx(1 - 2400 / 2500)
     n = len(regret.load_records(tmp_path))
     assert regret.main(argv) == 0 and len(regret.load_records(tmp_path)) == n
+
+
+def test_fit_rows_compare_a_curve_with_the_ddp_run_of_its_own_size():
+    import fit_cost
+    sl = replayable("m", "host", step_s=0.01, grad_bytes=100 << 20, busbw=27e9)
+    sl["comm"]["world_size"] = 3
+    rows = fit_cost.rows_from([rec("single", "m", samples_per_s=100.0),
+                               rec("ddp", "m", "host", samples_per_s=150.0, nproc=2),
+                               rec("ddp", "m", "host", samples_per_s=240.0, nproc=3), sl])
+    assert [r["measured"] for r in rows] == [pytest.approx(2.4)]
