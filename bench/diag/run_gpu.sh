@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 18 on a lent 2-GPU machine (one call): straggler by extra matmuls, overhead of the work
+# timer, a skipped all-reduce, and torch's Flight Recorder variable names. Writes to $OUT.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+W=/tmp/d18out; mkdir -p $W
+export SMARTLAUNCH_LOG_DIR=$W/runs SMARTLAUNCH_CACHE_DIR=/tmp/slcache
+D=bench/diag
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+export PATH=$(python3 -c 'import sys,os;print(os.path.dirname(sys.executable))'):$PATH
+python3 -c "import torch; print(torch.__version__, torch.cuda.nccl.version())" > $W/env.txt
+nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw >> $W/env.txt
+T=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib
+strings $T/libtorch_cuda.so $T/libtorch_cpu.so 2>/dev/null | grep -E '^TORCH_(FR|NCCL)_(BUFFER|TRACE|DUMP|DEBUG_INFO)[A-Z_]*$' | sort -u > $W/torch_fr_vars.txt
+# 1. straggler: rank 1 does 4 extra 4096^3 matmuls per step
+( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 4 --seconds 35 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
+# 2. the same without a slow rank: under smartlaunch (work timer on) and torchrun (off)
+( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
+( time torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
+# 3. a rank that skips one all-reduce
+( time timeout 120 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/skip_allreduce.py --skip-step 200; echo "exit $?" ) 2>&1 | python3 $D/stamp.py > $W/skip.log
+ls -laR $W/runs > $W/runs-listing.txt
+tar czf $OUT/d18-all.tgz -C $W .
+cp $W/*.log $W/torch_fr_vars.txt $OUT/
+tail -4 $W/*.log; cat $W/torch_fr_vars.txt $W/env.txt
