@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 
@@ -66,3 +67,42 @@ def test_flight_recorder_variables_reach_ranks_and_user_values_stay(out, monkeyp
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == os.path.join(run_dir, "flight-recorder", "rank")
     assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert f"run files (progress, stacks, Flight Recorder, GPU samples): {run_dir}" in result.details["summary"]
+
+
+def test_hang_report_names_the_collective_a_rank_did_not_enter(clean_env, tmp_path):
+    """The watchdog's hang path with real rank processes and the Flight Recorder's protocol
+    (FIFO in, pickle out) served by the ranks themselves: no NCCL on a CPU machine."""
+    import subprocess
+    import time
+
+    from smartlaunch.launch import flightrec
+    from smartlaunch.launch.watchdog import Watchdog
+    from smartlaunch.launch.worker import worker_env
+    from smartlaunch.policy.api import LaunchPolicy
+    from tests.helpers_ddp import REPO
+
+    run_dir = str(tmp_path / "run")
+    add, fr = flightrec.recorder_env({}, run_dir)
+    procs = []
+    for r in (0, 1):
+        env = {**os.environ, **add, **worker_env(run_dir, "t"), "RANK": str(r), "LOCAL_RANK": str(r),
+               "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "smartlaunch.launch.worker",
+                                       str(REPO / "tests" / "scripts_ddp" / "fake_fr_rank.py")],
+                                      env=env, start_new_session=True))
+    policy = LaunchPolicy(hang_timeout_s=1.0, hang_step_multiple=5.0, startup_grace_s=60.0, signal_grace_s=1.0)
+    wd = Watchdog(run_dir, 2, policy, "host", flight_recorder=fr)
+    try:
+        deadline = time.monotonic() + 60
+        while wd.hang is None and time.monotonic() < deadline:
+            wd.tick()
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert wd.hang is not None
+    assert wd.hang.rank == 1 and "did not enter a collective" in wd.hang.why, wd.hang
+    assert wd.hang.collectives == ("rank 1 did not enter collective #600 (nccl:all_reduce, process group 0); "
+                                   "its last was #599, the other ranks entered #600",)
+    assert sorted(wd.hang.dump_files) == [os.path.join(run_dir, "flight-recorder", f"rank{r}") for r in (0, 1)]

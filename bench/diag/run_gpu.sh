@@ -9,13 +9,20 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 export PATH=$(python3 -c 'import sys,os;print(os.path.dirname(sys.executable))'):$PATH
 python3 -c "import torch; print(torch.__version__, torch.cuda.nccl.version())" > $W/env.txt
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw >> $W/env.txt
-T=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')/lib
-strings $T/libtorch_cuda.so $T/libtorch_cpu.so 2>/dev/null | grep -E '^TORCH_(FR|NCCL)_(BUFFER|TRACE|DUMP|DEBUG_INFO)[A-Z_]*$' | sort -u > $W/torch_fr_vars.txt
-# 1. straggler: rank 1 does 4 extra 4096^3 matmuls per step
-( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 4 --seconds 35 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
+python3 - > $W/torch_fr_vars.txt <<'PY'
+import mmap, os, re, torch
+lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+names = set()
+for so in ("libtorch_cuda.so", "libtorch_cpu.so"):
+    with open(os.path.join(lib, so), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        names |= {x.decode() for x in re.findall(rb"TORCH_(?:FR|NCCL)_(?:BUFFER|TRACE|DUMP|DEBUG_INFO)[A-Z_]*", m)}
+print("\n".join(sorted(names)))
+PY
+# 1. straggler: rank 1 does one extra 4096^3 fp32 matmul per step
+( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 1 --batch 512 --seconds 35 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
 # 2. the same without a slow rank: under smartlaunch (work timer on) and torchrun (off)
-( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
-( time torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
+( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
+( time torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
 # 3. a rank that skips one all-reduce
 ( time timeout 120 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/skip_allreduce.py --skip-step 200; echo "exit $?" ) 2>&1 | python3 $D/stamp.py > $W/skip.log
 ls -laR $W/runs > $W/runs-listing.txt

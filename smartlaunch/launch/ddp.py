@@ -75,7 +75,7 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
                         act_on_death=args.max_restarts == 0,
                         gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
                         read_topology=lambda: _fresh_topology(environ),
-                        flight_recorder=recorder,
+                        flight_recorder=recorder if plan.device == "cuda" else None,
                         display=sys.stderr.isatty())
     got: list[int] = []
     failures: dict = {}

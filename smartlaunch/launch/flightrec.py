@@ -30,6 +30,8 @@ DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")   # t
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 TORCH_DEFAULT_DUMP = "/tmp/nccl_trace_rank_"
 BUFFER_ENTRIES = "2000"        # torch's own default ring size where it has one
+NO_PIPE = ("no Flight Recorder pipe to ask (this torch makes none, or the ring is off: "
+           "TORCH_FR_BUFFER_SIZE=0)")
 DUMP_WAIT_S = 6.0              # the heartbeat thread polls the pipe every second (default)
 
 
@@ -151,7 +153,13 @@ def collective_state(dump: dict) -> dict[str, dict]:
 
 def explain(dumps: Mapping[int, dict | None], ranks: list[int]) -> list[str]:
     """Which rank did not enter (or did not finish) which collective, by sequence number."""
-    lines = []
+    return verdict(dumps, ranks)[0]
+
+
+def verdict(dumps: Mapping[int, dict | None], ranks: list[int]) -> tuple[list[str], list[int]]:
+    """(report lines, ranks that did not enter a collective the others entered)."""
+    lines: list[str] = []
+    laggards: list[int] = []
     states = {r: collective_state(d) for r, d in dumps.items() if d}
     missing = [r for r in ranks if r not in states]
     if missing:
@@ -167,6 +175,7 @@ def explain(dumps: Mapping[int, dict | None], ranks: list[int]) -> list[str]:
         behind = sorted(r for r, p in per.items() if p["entered"] < top)
         if behind:
             for r in behind:
+                laggards.append(r)
                 lines.append(f"rank {r} did not enter {what}; its last was #{per[r]['entered']}, "
                              f"the other ranks entered #{top}")
             continue
@@ -179,4 +188,4 @@ def explain(dumps: Mapping[int, dict | None], ranks: list[int]) -> list[str]:
         if unfinished:
             lines.append(f"all ranks entered {what}; rank{'s' if len(unfinished) > 1 else ''} "
                          f"{', '.join(map(str, unfinished))} did not finish it")
-    return lines
+    return lines, laggards

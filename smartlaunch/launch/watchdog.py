@@ -266,11 +266,16 @@ class Watchdog(threading.Thread):
         ranks = sorted(r.rec.rank for r in live.values())
         asked = flightrec.ask(self._fr, ranks) if self._fr else []
         texts = stacks.dump_all(self.run_dir, {lr: r.rec.pid for lr, r in live.items()})
-        dumps = flightrec.collect(self._fr, asked) if self._fr else {}
-        collectives = flightrec.explain({k: flightrec.read_dump(p) for k, p in dumps.items()},
-                                        ranks) if self._fr else []
+        dumps = flightrec.collect(self._fr, asked) if asked else {}
+        collectives, laggards = flightrec.verdict(
+            {k: flightrec.read_dump(p) for k, p in dumps.items()}, ranks) if asked else ([], [])
+        if self._fr and not asked:
+            collectives = [flightrec.NO_PIPE]
         frames = {lr: stacks.top_frame(texts.get(lr, "")) for lr in live}
         lr, why = self._culprit(live, stopped, frames)
+        behind = [x for x, r in live.items() if r.rec.rank in laggards]
+        if behind and not stopped:
+            lr, why = behind[0], "it did not enter a collective the others wait in (Flight Recorder)"
         idle, limit = self._limit(live[lr])
         r = live[lr]
         files = tuple(stack_path(self.run_dir, x) for x in sorted(live))

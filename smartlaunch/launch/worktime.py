@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ class WorkTimer:
         self._armed = False                     # backward-end callback queued for this pass
         self._cuda = None                       # device of the first CUDA parameter seen
         self._pending: deque = deque()
+        self._off = False
 
     def install(self) -> bool:
         try:
@@ -100,12 +102,17 @@ class WorkTimer:
 
     # ---- hooks ----------------------------------------------------------------------------
     def _after_step(self, optimizer, args, kwargs) -> None:
-        if id(optimizer) not in self._hooked:
-            self._hook_params(optimizer)
-        if self._start is not None and self._end is not None:
-            self._pending.append((self._start, self._end))
-        self._start, self._end = self._mark(), None
-        self._drain()
+        if self._off:
+            return
+        try:
+            if id(optimizer) not in self._hooked:
+                self._hook_params(optimizer)
+            if self._start is not None and self._end is not None:
+                self._pending.append((self._start, self._end))
+            self._start, self._end = self._mark(), None
+            self._drain()
+        except Exception as exc:      # a diagnosis must never break the user's training
+            self._disable(exc)
 
     def _hook_params(self, optimizer) -> None:
         self._hooked.add(id(optimizer))
@@ -117,21 +124,30 @@ class WorkTimer:
                     self._cuda = p.device
                     self._w.device("cuda")
                 self._hooked.add(id(p))
-                register = getattr(p, "register_post_accumulate_grad_hook", None)
-                if register is not None:
-                    register(self._on_grad)
+                p.register_post_accumulate_grad_hook(self._on_grad)   # torch >= 2.1
 
     def _on_grad(self, _param) -> None:
-        if self._armed:
+        if self._armed or self._off:
             return
         self._armed = True
-        from torch.autograd import Variable
-        Variable._execution_engine.queue_callback(self._backward_done)
+        try:
+            from torch.autograd import Variable
+            Variable._execution_engine.queue_callback(self._backward_done)
+        except Exception as exc:
+            self._disable(exc)
 
     def _backward_done(self) -> None:
         self._armed = False
-        if self._start is not None:
-            self._end = self._mark()
+        if self._start is not None and not self._off:
+            try:
+                self._end = self._mark()
+            except Exception as exc:
+                self._disable(exc)
+
+    def _disable(self, exc: Exception) -> None:
+        self._off = True
+        print(f"smartlaunch: work timing off for this rank ({exc!r}); straggler detection falls "
+              f"back to step rates", file=sys.stderr, flush=True)
 
     # ---- clocks ---------------------------------------------------------------------------
     def _mark(self):
