@@ -18,13 +18,18 @@ for so in ("libtorch_cuda.so", "libtorch_cpu.so"):
         names |= {x.decode() for x in re.findall(rb"TORCH_(?:FR|NCCL)_(?:BUFFER|TRACE|DUMP|DEBUG_INFO)[A-Z_]*", m)}
 print("\n".join(sorted(names)))
 PY
+python3 $D/hook_overhead.py 10 150 > $W/hook_overhead.log 2>&1
 # 1. straggler: rank 1 does one extra 4096^3 fp32 matmul per step
-( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 1 --batch 512 --seconds 35 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
+( time timeout 90 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 1 --batch 512 --seconds 35 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
 # 2. the same without a slow rank: under smartlaunch (work timer on) and torchrun (off)
-( time smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
-( time torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
+( time timeout 60 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
+( time timeout 60 torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
 # 3. a rank that skips one all-reduce
-( time timeout 120 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/skip_allreduce.py --skip-step 200; echo "exit $?" ) 2>&1 | python3 $D/stamp.py > $W/skip.log
+( time timeout 90 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/skip_allreduce.py --skip-step 200; echo "exit $?" ) 2>&1 | python3 $D/stamp.py > $W/skip.log
+# torch releases that make the dump pipe only under the older buffer variable: try it once
+if grep -q "no Flight Recorder pipe" $W/skip.log; then
+  ( time TORCH_NCCL_TRACE_BUFFER_SIZE=2000 timeout 90 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/skip_allreduce.py --skip-step 200; echo "exit $?" ) 2>&1 | python3 $D/stamp.py > $W/skip-oldname.log
+fi
 ls -laR $W/runs > $W/runs-listing.txt
 tar czf $OUT/d18-all.tgz -C $W .
 cp $W/*.log $W/torch_fr_vars.txt $OUT/
