@@ -38,7 +38,6 @@ from smartlaunch.policy.api import LaunchPolicy
 
 POLL_S = 0.1
 DISPLAY_EVERY_S = 1.0
-STRAGGLER_WINDOW_S = 30.0
 RATE_WINDOW_S = 5.0                      # the live display's steps/s
 
 
@@ -65,8 +64,8 @@ class HangReport:
 
 
 class _Rank:
-    def __init__(self, rec: ProgressRecord):
-        self.rec = rec
+    def __init__(self, rec: ProgressRecord, keep_s: float):
+        self.rec, self.keep_s = rec, keep_s
         self.work: WorkRecord | None = None
         self.state = procs.ProcState("R")
         self.step_s: deque[float] = deque(maxlen=64)
@@ -77,7 +76,7 @@ class _Rank:
             self.step_s.append((rec.t_last - self.rec.t_last) / (rec.steps - self.rec.steps))
         self.rec = rec
         self.samples.append((now, rec.steps))
-        while self.samples and now - self.samples[0][0] > STRAGGLER_WINDOW_S + 1:
+        while self.samples and now - self.samples[0][0] > self.keep_s + 1:
             self.samples.popleft()
 
     def rate(self, now: float, window: float) -> float | None:
@@ -208,7 +207,7 @@ class Watchdog(threading.Thread):
                 continue
             r = self._ranks.get(lr)
             if r is None or r.rec.pid != rec.pid:       # first sight, or a restarted attempt
-                r = self._ranks[lr] = _Rank(rec)
+                r = self._ranks[lr] = _Rank(rec, max(self.launch.straggler_window_s, RATE_WINDOW_S))
             r.update(rec, now)
             r.work = read_work(work_path(self.run_dir, lr))
             r.state = procs.proc_state(rec.pid)
@@ -301,7 +300,8 @@ class Watchdog(threading.Thread):
         """Step rates: the fallback for loops the work timer cannot see (no torch optimizer)."""
         if any(r.work is not None and r.work.steps for r in self._ranks.values()):
             return
-        rates = {lr: r.rate(now, STRAGGLER_WINDOW_S) for lr, r in self._ranks.items()}
+        window = self.launch.straggler_window_s
+        rates = {lr: r.rate(now, window) for lr, r in self._ranks.items()}
         if len(rates) < 2 or any(v is None for v in rates.values()):
             return
         slow = find_straggler(rates, self.launch.straggler_threshold)
@@ -311,7 +311,7 @@ class Watchdog(threading.Thread):
         others = statistics.median(v for k, v in rates.items() if k != slow)
         self.straggler = (f"smartlaunch: warning: local rank {slow} runs {1 - rates[slow] / others:.0%} "
                           f"slower than the others ({rates[slow]:.2f} vs {others:.2f} steps/s over "
-                          f"{STRAGGLER_WINDOW_S:.0f} s); {self._gpu_health(slow)}")
+                          f"{window:.0f} s); {self._gpu_health(slow)}")
         print(self.straggler, file=self._out, flush=True)
 
     def _gpu_health(self, lr: int) -> str:
