@@ -97,7 +97,7 @@ def test_summary_text():
     assert summary_text(f, "succeeded").splitlines() == [
         "smartlaunch: summary (succeeded): 1,407 steps; rank 0: 1,216.0 samples/s, rank 1: 1,216.0 samples/s",
         "  DDP efficiency 76% (step 52.6 ms measured against 40.0 ms on one GPU in the dry run)",
-        "  step rate 19.50/s in the first 10% of the run, 18.50/s in the last 10% (-5%)",
+        "  step rate 19.50/s in the first 10% of the run, 18.50/s in the last 10% (-5.1%)",
         "  throughput lost to the straggler: 69%",
         "  warnings: 1",
         "    - rank 1 computes 3.4x slower",

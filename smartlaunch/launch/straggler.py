@@ -200,7 +200,7 @@ def summary_text(f: RunFigures, state: str) -> str:
     if f.trend:
         a, b = f.trend
         lines.append(f"  step rate {a:.2f}/s in the first 10% of the run, {b:.2f}/s in the last 10% "
-                     f"({b / a - 1:+.0%})" if a > 0 else f"  step rate trend: {a:.2f} -> {b:.2f}/s")
+                     f"({b / a - 1:+.1%})" if a > 0 else f"  step rate trend: {a:.2f} -> {b:.2f}/s")
     if f.lost_share is not None:
         lines.append(f"  throughput lost to the straggler: {f.lost_share:.0%}")
     lines.append(f"  warnings: {len(f.warnings)}" + "".join(f"\n    - {w.removeprefix('smartlaunch: warning: ')}"
