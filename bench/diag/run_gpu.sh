@@ -20,10 +20,10 @@ print("\n".join(sorted(names)))
 PY
 python3 $D/hook_overhead.py 10 150 > $W/hook_overhead.log 2>&1
 # 1. straggler: rank 1 does one extra 4096^3 fp32 matmul per step
-( time timeout 90 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 1 --batch 512 --seconds 35 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
+( time timeout 90 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank 1 --extra 1 --batch 512 --seconds 30 ) 2>&1 | python3 $D/stamp.py > $W/straggler.log
 # 2. the same without a slow rank: under smartlaunch (work timer on) and torchrun (off)
-( time timeout 60 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
-( time timeout 60 torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 15 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
+( time timeout 60 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 12 ) 2>&1 | python3 $D/stamp.py > $W/balanced-smartlaunch.log
+( time timeout 60 torchrun --nproc-per-node 2 $D/straggler_train.py --slow-rank -1 --batch 512 --seconds 12 ) 2>&1 | python3 $D/stamp.py > $W/balanced-torchrun.log
 # 3. a rank that skips one all-reduce
 ( time timeout 90 smartlaunch --policy $D/policy.yaml --strategy ddp --nproc-per-node 2 $D/skip_allreduce.py --skip-step 200; echo "exit $?" ) 2>&1 | python3 $D/stamp.py > $W/skip.log
 # torch releases that make the dump pipe only under the older buffer variable: try it once
