@@ -230,3 +230,59 @@ def test_ask_and_collect_through_a_real_pipe(tmp_path):
     t.join()
     os.close(fd)
     assert [r for r, _ in asked] == [0] and got == {0: fr.dumps(0)[0]}
+
+
+# ---- recorded on the 2x H200 (bench/diag/run_gpu.sh), replayed here --------------------------
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def _replay(name):
+    import json
+    rows = [GpuSample.from_dict(json.loads(line)) for line in open(os.path.join(DATA, name))]
+    by_t: dict = {}
+    for s in rows:
+        by_t.setdefault(s.t, []).append(s)
+    return [by_t[t] for t in sorted(by_t)]
+
+
+@pytest.mark.parametrize("name, warned", [("gpu-samples-h200-recorded.jsonl", False),
+                                          ("gpu-samples-h200-throttled.jsonl", True)])
+def test_recorded_nvml_samples_replayed_for_drift(name, warned):
+    """Real samples of a 30 s DDP run (both GPUs at 1,980 MHz under load) stay silent; the
+    same recording with GPU1 held at 1,410 MHz from mid-run (bench/diag/throttle_fixture.py: no
+    lent GPU may be made to throttle) gives one warning with its numbers."""
+    frames = iter(_replay(name))
+    mon = RunMonitor(LaunchPolicy(gpu_sample_s=0.0), sample_gpus=lambda: next(frames, []))
+    for i in range(len(_replay(name))):
+        mon.observe(float(i), {})
+    if not warned:
+        assert mon.warnings == []
+        return
+    assert len(mon.warnings) == 1
+    assert mon.warnings[0].startswith("smartlaunch: warning: GPU1 clock fell from 1,980 to 1,410 MHz (-29%) "
+                                      "under the same load over 0.")
+    assert mon.warnings[0].endswith("thermal slowdown.")
+
+
+def test_throttled_fixture_names_the_cause_of_a_slow_rank():
+    last = _replay("gpu-samples-h200-throttled.jsonl")[-1]
+    st = Straggler(1, 1, 0.0124, 0.0099, 0.0131, 10, "CUDA events", gpu=1)
+    text = straggler_text(st, next(s for s in last if s.gpu == 1), [s for s in last if s.gpu == 0])
+    assert "GPU1 holds 1,410 of 1,980 MHz (others 1,980 MHz): thermal slowdown; 81 C" in text
+
+
+def test_recorded_flight_recorder_dumps_of_a_skipped_all_reduce():
+    """torch 2.11's own dumps (pickle, version 2.10) from the H200 run of
+    bench/diag/skip_allreduce.py: rank 1 skipped the loss all-reduce at step 200."""
+    dumps = {r: flightrec.read_dump(os.path.join(DATA, f"fr-skip-allreduce-h200-rank{r}")) for r in (0, 1)}
+    assert dumps[0]["version"] == "2.10"
+    assert flightrec.verdict(dumps, [0, 1]) == (
+        ["rank 1 did not enter collective #600 (nccl:all_reduce, process group 0); its last was #599, "
+         "the other ranks entered #600"], [1])
+
+
+def test_trend_ignores_the_flat_tail_after_the_last_step():
+    hist = [(float(t), 75 * t) for t in range(31)] + [(30.0 + t, 75 * 30) for t in range(1, 12)]
+    first, last = rate_trend(hist)
+    assert first == pytest.approx(75.0) and last == pytest.approx(75.0)
+    assert rate_trend([(0.0, 1), (1.0, 200)]) is None          # a 1 s run says nothing
