@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-STRATEGY_CHOICES = ("auto", "single", "independent", "ddp")
+from smartlaunch.vocab import STRATEGY_CHOICES  # noqa: F401  (the CLI's --strategy choices)
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class Request:
     reprofile: bool = False
     no_wait: bool = False
     debug: bool = False
+    quiet: bool = False                          # --quiet: no decision line
     nnodes: str = "1"
     # torchrun's parsed namespace (smartlaunch options removed): the launch API's input.
     torchrun_args: argparse.Namespace | None = field(default=None, compare=False, repr=False)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers_slurm import HOOKS, fake_topology
+from helpers_slurm import HOOKS, fake_topology, topology_running
 from smartlaunch.errors import ExitCode, HealthError
 from smartlaunch.slurm import health, hooks
 from conftest import own_lines
@@ -49,7 +49,8 @@ def test_health_rules_against_baseline():
 def test_prolog_healthy_writes_snapshot_and_passes(clean_env, tmp_path):
     cfg = config(tmp_path, "healthy")
     assert hooks.run("baseline", cfg) == 0
-    assert hooks.run("prolog", cfg, {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}) == 0
+    assert hooks.run("prolog", cfg, {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000",
+                                         "SLURM_JOB_USER": "ann", "SLURM_JOB_GPUS": "0,1"}) == 0
     state = tmp_path / "state"
     assert (state / "topology.json").exists() and (state / "baseline.json").exists()
     assert "prolog job 7: 0 finding(s)" in (state / "hooks.log").read_text()
@@ -98,12 +99,12 @@ def test_config_must_be_root_owned_and_not_writable(tmp_path):
 def test_epilog_kills_only_the_job_users_leftovers(clean_env, tmp_path):
     nobody = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
     mine = subprocess.Popen(["sleep", "60"])            # root's: never killed
-    pids = tmp_path / "gpu-pids"
-    pids.write_text(f"{nobody.pid} 1\n{mine.pid} 0\n")
+    node = tmp_path / "node.json"
+    node.write_text(topology_running("healthy", {nobody.pid: 1, mine.pid: 0}))
     try:
-        cfg = config(tmp_path, "healthy", SMARTLAUNCH_TEST_GPU_PIDS=str(pids))
+        cfg = config(tmp_path, "healthy", SMARTLAUNCH_FAKE_TOPOLOGY=str(node))
         rc = hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534",
-                                        "SLURM_JOB_GPUS": "0,1"})
+                                        "SLURM_JOB_USER": "nobody", "SLURM_JOB_GPUS": "0,1"})
         assert rc == 0
         assert nobody.wait(timeout=5) == -15
         assert mine.poll() is None
@@ -167,7 +168,8 @@ def test_epilog_releases_the_jobs_leases(clean_env, tmp_path, monkeypatch):
         before = sorted(p.name for p in lease_dir.glob("*.holder"))
         assert len(before) == 2
         cfg = config(tmp_path, "healthy", SMARTLAUNCH_LEASE_DIR=str(lease_dir))
-        assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534"}) == 0
+        assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534",
+                                          "SLURM_JOB_USER": "nobody"}) == 0
         left = sorted(p.name for p in lease_dir.glob("*.holder"))
         assert left == [n for n in before if n.startswith("gpu-" + topo.gpu(1).uuid)]
         job9.release()

@@ -27,7 +27,7 @@ from smartlaunch.launch import flightrec, procs
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.watchdog import Watchdog
-from smartlaunch.launch.worker import TEE_DIR_VAR, worker_env
+from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
 from smartlaunch.policy.api import Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
@@ -42,6 +42,9 @@ def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) ->
     result = launch_ddp(plan, request, policy, topology)
     if result.message:
         print(result.message, file=sys.stderr, flush=True)
+    if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
+        from smartlaunch.launch.measured import record_launch
+        record_launch(plan, request, policy, topology, result.details.get("run_dir"))
     return result.exit_code
 
 
@@ -65,6 +68,8 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
                                   numa=args.numa_binding is None)
     if not user_logs:       # the hook copies each rank's output; the terminal sees it unchanged
         overrides[TEE_DIR_VAR] = log_root = os.path.join(run_dir, "logs")
+        if sys.stderr.isatty():
+            overrides[STATUS_LINE_VAR] = "1"
     else:
         log_root = args.log_dir
     fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
@@ -227,7 +232,7 @@ def _wrap_entrypoint(cmd, cmd_args: list[str], args) -> tuple[str, list[str]]:
 
 def _worker_overrides(plan: Plan, topology: Topology, environ: Mapping[str, str], run_dir: str,
                       run_id: str, numa: bool) -> dict[str, str]:
-    from smartlaunch.launch.env import narrow_visible
+    from smartlaunch.worker_env import narrow_visible
     env: dict[str, str] = {}
     if plan.device == "cuda" and plan.gpus and tuple(plan.gpus) != tuple(g.index for g in topology.gpus):
         env["CUDA_VISIBLE_DEVICES"] = narrow_visible(plan.gpus, environ, topology)

@@ -10,16 +10,17 @@ from smartlaunch.errors import PolicyError
 from smartlaunch.launch import nccl, numa
 from smartlaunch.policy.api import Policy
 from smartlaunch.topology.api import Topology
+from smartlaunch.vocab import NUMA_MODES
 
 
 def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str]) -> Plan:
     mode = policy.launch.numa_binding
-    if mode not in numa.MODES:
-        raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(numa.MODES)}: "
+    if mode not in NUMA_MODES:
+        raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(NUMA_MODES)}: "
                           "fix it in the policy file")
-    env = plan.env
+    env = _merge(plan.env, nccl.policy_env(policy, environ))
     if plan.strategy == Strategy.DDP:
-        env = _merge(plan.env, nccl.nccl_env(plan, topology, policy, environ))
+        env = _merge(env, nccl.nccl_env(plan, topology, policy, environ))
     return dataclasses.replace(plan, env=env, numa=numa.plan_bindings(plan, topology, mode))
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STRATEGIES = ("single", "independent", "ddp")
-LINK_FAMILIES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+from smartlaunch.vocab import LINK_FAMILIES, STRATEGIES
 
 
 @dataclass(frozen=True)
 class DecisionPolicy:
     min_efficiency: float = 0.70          # DDP speedup / GPUs needed to pick DDP (seeds: 70%+)
-    uncertainty_band: float = 0.10        # |predicted eff - min_efficiency| below this -> trial
+    # Relative error of the predicted speedup inside which a measured trial decides; None: the
+    # cost model's own measured error (decide/cost.py MODEL_ERROR, its 90th percentile).
+    uncertainty_band: float | None = None
     trials: bool = True                   # run measured trials inside the band
     trial_steps: int = 20                 # at least this many measured steps per trial
     trial_seconds: float = 1.0            # and at least this long a measured window
@@ -43,7 +44,7 @@ class LaunchPolicy:
                  "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"},
         "SYS": {},
     })
-    numa_binding: str = "node"            # off | node | exclusive-cores
+    numa_binding: str = "node"            # one of vocab.NUMA_MODES
     rank_failure_timeout_s: float = 10.0
     hang_timeout_s: float = 300.0         # floor; the watchdog also scales with step time
     hang_step_multiple: float = 20.0      # stall when no step for max(floor, this x median step)
@@ -54,6 +55,7 @@ class LaunchPolicy:
     gpu_sample_s: float = 5.0             # NVML sample of each rank's GPU (drift, straggler cause)
     clock_drift_threshold: float = 0.10   # warn when a GPU's clock under load falls this far
     log_dir: str = "~/.cache/smartlaunch/logs"
+    quiet: bool = False                   # no decision line before the job's output (--quiet)
     # Variables for every worker whatever the link. From an admin `enforce:` section they are
     # mandatory (applied over the user's environment, see policy.enforced_env); from any other
     # layer they are defaults the user's own environment overrides.

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from smartlaunch.errors import DryRunError
-from smartlaunch.launch.env import single_rank_env
+from smartlaunch.worker_env import single_rank_env
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
-from smartlaunch.profile.cache import cache_root, private_dir, read_json
+from smartlaunch.store import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
 EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
@@ -170,6 +170,9 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
     measured = int(data.get("steps_measured") or 0)
     if measured and measured >= _asked(request, data):
         status, note = ProfileStatus.OK, f"{measured} steps measured {where}"
+        if data.get("window_cut_short"):
+            note = (f"{measured} steps measured, but the script ended before the window's "
+                    f"minimum length; times are less certain {where}")
     elif measured:
         status = ProfileStatus.INCOMPLETE
         why = f"the time limit ({limit_txt}) ended it" if timed_out else "the script ended"
