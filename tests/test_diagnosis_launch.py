@@ -40,9 +40,12 @@ def test_slow_rank_is_named_with_its_slowdown(out, monkeypatch, slow):
     assert result.state == RunState.SUCCEEDED, result.message
     summary = result.details["summary"]
     assert summary.startswith("smartlaunch: summary (succeeded): 150 steps; rank 0: ")
+    assert (summary + "\n") == open(os.path.join(result.details["run_dir"], "summary.txt")).read()
     if not slow:
         assert result.details["straggler"] is None and "warnings: 0" in summary, summary
+        assert "summary" not in result.message              # a clean run prints no summary
         return
+    assert summary in result.message
     warning = result.details["straggler"]
     assert warning.startswith("smartlaunch: warning: rank 1 computes "), warning
     # rank 1 works 20 + 50 ms per step, rank 0 20 ms (plus a few ms of compute each).

@@ -99,7 +99,14 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
         _stop_reaper(reaper)
     result = _result(watchdog, failures, got, host, log_root, run_dir)
     summary = _summary(watchdog, plan, result, log_root or run_dir, run_dir)
-    msg = f"{result.message}\n{summary}" if result.message else summary
+    with contextlib.suppress(OSError):
+        Path(run_dir, "summary.txt").write_text(summary + "\n")
+    # A clean run leaves the terminal as the decision line left it (issue 13: one line of
+    # smartlaunch's own); a failure, a hang or a warning brings the summary to stderr.
+    if result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
+        msg = f"{result.message}\n{summary}" if result.message else summary
+    else:
+        msg = result.message
     return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
 
 
