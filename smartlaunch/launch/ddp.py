@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -22,8 +23,9 @@ from pathlib import Path
 
 from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import ExitCode, UsageError
-from smartlaunch.launch import procs
+from smartlaunch.launch import flightrec, procs
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
+from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
 from smartlaunch.policy.api import Policy
@@ -70,12 +72,15 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
             overrides[STATUS_LINE_VAR] = "1"
     else:
         log_root = args.log_dir
+    fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
+    overrides.update(fr_env)
     host = socket.gethostname()
     reaper = _start_reaper(run_id, run_dir, plan.nproc_per_node, environ)
     watchdog = Watchdog(run_dir, plan.nproc_per_node, launch, host,
                         act_on_death=args.max_restarts == 0,
                         gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
                         read_topology=lambda: _fresh_topology(environ),
+                        flight_recorder=recorder if plan.device == "cuda" else None,
                         display=sys.stderr.isatty())
     got: list[int] = []
     failures: dict = {}
@@ -92,7 +97,30 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
         watchdog.close()
         procs.kill_run(run_id, watchdog.live_pids().values(), exclude=(reaper.pid,))
         _stop_reaper(reaper)
-    return _result(watchdog, failures, got, host, log_root, run_dir)
+    result = _result(watchdog, failures, got, host, log_root, run_dir)
+    summary = _summary(watchdog, plan, result, log_root or run_dir, run_dir)
+    with contextlib.suppress(OSError):
+        Path(run_dir, "summary.txt").write_text(summary + "\n")
+    # A clean run leaves the terminal as the decision line left it (issue 13: one line of
+    # smartlaunch's own); a failure, a hang or a warning brings the summary to stderr.
+    if result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
+        msg = f"{result.message}\n{summary}" if result.message else summary
+    else:
+        msg = result.message
+    return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
+
+
+def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str, run_dir: str) -> str:
+    figures = watchdog.monitor.figures(watchdog.records())
+    profile = plan.profile or {}
+    figures.batch = profile.get("batch_size")
+    if plan.device == "cuda" and profile.get("step_time_s") and plan.nproc_per_node > 1:
+        figures.single_step_s = profile["step_time_s"]
+    figures.log_dir = log_root
+    figures.run_dir = run_dir
+    if result.details.get("hang") is not None:
+        figures.dumps = [*result.details["hang"].stack_files, *result.details["hang"].dump_files]
+    return summary_text(figures, result.state.value)
 
 
 def _run_agent(config, entry, entry_args, watchdog: Watchdog, grace: float, got: list[int]) -> dict:
@@ -128,6 +156,9 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
         h = watchdog.hang
         msg = (f"smartlaunch: hang: {h.describe(host)}. Stacks of all ranks: "
                f"{', '.join(h.stack_files)}. Job ended (exit {int(ExitCode.HANG)}).")
+        msg += "".join(f"\n  collectives: {line}" for line in h.collectives)
+        if h.dump_files:
+            msg += f"\n  Flight Recorder dumps: {', '.join(h.dump_files)}"
         return LaunchResult(RunState.HUNG, int(ExitCode.HANG), msg, (), {**details, "hang": h})
     terminating = [s for s in got if s in _TERMINATING]
     if terminating or (got and failures):

@@ -7,7 +7,10 @@ state ten times a second and:
     waits a hard-coded 30 s before SIGKILL on that path (torch 2.11-2.13);
   - on a rank that makes no progress for max(hang floor, multiple x median step) after its
     first step (start-up grace before it), dumps all ranks' stacks and ends the job;
-  - warns once about a rank whose step rate trails the others for a sustained window;
+  - hands every look to the run monitor (monitor.py): the straggler warning from per-rank
+    work time (step rates are equal under synchronous DDP), clock drift, the summary figures;
+  - on a hang, asks torch's Flight Recorder of every rank for a dump (flightrec.py) and names
+    the collective a rank did not enter or finish;
   - draws a one-line steps/s display when asked (stderr is a terminal).
 The verdicts (`failure`, `hang`) are read by ddp.py after torch's agent returns.
 """
@@ -24,15 +27,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from smartlaunch.launch import procs, stacks
+from smartlaunch.launch import flightrec, procs, stacks
 from smartlaunch.launch.api import RankFailure
+from smartlaunch.launch.monitor import RunMonitor, gpu_sampler, samples_path
 from smartlaunch.launch.progress import ProgressRecord, progress_path, read_progress, status_line
+from smartlaunch.launch.straggler import GpuSample
 from smartlaunch.launch.worker import stack_path
+from smartlaunch.launch.worktime import WorkRecord, read_work, work_path
 from smartlaunch.policy.api import LaunchPolicy
 
 POLL_S = 0.1
 DISPLAY_EVERY_S = 1.0
-STRAGGLER_WINDOW_S = 30.0
 RATE_WINDOW_S = 5.0                      # the live display's steps/s
 
 
@@ -48,6 +53,8 @@ class HangReport:
     why: str                             # how this rank was singled out
     stack_files: tuple[str, ...] = ()
     frames: dict = field(default_factory=dict)   # local rank -> top frame
+    collectives: tuple[str, ...] = ()            # from the Flight Recorder dumps
+    dump_files: tuple[str, ...] = ()
 
     def describe(self, host: str) -> str:
         at = f" at {self.where}" if self.where else ""
@@ -57,8 +64,9 @@ class HangReport:
 
 
 class _Rank:
-    def __init__(self, rec: ProgressRecord):
-        self.rec = rec
+    def __init__(self, rec: ProgressRecord, keep_s: float):
+        self.rec, self.keep_s = rec, keep_s
+        self.work: WorkRecord | None = None
         self.state = procs.ProcState("R")
         self.step_s: deque[float] = deque(maxlen=64)
         self.samples: deque[tuple[float, int]] = deque()
@@ -68,7 +76,7 @@ class _Rank:
             self.step_s.append((rec.t_last - self.rec.t_last) / (rec.steps - self.rec.steps))
         self.rec = rec
         self.samples.append((now, rec.steps))
-        while self.samples and now - self.samples[0][0] > STRAGGLER_WINDOW_S + 1:
+        while self.samples and now - self.samples[0][0] > self.keep_s + 1:
             self.samples.popleft()
 
     def rate(self, now: float, window: float) -> float | None:
@@ -83,6 +91,8 @@ class Watchdog(threading.Thread):
                  act_on_death: bool = True,
                  gpu_of: Callable[[int], int | None] = lambda lr: None,
                  read_topology: Callable[[], object] | None = None,
+                 sample_gpus: Callable[[], list[GpuSample]] | None = None,
+                 flight_recorder: flightrec.FlightRecorder | None = None,
                  display: bool = False, out=None):
         super().__init__(name="smartlaunch-watchdog", daemon=True)
         self.run_dir, self.nproc, self.launch, self.host = run_dir, nproc, launch, host
@@ -101,6 +111,12 @@ class Watchdog(threading.Thread):
         self.hang: HangReport | None = None
         self.straggler: str | None = None
         self.started_at = time.monotonic()
+        self._fr = flight_recorder
+        gpus = sorted({g for g in map(gpu_of, range(nproc)) if g is not None})
+        if sample_gpus is None and gpus and read_topology is not None:
+            sample_gpus = gpu_sampler(gpus, read_topology, time.monotonic)
+        self.monitor = RunMonitor(launch, gpu_of=gpu_of, sample_gpus=sample_gpus,
+                                  record_to=samples_path(run_dir), out=self._out)
 
     # ---- thread ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -123,6 +139,11 @@ class Watchdog(threading.Thread):
         with self._lock:
             self._refresh(time.monotonic())
             return {lr: r.rec.pid for lr, r in self._ranks.items() if r.state.alive}
+
+    def records(self) -> dict[int, ProgressRecord]:
+        with self._lock:
+            self._refresh(time.monotonic())
+            return {lr: r.rec for lr, r in self._ranks.items()}
 
     def all_pids(self) -> list[int]:
         with self._lock:
@@ -169,6 +190,11 @@ class Watchdog(threading.Thread):
                     self._check_deaths()
                 if self.failure is None:
                     self._check_hang(now)
+                if self.failure is None and self.hang is None:
+                    self.monitor.observe(now, {lr: (r.rec, r.work) for lr, r in self._ranks.items()})
+                    if self.monitor.straggler is not None and not self._straggler_warned:
+                        self._straggler_warned = True
+                        self.straggler = self.monitor.warnings[-1]
                 if self.failure is None and self.hang is None and not self._straggler_warned:
                     self._check_straggler(now)
             if self._display and now - self._last_display >= DISPLAY_EVERY_S:
@@ -181,8 +207,9 @@ class Watchdog(threading.Thread):
                 continue
             r = self._ranks.get(lr)
             if r is None or r.rec.pid != rec.pid:       # first sight, or a restarted attempt
-                r = self._ranks[lr] = _Rank(rec)
+                r = self._ranks[lr] = _Rank(rec, max(self.launch.straggler_window_s, RATE_WINDOW_S))
             r.update(rec, now)
+            r.work = read_work(work_path(self.run_dir, lr))
             r.state = procs.proc_state(rec.pid)
         self._known_pids = frozenset(r.rec.pid for r in self._ranks.values())
 
@@ -235,14 +262,24 @@ class Watchdog(threading.Thread):
         if not stalled:
             return
         stopped = [lr for lr, r in live.items() if r.state.state in ("T", "t")]
+        ranks = sorted(r.rec.rank for r in live.values())
+        asked = flightrec.ask(self._fr, ranks) if self._fr else []
         texts = stacks.dump_all(self.run_dir, {lr: r.rec.pid for lr, r in live.items()})
+        dumps = flightrec.collect(self._fr, asked) if asked else {}
+        collectives, laggards = flightrec.verdict(
+            {k: flightrec.read_dump(p) for k, p in dumps.items()}, ranks) if asked else ([], [])
+        if self._fr and not asked:
+            collectives = [flightrec.NO_PIPE]
         frames = {lr: stacks.top_frame(texts.get(lr, "")) for lr in live}
         lr, why = self._culprit(live, stopped, frames)
+        behind = [x for x, r in live.items() if r.rec.rank in laggards]
+        if behind and not stopped:
+            lr, why = behind[0], "it did not enter a collective the others wait in (Flight Recorder)"
         idle, limit = self._limit(live[lr])
         r = live[lr]
         files = tuple(stack_path(self.run_dir, x) for x in sorted(live))
         self.hang = HangReport(lr, r.rec.rank, r.rec.pid, r.rec.steps, idle, limit, frames.get(lr),
-                               why, files, frames)
+                               why, files, frames, tuple(collectives), tuple(dumps.values()))
         self.stop(signal.SIGTERM, self.launch.signal_grace_s)
 
     @staticmethod
@@ -260,7 +297,11 @@ class Watchdog(threading.Thread):
         return oldest, "it has gone longest without a step"
 
     def _check_straggler(self, now: float) -> None:
-        rates = {lr: r.rate(now, STRAGGLER_WINDOW_S) for lr, r in self._ranks.items()}
+        """Step rates: the fallback for loops the work timer cannot see (no torch optimizer)."""
+        if any(r.work is not None and r.work.steps for r in self._ranks.values()):
+            return
+        window = self.launch.straggler_window_s
+        rates = {lr: r.rate(now, window) for lr, r in self._ranks.items()}
         if len(rates) < 2 or any(v is None for v in rates.values()):
             return
         slow = find_straggler(rates, self.launch.straggler_threshold)
@@ -270,7 +311,7 @@ class Watchdog(threading.Thread):
         others = statistics.median(v for k, v in rates.items() if k != slow)
         self.straggler = (f"smartlaunch: warning: local rank {slow} runs {1 - rates[slow] / others:.0%} "
                           f"slower than the others ({rates[slow]:.2f} vs {others:.2f} steps/s over "
-                          f"{STRAGGLER_WINDOW_S:.0f} s); {self._gpu_health(slow)}")
+                          f"{window:.0f} s); {self._gpu_health(slow)}")
         print(self.straggler, file=self._out, flush=True)
 
     def _gpu_health(self, lr: int) -> str:

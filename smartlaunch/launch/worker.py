@@ -8,7 +8,8 @@ the script needs no change and keeps the environment torchrun sets. Before the s
     PDEATHSIG; the launcher's reaper process sweeps those);
   - faulthandler on DUMP_SIGNAL writing all threads' stacks to <run_dir>/stacks/local<N>.txt
     (a real-time signal: SIGUSR1/2 belong to the script, Slurm sends them for preemption);
-  - a progress counter fed by torch's optimizer step hook and smartlaunch.profile_step().
+  - a progress counter fed by torch's optimizer step hook and smartlaunch.profile_step();
+  - per-step work time outside collective waits (worktime.py), for the straggler warning.
 Launchers should start the hook with start_new_session=True (torch's agent does) so that a
 rank and its children form one process group the launcher can signal as a whole.
 """
@@ -23,7 +24,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from smartlaunch.launch import numa
+from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
                                 int(os.environ.get("RANK", "0")))
         _install_step_hooks(writer)
+        _keep.append(worktime.install(run_dir, local_rank))   # straggler signal (issue 18)
     code = 1
     try:
         sys.argv = [target, *args]

@@ -51,6 +51,9 @@ class LaunchPolicy:
     startup_grace_s: float = 600.0        # no hang verdict before the first step (data loading)
     signal_grace_s: float = 10.0          # SIGTERM -> SIGKILL
     straggler_threshold: float = 0.15
+    straggler_window_s: float = 30.0      # window over which work per step is compared
+    gpu_sample_s: float = 5.0             # NVML sample of each rank's GPU (drift, straggler cause)
+    clock_drift_threshold: float = 0.10   # warn when a GPU's clock under load falls this far
     log_dir: str = "~/.cache/smartlaunch/logs"
     quiet: bool = False                   # no decision line before the job's output (--quiet)
     # Variables for every worker whatever the link. From an admin `enforce:` section they are

@@ -9,6 +9,8 @@ Environment:
   SLT_FAULT_RANK   rank that misbehaves (default 1)
   SLT_FAULT_STEP   step after which it does (default 5)
   SLT_DDP          1: wrap the model in DistributedDataParallel (default: all-reduce by hand)
+  SLT_SLOW_RANK    rank that works longer on every step (default none)
+  SLT_SLOW_S       how much longer: a sleep before its forward (default 0.05)
 """
 import os
 import signal
@@ -28,6 +30,8 @@ FAULT_STEP = int(os.environ.get("SLT_FAULT_STEP", "5"))
 # The DDP wrapper imports torch._dynamo: ~5 s per rank on a 2-core CI machine. The tests need
 # blocking collectives, which the hand-written all-reduce gives as well.
 USE_DDP = os.environ.get("SLT_DDP") == "1"
+SLOW_RANK = int(os.environ.get("SLT_SLOW_RANK", "-1"))
+SLOW_S = float(os.environ.get("SLT_SLOW_S", "0.05"))
 
 
 def mark(kind):
@@ -79,6 +83,8 @@ def main():
     t0 = time.perf_counter()
     step = 0
     for step, (x, y) in enumerate(loader, 1):
+        if rank == SLOW_RANK:
+            time.sleep(SLOW_S)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()

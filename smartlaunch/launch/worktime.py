@@ -1,0 +1,181 @@
+"""Per-rank work time: the part of each step a rank spends working, not waiting for the others.
+
+Under synchronous DDP every rank steps at the slowest rank's rate (issue 18: 2 gloo ranks, one
+sleeping 50 ms before its forward, both made 1,407 steps in 75 s), so step rates cannot name a
+straggler. What differs is where the time goes: the fast ranks finish backward early and wait
+inside the all-reduce. This module times, per optimizer step, from the end of the previous
+optimizer step to the end of this step's last backward pass, before the reducer waits for its
+all-reduce (DDP waits in a final autograd callback queued when the last bucket is ready; ours
+is queued at the first gradient, so it runs first). That window holds data loading, forward
+and the compute part of backward. On GPUs it is timed with CUDA events on the compute stream
+(the host runs ahead of the GPU), read back only once the GPU has passed them; on CPU with the
+host clock.
+
+The worker writes two running totals into `<run_dir>/progress/work<N>.bin` (mmap, like
+progress.py); the launcher's watchdog differentiates them over its window.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+_FMT = "<4s4xqdq"           # magic, pad, timed steps, work seconds (sum), device kind (0 cpu, 1 cuda)
+_SIZE = struct.calcsize(_FMT)
+_MAGIC = b"SLW1"
+_OFF_N, _OFF_SUM = 8, 16
+_MAX_PENDING = 256          # CUDA event pairs not yet passed by the GPU (bounded if it never syncs)
+
+
+def work_path(run_dir: str | os.PathLike, local_rank: int) -> Path:
+    return Path(run_dir) / "progress" / f"work{local_rank}.bin"
+
+
+@dataclass(frozen=True)
+class WorkRecord:
+    steps: int               # steps with a work time
+    work_s: float            # their total work time
+    device: str              # "cuda" (CUDA events) or "cpu" (host clock)
+
+
+class WorkWriter:
+    def __init__(self, path: str | os.PathLike):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, _SIZE)
+            self._mm = mmap.mmap(fd, _SIZE)
+        finally:
+            os.close(fd)
+        self.steps, self.total = 0, 0.0
+        struct.pack_into(_FMT, self._mm, 0, _MAGIC, 0, 0.0, 0)
+
+    def device(self, kind: str) -> None:
+        struct.pack_into("<q", self._mm, 24, 1 if kind == "cuda" else 0)
+
+    def add(self, seconds: float) -> None:
+        # Sum before count: a reader between the two stores sees one step's time without its
+        # count, an error of one step in a window of hundreds.
+        self.steps += 1
+        self.total += seconds
+        struct.pack_into("<d", self._mm, _OFF_SUM, self.total)
+        struct.pack_into("<q", self._mm, _OFF_N, self.steps)
+
+
+def read_work(path: str | os.PathLike) -> WorkRecord | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_SIZE)
+    except OSError:
+        return None
+    if len(data) < _SIZE or data[:4] != _MAGIC:
+        return None
+    _, n, total, kind = struct.unpack(_FMT, data)
+    return WorkRecord(n, total, "cuda" if kind == 1 else "cpu")
+
+
+class WorkTimer:
+    """Optimizer-step and gradient hooks that feed a WorkWriter. install() once per process."""
+
+    def __init__(self, writer: WorkWriter):
+        self._w = writer
+        self._hooked: set[int] = set()          # parameters with our gradient hook
+        self._start = None                      # end of the previous optimizer step
+        self._end = None                        # end of the latest backward of this step
+        self._armed = False                     # backward-end callback queued for this pass
+        self._cuda = None                       # device of the first CUDA parameter seen
+        self._pending: deque = deque()
+        self._off = False
+
+    def install(self) -> bool:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except ImportError:
+            return False
+        register_optimizer_step_post_hook(self._after_step)
+        return True
+
+    # ---- hooks ----------------------------------------------------------------------------
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if self._off:
+            return
+        try:
+            if id(optimizer) not in self._hooked:
+                self._hook_params(optimizer)
+            if self._start is not None and self._end is not None:
+                self._pending.append((self._start, self._end))
+            self._start, self._end = self._mark(), None
+            self._drain()
+        except Exception as exc:      # a diagnosis must never break the user's training
+            self._disable(exc)
+
+    def _hook_params(self, optimizer) -> None:
+        self._hooked.add(id(optimizer))
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in self._hooked or not getattr(p, "requires_grad", False):
+                    continue
+                if self._cuda is None and p.is_cuda:
+                    self._cuda = p.device
+                    self._w.device("cuda")
+                self._hooked.add(id(p))
+                p.register_post_accumulate_grad_hook(self._on_grad)   # torch >= 2.1
+
+    def _on_grad(self, _param) -> None:
+        if self._armed or self._off:
+            return
+        self._armed = True
+        try:
+            from torch.autograd import Variable
+            Variable._execution_engine.queue_callback(self._backward_done)
+        except Exception as exc:
+            self._disable(exc)
+
+    def _backward_done(self) -> None:
+        self._armed = False
+        if self._start is not None and not self._off:
+            try:
+                self._end = self._mark()
+            except Exception as exc:
+                self._disable(exc)
+
+    def _disable(self, exc: Exception) -> None:
+        self._off = True
+        print(f"smartlaunch: work timing off for this rank ({exc!r}); straggler detection falls "
+              f"back to step rates", file=sys.stderr, flush=True)
+
+    # ---- clocks ---------------------------------------------------------------------------
+    def _mark(self):
+        if self._cuda is None:
+            return time.monotonic()
+        import torch
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self._cuda))
+        return ev
+
+    def _drain(self) -> None:
+        while self._pending:
+            start, end = self._pending[0]
+            if isinstance(start, float) != isinstance(end, float):
+                seconds = None                  # the first CUDA parameter appeared mid-step
+            elif isinstance(end, float):
+                seconds = end - start
+            elif end.query():
+                seconds = start.elapsed_time(end) / 1000.0
+            elif len(self._pending) > _MAX_PENDING:
+                seconds = None                  # never synced: drop the oldest, keep bounded
+            else:
+                return
+            self._pending.popleft()
+            if seconds is not None and seconds >= 0:
+                self._w.add(seconds)
+
+
+def install(run_dir: str, local_rank: int) -> WorkTimer | None:
+    timer = WorkTimer(WorkWriter(work_path(run_dir, local_rank)))
+    return timer if timer.install() else None
