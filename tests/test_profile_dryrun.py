@@ -39,9 +39,8 @@ def assert_measured(prof, expected, batch):
     assert prof.device == "cpu"
 
 
-def test_plain_script_with_worker_processes_leaves_none_behind(clean_env):
-    pid_dir = clean_env / "pids"
-    pid_dir.mkdir()
+def test_plain_script_with_worker_processes_leaves_none_behind(clean_env, shared_dir):
+    pid_dir = shared_dir
     mod = load(SCRIPTS / "tiny_train.py", "tiny_train_for_tests")
     prof = dry(SCRIPTS / "tiny_train.py", "--batch-size", "8", "--width", "48", "--workers", "2",
                "--pid-dir", str(pid_dir))

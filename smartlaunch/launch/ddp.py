@@ -22,7 +22,7 @@ from pathlib import Path
 
 from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import ExitCode, UsageError
-from smartlaunch.launch import procs
+from smartlaunch import proc as procs
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import TEE_DIR_VAR, worker_env

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+ISOLATION_MODES = ("require", "best-effort", "off")
 STRATEGIES = ("single", "independent", "ddp")
 LINK_FAMILIES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -63,6 +64,7 @@ class DryRunPolicy:
     warmup_steps: int = 5
     measure_steps: int = 20
     measure_seconds: float = 0.5          # and keep measuring until the window is this long
+    isolation: str = "require"            # require | best-effort | off (smartlaunch.sandbox)
 
 
 @dataclass(frozen=True)

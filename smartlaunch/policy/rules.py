@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smartlaunch.policy.api import (
-    LINK_FAMILIES, STRATEGIES, DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy,
+    ISOLATION_MODES, LINK_FAMILIES, STRATEGIES, DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy,
     PathsPolicy,
 )
 
@@ -73,6 +73,7 @@ CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "decision.ddp_link_classes": (LINK_FAMILIES, "link family"),
     "decision.fallback_strategy": (STRATEGIES, "strategy"),
     "launch.numa_binding": (NUMA_MODES, "NUMA mode"),
+    "dryrun.isolation": (ISOLATION_MODES, "isolation mode"),
 }
 
 # How an enforced value combines with the value below it. "max": the admin value is a cap (a

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from smartlaunch import proc, sandbox
 from smartlaunch.errors import DryRunError
 from smartlaunch.launch.env import single_rank_env
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
@@ -35,6 +36,7 @@ def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
     the single-GPU launcher gives a real run), plus the dry-run switches."""
     env = dict(environ)
     env.update(single_rank_env(run_id="smartlaunch-dryrun"))
+    env.update(sandbox.DRYRUN_ENV)
     env.update({
         "PYTHONUNBUFFERED": "1", "SMARTLAUNCH_DRYRUN": "1",
         # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
@@ -55,22 +57,26 @@ def _pump(stream, tail: collections.deque, echo) -> None:
     stream.close()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; workers of its group may still be unwinding
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
+def isolation_paths(request, environ) -> list[str]:
+    """Where we know the job writes: cwd, the script's directory, $HOME."""
+    paths = [os.getcwd(), environ.get("HOME") or os.path.expanduser("~")]
+    if request.script and not request.module and not request.no_python:
+        paths.append(os.path.dirname(os.path.abspath(request.script)))
+    return paths
+
+
+def isolation_check(request, policy, environ) -> tuple[bool, str]:
+    """(run isolated?, note). `require` and no isolation here: the caller does not run it."""
+    mode = policy.dryrun.isolation
+    if mode == "off":
+        return False, "not isolated (dryrun.isolation=off)"
+    why = sandbox.unavailable(isolation_paths(request, environ))
+    if why is None:
+        return True, ""
+    if mode == "require":
+        return False, (f"the dry run cannot be isolated here ({why}); {policy.rule('dryrun.isolation')}"
+                       f": not run, so it cannot change your files")
+    return False, f"not isolated ({why}; dryrun.isolation=best-effort): it may have written files"
 
 
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> ModelProfile:
@@ -79,6 +85,12 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
+    isolated, iso_note = isolation_check(request, policy, environ)
+    if not isolated and policy.dryrun.isolation == "require":
+        print(f"smartlaunch: {iso_note}", file=sys.stderr, flush=True)
+        return ModelProfile(ProfileStatus.SKIPPED, note=iso_note)
+    if iso_note and policy.dryrun.isolation != "off":
+        print(f"smartlaunch: dry run {iso_note}", file=sys.stderr, flush=True)
     limit = float(policy.dryrun.time_limit_s)
     logs = private_dir(private_dir(cache_root(policy, environ)) / "logs")
     _prune(logs)
@@ -86,7 +98,9 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
     log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
     with tempfile.TemporaryDirectory(prefix="smartlaunch-dryrun-") as tmp:
-        out = os.path.join(tmp, "profile.json")
+        proc.remove_on_exit(tmp)
+        out = os.path.join(tmp, "result", "profile.json")
+        os.mkdir(os.path.dirname(out))
         cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", "--out", out,
                "--warmup", str(policy.dryrun.warmup_steps),
                "--measure", str(policy.dryrun.measure_steps),
@@ -94,22 +108,33 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         if request.module:
             cmd.append("--module")
         cmd += [request.script, *request.script_args]
+        status = os.path.join(tmp, "result", "isolation.json")
+        if isolated:
+            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [os.path.dirname(out)], status)
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=dryrun_env(environ, gpu), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.PIPE, start_new_session=True)
-            tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-            pump = threading.Thread(target=_pump, args=(proc.stderr, tail, echo), daemon=True)
-            pump.start()
-            timed_out = _wait(proc, out, limit)
-            if timed_out:
-                _kill_group(proc)
-            else:
-                _reap_group(proc)
-            pump.join(timeout=5)
+            with proc.spawn(cmd, env=dryrun_env(environ, gpu), stdout=log,
+                            stderr=subprocess.PIPE) as child:
+                tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+                pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo),
+                                        daemon=True)
+                pump.start()
+                timed_out = _wait(child, out, limit)
+                code = child.stop(signal.SIGTERM, TERM_GRACE_S) if timed_out else child.stop()
+                pump.join(timeout=5)
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
-    return _profile(request, data, proc.returncode, timed_out, limit, list(tail), log_path, elapsed)
+        iso = sandbox.read_status(status) if isolated else {}
+        proc.remove_on_exit(tmp, done=True)
+    if isolated and not iso.get("isolated"):
+        note = (f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
+                f"{policy.rule('dryrun.isolation')}: not run")
+        if policy.dryrun.isolation == "require":
+            return ModelProfile(ProfileStatus.SKIPPED, note=note)
+    prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed)
+    if iso_note:
+        prof = dataclasses.replace(prof, note=f"{prof.note}; {iso_note}")
+    return prof
 
 
 def _prune(logs: Path) -> None:
@@ -121,36 +146,22 @@ def _prune(logs: Path) -> None:
             pass
 
 
-def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
+def _wait(child: proc.Child, out: str, limit: float) -> bool:
     """Wait for the child; True when it ran past the limit. Once the result file exists the
     script gets EXIT_GRACE_S to unwind (a stuck `finally` must not hold the launch)."""
     deadline = time.monotonic() + limit
     while True:
-        try:
-            proc.wait(timeout=0.05)
+        if child.wait(0.05) is not None:
             return False
-        except subprocess.TimeoutExpired:
-            pass
         # Only a result written because the measurement finished bounds the exit: one written
         # at the script's own exit (atexit) must keep the script's real exit code.
         done = read_json(Path(out)) if os.path.exists(out) else None
         if done and done.get("reason") == "measured":
-            try:
-                proc.wait(timeout=EXIT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
+            if child.wait(EXIT_GRACE_S) is None:
+                child.stop(signal.SIGTERM, TERM_GRACE_S)
             return False
         if time.monotonic() > deadline:
             return True
-
-
-def _reap_group(proc: subprocess.Popen) -> None:
-    """The leader exited; end what it left in its session (orphaned DataLoader workers).
-    The session id is the leader's pid, so only processes the script started are hit."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> ModelProfile:
