@@ -7,6 +7,7 @@ from typing import Any
 
 from smartlaunch.decide.plan import Candidate, Reason, Strategy
 from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
+from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
 
@@ -15,7 +16,7 @@ MiB = 1024 * 1024
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    basis: str = "forced"        # forced | model | trial | fallback | only
+    basis: str = "forced"        # forced | model | trial | fallback | only | torchrun
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
 
 
@@ -65,6 +66,14 @@ def choose_auto(ctx, cands: dict) -> Choice:
                                   rule("decision.max_gpus") if ctx.cap < 2 and ctx.request.max_gpus
                                   is None else None))
         return Choice(Strategy.SINGLE, single[1], "only")
+
+    p = ctx.profile
+    if p is not None and p.status == ProfileStatus.UNMEASURABLE:
+        k = max(ddp, key=_key_n)
+        ctx.reasons.append(Reason(
+            f"could not measure: {p.note} → DDP×{_key_n(k)} on {gpu_list(k[1])}, as torchrun "
+            f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
+        return Choice(Strategy.DDP, k[1], "torchrun")
 
     missing = [k for k in ddp if preds[k] is None]
     if not ctx.predictable or missing:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import runpy
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
+from smartlaunch.entry import run_entrypoint
 from smartlaunch.launch import numa
 from smartlaunch.launch.progress import ProgressWriter, progress_path
 
@@ -74,12 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _install_step_hooks(writer)
     code = 1
     try:
-        sys.argv = [target, *args]
-        if mode == "module":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
+        run_entrypoint(target, args, module=mode == "module")
         code = 0
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1

@@ -21,11 +21,12 @@ import atexit
 import json
 import os
 import resource
-import runpy
 import signal
 import statistics
 import sys
 import time
+
+from smartlaunch.profile import envwatch
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
@@ -254,6 +255,7 @@ class Recorder:
         except Exception as exc:  # never turn a finished run into a crash
             data = {"steps_seen": self.steps, "error": f"{type(exc).__name__}: {exc}"}
         data["reason"] = reason
+        data["world_size_read"] = envwatch.reads()
         tmp = f"{self.out}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(data, f)
@@ -345,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()
     rec.install()
+    envwatch.install()
     atexit.register(rec.write)  # the script ended on its own: report what was seen
 
     def on_term(signum, frame):
@@ -353,14 +356,8 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    script = opts["script"]
-    sys.argv = [script, *opts["args"]]
-    if opts["module"]:
-        sys.path[0] = os.getcwd()  # as `python -m` does
-        runpy.run_module(script, run_name="__main__", alter_sys=True)
-    else:
-        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script` does
-        runpy.run_path(script, run_name="__main__")
+    from smartlaunch.entry import run_entrypoint
+    run_entrypoint(opts["script"], opts["args"], module=opts["module"])
 
 
 if __name__ == "__main__":

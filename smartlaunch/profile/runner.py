@@ -171,6 +171,14 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
     if not timed_out and code not in (0, None) and not complete:
         last = "\n".join(tail[-10:])
         how = f"exit code {code}" if code > 0 else f"signal {-code}"
+        read = (data or {}).get("world_size_read")
+        if read and not int((data or {}).get("steps_seen") or 0):
+            # Lightning's Trainer(devices=2) refuses WORLD_SIZE=1; torchrun would run it.
+            cause = next((line for line in reversed(tail) if line.strip()), how)
+            return ModelProfile(ProfileStatus.UNMEASURABLE, note=(
+                f"the dry run (WORLD_SIZE=1) failed before its first step ({how}) after the "
+                f"script read {' and '.join(read)}, so it may fix its world size: {cause.strip()[:200]} "
+                f"(script output: {log_path})"), dry_run_s=elapsed)
         raise DryRunError(
             f"the dry run of {request.script} failed with {how}; it was not launched. "
             f"Fix the script and run again (its output: {log_path}).\n{last}")
