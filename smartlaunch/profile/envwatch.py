@@ -21,7 +21,8 @@ class _Reads:
 
 def _by_the_script() -> bool:
     f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.endswith(_SKIP):
+    while f is not None and (f.f_code.co_filename.endswith(_SKIP)
+                             or f.f_code.co_filename.startswith("<frozen ")):   # os, Mapping.get
         f = f.f_back
     if f is None:
         return False
