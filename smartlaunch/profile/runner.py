@@ -38,7 +38,7 @@ def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
     env.update(single_rank_env(run_id="smartlaunch-dryrun"))
     env.update(sandbox.DRYRUN_ENV)
     env.update({
-        "PYTHONUNBUFFERED": "1", "SMARTLAUNCH_DRYRUN": "1",
+        "SMARTLAUNCH_DRYRUN": "1",
         # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
         "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
     })
