@@ -62,7 +62,9 @@ def test_explain_and_launch_leave_exactly_what_torchrun_leaves(clean_env):
     plan = json.loads(r.stdout)
     assert plan["profile"]["status"] == "ok", plan["profile"]   # the script really ran
     assert tree(b) == before, "the dry run changed the job directory"
-    assert tree(home, skip=(".cache/smartlaunch",)) == home_before, "the dry run changed $HOME"
+    mine = {".cache"}                         # the parent of smartlaunch's own cache dir
+    assert {k: v for k, v in tree(home, skip=(".cache/smartlaunch",)).items() if k not in mine} \
+        == home_before, "the dry run changed $HOME"
     assert not (home / ".cache" / "somelib").exists()
 
     n = plan["nproc_per_node"]
