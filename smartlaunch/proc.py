@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -253,12 +254,37 @@ class Child:
         guard().send("-g", self.pid)
 
     def __enter__(self) -> "Child":
+        # SIGTERM/SIGHUP to us while the block runs: leave it as Ctrl-C does (an exception,
+        # so __exit__ passes the signal on and waits the grace) and exit 128+N.
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                self._previous[s] = signal.signal(s, _raise_signalled)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        # Ctrl-C came to us (the children are in their own sessions): pass it on as torchrun
-        # does, then the grace; any other way out ends the tree.
-        self.stop(signal.SIGINT if exc_type is KeyboardInterrupt else signal.SIGTERM)
+        # A signal came to us (the children are in their own sessions, a terminal's Ctrl-C
+        # reaches only us): pass it on as torchrun does, then the grace; any other way out
+        # ends the tree.
+        first = exc.signum if isinstance(exc, Signalled) else \
+            signal.SIGINT if exc_type is KeyboardInterrupt else signal.SIGTERM
+        try:
+            self.stop(first)
+        finally:
+            for s, h in self._previous.items():
+                signal.signal(s, h)
+
+
+class Signalled(SystemExit):
+    """SIGTERM/SIGHUP inside a `with spawn(...)` block; exits 128+N."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum, _frame):
+    raise Signalled(signum)
 
 
 def spawn(argv: list[str], *, env: dict[str, str] | None = None, **popen) -> Child:
