@@ -103,19 +103,20 @@ def _tagged_left() -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("phase,sig", [
+@pytest.mark.parametrize("mode,sig", [
     ("dry", signal.SIGTERM), ("dry", signal.SIGINT), ("dry", signal.SIGKILL),
     ("trial", signal.SIGTERM), ("trial", signal.SIGINT), ("trial", signal.SIGKILL),
-    ("run", signal.SIGKILL),
+    ("single", signal.SIGKILL), ("independent", signal.SIGKILL),
 ])
 def test_a_signal_to_smartlaunch_leaves_no_process_and_no_temp_file(clean_env, shared_dir,
-                                                                    phase, sig):
+                                                                    mode, sig):
+    phase = mode if mode in ("dry", "trial") else "run"
     tmp = clean_env / "tmp"
     tmp.mkdir()
     # trials whenever DDP×2 is predicted at 20-120% efficiency: any tiny model
     (clean_env / "smartlaunch.yaml").write_text("decision:\n  uncertainty_band: 0.5\n")
-    args = ["--explain", "--nproc-per-node", "2", "--reprofile"] if phase != "run" else \
-        ["--strategy", "single"]
+    args = {"single": ["--strategy", "single"], "independent": ["--each", "", "--each", ""]}.get(
+        mode, ["--explain", "--nproc-per-node", "2", "--reprofile"])
     env = {**os.environ, **FAKE, "TMPDIR": str(tmp), "SLOW_PID_DIR": str(shared_dir),
            "SLOW_PHASE": phase}
     p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", *args,
