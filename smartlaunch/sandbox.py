@@ -203,10 +203,9 @@ def probe(scratch_parent: str | None = None) -> str | None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def unmapped_dirs(paths, targets: list[str]) -> list[str]:
+def unmapped_dirs(paths, targets: list[str], uid: int, gid: int) -> list[str]:
     """Directories a non-root overlay cannot copy up (owned by an id our user namespace cannot
     map): a write below one fails in the dry run with EOVERFLOW, so isolation is refused."""
-    uid, gid = os.getuid(), os.getgid()
     bad = []
     for path in paths:
         path = os.path.realpath(path)
@@ -236,7 +235,7 @@ def unavailable(paths=()) -> str | None:
     if key not in _probed:
         why = probe()
         if why is None and os.getuid() != 0:
-            bad = unmapped_dirs(paths, overlay_targets())
+            bad = unmapped_dirs(paths, overlay_targets(), os.getuid(), os.getgid())
             if bad:
                 st = os.stat(bad[0])
                 why = (f"{bad[0]} belongs to uid {st.st_uid} gid {st.st_gid}; the user namespace "
