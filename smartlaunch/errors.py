@@ -17,7 +17,7 @@ class ExitCode(enum.IntEnum):
     PLAN = 5                 # no plan can satisfy the request (memory, GPU count, link class)
     NO_FREE_GPU = 6          # every allowed GPU is leased or busy (--no-wait or wait timed out)
     DRY_RUN = 7              # the script failed during the dry run; it was not launched
-    HANG = 8                 # a rank stopped making progress; stacks were dumped
+    HANG = 8                 # a rank stopped making progress; stacks were dumped (a LaunchResult, not an exception)
     SLURM = 9                # inconsistent or partial Slurm environment
     HEALTH = 10              # node health check found a critical fault (prolog/epilog)
     # 128 + N: smartlaunch (and its workers) ended by signal N, as shells report it.
@@ -54,10 +54,6 @@ class NoFreeGPUError(SmartlaunchError):
 
 class DryRunError(SmartlaunchError):
     exit_code = ExitCode.DRY_RUN
-
-
-class HangError(SmartlaunchError):
-    exit_code = ExitCode.HANG
 
 
 class SlurmError(SmartlaunchError):

@@ -32,8 +32,9 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.decide import decide
     from smartlaunch.errors import NoFreeGPUError
     from smartlaunch.launch.prepare import prepare
-    from smartlaunch.policy.load import apply_request, load_policy
-    from smartlaunch.slurm.env import apply_to_torchrun_args, detect
+    from smartlaunch.policy.enforce import apply_request
+    from smartlaunch.policy.load import load_policy
+    from smartlaunch.scheduler import detect
     from smartlaunch.topology import discover
 
     clock = _Clock()
@@ -42,7 +43,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     slurm = detect(environ)
     if slurm is not None and request.torchrun_args is not None:
         notes += [(n, "slurm allocation")
-                  for n in apply_to_torchrun_args(slurm, request.torchrun_args, given)]
+                  for n in slurm.fill_torchrun_args(request.torchrun_args, given)]
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
     clock.lap("policy")
@@ -148,7 +149,7 @@ def _profile(request, policy, topology, environ, unavailable):
               if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
     if not needs_profile(request, topology, usable):
         return None
-    from smartlaunch.launch.env import narrow_visible
+    from smartlaunch.worker_env import narrow_visible
     from smartlaunch.profile.cache import profile_entrypoint
     gpu = usable[0]
 

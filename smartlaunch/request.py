@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-STRATEGY_CHOICES = ("auto", "single", "independent", "ddp")
+from smartlaunch.vocab import STRATEGY_CHOICES  # noqa: F401  (the CLI's --strategy choices)
 
 
 @dataclass(frozen=True)

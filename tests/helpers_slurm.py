@@ -171,7 +171,7 @@ class SlurmCluster:
                               text=True, timeout=timeout + 5, check=check, cwd=cwd)
 
     def node(self) -> dict[str, str]:
-        from smartlaunch.slurm.parse import parse_key_values
+        from smartlaunch.scheduler.slurm_parse import parse_key_values
         out = self.client("scontrol", "-o", "show", "node", self.host, timeout=15)
         return parse_key_values(out.stdout)
 
@@ -179,7 +179,7 @@ class SlurmCluster:
         return self.node().get("State", "")
 
     def job(self, job_id: str) -> dict[str, str]:
-        from smartlaunch.slurm.parse import parse_key_values
+        from smartlaunch.scheduler.slurm_parse import parse_key_values
         return parse_key_values(self.client("scontrol", "-o", "show", "job", job_id).stdout)
 
     def wait_job(self, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
@@ -253,3 +253,18 @@ def slurm_cluster():
 def fake_topology(name: str) -> str:
     """A node fixture for the hooks: tests/slurm/<name>.json."""
     return str(TEMPLATES / f"topo-{name}.json")
+
+
+def topology_running(name: str, processes: dict[int, int], pid_text: str | None = None) -> str:
+    """The fixture `name` as JSON text with the GPU processes {pid: physical GPU} on it, the
+    way NVML would list them. `pid_text` replaces the pid in the text (a placeholder a job
+    script fills in with its own child's pid)."""
+    import json
+    node = json.loads(Path(fake_topology(name)).read_text())
+    for pid, gpu in processes.items():
+        g = next(g for g in node["gpus"] if g["nvml_index"] == gpu)
+        g["processes"].append({"pid": pid, "user": None, "used_mib": 100, "ours": False})
+    text = json.dumps(node, indent=1)
+    if pid_text:
+        text = text.replace(f'"pid": {next(iter(processes))},', f'"pid": {pid_text},')
+    return text

@@ -53,13 +53,6 @@ def test_gpu_capacity_packs_only_when_peaks_fit(tmp_path):
     assert cap == {0: 1, 1: 1} and "GPU 0 takes 1 job(s)" in note
 
 
-def _cli_has_each() -> bool:
-    # What `smartlaunch --help` would show, without its ~5 s torch import at collection time.
-    cli = H.REPO / "smartlaunch" / "cli.py"
-    return cli.exists() and '"--each"' in cli.read_text() and '"--each-file"' in cli.read_text()
-
-
-@pytest.mark.skipif(not _cli_has_each(), reason="smartlaunch --help has no --each yet (CLI wiring pending)")
 def test_cli_each_runs_five_jobs_on_two_gpus_and_reports_exit_codes(clean_env):
     out = clean_env / "out"
     out.mkdir()

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers_slurm import LUA_CAP, fake_topology, slurm_cluster  # noqa: F401
+from helpers_slurm import LUA_CAP, fake_topology, slurm_cluster, topology_running  # noqa: F401
 
-ENV_CMD = [sys.executable, "-m", "smartlaunch.slurm.env"]
+ENV_CMD = [sys.executable, "-m", "smartlaunch.scheduler"]
 
 
 def srun_json(cluster, *args: str, inner: list[str] | None = None) -> dict:
@@ -123,20 +124,24 @@ def test_prolog_critical_fault_drains_the_node(slurm_cluster):
 def test_epilog_stops_a_leftover_of_the_jobs_user(slurm_cluster):
     c = slurm_cluster
     c.quiesce()
-    pids = c.dir / "shared" / "gpu-pids"
-    pids.write_text("")
-    pids.chmod(0o666)
-    c.set_hooks_env({"SMARTLAUNCH_FAKE_TOPOLOGY": fake_topology("healthy"),
-                     "SMARTLAUNCH_TEST_GPU_PIDS": str(pids), "SMARTLAUNCH_KILL_GRACE_S": "1"})
+    # The node as NVML will show it once the job's child runs on GPU 0: the job fills in the
+    # pid, the epilog reads the processes from the fake topology as it would from NVML.
+    template = c.dir / "shared" / "node-running.template"
+    template.write_text(topology_running("healthy", {999999: 0}, pid_text="CHILD_PID"))
+    template.chmod(0o644)
+    node = c.dir / "shared" / "node.json"
+    node.write_text(Path(fake_topology("healthy")).read_text())
+    node.chmod(0o666)
+    c.set_hooks_env({"SMARTLAUNCH_FAKE_TOPOLOGY": str(node), "SMARTLAUNCH_KILL_GRACE_S": "1"})
     try:
         # A daemonized child escapes proctrack/linuxproc: only the epilog can stop it.
-        script = f"(setsid sleep 300 & echo \"$! 0\" > {pids})"
+        script = f"(setsid sleep 300 & sed \"s/CHILD_PID/$!/\" {template} > {node})"
         sub = c.client("sbatch", "--parsable", "--uid=nobody", "--gres=gpu:1",
                        f"--chdir={c.dir / 'shared'}", "--output=/dev/null", "--wrap", script)
         assert sub.returncode == 0, sub.stderr
         job = sub.stdout.strip()
         assert c.wait_job(job)["JobState"] == "COMPLETED"
-        pid = int(pids.read_text().split()[0])
+        pid = json.loads(node.read_text())["gpus"][0]["processes"][0]["pid"]
         deadline = time.monotonic() + 15
         log = c.state_dir / "hooks.log"
         while f"SIGTERM leftover pid {pid}" not in log.read_text() and time.monotonic() < deadline:

@@ -6,9 +6,9 @@ import argparse
 import pytest
 
 from smartlaunch.errors import ExitCode, SlurmError
-from smartlaunch.slurm import parse
-from smartlaunch.slurm.env import RDZV_PORT_BASE, apply_to_torchrun_args, detect, physical_gpus
-from smartlaunch.slurm.run import Completed, run_slurm
+from smartlaunch.scheduler import slurm_parse as parse
+from smartlaunch.scheduler.slurm import RDZV_PORT_BASE, apply_to_torchrun_args, detect, physical_gpus
+from smartlaunch.scheduler.slurm_run import Completed, run_slurm
 
 # Captured from `srun -N1 --gres=gpu:1 env` on the test cluster (Slurm 22.05.8), trimmed.
 SRUN_ENV = {
@@ -87,7 +87,7 @@ def test_batch_script_uses_first_node_only_and_says_so():
 
 
 def test_pure_hostlist_when_scontrol_is_absent(monkeypatch):
-    monkeypatch.setattr("smartlaunch.slurm.env.available", lambda prog: False)
+    monkeypatch.setattr("smartlaunch.scheduler.slurm.available", lambda prog: False)
     ctx = detect(two_node_step(0))
     assert ctx.hosts == ("gpu07", "gpu08")
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers_slurm import HOOKS, fake_topology
+from helpers_slurm import HOOKS, fake_topology, topology_running
 from smartlaunch.errors import ExitCode, HealthError
 from smartlaunch.slurm import health, hooks
 from conftest import own_lines
@@ -98,10 +98,10 @@ def test_config_must_be_root_owned_and_not_writable(tmp_path):
 def test_epilog_kills_only_the_job_users_leftovers(clean_env, tmp_path):
     nobody = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
     mine = subprocess.Popen(["sleep", "60"])            # root's: never killed
-    pids = tmp_path / "gpu-pids"
-    pids.write_text(f"{nobody.pid} 1\n{mine.pid} 0\n")
+    node = tmp_path / "node.json"
+    node.write_text(topology_running("healthy", {nobody.pid: 1, mine.pid: 0}))
     try:
-        cfg = config(tmp_path, "healthy", SMARTLAUNCH_TEST_GPU_PIDS=str(pids))
+        cfg = config(tmp_path, "healthy", SMARTLAUNCH_FAKE_TOPOLOGY=str(node))
         rc = hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534",
                                         "SLURM_JOB_GPUS": "0,1"})
         assert rc == 0

@@ -14,7 +14,7 @@ SCRIPT = REPO / "tests" / "slurm" / "gloo_allreduce.py"
 AGENT = r"""
 import sys, json
 from torch.distributed.run import get_args_parser, run
-from smartlaunch.slurm.env import detect, apply_to_torchrun_args
+from smartlaunch.scheduler.slurm import detect, apply_to_torchrun_args
 ctx = detect()
 args = get_args_parser().parse_args(["--nproc-per-node", "1", "--monitor-interval", "0.1",
                                      sys.argv[1], sys.argv[2]])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from smartlaunch.decide.plan import Candidate, Plan, Strategy
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
+from smartlaunch.vocab import format_ranges
 
 
 def render_text(plan: Plan) -> str:
@@ -68,8 +69,12 @@ def _profile(p: dict) -> list[str]:
     params = p.get("trainable_params") or p.get("total_params") or 0
     step, p90, bwd = p.get("step_time_s"), p.get("step_time_p90_s"), p.get("backward_s")
     peak = p.get("peak_gpu_mem_bytes")
-    parts = [f"{params / 1e6:.1f}M params", f"{mb(p.get('grad_bytes'))} grads",
-             f"batch {p.get('batch_size') if p.get('batch_size') is not None else '??'}",
+    batch = p.get("batch_size")
+    micro, per = p.get("micro_batches"), p.get("micro_batch_size")
+    batch_txt = f"batch {batch if batch is not None else '??'}"
+    if micro and micro > 1:
+        batch_txt += f" per step ({micro} micro-batches of {per if per is not None else '??'})"
+    parts = [f"{params / 1e6:.1f}M params", f"{mb(p.get('grad_bytes'))} grads", batch_txt,
              f"step {ms(step)}" + (f" (p90 {ms(p90)})" if p90 else "")]
     if bwd and step:
         parts.append(f"backward {pct(bwd / step)} of the step")
@@ -77,10 +82,26 @@ def _profile(p: dict) -> list[str]:
     cost = p.get("dry_run_s")
     parts.append("cached" if p.get("cached") else
                  (f"dry run {cost:.1f} s" if cost is not None else "dry run ??"))
-    out = ["profile: " + ", ".join(parts) + f" [{p.get('status')}, {p.get('steps_measured', 0)} steps]"]
+    timing = f", {p['timing']}" if p.get("timing") else ""
+    out = ["profile: " + ", ".join(parts) +
+           f" [{p.get('status')}, {p.get('steps_measured', 0)} steps{timing}]"]
     if p.get("note"):
         out.append(f"  note: {p['note']}")
+    if p.get("window_cut_short"):
+        out.append(f"  confidence: low: the script ended before the measurement window was "
+                   f"complete ({p.get('steps_measured', 0)} steps)")
+    if p.get("reads_world_size"):
+        out.append(world_size_sentence(p))
     return out
+
+
+def world_size_sentence(p: dict) -> str:
+    work = f"{p['batch_size']} samples" if p.get("batch_size") else "the profiled work"
+    return (f"  per-rank work: the script's own code asks for the world size before its first "
+            f"step ({p['reads_world_size']}); predictions assume torchrun's semantics, each "
+            f"rank doing the profiled single-GPU step ({work}), but the script may divide its "
+            f"work by the number of ranks (nanoGPT divides its gradient accumulation by "
+            f"WORLD_SIZE); a measured trial settles it")
 
 
 def _comm(c: dict) -> list[str]:
@@ -113,18 +134,7 @@ def _table(cands: tuple[Candidate, ...]) -> list[str]:
 
 
 def cpu_ranges(cpus) -> str:
-    cpus = sorted(cpus)
-    if not cpus:
-        return "none"
-    out, start, prev = [], cpus[0], cpus[0]
-    for c in cpus[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if c is not None:
-            start = prev = c
-    return ",".join(out)
+    return format_ranges(cpus) or "none"
 
 
 TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")

@@ -12,7 +12,8 @@ import itertools
 from dataclasses import dataclass
 
 from smartlaunch.policy.api import Policy
-from smartlaunch.topology.api import LINK_ORDER, Topology, link_rank
+from smartlaunch.topology.api import Topology
+from smartlaunch.vocab import LINK_FAMILIES, link_rank
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -117,7 +118,7 @@ def _greedy(topology: Topology, pool: list[int], n: int, families) -> tuple[int,
     return best
 
 
-ALL_FAMILIES = LINK_ORDER
+ALL_FAMILIES = LINK_FAMILIES
 
 
 def family_link(topology: Topology, group) -> str | None:

@@ -5,18 +5,13 @@ JSON schema (schema_version 1) is documented in docs/plan-schema.md; keep them i
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.vocab import Strategy
+
 SCHEMA_VERSION = 1
-
-
-class Strategy(str, enum.Enum):
-    SINGLE = "single"            # one process, one GPU (or the CPU)
-    INDEPENDENT = "independent"  # one single-GPU job per variant, queued onto free GPUs
-    DDP = "ddp"                  # torchrun semantics: nproc ranks, one GPU each
 
 
 @dataclass(frozen=True)
@@ -32,7 +27,7 @@ class NumaBinding:
     gpu: int                     # CUDA ordinal the rank uses
     numa_node: int               # -1: single node, nothing to bind
     cpus: tuple[int, ...]
-    mode: str                    # off | node | exclusive-cores
+    mode: str                    # one of vocab.NUMA_MODES
     mechanism: str               # "numactl" | "sched_setaffinity" | "none"
     note: str = ""
 

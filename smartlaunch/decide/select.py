@@ -94,6 +94,17 @@ def choose_auto(ctx, cands: dict) -> Choice:
         return _fallback(ctx, ddp, note)
 
     scores = {k: preds[k].speedup for k in [single, *ddp]}
+    if ctx.profile.work_depends_on_world_size and d.trials:
+        # The model assumes torchrun's semantics (each rank does the profiled work); a
+        # script that sizes its work by the world size (nanoGPT's accumulation) breaks that.
+        why = (f"the script reads the world size before its first step "
+               f"({ctx.profile.reads_world_size}), so its work per rank under DDP may differ "
+               f"from the profiled run")
+        measured, note = _trials(ctx, [single, *ddp], why, "decision.trials")
+        if measured:
+            return measured
+        return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
+                                      f"does the profiled work")
     floor, band = d.min_efficiency, d.uncertainty_band
     close = [k for k in ddp if abs(preds[k].efficiency - floor) <= band]
     if close and d.trials:

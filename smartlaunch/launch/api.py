@@ -1,10 +1,9 @@
-"""Data types of the launch layer. A launcher runs one Plan: start(), poll() until a
-result, close() on the way out (idempotent; stops everything it started)."""
+"""Data types of the launch layer: what a launch ended as (`LaunchResult`), and why a rank
+failed (`RankFailure`)."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
 class RunState(str, enum.Enum):
@@ -41,9 +40,3 @@ class LaunchResult:
 
     def is_failed(self) -> bool:
         return self.state != RunState.SUCCEEDED
-
-
-class Launcher(Protocol):
-    def start(self) -> None: ...
-    def poll(self) -> LaunchResult | None: ...
-    def close(self, sig: int | None = None) -> None: ...

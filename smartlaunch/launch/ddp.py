@@ -203,7 +203,7 @@ def _wrap_entrypoint(cmd, cmd_args: list[str], args) -> tuple[str, list[str]]:
 
 def _worker_overrides(plan: Plan, topology: Topology, environ: Mapping[str, str], run_dir: str,
                       run_id: str, numa: bool) -> dict[str, str]:
-    from smartlaunch.launch.env import narrow_visible
+    from smartlaunch.worker_env import narrow_visible
     env: dict[str, str] = {}
     if plan.device == "cuda" and plan.gpus and tuple(plan.gpus) != tuple(g.index for g in topology.gpus):
         env["CUDA_VISIBLE_DEVICES"] = narrow_visible(plan.gpus, environ, topology)

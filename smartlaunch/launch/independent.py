@@ -34,7 +34,7 @@ from typing import Callable
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode, NoFreeGPUError, UsageError
 from smartlaunch.launch import numa
-from smartlaunch.launch.env import free_port, narrow_visible, single_rank_env
+from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease, LeaseManager
 from smartlaunch.launch.signals import TERMINATING, forward_signals
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env

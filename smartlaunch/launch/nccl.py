@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from smartlaunch.decide.plan import EnvVar, Plan
 from smartlaunch.policy.api import Policy
+from smartlaunch.policy.enforce import enforced_env as _enforced
 from smartlaunch.topology.api import Topology, link_family
 
 NVLS = "NCCL_NVLS_ENABLE"
@@ -19,11 +20,7 @@ _P2P_LEVEL_ALIASES = {"NVL": "NV", "0": "LOC", "1": "NV", "2": "PIX", "3": "PXB"
 
 
 def enforced_env(policy: Policy) -> dict[str, str]:
-    """The admin's enforced variables. Guarded: the policy loader may not provide it yet."""
-    try:
-        from smartlaunch.policy.load import enforced_env as _enforced
-    except ImportError:
-        return {}
+    """The admin's enforced variables."""
     return dict(_enforced(policy))
 
 

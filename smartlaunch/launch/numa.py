@@ -15,8 +15,8 @@ from pathlib import Path
 
 from smartlaunch.decide.plan import NumaBinding, Plan
 from smartlaunch.topology.api import Topology
+from smartlaunch.topology.cpus import format_cpulist, parse_cpulist
 
-MODES = ("off", "node", "exclusive-cores")
 ENV_VAR = "SMARTLAUNCH_NUMA"
 APPLIED_VAR = "SMARTLAUNCH_NUMA_APPLIED"    # set when the worker re-executed under numactl
 SINGLE_NODE_NOTE = "single NUMA node: no binding needed"
@@ -40,33 +40,9 @@ def core_groups(cpus: Sequence[int], siblings: Callable[[int], tuple[int, ...]] 
 def _sysfs_siblings(cpu: int) -> tuple[int, ...]:
     p = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
     try:
-        return tuple(parse_cpulist(p.read_text()))
-    except (OSError, ValueError):
+        return parse_cpulist(p.read_text()) or (cpu,)
+    except OSError:
         return (cpu,)
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def format_cpulist(cpus: Sequence[int]) -> str:
-    cpus = sorted(set(cpus))
-    runs: list[str] = []
-    i = 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        runs.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(runs)
 
 
 def plan_bindings(plan: Plan, topology: Topology, mode: str, *, numactl: str | None = None,

@@ -10,12 +10,13 @@ from smartlaunch.errors import PolicyError
 from smartlaunch.launch import nccl, numa
 from smartlaunch.policy.api import Policy
 from smartlaunch.topology.api import Topology
+from smartlaunch.vocab import NUMA_MODES
 
 
 def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str]) -> Plan:
     mode = policy.launch.numa_binding
-    if mode not in numa.MODES:
-        raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(numa.MODES)}: "
+    if mode not in NUMA_MODES:
+        raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(NUMA_MODES)}: "
                           "fix it in the policy file")
     env = plan.env
     if plan.strategy == Strategy.DDP:

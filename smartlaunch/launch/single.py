@@ -12,7 +12,7 @@ import time
 
 from smartlaunch import proc
 from smartlaunch.launch.api import LaunchResult, RunState
-from smartlaunch.launch.env import narrow_visible, single_rank_env
+from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for, forward_signals
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ISOLATION_MODES = ("require", "best-effort", "off")
-STRATEGIES = ("single", "independent", "ddp")
-LINK_FAMILIES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+from smartlaunch.vocab import LINK_FAMILIES, STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class LaunchPolicy:
                  "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"},
         "SYS": {},
     })
-    numa_binding: str = "node"            # off | node | exclusive-cores
+    numa_binding: str = "node"            # one of vocab.NUMA_MODES
     rank_failure_timeout_s: float = 10.0
     hang_timeout_s: float = 300.0         # floor; the watchdog also scales with step time
     hang_step_multiple: float = 20.0      # stall when no step for max(floor, this x median step)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from smartlaunch.errors import PolicyError
 from smartlaunch.policy.api import Policy
+from smartlaunch.policy.load import replace_values
 from smartlaunch.request import Request
 
 
@@ -32,7 +33,6 @@ def check_request(policy: Policy, request: Request) -> None:
 def apply_request(policy: Policy, request: Request) -> Policy:
     """The CLI layer: check_request, then the policy with --nproc-per-node as decision.max_gpus
     and a forced --strategy as the only allowed strategy (source "cli:--...")."""
-    from smartlaunch.policy.load import replace_values   # load re-exports this module's names
     check_request(policy, request)
     out = policy
     if request.max_gpus is not None:

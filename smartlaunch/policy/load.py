@@ -283,10 +283,3 @@ def replace_values(policy: Policy, changes: Mapping[str, Any], label: str) -> Po
     return build_policy(values, sources=sources, enforced=dict(policy.enforced),
                         notes=dict(policy.notes), admin_path=policy.admin_path, layers=layers)
 
-
-
-
-# Callers import the whole policy API from here (pipeline, launch.nccl).
-from smartlaunch.policy.enforce import (  # noqa: E402,F401
-    apply_request, check_request, enforced_env,
-)

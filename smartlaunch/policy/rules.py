@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from smartlaunch.policy.api import (
-    ISOLATION_MODES, LINK_FAMILIES, STRATEGIES, DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy,
-    PathsPolicy,
+    DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy,
 )
+from smartlaunch.vocab import ISOLATION_MODES, LINK_FAMILIES, NUMA_MODES, STRATEGIES
 
 SECTIONS: dict[str, type] = {
     "decision": DecisionPolicy,
@@ -26,7 +26,6 @@ SECTIONS: dict[str, type] = {
     "jobs": JobsPolicy,
     "paths": PathsPolicy,
 }
-NUMA_MODES = ("off", "node", "exclusive-cores")
 DAY_S = 24 * 3600.0
 
 

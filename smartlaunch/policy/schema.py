@@ -15,16 +15,15 @@ from typing import Any, Callable
 import yaml
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy.api import LINK_FAMILIES
 from smartlaunch.policy.rules import (
     KIND_NAMES, CHOICES, RANGES, SECTIONS, field_default, section_fields,
 )
+from smartlaunch.vocab import FAMILY_P2P_LEVEL, LINK_FAMILIES, P2P_FAMILIES, P2P_LEVELS, p2p_level
 
-# NCCL_P2P_LEVEL: the farthest link over which NCCL still uses P2P.
-P2P_LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
-# Families whose P2P path works on any sane machine: a setting that turns it off there only
-# slows DDP down (the seeds' NCCL_P2P_DISABLE=1 was for a PHB host bridge without P2P).
-P2P_FAMILY_LEVEL = {"NV": 1, "PIX": 2, "PXB": 3}
+# NCCL_P2P_LEVEL: the farthest link over which NCCL still uses P2P. On the P2P families a
+# setting that turns P2P off only slows DDP down (the seeds' NCCL_P2P_DISABLE=1 was for a PHB
+# host bridge without P2P): the lowest level each family needs.
+P2P_FAMILY_LEVEL = {f: P2P_LEVELS.index(FAMILY_P2P_LEVEL[f]) for f in P2P_FAMILIES}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -182,14 +181,11 @@ class _Walker:
             if value.strip().lower() not in ("", "0", "false", "no"):
                 raise self.error(node, key, f"NCCL_P2P_DISABLE={value} disables {where}; {fix}")
         if var == "NCCL_P2P_LEVEL" and floor:
-            level = P2P_LEVELS.get(value.strip().upper())
-            if level is None and value.strip().isdigit():
-                # NCCL's legacy integers: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4+ SYS (no NVL).
-                level = P2P_LEVELS[("LOC", "PIX", "PXB", "PHB", "SYS")[min(int(value), 4)]]
-            if level is None:
+            name = p2p_level(value)
+            if name is None:
                 raise self.error(node, key, f"{value!r} is not an NCCL_P2P_LEVEL; use one of: "
                                  + ", ".join(P2P_LEVELS))
-            if level < floor:
+            if P2P_LEVELS.index(name) < floor:
                 raise self.error(node, key, f"NCCL_P2P_LEVEL={value} disables {where}; {fix}")
 
     def scalar(self, kind: str, node: yaml.Node, label: str, dotted: str) -> Any:

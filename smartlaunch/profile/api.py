@@ -32,13 +32,27 @@ class ModelProfile:
     param_dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> element count
     grad_bytes: int = 0                          # bytes DDP would all-reduce per step
     num_grad_tensors: int = 0
+    # Samples per optimizer step: every micro-batch of an accumulated step (nanoGPT with
+    # accumulation 4 and batch 8: 32). Throughput is batch_size / step_time_s.
     batch_size: int | None = None
+    micro_batch_size: int | None = None          # batch of one forward call
+    micro_batches: int | None = None             # forward calls of the model per optimizer step
+    # Where the script's own code read the world size before its first step ("train.py:89
+    # (reads WORLD_SIZE)"): its per-rank work may change under DDP (nanoGPT divides its
+    # accumulation by it), so the profiled work per rank is an assumption a trial must check.
+    reads_world_size: str | None = None
     wrapped: str | None = None                   # "DDP", "FSDP" when the script wraps itself
-    step_time_s: float | None = None             # median wall time between optimizer steps
+    # All times are device time over the measurement window (CUDA events read after the
+    # window's closing sync; the host clock on CPU), never host intervals.
+    step_time_s: float | None = None             # window / steps in it
     step_time_p90_s: float | None = None
-    backward_s: float | None = None              # where it can be had cheaply
+    backward_s: float | None = None              # per step, all micro-batches
     forward_s: float | None = None
-    steps_measured: int = 0
+    optimizer_s: float | None = None             # last backward end -> step end
+    steps_measured: int = 0                      # steps the window held
+    window_s: float | None = None
+    window_cut_short: bool = False               # the script ended before the window's goal
+    timing: str | None = None                    # "cuda events" | "host clock"
     peak_gpu_mem_bytes: int | None = None
     peak_host_mem_bytes: int | None = None
     startup_s: float | None = None               # script start -> first optimizer step
@@ -51,6 +65,16 @@ class ModelProfile:
     @property
     def usable(self) -> bool:
         return self.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE) and bool(self.step_time_s)
+
+    @property
+    def low_confidence(self) -> bool:
+        """Times from a window the script cut short (or too few steps): the decision should
+        widen its uncertainty around them."""
+        return self.window_cut_short or self.status == ProfileStatus.INCOMPLETE
+
+    @property
+    def work_depends_on_world_size(self) -> bool:
+        return bool(self.reads_world_size)
 
     @property
     def backward_share(self) -> float | None:

@@ -11,90 +11,26 @@ the torch version and the GPU model. CUDA_VISIBLE_DEVICES is deliberately left o
 the same model gives the same profile.
 Comm key = topology fingerprint + GPU group + backend + every NCCL_* variable.
 
-Shared directories are hostile: directories are created 0o700, a cache dir that is a symlink,
-not owned by the user, or group/world-writable without the sticky bit is refused; files are
-read with O_NOFOLLOW and written through a temp file in the same directory + os.replace, so
-concurrent writers never leave a torn file. A FileLock per key serializes cold dry runs of the
-same job (the second launch waits, then hits the cache).
+Where and how files are stored safely is smartlaunch/store.py. A FileLock per key serializes
+cold dry runs of the same job (the second launch waits, then hits the cache).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import stat
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from smartlaunch.errors import PolicyError
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
+from smartlaunch.store import cache_root, private_dir, read_json, write_json
 
-DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
-
-
-def cache_root(policy, environ) -> Path:
-    raw = policy.paths.cache_dir
-    xdg = environ.get("XDG_CACHE_HOME")
-    if raw == DEFAULT_CACHE_DIR and xdg:
-        raw = os.path.join(xdg, "smartlaunch")
-    home = environ.get("HOME") or os.path.expanduser("~")
-    if raw == "~" or raw.startswith("~/"):
-        raw = home + raw[1:]
-    return Path(raw)
-
-
-def private_dir(path: Path) -> Path:
-    """Create (0o700) or verify a directory we may trust; raise PolicyError otherwise."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError as exc:
-        raise PolicyError(f"cannot create cache directory {path}: {exc.strerror}; "
-                          "set paths.cache_dir in your policy to a writable directory") from exc
-    why = None
-    if stat.S_ISLNK(st.st_mode):
-        why = "is a symbolic link"
-    elif not stat.S_ISDIR(st.st_mode):
-        why = "is not a directory"
-    elif st.st_uid != os.getuid():
-        why = f"is owned by uid {st.st_uid}, not by you"
-    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        why = "is group- or world-writable without the sticky bit"
-    if why:
-        raise PolicyError(f"refusing cache directory {path}: it {why}; "
-                          "remove it or set paths.cache_dir in your policy to a private directory")
-    return path
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None  # absent, or a symlink planted in our place
-    try:
-        with os.fdopen(fd) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def write_json(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+# 2: device-time windows, batch_size per optimizer step (issue 15); older entries re-profile.
+PROFILE_FORMAT = 2
 
 
 def script_file(request, cwd: str, environ) -> Path | None:
@@ -143,7 +79,7 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         "script": request.script, "module": request.module, "args": list(request.script_args),
         "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
         "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
-        "torch": torch_version(), "gpu": gpu_model,
+        "torch": torch_version(), "gpu": gpu_model, "format": PROFILE_FORMAT,
     }
     h.update(json.dumps(key, sort_keys=True).encode())
     return h.hexdigest()[:32]

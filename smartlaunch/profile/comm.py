@@ -22,7 +22,7 @@ from smartlaunch import proc
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import comm_key, load_comm, read_json, store_comm
-from smartlaunch.launch.env import free_port
+from smartlaunch.worker_env import free_port
 
 MB = 1 << 20
 GPU_SIZES = tuple(MB << i for i in range(9))        # 1 MB .. 256 MB

@@ -5,15 +5,18 @@
 
 Hooks (all global, none needs the script's cooperation):
 - an optimizer step post-hook: one step = one `step()` of the first optimizer that steps
-  (or one `smartlaunch.profile_step()` once the script calls it); device-synchronized times
-  between steps after `warmup` steps, `measure` intervals measured, more while the window
-  is shorter than `min-seconds` (at most MAX_STEPS);
-- module forward pre/post hooks until the first step: the root modules called (depth 0), the
-  batch size (leading dimension of a root's first tensor input, with grad enabled), DDP/FSDP;
-  afterwards only the roots keep two cheap hooks that time forward and backward.
-After the last measured step the result is written (JSON, atomically) to --out and the script
-ends with SystemExit(0); a script that swallows it is ended with os._exit(0) at its next step.
-SIGTERM (the parent's time limit) writes what was measured so far before exiting.
+  (or one `smartlaunch.profile_step()` once the script calls it). After `warmup` steps a
+  window opens (one device sync) and every step end is marked in device time (clock.py);
+  `measure` steps, more while the window is shorter than `min-seconds` (at most MAX_STEPS);
+- module forward hooks until the first step: the root modules called (depth 0), DDP/FSDP, and
+  each grad-enabled root call's batch (inputs.py: positional and keyword arguments);
+  afterwards only the model's roots keep two cheap hooks that count micro-batches and mark
+  forward and backward in the window's first SPLIT_STEPS steps.
+The window is closed by a device sync however the script ends: measured (then the script
+ends with SystemExit(0); one that swallows it is ended with os._exit(0) at its next step), the
+script returning, sys.exit, an exception, or SIGTERM (the parent's time limit; there only the
+marks already finished are read). Step time is always the window's device time; a window that
+closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
 """
 from __future__ import annotations
 
@@ -26,53 +29,51 @@ import statistics
 import sys
 import time
 
-from smartlaunch.profile import envwatch
+from smartlaunch.profile.clock import device_clock, read_window
+from smartlaunch.profile.inputs import WorldSizeWatch, first_grad_tensor, leading_dim
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
+SPLIT_STEPS = 200         # steps of the window that also mark forward/backward (4 events each)
 USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
          "[--min-seconds S] [--cpu-shim] [--module] SCRIPT [ARGS...]")
 
 
 class Recorder:
-    def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0):
+    def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
+                 clock=None):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
         # Only for one process: ranks of a DDP trial must stop at the same step, so trials
         # size their window in steps (decide.trial) and leave this 0.
         self.min_seconds = max(0.0, min_seconds)
-        self.t_start = time.perf_counter()
+        self.clock = clock                # None: chosen when the window opens (clock.py)
+        self.host = clock.now if clock is not None else time.perf_counter
+        self.t_start = self.host()
         self.optimizers_built = 0
         self.primary = None              # the optimizer whose steps count, or "marker"
         self.steps = 0
-        self.t_last: float | None = None
         self.t_first_step: float | None = None
-        self.intervals: list[float] = []
         self.roots: dict[int, object] = {}
-        self.batch_size: int | None = None
         self.depth = 0
         self.handles: list = []
-        self.fwd_cur = 0.0               # forward seconds inside the current step
-        self.bwd_cur = 0.0
-        self.fwd: list[float] = []
-        self.bwd: list[float] = []
         self.params: list = []           # the primary optimizer's params
+        self.main_root: int | None = None
+        self.calls: list[tuple[int, int | None]] = []       # (root id, batch) this step
+        self.per_step: list[tuple[int, int | None]] = []    # (micro-batches, samples) per step
+        self.micro_batch: int | None = None
+        # The window: marks at step ends (device time, read after the closing sync), opened
+        # after the warm-up. Steps run free (no sync per step, which serialises the CPU's
+        # kernel launches with the GPU: an LSTM at 8.9 ms synced vs 5.1 ms free on H200).
+        self.t_window: float | None = None
+        self.marks: list = []
+        self.spans: list[list[tuple[str, object, object]]] = []   # per measured step
+        self.cur: list[tuple[str, object, object]] = []
+        self.bwd_open = None
+        self.closed: str | None = None   # why the window closed: measured | exit | signal
         self.done = False
         self.written = False
-        # Measured steps run free: no device sync per step, which would serialise the CPU's
-        # kernel launches with the GPU and inflate launch-bound steps (measured on H200: an
-        # LSTM at 8.9 ms synced vs 5.1 ms free). The forward/backward split, which needs
-        # syncs, is taken during warm-up; the window is synced only at its two ends.
-        self.split_timing = True
-        self.t_window: float | None = None
-        self.synced: list[float] = []    # warm-up step intervals, device-synced
-
-    # ---- time ---------------------------------------------------------------------------
-    def now(self) -> float:
-        cuda = self.torch.cuda
-        if cuda.is_available() and cuda.is_initialized():
-            cuda.synchronize()
-        return time.perf_counter()
+        self.world = WorldSizeWatch(lambda: self.t_first_step is None)
 
     # ---- discovery hooks (until the first step) -----------------------------------------
     def install(self) -> None:
@@ -89,22 +90,22 @@ class Recorder:
         register_optimizer_step_post_hook(self.on_optimizer_step)
         mm = torch.nn.modules.module
         self.handles.append(mm.register_module_forward_pre_hook(self.on_pre))
-        try:
-            self.handles.append(mm.register_module_forward_hook(self.on_post, always_call=True))
-        except TypeError:  # older signature without always_call
-            self.handles.append(mm.register_module_forward_hook(self.on_post))
+        # The post hook sees keyword arguments (global pre hooks cannot): model(**inputs).
+        self.handles.append(mm.register_module_forward_hook(
+            self.on_post, with_kwargs=True, always_call=True))
+        self.world.install(torch)
         import smartlaunch
         smartlaunch._step_hook = self.on_marker
 
     def on_pre(self, module, args):
         if self.depth == 0 and self.t_first_step is None:
             self.roots.setdefault(id(module), module)
-            if self.batch_size is None and self.torch.is_grad_enabled():
-                self.batch_size = _leading_dim(args)
         self.depth += 1
 
-    def on_post(self, module, args, output):
+    def on_post(self, module, args, kwargs, output):
         self.depth = max(0, self.depth - 1)
+        if self.depth == 0 and self.t_first_step is None and self.torch.is_grad_enabled():
+            self.calls.append((id(module), leading_dim(args, kwargs)))
 
     # ---- timing hooks on the roots (after the first step) --------------------------------
     def time_roots(self) -> None:
@@ -112,20 +113,23 @@ class Recorder:
             h.remove()
         self.handles = []
         for root in self.model_roots():
-            self.handles.append(root.register_forward_pre_hook(self.on_root_pre))
+            self.handles.append(root.register_forward_pre_hook(self.on_root_pre, with_kwargs=True))
             self.handles.append(root.register_forward_hook(self.on_root_post))
 
-    def on_root_pre(self, module, args):
-        if self.split_timing and self.torch.is_grad_enabled():
-            module._smartlaunch_t0 = self.now()
+    def on_root_pre(self, module, args, kwargs):
+        if not self.torch.is_grad_enabled():
+            return
+        self.calls.append((id(module), leading_dim(args, kwargs)))
+        if self.splitting():
+            module._smartlaunch_t0 = self.clock.mark()
 
     def on_root_post(self, module, args, output):
         t0 = getattr(module, "_smartlaunch_t0", None)
         if t0 is None:
             return
         module._smartlaunch_t0 = None
-        self.fwd_cur += self.now() - t0
-        out = _first_grad_tensor(output)
+        self.cur.append(("forward", t0, self.clock.mark()))
+        out = first_grad_tensor(output)
         if out is not None and out.grad_fn is not None:
             try:
                 out.grad_fn.register_prehook(self.on_backward_start)
@@ -133,13 +137,21 @@ class Recorder:
                 pass
 
     def on_backward_start(self, grad_outputs):
-        t0 = self.now()
+        if not self.splitting():
+            return
+        t0 = self.clock.mark()
         rec = self
 
         def at_end():
-            rec.bwd_cur += rec.now() - t0
+            if rec.splitting():
+                rec.cur.append(("backward", t0, rec.clock.mark()))
 
         self.torch.autograd.Variable._execution_engine.queue_callback(at_end)
+
+    def splitting(self) -> bool:
+        """Forward/backward marks are taken in the first SPLIT_STEPS steps of the window."""
+        return self.t_window is not None and self.closed is None and \
+            len(self.spans) < SPLIT_STEPS
 
     # ---- steps ------------------------------------------------------------------------------
     def on_optimizer_step(self, opt, args, kwargs):
@@ -151,8 +163,8 @@ class Recorder:
 
     def on_marker(self):
         if self.primary != "marker":  # a marker overrides optimizer steps: restart counting
-            self.primary, self.steps, self.t_last, self.intervals = "marker", 0, None, []
-            self.fwd, self.bwd = [], []
+            self.primary, self.steps = "marker", 0
+            self.t_window, self.marks, self.spans, self.cur, self.per_step = None, [], [], [], []
         self.on_step()
 
     def on_step(self):
@@ -162,30 +174,72 @@ class Recorder:
             sys.stderr.flush()
             os._exit(0)
         self.steps += 1
-        if self.split_timing:
-            t = self.now()
-            if self.t_first_step is None:
-                self.t_first_step = t
-                self.depth = 0
-                self.time_roots()
-            elif self.steps > 1:
-                self.fwd.append(self.fwd_cur)
-                self.bwd.append(self.bwd_cur)
-                self.synced.append(t - self.t_last)
+        self.count_samples()
+        if self.t_first_step is None:
+            self.t_first_step = self.host()
+            self.depth = 0
+            self.time_roots()
+        if self.t_window is None:
             if self.steps >= self.warmup + 1:
-                self.split_timing = False
-                self.t_window = self.now()
-            self.t_last, self.fwd_cur, self.bwd_cur = self.now(), 0.0, 0.0
+                self.open_window()
             return
-        t = time.perf_counter()
-        self.intervals.append(t - self.t_last)
-        self.t_last = t
-        if len(self.intervals) >= self.measure and (
-                t - self.t_window >= self.min_seconds or len(self.intervals) >= MAX_STEPS):
-            self.window_s = self.now() - self.t_window
+        self.marks.append(self.clock.mark())
+        if self.splitting():
+            self.spans.append(self.cur)
+        self.cur = []
+        n = len(self.marks) - 1
+        t = self.host()
+        if n >= self.measure and (t - self.t_window >= self.min_seconds or n >= MAX_STEPS):
+            self.close_window("measured")
             self.done = True
             self.write(reason="measured")
             raise SystemExit(0)
+
+    def open_window(self) -> None:
+        if self.clock is None:
+            self.clock = device_clock(self.torch)
+        self.clock.sync()                 # the window starts with an empty queue
+        self.t_window = self.host()
+        self.marks, self.spans, self.cur = [self.clock.mark()], [], []
+
+    def close_window(self, reason: str) -> None:
+        """However the script ends: wait for the device (signal: read what has finished
+        without waiting, the GPU may be what hangs), then only marks are read."""
+        if self.t_window is None or self.closed is not None:
+            return
+        self.closed = reason
+        if reason != "signal":
+            try:
+                self.clock.sync()
+            except Exception:   # a broken device (illegal access): keep only finished marks
+                pass
+        done = 0
+        for m in self.marks:
+            try:
+                if not self.clock.done(m):
+                    break
+            except Exception:
+                break
+            done += 1
+        self.marks = self.marks[:done]
+
+    def count_samples(self) -> None:
+        """Micro-batches and samples of the step that just ended: the calls of the main model
+        (the root with the most of the optimizer's parameters) with grad enabled."""
+        calls, self.calls = self.calls, []
+        if self.main_root is None:
+            roots = self.model_roots()
+            if not roots:
+                return
+            main = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()))
+            self.main_root = id(main)
+        batches = [b for mid, b in calls if mid == self.main_root]
+        if not batches:
+            return
+        if self.micro_batch is None:
+            self.micro_batch = batches[0]
+        known = None if any(b is None for b in batches) else sum(batches)
+        self.per_step.append((len(batches), known))
 
     # ---- result -----------------------------------------------------------------------------
     def model_roots(self) -> list:
@@ -213,31 +267,16 @@ class Recorder:
             "grad_bytes": sum(p.numel() * p.element_size() for p in trainable),
             "num_grad_tensors": len(trainable),
             "param_dtypes": dtypes,
-            "batch_size": self.batch_size,
             "wrapped": _wrapper(self.roots.values()),
-            "steps_measured": len(self.intervals),
             "measure_asked": self.measure,
             "peak_host_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "device": "cpu",
+            "reads_world_size": self.world.where,
         }
+        r.update(self.work_per_step())
         if self.t_first_step is not None:
             r["startup_s"] = self.t_first_step - self.t_start
-        if self.intervals:
-            xs = sorted(self.intervals)
-            # Host-side intervals of free-running steps are only approximately device
-            # time; the synced window is exact, so it gives the step time.
-            window = getattr(self, "window_s", None)
-            r["step_time_s"] = window / len(xs) if window else statistics.median(xs)
-            p90 = xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
-            r["step_time_p90_s"] = max(p90, r["step_time_s"])
-        if self.fwd and r.get("step_time_s"):
-            # The split was timed on synced warm-up steps; keep its shares, scaled to the
-            # free-running step, so backward_s / step_time_s stays the measured share.
-            scale = r["step_time_s"] / statistics.median(self.synced) if self.synced else 1.0
-            if any(self.fwd):
-                r["forward_s"] = statistics.median(self.fwd) * scale
-            if any(self.bwd):
-                r["backward_s"] = statistics.median(self.bwd) * scale
+        r.update(self.window())
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             dev = torch.cuda.current_device()
             r["device"] = f"cuda:{dev} ({torch.cuda.get_device_name(dev)})"
@@ -245,50 +284,38 @@ class Recorder:
             r["peak_gpu_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
         return r
 
+    def work_per_step(self) -> dict:
+        # Step 1 may hold set-up forwards (a sanity check with grad on): later steps decide.
+        steps = self.per_step[1:] or self.per_step
+        if not steps:
+            return {"batch_size": None, "micro_batch_size": None, "micro_batches": None}
+        micro = int(statistics.median_low(n for n, _ in steps))
+        samples = [s for _, s in steps if s is not None]
+        return {"batch_size": int(statistics.median_low(samples)) if samples else None,
+                "micro_batch_size": self.micro_batch, "micro_batches": micro}
+
+    def window(self) -> dict:
+        out = {"timing": self.clock.name if self.clock else None,
+               "window_cut_short": self.t_window is not None and self.closed != "measured"}
+        marks = self.marks if self.closed is not None else self.marks[:1]
+        out.update(read_window(self.clock, marks, self.spans))
+        return out
+
     def write(self, reason: str = "exit") -> None:
         """reason: "measured" (we end the script), "exit" (it ended), "signal" (time limit)."""
         if self.written or not self.out:
             return
         self.written = True
         try:
+            self.close_window(reason)
             data = self.result()
         except Exception as exc:  # never turn a finished run into a crash
             data = {"steps_seen": self.steps, "error": f"{type(exc).__name__}: {exc}"}
         data["reason"] = reason
-        data["world_size_read"] = envwatch.reads()
         tmp = f"{self.out}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(data, f)
         os.replace(tmp, self.out)
-
-
-def _leading_dim(args) -> int | None:
-    import torch
-    stack = list(args) if isinstance(args, (tuple, list)) else [args]
-    while stack:
-        a = stack.pop(0)
-        if isinstance(a, torch.Tensor):
-            return int(a.shape[0]) if a.dim() > 0 else None
-        if isinstance(a, (tuple, list)):
-            stack[:0] = list(a)
-        elif isinstance(a, dict):
-            stack[:0] = list(a.values())
-    return None
-
-
-def _first_grad_tensor(output):
-    import torch
-    stack = [output]
-    while stack:
-        a = stack.pop(0)
-        if isinstance(a, torch.Tensor):
-            if a.requires_grad:
-                return a
-        elif isinstance(a, (tuple, list)):
-            stack[:0] = list(a)
-        elif isinstance(a, dict):
-            stack[:0] = list(a.values())
-    return None
 
 
 def _unique(params) -> list:
@@ -347,7 +374,6 @@ def main(argv: list[str] | None = None) -> None:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()
     rec.install()
-    envwatch.install()
     atexit.register(rec.write)  # the script ended on its own: report what was seen
 
     def on_term(signum, frame):
@@ -356,8 +382,13 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    from smartlaunch.entry import run_entrypoint
-    run_entrypoint(opts["script"], opts["args"], module=opts["module"])
+    try:
+        from smartlaunch.entry import run_entrypoint
+        run_entrypoint(opts["script"], opts["args"], module=opts["module"])
+    finally:
+        # Returned, sys.exit or raised: close the window now, while the script's device
+        # context is alive (atexit runs after torch's own exit handlers may have torn it down).
+        rec.close_window("exit")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from smartlaunch import proc, sandbox
 from smartlaunch.errors import DryRunError
-from smartlaunch.launch.env import single_rank_env
+from smartlaunch.worker_env import single_rank_env
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
-from smartlaunch.profile.cache import cache_root, private_dir, read_json
+from smartlaunch.store import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
 EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
@@ -171,13 +171,13 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
     if not timed_out and code not in (0, None) and not complete:
         last = "\n".join(tail[-10:])
         how = f"exit code {code}" if code > 0 else f"signal {-code}"
-        read = (data or {}).get("world_size_read")
+        read = (data or {}).get("reads_world_size")
         if read and not int((data or {}).get("steps_seen") or 0):
             # Lightning's Trainer(devices=2) refuses WORLD_SIZE=1; torchrun would run it.
             cause = next((line for line in reversed(tail) if line.strip()), how)
-            return ModelProfile(ProfileStatus.UNMEASURABLE, note=(
+            return ModelProfile(ProfileStatus.UNMEASURABLE, reads_world_size=read, note=(
                 f"the dry run (WORLD_SIZE=1) failed before its first step ({how}) after the "
-                f"script read {' and '.join(read)}, so it may fix its world size: {cause.strip()[:200]} "
+                f"script read the world size ({read}), so it may fix it: {cause.strip()[:200]} "
                 f"(script output: {log_path})"), dry_run_s=elapsed)
         raise DryRunError(
             f"the dry run of {request.script} failed with {how}; it was not launched. "
@@ -189,6 +189,9 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
     measured = int(data.get("steps_measured") or 0)
     if measured and measured >= _asked(request, data):
         status, note = ProfileStatus.OK, f"{measured} steps measured {where}"
+        if data.get("window_cut_short"):
+            note = (f"{measured} steps measured, but the script ended before the window's "
+                    f"minimum length; times are less certain {where}")
     elif measured:
         status = ProfileStatus.INCOMPLETE
         why = f"the time limit ({limit_txt}) ended it" if timed_out else "the script ended"

@@ -22,6 +22,7 @@ from typing import Mapping
 
 from smartlaunch.errors import HealthError, SlurmError
 from smartlaunch.proc import signal_process
+from smartlaunch.scheduler import slurm
 from smartlaunch.slurm import health
 from smartlaunch.topology.api import Finding, Severity, Topology
 
@@ -30,8 +31,7 @@ DEFAULT_STATE_DIR = "/run/smartlaunch"
 KEYS = {
     "SMARTLAUNCH_PYTHON": "interpreter the shell hooks exec (read by the hook scripts)",
     "SMARTLAUNCH_STATE_DIR": "root-owned directory for baseline, snapshots, comm cache",
-    "SMARTLAUNCH_FAKE_TOPOLOGY": "TESTS ONLY: a JSON node fixture instead of NVML",
-    "SMARTLAUNCH_TEST_GPU_PIDS": "TESTS ONLY: file of 'pid gpu' lines the fake GPUs run",
+    "SMARTLAUNCH_FAKE_TOPOLOGY": "TESTS ONLY: a JSON node fixture (its GPU processes included) instead of NVML",
     "SMARTLAUNCH_COMM_MAX_AGE_S": "re-measure all-reduce when the cache is older (0: never)",
     "SMARTLAUNCH_COMM_TIMEOUT_S": "time limit of that measurement",
     "SMARTLAUNCH_LEASE_DIR": "lease directory whose job leases the epilog releases",
@@ -44,7 +44,6 @@ KEYS = {
 class HookConfig:
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     fake_topology: str | None = None
-    test_gpu_pids: str | None = None
     comm_max_age_s: float = 7 * 86400
     comm_timeout_s: float = 5.0
     lease_dir: str | None = None
@@ -73,7 +72,6 @@ class HookConfig:
         num = lambda k, d: float(values[k]) if values.get(k) else d  # noqa: E731
         return cls(state_dir=Path(values.get("SMARTLAUNCH_STATE_DIR") or DEFAULT_STATE_DIR),
                    fake_topology=values.get("SMARTLAUNCH_FAKE_TOPOLOGY") or None,
-                   test_gpu_pids=values.get("SMARTLAUNCH_TEST_GPU_PIDS") or None,
                    comm_max_age_s=num("SMARTLAUNCH_COMM_MAX_AGE_S", cls.comm_max_age_s),
                    comm_timeout_s=num("SMARTLAUNCH_COMM_TIMEOUT_S", cls.comm_timeout_s),
                    lease_dir=values.get("SMARTLAUNCH_LEASE_DIR") or None,
@@ -120,11 +118,8 @@ def load_baseline(d: Path) -> Topology | None:
 
 
 def job_gpus(env: Mapping[str, str]) -> list[int] | None:
-    raw = env.get("SLURM_JOB_GPUS", "")
-    if not raw.strip():
-        return None
-    from smartlaunch.slurm.parse import parse_id_list
-    return list(parse_id_list(raw, "SLURM_JOB_GPUS"))
+    alloc = slurm.gpu_allocation(env)
+    return list(alloc.gpus) if alloc else None
 
 
 def check_node(cfg: HookConfig, env: Mapping[str, str]) -> tuple[Topology, list[Finding]]:
@@ -186,7 +181,6 @@ def stop_leftovers(cfg: HookConfig, node: Topology, env: Mapping[str, str],
         return []          # root's processes (persistence daemons, admin tools) are never ours to kill
     targets = [(p.pid, g.nvml_index) for g in node.gpus for p in g.processes
                if gpus is None or g.nvml_index in gpus]
-    targets += _test_pids(cfg, gpus)
     mine = [(pid, gpu) for pid, gpu in dict(targets).items() if _owner(pid) == int(uid)]
     for pid, gpu in mine:
         _log(state_dir(cfg), f"epilog job {env.get('SLURM_JOB_ID', '?')}: SIGTERM leftover pid "
@@ -199,22 +193,6 @@ def stop_leftovers(cfg: HookConfig, node: Topology, env: Mapping[str, str],
         signal_process(pid, signal.SIGKILL)
     time.sleep(0.2 if mine else 0)
     return [(pid, gpu) for pid, gpu in mine if _owner(pid) is not None]
-
-
-def _test_pids(cfg: HookConfig, gpus) -> list[tuple[int, int]]:
-    if not (cfg.fake_topology and cfg.test_gpu_pids):
-        return []          # only with the fake backend: real GPUs report processes via NVML
-    out = []
-    try:
-        text = Path(cfg.test_gpu_pids).read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            if gpus is None or int(parts[1]) in gpus:
-                out.append((int(parts[0]), int(parts[1])))
-    return out
 
 
 def _owner(pid: int) -> int | None:
@@ -233,12 +211,7 @@ def _release_leases(cfg: HookConfig, env, d: Path) -> None:
     job = env.get("SLURM_JOB_ID", "")
     if not cfg.lease_dir or not job:
         return
-    try:
-        from smartlaunch.launch.leases import release_job
-    except ImportError:
-        _log(d, "epilog: this smartlaunch has no lease release (smartlaunch.launch.leases."
-                "release_job); leases of dead processes expire on their own")
-        return
+    from smartlaunch.launch.leases import release_job
     try:
         released = release_job(cfg.lease_dir, job)
         _log(d, f"epilog job {job}: released {len(released)} lease(s) in {cfg.lease_dir}")

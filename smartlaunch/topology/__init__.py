@@ -5,8 +5,9 @@ import os
 from typing import Mapping
 
 from smartlaunch.topology.api import (  # noqa: F401
-    GPU, Finding, GPUProcess, Link, Severity, Topology, cpu_only, link_family, link_rank,
+    GPU, Finding, GPUProcess, Link, Severity, Topology, cpu_only,
 )
+from smartlaunch.vocab import link_family, link_rank  # noqa: F401
 
 FAKE_ENV = "SMARTLAUNCH_FAKE_TOPOLOGY"
 NO_NVML_PREFIX = "no NVIDIA driver/NVML on this machine"

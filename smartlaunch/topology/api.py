@@ -13,26 +13,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.vocab import link_family, link_rank, nvlink_count
+
 
 class Severity(str, enum.Enum):
     INFO = "info"
     WARNING = "warning"
     CRITICAL = "critical"   # the GPU must not be used (fallen off the bus, uncorrectable ECC)
-
-
-# nvidia-smi topo -m vocabulary, best first. NV# is written "NV<n>"; its rank is 0.
-LINK_ORDER = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
-
-
-def link_family(link_class: str) -> str:
-    """'NV18' -> 'NV'; others unchanged. Policies key NCCL settings by family."""
-    return "NV" if link_class.startswith("NV") else link_class
-
-
-def link_rank(link_class: str) -> int:
-    """Lower is faster. Unknown classes sort last."""
-    fam = link_family(link_class)
-    return LINK_ORDER.index(fam) if fam in LINK_ORDER else len(LINK_ORDER)
 
 
 @dataclass(frozen=True)
@@ -97,7 +84,7 @@ class GPU:
 class Link:
     a: int
     b: int
-    link_class: str             # "NV18", "PIX", "PXB", "PHB", "NODE", "SYS"
+    link_class: str             # "NV18", or a family of vocab.LINK_FAMILIES, or "??"
     p2p_read: bool | None = None
     p2p_write: bool | None = None
     p2p_nvlink: bool | None = None
@@ -144,7 +131,7 @@ class Topology:
     def worst_link(self, indices) -> Link | None:
         idx = sorted(indices)
         pairs = [self.link(x, y) for i, x in enumerate(idx) for y in idx[i + 1:]]
-        return max(pairs, key=lambda l: (link_rank(l.link_class), -_nv_count(l.link_class)), default=None)
+        return max(pairs, key=lambda l: (link_rank(l.link_class), -nvlink_count(l.link_class)), default=None)
 
     def findings_for(self, index: int) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.gpu == index)
@@ -192,12 +179,6 @@ class Topology:
             source=d.get("source", "json"),
             note=d.get("note", ""),
         )
-
-
-def _nv_count(link_class: str) -> int:
-    if link_class.startswith("NV") and link_class[2:].isdigit():
-        return int(link_class[2:])
-    return 0
 
 
 def cpu_only(note: str) -> Topology:

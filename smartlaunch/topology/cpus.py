@@ -8,31 +8,17 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from smartlaunch.vocab import RangeError, format_ranges, parse_ranges
+
+format_cpulist = format_ranges      # (0, 1, 2, 3, 8) -> '0-3,8'; () -> ''
+
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
     """'0-3,8,10-11' -> (0, 1, 2, 3, 8, 10, 11). Empty or malformed text gives ()."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            return ()
-    return tuple(sorted(cpus))
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """(0, 1, 2, 3, 8) -> '0-3,8'; () -> '' (shown as N/A by the caller)."""
-    ranges: list[list[int]] = []
-    for c in sorted(set(cpus)):
-        if ranges and c == ranges[-1][1] + 1:
-            ranges[-1][1] = c
-        else:
-            ranges.append([c, c])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+    try:
+        return tuple(sorted(set(parse_ranges(text))))
+    except RangeError:
+        return ()
 
 
 def allowed_cpus() -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from typing import Mapping
 from smartlaunch.errors import UsageError
 from smartlaunch.topology import health
 from smartlaunch.topology.api import Link, Topology
-from smartlaunch.topology.links import UNKNOWN_CLASS
+from smartlaunch.vocab import UNKNOWN_LINK as UNKNOWN_CLASS
 from smartlaunch.topology.visible import (
     PhysicalGPU, resolve_visibility, visibility_findings, visibility_note,
 )

@@ -9,14 +9,13 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from smartlaunch.topology.api import GPU, Finding, Link, Severity
+from smartlaunch.vocab import P2P_FAMILIES
 
 TEMPERATURE_WARN_C = 85            # most datacenter parts start slowing down at 87-90 C
 POWER_AT_LIMIT_FRACTION = 0.97
 # Reasons that lower clocks by design, not because something is wrong.
 BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "sync_boost",
                              "display_clock_setting", "sw_power_cap"})
-# Link classes over which two GPUs normally can do P2P (same PCIe switch, or NVLink).
-P2P_EXPECTED = ("NV", "PIX", "PXB")
 
 
 def assess(gpus: Sequence[GPU], links: Iterable[Link], extra: Iterable[Finding] = ()) -> tuple[Finding, ...]:
@@ -114,7 +113,7 @@ def _pcie(g: GPU) -> list[Finding]:
 
 def link_findings(link: Link) -> list[Finding]:
     pair = f"GPU{link.a}-GPU{link.b}"
-    if link.family not in P2P_EXPECTED:
+    if link.family not in P2P_FAMILIES:
         return []
     if link.p2p is False:
         return [Finding(Severity.WARNING, "p2p_unavailable",

@@ -12,10 +12,10 @@ from typing import Any, Sequence
 from smartlaunch.topology.api import Link
 from smartlaunch.topology.cpus import sysfs_bus_id
 from smartlaunch.topology.nvcalls import DeviceLost
+from smartlaunch.vocab import UNKNOWN_LINK as UNKNOWN_CLASS
 
 # nvmlGpuTopologyLevel_t -> nvidia-smi vocabulary. INTERNAL is two GPUs on one board.
 LEVEL_CLASS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
-UNKNOWN_CLASS = "??"            # NVML could not say; link_rank() sorts it last
 _P2P_READ, _P2P_WRITE, _P2P_NVLINK = 0, 1, 2
 _P2P_OK = 0
 _MAX_LINKS_FALLBACK = 18        # nvidia-ml-py before NVML_NVLINK_MAX_LINKS grew to 36

@@ -11,9 +11,9 @@ the fake backend and reused by the Slurm layer. The rules mimic the CUDA driver:
   say why in a message, which the backends turn into a warning finding.
 - An entry that is not an index or UUID at all ("cuda:0", "gpu1", "0-3") is a mistake, not a
   CUDA quirk worth mimicking: UsageError.
-- Slurm: SLURM_STEP_GPUS (else SLURM_JOB_GPUS) lists the allocation as physical indices.
-  Without cgroup device constraint CUDA_VISIBLE_DEVICES holds the same physical indices; with
-  it CUDA sees only the allocation and Slurm renumbers CUDA_VISIBLE_DEVICES to 0..n-1.
+- A batch scheduler's GPU allocation (smartlaunch.scheduler: which GPUs, and whether
+  CUDA_VISIBLE_DEVICES counts within them) narrows the pool. When NVML shows more GPUs than
+  were allocated there is no device cgroup: the allocation names physical indices.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from smartlaunch.errors import SlurmError, UsageError
+from smartlaunch import scheduler
+from smartlaunch.errors import UsageError
 from smartlaunch.topology.api import Finding, Severity
 
 _UUID_HEX = re.compile(r"^[0-9a-fA-F-]+$")
@@ -56,11 +57,11 @@ def resolve_visibility(physical: Sequence, environ: Mapping[str, str]) -> Visibi
     """Like resolve_visible, plus the messages and MIG picks the backends report."""
     gpus = sorted((_as_physical(p) for p in physical), key=lambda p: p.nvml_index)
     messages: list[str] = []
-    pool, slurm_source, renumbered = _slurm_pool(gpus, environ, messages)
+    pool, pool_source, renumbered = _scheduler_pool(gpus, environ, messages)
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return Visibility(tuple(p.nvml_index for p in pool), messages=tuple(messages),
-                          source=slurm_source or "all")
+                          source=pool_source or "all")
     return _apply_cvd(cvd, pool, gpus, renumbered, messages)
 
 
@@ -71,28 +72,19 @@ def _as_physical(p) -> PhysicalGPU:
     return PhysicalGPU(int(idx), str(uuid), tuple(rest[0]) if rest else ())
 
 
-def _slurm_pool(gpus: list[PhysicalGPU], environ, messages) -> tuple[list, str | None, bool]:
-    """The GPUs CUDA_VISIBLE_DEVICES indexes into, and whether Slurm renumbered them."""
-    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-        raw = environ.get(var)
-        if raw is not None and raw.strip():
-            break
-    else:
+def _scheduler_pool(gpus: list[PhysicalGPU], environ, messages) -> tuple[list, str | None, bool]:
+    """The GPUs CUDA_VISIBLE_DEVICES indexes into, and whether the scheduler renumbered them."""
+    alloc = scheduler.gpu_allocation(environ)
+    if alloc is None:
         return gpus, None, False
-    ids = []
-    for item in raw.split(","):
-        item = item.strip()
-        if not item.isdigit():
-            raise SlurmError(f"{var}={raw!r}: {item!r} is not a GPU index; Slurm writes a "
-                             f"comma-separated list like 0,1 — check the job's --gres/--gpus")
-        ids.append(int(item))
+    ids, var, raw = list(alloc.gpus), alloc.source, environ.get(alloc.source, "")
     by_index = {p.nvml_index: p for p in gpus}
     if all(i in by_index for i in ids):
         allocated = [by_index[i] for i in sorted(set(ids))]
         # More GPUs open to us than allocated: no device cgroup, CUDA sees the whole node and
         # Slurm wrote physical indices. Otherwise NVML already shows only the allocation.
         if len(gpus) > len(allocated):
-            return allocated, var, _cvd_is_renumbered(environ, ids)
+            return allocated, var, alloc.renumbered
         return gpus, var, False
     if len(gpus) == len(ids):
         # Device cgroup: NVML enumerates the allocation from 0, physical ids do not match.
@@ -101,20 +93,6 @@ def _slurm_pool(gpus: list[PhysicalGPU], environ, messages) -> tuple[list, str |
     messages.append(f"{var}={raw} names GPU(s) {missing} that NVML does not show; "
                     f"using the {len(ids) - len(missing)} that exist")
     return [by_index[i] for i in sorted(set(ids)) if i in by_index], var, False
-
-
-def _cvd_is_renumbered(environ, allocation: list[int]) -> bool:
-    """True if CUDA_VISIBLE_DEVICES counts within the allocation (cgroup-style 0..n-1).
-
-    Ambiguous when both readings fit (allocation 1,2 and CUDA_VISIBLE_DEVICES=1): we take
-    the physical reading, which is what Slurm writes without device constraint."""
-    raw = environ.get("CUDA_VISIBLE_DEVICES")
-    if not raw:
-        return False
-    ints = [int(x) for x in (s.strip() for s in raw.split(",")) if x.isdigit()]
-    if not ints or all(i in allocation for i in ints):
-        return False
-    return all(i < len(allocation) for i in ints)
 
 
 def _apply_cvd(cvd: str, pool: list[PhysicalGPU], gpus: list[PhysicalGPU], renumbered: bool,

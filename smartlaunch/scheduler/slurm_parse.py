@@ -4,27 +4,22 @@ from __future__ import annotations
 import re
 
 from smartlaunch.errors import SlurmError
+from smartlaunch.vocab import RangeError, parse_ranges
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")      # one hostlist range
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.\[\]]*)=")
 
 
 def parse_id_list(text: str, what: str = "id list") -> tuple[int, ...]:
     """'0-2,5' -> (0, 1, 2, 5). Order kept (Slurm lists GPUs in allocation order)."""
-    out: list[int] = []
-    for part in (text or "").replace(" ", "").split(","):
-        if not part:
-            continue
-        m = _RANGE.match(part)
-        if not m:
-            raise SlurmError(f"{what} {text!r} is not a list of numbers like '0-2,5'; "
-                             f"check the Slurm environment of this job")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo:
-            raise SlurmError(f"{what} {text!r} has a descending range; check the Slurm environment")
-        out.extend(range(lo, hi + 1))
-    return tuple(out)
+    try:
+        return tuple(parse_ranges(text))
+    except RangeError as exc:
+        if exc.descending:
+            raise SlurmError(f"{what} {text!r} has a descending range; check the Slurm "
+                             f"environment") from None
+        raise SlurmError(f"{what} {text!r} is not a list of numbers like '0-2,5'; "
+                         f"check the Slurm environment of this job") from None
 
 
 def parse_tasks_per_node(text: str) -> tuple[int, ...]:

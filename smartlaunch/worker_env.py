@@ -1,7 +1,9 @@
-"""torchrun's worker environment contract, for processes smartlaunch starts without an agent.
+"""torchrun's worker environment contract, for processes smartlaunch starts without an agent
+(the dry run, the all-reduce measurement, single and independent jobs). Ground floor: the
+profile and launch layers both start workers, so neither may own it.
 
 Matches what torch's LocalElasticAgent sets for a one-rank group (checked against a real
-`torchrun --nproc-per-node 1` in tests/test_cli_single.py), except
+`torchrun --nproc-per-node 1` in tests/test_cli_launch.py), except
 TORCHELASTIC_USE_AGENT_STORE=False: there is no agent store, so a script's
 init_process_group must create its own TCPStore instead of waiting for one that never comes.
 """

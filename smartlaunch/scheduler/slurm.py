@@ -1,5 +1,7 @@
-"""Slurm as the launcher sees it: `detect(environ)` reads the job's environment into a
-`SlurmContext`; `apply_to_torchrun_args` fills the torchrun options the user did not give.
+"""Slurm as the launcher sees it (the `scheduler.api.Scheduler` implementation):
+`detect(environ)` reads the job's environment into a `SlurmContext`; `apply_to_torchrun_args`
+fills the torchrun options the user did not give; `gpu_allocation` holds Slurm's GPU rules,
+which the topology layer applies when it resolves NVML indices.
 
 Rules (issue #9):
 - One smartlaunch per node: `srun --ntasks-per-node=1 smartlaunch ...` (a step), or
@@ -10,8 +12,7 @@ Rules (issue #9):
   jobs or steps sharing a first node do not collide.
 - GPUs: SLURM_STEP_GPUS (srun step) else SLURM_JOB_GPUS (batch) are physical gres indices.
   With cgroup device constraint Slurm renumbers CUDA_VISIBLE_DEVICES to 0..n-1; without it,
-  CUDA_VISIBLE_DEVICES holds the physical indices. smartlaunch.topology.visible applies the
-  same rules when it resolves NVML indices.
+  CUDA_VISIBLE_DEVICES holds the physical indices.
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ import os
 import socket
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping
+from typing import Mapping
 
 from smartlaunch.errors import SlurmError
-from smartlaunch.slurm import parse
-from smartlaunch.slurm.run import Runner, available, run_slurm, unparsable
+from smartlaunch.scheduler.api import DeviceProbe, GpuAllocation
+from smartlaunch.scheduler import slurm_parse as parse
+from smartlaunch.scheduler.slurm_run import Runner, available, run_slurm, unparsable
 
+NAME = "slurm"
 RDZV_PORT_BASE = 20000      # below Linux's ephemeral range (32768+), above well-known ports
 # Steps of one job get distinct ports (10 concurrent steps, 1000 consecutive jobs per host).
 _BATCH_STEPS = ("batch", "extern", "interactive", "4294967291", "4294967292", "4294967294")
@@ -55,10 +58,12 @@ class SlurmContext:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def fill_torchrun_args(self, args: argparse.Namespace, given: set[str]) -> list[str]:
+        return apply_to_torchrun_args(self, args, given)
+
 
 def detect(environ: Mapping[str, str] | None = None, *, runner: Runner | None = None,
-           device_probe: Callable[[tuple[int, ...]], bool | None] | None = None,
-           ) -> SlurmContext | None:
+           device_probe: DeviceProbe | None = None) -> SlurmContext | None:
     """The Slurm context of this process, None outside Slurm; SlurmError if inconsistent."""
     env = dict(os.environ if environ is None else environ)
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
@@ -69,7 +74,7 @@ def detect(environ: Mapping[str, str] | None = None, *, runner: Runner | None = 
                          f"not a Slurm job")
     notes: list[str] = []
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
-    in_step = bool(step) and step not in _BATCH_STEPS
+    in_step = _in_step(env)
     job_nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not job_nodelist:
         raise SlurmError(f"SLURM_JOB_ID={job_id} is set but SLURM_JOB_NODELIST is not: run "
@@ -102,10 +107,10 @@ def detect(environ: Mapping[str, str] | None = None, *, runner: Runner | None = 
     step_n = int(step) if in_step and step.isdigit() else 0
     port = RDZV_PORT_BASE + (int(job_id) % 1000) * 10 + step_n % 10
     rdzv_host = hosts[0] if len(hosts) > 1 else "localhost"
-    gpus, gpu_var = _allocated_gpus(env, in_step)
-    visible = tuple(s.strip() for s in env["CUDA_VISIBLE_DEVICES"].split(",")) \
-        if env.get("CUDA_VISIBLE_DEVICES") else ()
-    constrained = _is_constrained(gpus, visible, device_probe)
+    alloc = gpu_allocation(env, device_probe=device_probe)
+    gpus, gpu_var = (alloc.gpus, alloc.source) if alloc else ((), "")
+    constrained = bool(alloc and alloc.renumbered)
+    visible = _visible(env)
     if gpus and constrained:
         notes.append(f"{gpu_var}={','.join(map(str, gpus))} shown to CUDA as "
                      f"{','.join(visible)} (cgroup device constraint renumbers)")
@@ -201,6 +206,26 @@ def apply_to_torchrun_args(ctx: SlurmContext, args: argparse.Namespace,
     return notes
 
 
+def gpu_allocation(environ: Mapping[str, str], *, device_probe: DeviceProbe | None = None
+                   ) -> GpuAllocation | None:
+    """The job's GPUs on this node (physical gres indices), None where Slurm names none."""
+    gpus, var = _allocated_gpus(environ, _in_step(environ))
+    if not var:
+        return None
+    return GpuAllocation(gpus, var, _is_constrained(gpus, _visible(environ), device_probe))
+
+
+def _in_step(env) -> bool:
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    return bool(step) and step not in _BATCH_STEPS
+
+
+def _visible(env) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES entries as Slurm (or the user) set them."""
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    return tuple(s.strip() for s in raw.split(",")) if raw else ()
+
+
 def _allocated_gpus(env, in_step: bool) -> tuple[tuple[int, ...], str]:
     order = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS") if in_step else ("SLURM_JOB_GPUS",)
     for var in order:
@@ -218,7 +243,7 @@ def _allocated_gpus(env, in_step: bool) -> tuple[tuple[int, ...], str]:
 def _is_constrained(gpus, visible, probe) -> bool:
     """Slurm writes CUDA_VISIBLE_DEVICES as the physical ids (no constraint) or 0..n-1
     (constraint). If the user changed it, ask the device probe; failing that, read it as
-    physical, like smartlaunch.topology.visible does."""
+    physical."""
     if not gpus or not visible or not all(v.isdigit() for v in visible):
         return False
     ints = tuple(int(v) for v in visible)
@@ -292,7 +317,7 @@ def _int(env, key) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m smartlaunch.slurm.env`: the detected context as JSON (for tests/debugging)."""
+    """`python -m smartlaunch.scheduler`: the detected context as JSON (for tests/debugging)."""
     try:
         ctx = detect()
     except SlurmError as exc:
@@ -304,6 +329,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(out, indent=2))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Clocks of the dry run's measurement window: device time where the work runs.
+
+A mark is taken at a hook point (step end, forward start/end, backward start/end) without
+waiting for the device; marks are read only after the window's closing `sync()`. On CUDA a
+mark is an event recorded on the current stream, so the time between two marks is the time the
+GPU took for the work queued between them, however far the CPU ran ahead. Host intervals of
+free-running CUDA steps are not step times: a 134M-parameter wide MLP read 1.83 ms per step from
+host intervals against 4.0 ms of real step time (2x H200, 2026-11-22, issue 15), because the
+CPU enqueues steps faster than the GPU runs them until the queue fills.
+
+Tests inject their own clock with the same four methods (a fake device whose marks complete
+later than the host reaches them).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+class HostClock:
+    """CPU work: host time is device time."""
+    name = "host clock"
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def mark(self):
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        pass
+
+    def done(self, mark) -> bool:
+        return True
+
+    def seconds(self, a, b) -> float:
+        return b - a
+
+
+class CudaClock(HostClock):
+    """CUDA events on the current stream; read after sync()."""
+    name = "cuda events"
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+
+    def mark(self):
+        ev = self.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def sync(self) -> None:
+        self.cuda.synchronize()
+
+    def done(self, mark) -> bool:
+        return bool(mark.query())
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3
+
+
+def device_clock(torch):
+    """The clock for the script's device: CUDA events once the script has initialised CUDA
+    (asked when the window opens, after the warm-up steps), else the host clock."""
+    cuda = torch.cuda
+    if cuda.is_available() and cuda.is_initialized():
+        return CudaClock(cuda)
+    return HostClock()
+
+
+def read_window(clock, marks: list, spans: list) -> dict:
+    """Step time and its split from a closed window: marks at the window start and each step
+    end; spans[i] = [(kind, start mark, end mark), ...] inside step i (forward, backward)."""
+    n = len(marks) - 1
+    out: dict = {"steps_measured": max(0, n)}
+    if n < 1:
+        return out
+    per = sorted(clock.seconds(a, b) for a, b in zip(marks, marks[1:]))
+    step = clock.seconds(marks[0], marks[-1]) / n
+    out.update(step_time_s=step, window_s=step * n,
+               step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]))
+    split: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    for i, step_spans in enumerate(spans[:n]):
+        for kind in ("forward", "backward"):
+            got = [clock.seconds(a, b) for k, a, b in step_spans if k == kind]
+            if got:
+                split[kind].append(sum(got))
+        ends = [b for k, _, b in step_spans if k == "backward"]
+        if ends:   # last backward end -> step end: optimizer, clipping, the scaler
+            split["optimizer"].append(clock.seconds(ends[-1], marks[i + 1]))
+    for kind, xs in split.items():
+        if xs:
+            out[f"{kind}_s"] = statistics.median(xs)
+    return out

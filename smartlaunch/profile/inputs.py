@@ -1,0 +1,134 @@
+"""What the dry run reads off the script's inputs: the batch of a forward call, and whether the
+script's own code asks for the world size before its first step.
+
+Batch: the leading dimension of the first tensor found in a forward call's positional
+arguments, then its keyword arguments (a Hugging Face Trainer calls `model(**inputs)`, which
+left `batch_size` unknown before issue 15), looking inside dicts and other mappings
+(`BatchEncoding` is a UserDict, not a dict), lists, tuples (named tuples too) and dataclasses.
+
+World size: a script that computes its per-rank work from the world size (nanoGPT divides its
+gradient accumulation by WORLD_SIZE) does different work per rank under DDP than in the
+single-process dry run. Reads from library code (DistributedSampler, Trainer's arguments, DDP
+itself) say nothing about that and are not counted; the first read from the script's own code
+before its first optimizer step is recorded as "file:line".
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping
+
+MAX_NODES = 256          # containers looked into per call: a forward hook must stay cheap
+
+
+def leading_dim(args, kwargs=None) -> int | None:
+    """Batch of one forward call, or None when no tensor with a dimension is found."""
+    import torch
+    stack = [args, kwargs or {}]
+    seen = 0
+    while stack and seen < MAX_NODES:
+        a = stack.pop(0)
+        seen += 1
+        if isinstance(a, torch.Tensor):
+            if a.dim() > 0:
+                return int(a.shape[0])
+            continue
+        if isinstance(a, (str, bytes)):
+            continue
+        if isinstance(a, Mapping):
+            stack[:0] = list(a.values())
+        elif isinstance(a, (tuple, list)):
+            stack[:0] = list(a)
+        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
+            stack[:0] = [getattr(a, f.name, None) for f in dataclasses.fields(a)]
+    return None
+
+
+def first_grad_tensor(output):
+    import torch
+    stack = [output]
+    seen = 0
+    while stack and seen < MAX_NODES:
+        a = stack.pop(0)
+        seen += 1
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return a
+        elif isinstance(a, Mapping):
+            stack[:0] = list(a.values())
+        elif isinstance(a, (tuple, list)):
+            stack[:0] = list(a)
+        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
+            stack[:0] = [getattr(a, f.name, None) for f in dataclasses.fields(a)]
+    return None
+
+
+# ---- world size reads ------------------------------------------------------------------------
+_PACKAGES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+_SMARTLAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(sorted({os.path.join(os.path.realpath(paths[k]), "")
+                         for k in ("stdlib", "platstdlib") if paths.get(k)}))
+
+
+def script_frame(frame, stdlib: tuple[str, ...]):
+    """The caller in the script's own code, skipping standard-library frames (os.environ.get
+    goes through _collections_abc), or None when a library (torch, transformers, smartlaunch)
+    is the caller."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<"):      # "<frozen ...>": import machinery, look further out
+            real = os.path.realpath(name)
+            if any(p in real for p in _PACKAGES) or real.startswith(_SMARTLAUNCH):
+                return None
+            if not real.startswith(stdlib):
+                return frame
+        frame = frame.f_back
+    return None
+
+
+class WorldSizeWatch:
+    """Records where the script's own code first reads the world size while `active()`.
+    install() swaps os.environ's class for a subclass (same object, so code holding it keeps
+    working) and wraps torch.distributed.get_world_size."""
+
+    def __init__(self, active: Callable[[], bool]):
+        self.active = active
+        self.where: str | None = None
+        self._stdlib = _stdlib_dirs()
+
+    def note(self, what: str, depth: int) -> None:
+        if self.where is not None or not self.active():
+            return
+        frame = script_frame(sys._getframe(depth), self._stdlib)
+        if frame is not None:
+            self.where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} ({what})"
+
+    def install(self, torch=None) -> None:
+        watch = self
+
+        class WatchedEnviron(type(os.environ)):
+            def __getitem__(self, key):
+                if key == "WORLD_SIZE":
+                    watch.note("reads WORLD_SIZE", 2)
+                return super().__getitem__(key)
+
+        try:
+            os.environ.__class__ = WatchedEnviron
+        except TypeError:   # an environ replaced by something else: no env reads seen
+            pass
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is None or not dist.is_available():
+            return
+        orig = dist.get_world_size
+
+        def get_world_size(*args, **kwargs):
+            watch.note("calls torch.distributed.get_world_size()", 2)
+            return orig(*args, **kwargs)
+
+        dist.get_world_size = get_world_size

@@ -1,0 +1,54 @@
+"""What a batch scheduler (Slurm today; PBS, Kubernetes tomorrow) tells a launch: which GPUs
+of this node the job was given, and where it sits among the job's nodes.
+
+An implementation is one module of this package providing the `Scheduler` functions, listed
+in `smartlaunch.scheduler.SCHEDULERS`. It reads the environment (and may ask the scheduler's
+client commands); nothing else in smartlaunch reads a scheduler's variables.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol
+
+# device_probe(gpus) -> True: a device cgroup hides the node's other GPUs; False: it does
+# not; None: cannot tell. Injected by tests, /dev by default.
+DeviceProbe = Callable[[tuple[int, ...]], "bool | None"]
+
+
+@dataclass(frozen=True)
+class GpuAllocation:
+    gpus: tuple[int, ...]        # physical GPU indices given to this job on this node, in order
+    source: str                  # the variable that said so ("SLURM_STEP_GPUS")
+    # CUDA_VISIBLE_DEVICES counts within the allocation (0..n-1, a device cgroup renumbers)
+    # rather than naming physical indices.
+    renumbered: bool = False
+
+
+class JobContext(Protocol):
+    """One launch inside a scheduler job: this node's place among the job's nodes."""
+    job_id: str
+    nnodes: int
+    node_rank: int
+    hosts: tuple[str, ...]
+    rdzv_endpoint: str
+    rdzv_id: str
+    gpus: tuple[int, ...]
+    constrained: bool
+
+    def fill_torchrun_args(self, args: argparse.Namespace, given: set[str]) -> list[str]:
+        """Set nnodes/node_rank/rdzv_* the user did not give; notes for --explain."""
+
+    def to_dict(self) -> dict: ...
+
+
+class Scheduler(Protocol):
+    """The module-level functions of one implementation (see scheduler/slurm.py)."""
+    NAME: str
+
+    def detect(self, environ: Mapping[str, str] | None = None, **kw) -> JobContext | None:
+        """This process's job, None when not running under this scheduler."""
+
+    def gpu_allocation(self, environ: Mapping[str, str], *,
+                       device_probe: DeviceProbe | None = None) -> GpuAllocation | None:
+        """The GPUs this scheduler gave the job on this node, None if it says nothing."""

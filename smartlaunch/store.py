@@ -1,0 +1,83 @@
+"""The cache store every layer writes through: one JSON file per key under the policy's
+cache directory. Ground floor (the dry run, the all-reduce curve and the trials all keep
+results here).
+
+The cache dir is policy.paths.cache_dir with ~ expanded; when it is the built-in default and
+XDG_CACHE_HOME is set, $XDG_CACHE_HOME/smartlaunch is used instead.
+
+Shared directories are hostile: directories are created 0o700, a cache dir that is a symlink,
+not owned by the user, or group/world-writable without the sticky bit is refused; files are
+read with O_NOFOLLOW and written through a temp file in the same directory + os.replace, so
+concurrent writers never leave a torn file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from smartlaunch.errors import PolicyError
+
+DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
+
+
+def cache_root(policy, environ) -> Path:
+    raw = policy.paths.cache_dir
+    xdg = environ.get("XDG_CACHE_HOME")
+    if raw == DEFAULT_CACHE_DIR and xdg:
+        raw = os.path.join(xdg, "smartlaunch")
+    home = environ.get("HOME") or os.path.expanduser("~")
+    if raw == "~" or raw.startswith("~/"):
+        raw = home + raw[1:]
+    return Path(raw)
+
+
+def private_dir(path: Path) -> Path:
+    """Create (0o700) or verify a directory we may trust; raise PolicyError otherwise."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise PolicyError(f"cannot create cache directory {path}: {exc.strerror}; "
+                          "set paths.cache_dir in your policy to a writable directory") from exc
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory"
+    elif st.st_uid != os.getuid():
+        why = f"is owned by uid {st.st_uid}, not by you"
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        why = "is group- or world-writable without the sticky bit"
+    if why:
+        raise PolicyError(f"refusing cache directory {path}: it {why}; "
+                          "remove it or set paths.cache_dir in your policy to a private directory")
+    return path
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None  # absent, or a symlink planted in our place
+    try:
+        with os.fdopen(fd) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,44 @@
+"""A script that sizes its work by the world size: the plan says what it assumes, a trial settles."""
+from __future__ import annotations
+
+from helpers_decide import TEST_MODEL, FakeComm, FakeTrial, nv_pair, policy, profile, request
+from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide.explain import render_text
+
+GPT = dict(params=163_000_000, step_ms=21.0, batch=32, micro_batches=4, micro_batch_size=8)
+WHERE = "train.py:89 (reads WORLD_SIZE)"
+
+
+def plan_for(prof, trial=None):
+    topo = nv_pair()
+    return decide(request(), topo, policy(), prof, comm_for=FakeComm(topo), trial=trial,
+                  model=TEST_MODEL)
+
+
+def test_model_alone_decides_when_the_script_ignores_the_world_size(clean_env):
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1900.0})
+    plan = plan_for(profile(**GPT), trial)
+    assert plan.strategy == Strategy.DDP and trial.calls == []   # far from the threshold
+    text = render_text(plan)
+    assert "batch 32 per step (4 micro-batches of 8)" in text
+    assert "per-rank work" not in text
+
+
+def test_world_size_read_asks_for_a_trial_and_explains_the_assumption(clean_env):
+    # nanoGPT under DDP×2 halves its accumulation: each rank does 16 samples per step, so
+    # the measured DDP rate is about one GPU's, whatever the model predicts.
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1050.0})
+    plan = plan_for(profile(**GPT, reads_world_size=WHERE), trial)
+    assert [c.strategy for c in trial.calls] == [Strategy.SINGLE, Strategy.DDP]
+    assert plan.strategy == Strategy.SINGLE
+    text = render_text(plan)
+    assert "per-rank work: the script's own code asks for the world size" in text
+    assert WHERE in text and "a measured trial settles it" in text
+    assert "predictions assume torchrun's semantics" in text
+    assert any("reads the world size before its first step" in r.text for r in plan.reasons)
+
+
+def test_world_size_read_without_trials_says_the_prediction_assumes_it(clean_env):
+    plan = plan_for(profile(**GPT, reads_world_size=WHERE), trial=None)
+    assert plan.strategy == Strategy.DDP
+    assert any("assuming each rank does the profiled work" in r.text for r in plan.reasons)

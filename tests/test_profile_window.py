@@ -1,0 +1,133 @@
+"""The dry run's measurement window: device time, closed by a sync however the script ends.
+
+A fake device clock (injected into the Recorder) completes each step's work later than the
+host reaches the step's end, the way a CPU runs ahead of the GPU it enqueues kernels for:
+host intervals of 1 ms, device steps of 4 ms (issue 15's wide MLP read 1.83 ms against 4.0 ms).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers_profile import SCRIPTS
+from smartlaunch.profile.api import ModelProfile, ProfileStatus
+from smartlaunch.profile.dryrun import Recorder
+from smartlaunch.profile.runner import dryrun_env
+
+pytestmark = pytest.mark.timeout(120)
+
+HOST_STEP, DEVICE_STEP = 0.001, 0.004
+
+
+class FakeDevice:
+    """Marks complete when the work queued before them is done; reading a mark that has not
+    completed (no sync yet) fails the test."""
+    name = "fake device"
+
+    def __init__(self):
+        self.host_t = 0.0
+        self.busy_until = 0.0
+        self.syncs = 0
+
+    def now(self) -> float:
+        return self.host_t
+
+    def step(self) -> None:
+        # the host enqueues the step's work as it goes: the device starts it at once
+        self.busy_until = max(self.busy_until, self.host_t) + DEVICE_STEP
+        self.host_t += HOST_STEP
+
+    def mark(self):
+        return max(self.busy_until, self.host_t)
+
+    def sync(self) -> None:
+        self.syncs += 1
+        self.host_t = max(self.host_t, self.busy_until)
+
+    def done(self, mark) -> bool:
+        return mark <= self.host_t
+
+    def seconds(self, a, b) -> float:
+        assert self.done(a) and self.done(b), "a mark was read before the device finished it"
+        return b - a
+
+
+def run_steps(rec, dev, n):
+    for _ in range(n):
+        dev.step()
+        rec.on_step()
+
+
+def test_window_complete_is_device_time(tmp_path):
+    dev = FakeDevice()
+    rec = Recorder(str(tmp_path / "p.json"), warmup=2, measure=20, clock=dev)
+    run_steps(rec, dev, 2 + 1 + 19)
+    with pytest.raises(SystemExit):
+        run_steps(rec, dev, 1)
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["reason"] == "measured" and data["steps_measured"] == 20
+    assert data["step_time_s"] == pytest.approx(DEVICE_STEP)
+    assert data["window_cut_short"] is False and data["timing"] == "fake device"
+
+
+@pytest.mark.parametrize("measured", [1, 6])
+def test_script_ending_early_still_reports_device_time(tmp_path, measured):
+    dev = FakeDevice()
+    rec = Recorder(str(tmp_path / "p.json"), warmup=2, measure=20, clock=dev)
+    run_steps(rec, dev, 2 + 1 + measured)
+    syncs = dev.syncs
+    rec.write()            # what atexit / the runner's finally do when the script returns
+    assert dev.syncs == syncs + 1, "the window was not closed by a device sync"
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["steps_measured"] == measured
+    assert data["step_time_s"] == pytest.approx(DEVICE_STEP)   # not the 1 ms host interval
+    assert data["step_time_p90_s"] == pytest.approx(DEVICE_STEP)
+    assert data["window_cut_short"] is True
+    prof = ModelProfile(ProfileStatus.OK, **{k: data[k] for k in
+                                              ("step_time_s", "steps_measured", "window_cut_short")})
+    assert prof.low_confidence
+
+
+def test_time_limit_reads_only_finished_marks_without_waiting(tmp_path):
+    dev = FakeDevice()
+    rec = Recorder(str(tmp_path / "p.json"), warmup=1, measure=50, clock=dev)
+    run_steps(rec, dev, 1 + 1 + 8)
+    syncs = dev.syncs
+    rec.write(reason="signal")   # SIGTERM: the GPU may be what hangs, so no sync
+    assert dev.syncs == syncs
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert 0 < data["steps_measured"] < 8
+    assert data["step_time_s"] == pytest.approx(DEVICE_STEP)
+    assert data["window_cut_short"] is True
+
+
+def test_no_window_no_step_time(tmp_path):
+    dev = FakeDevice()
+    rec = Recorder(str(tmp_path / "p.json"), warmup=5, measure=20, clock=dev)
+    run_steps(rec, dev, 3)       # the script ended inside the warm-up
+    rec.write()
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert "step_time_s" not in data and data["steps_measured"] == 0
+    assert data["window_cut_short"] is False
+
+
+@pytest.mark.parametrize("end", ["return", "exit", "raise"])
+def test_real_script_ending_inside_the_window(clean_env, end):
+    out = clean_env / "profile.json"
+    cmd = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
+           "--warmup", "1", "--measure", "50", str(SCRIPTS / "batch_shapes.py"),
+           "--steps", "6", "--end", end]
+    proc = subprocess.run(cmd, env=dryrun_env(os.environ, None), capture_output=True,
+                          text=True, timeout=100)
+    assert proc.returncode == (1 if end == "raise" else 0), proc.stderr
+    data = json.loads(out.read_text())
+    assert data["reason"] == "exit"
+    assert data["steps_measured"] == 6 - 2       # step 1 warm-up, step 2 opens the window
+    assert data["window_cut_short"] is True and data["timing"] == "host clock"
+    assert data["step_time_s"] > 0 and data["forward_s"] > 0 and data["backward_s"] > 0
+    if end == "raise":
+        assert "the script failed after its steps" in proc.stderr
