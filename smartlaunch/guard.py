@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +38,15 @@ def main(argv: list[str] | None = None) -> int:
             pass
     from smartlaunch.proc import GUARD_VAR, kill_tagged
     kill_tagged(GUARD_VAR, tag + "-", exclude=(owner,))
-    for p in paths:
-        shutil.rmtree(p, ignore_errors=True)
+    # An overlay's scratch dir cannot go while its mount namespace lives, i.e. until the killed
+    # processes are reaped by init: retry for a while.
+    deadline = time.monotonic() + 5.0
+    while paths and time.monotonic() < deadline:
+        for p in list(paths):
+            shutil.rmtree(p, ignore_errors=True)
+            if not os.path.lexists(p):
+                paths.discard(p)
+        time.sleep(0.05)
     return 0
 
 

@@ -107,7 +107,8 @@ def test_configured_gpt_trainer_unchanged(clean_env, monkeypatch):
     work = gpt_workdir(clean_env)
     monkeypatch.chdir(work)  # train.py execs configurator.py and reads data/ from its cwd
     prof = dry(work / "train.py", *GPT_ARGS)
-    assert_measured(prof, gpt_expected(), batch=4)
+    assert_measured(prof, gpt_expected(), batch=8)      # 2 micro-batches of 4 per step
+    assert (prof.micro_batch_size, prof.micro_batches) == (4, 2)
     assert prof.wrapped == "DDP"  # torchrun's RANK makes the trainer wrap itself
 
 
