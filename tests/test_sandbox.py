@@ -51,6 +51,14 @@ def test_require_without_isolation_runs_no_dry_run_and_says_why(clean_env, monke
     assert "cannot be isolated here (unshare: Operation not permitted)" in prof.note
     assert "dryrun.isolation=require" in prof.note
     assert not (shared_dir / "ran").exists()
+    # best-effort: run anyway, then delete what it created where we looked; name the rest
+    (clean_env / "kept.txt").write_text("mine\n")
+    script.write_text(f"open({str(shared_dir / 'ran')!r}, 'w').close()\n"
+                      "import os; os.makedirs('lightning_logs/version_0')\n"
+                      "open('kept.txt', 'a').write('changed\\n')\n")
     best = Policy(dryrun=DryRunPolicy(isolation="best-effort"))
     prof = run_dry_run(Request(script=str(script)), best, gpu=None, environ=dict(os.environ))
     assert (shared_dir / "ran").exists() and "not isolated" in prof.note
+    assert not (clean_env / "lightning_logs").exists()
+    assert "removed the 2 files and directories it created" in prof.note
+    assert "cannot be restored: " + str(clean_env / "kept.txt") in prof.note

@@ -32,7 +32,7 @@ from smartlaunch import proc, sandbox
 from smartlaunch.decide.plan import Candidate, Strategy
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
-from smartlaunch.profile.runner import isolation_check
+from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.request import Request
 
 KILL_GRACE_S = 5.0
@@ -70,7 +70,12 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, candidate.gpus)
             env["SMARTLAUNCH_TRIAL"] = "1"
             logfile = Path(tmp) / "trial.log"
+            listing = undo_roots(request, policy, isolated, (tmp,))
             rc = run_limited(cmd, env, policy.dryrun.time_limit_s, logfile)
+            if listing is not None:
+                undone = undo_note(listing, (tmp,))
+                if log is not None:
+                    log(f"trial of {candidate.strategy.value}×{n} not isolated ({note}): {undone}")
             result = read_rank0(out)
             proc.remove_on_exit(tmp, done=True)
             if log is not None and (rc != 0 or result is None):

@@ -22,6 +22,7 @@ from pathlib import Path
 from smartlaunch import proc, sandbox
 from smartlaunch.errors import DryRunError
 from smartlaunch.worker_env import single_rank_env
+from smartlaunch.profile import undo
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.store import cache_root, private_dir, read_json
 
@@ -79,6 +80,27 @@ def isolation_check(request, policy, environ) -> tuple[bool, str]:
     return False, f"not isolated ({why}; dryrun.isolation=best-effort): it may have written files"
 
 
+def undo_roots(request, policy, isolated: bool, own) -> undo.Listing | None:
+    """best-effort without a sandbox: what the working and script directories hold now."""
+    if isolated or policy.dryrun.isolation != "best-effort":
+        return None
+    paths = [os.getcwd()]
+    if request.script and not request.module and not request.no_python:
+        paths.append(os.path.dirname(os.path.abspath(request.script)))
+    return undo.take(paths, skip=own)
+
+
+def undo_note(listing: undo.Listing, own) -> str:
+    if not listing.complete:
+        return f"more than {undo.MAX_ENTRIES} files in {', '.join(listing.roots)}: its writes were not undone"
+    removed, changed = undo.undo(listing, skip=own)
+    note = f"removed the {removed} files and directories it created in {', '.join(listing.roots)}"
+    if changed:
+        note += f"; it changed or deleted {len(changed)} that cannot be restored: " + \
+            ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+    return note
+
+
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> ModelProfile:
     """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
     stream; default the user's stderr)."""
@@ -111,6 +133,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         status = os.path.join(tmp, "result", "isolation.json")
         if isolated:
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [os.path.dirname(out)], status)
+        own = (str(cache_root(policy, environ)), tmp)
+        listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
             with proc.spawn(cmd, env=dryrun_env(environ, gpu), stdout=log,
@@ -125,6 +149,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
         iso = sandbox.read_status(status) if isolated else {}
+        if listing is not None:
+            iso_note = f"{iso_note}; {undo_note(listing, own)}"
         proc.remove_on_exit(tmp, done=True)
     if isolated and not iso.get("isolated"):
         note = (f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
