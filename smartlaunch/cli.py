@@ -27,6 +27,7 @@ OWN_OPTIONS = {
     "each_file": ("--each-file",),
     "no_wait": ("--no-wait",),
     "debug": ("--debug",),
+    "quiet": ("--quiet",),
 }
 EXPLAIN_FORMATS = ("text", "json")
 
@@ -64,7 +65,30 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-wait", action="store_true",
                    help="fail at once when no GPU is free instead of waiting")
     g.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    g.add_argument("--quiet", action="store_true",
+                   help="no 'smartlaunch: <decision>' line before the job's output "
+                        "(policy: launch.quiet)")
     return parser
+
+
+def _script_index(parser, argv: list[str]) -> int:
+    """Where the entrypoint starts: everything from there on is the script's, `--debug` too."""
+    actions, i = parser._option_string_actions, 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return i + 1
+        if not tok.startswith("-") or tok == "-":
+            return i
+        name = tok.split("=", 1)[0]
+        action = actions.get(name)
+        takes_value = action is not None and action.nargs != 0 and "=" not in tok and not (
+            len(name) == 2 and len(tok) > 2)
+        if action is not None and action.dest == "explain" and (
+                i + 1 >= len(argv) or argv[i + 1] not in EXPLAIN_FORMATS):
+            takes_value = False
+        i += 2 if takes_value else 1
+    return i
 
 
 def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
@@ -126,9 +150,11 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
         reprofile=ns.reprofile,
         no_wait=ns.no_wait,
         debug=ns.debug,
+        quiet=ns.quiet,
         nnodes=str(ns.nnodes),
         torchrun_args=torchrun_ns,
     )
+    _check_nnodes(request.nnodes)
     _check_entrypoint(request)
     if request.variants and request.strategy not in ("auto", "independent"):
         raise UsageError(f"--each/--each-file run independent jobs; they cannot be combined "
@@ -157,26 +183,64 @@ def _variants(each: list[str], each_file: str | None) -> tuple[tuple[str, ...], 
     return tuple(variants)
 
 
+def _check_nnodes(value: str) -> None:
+    """torchrun's MIN:MAX (or N); torchrun itself exits 1 or asserts on 3:1 (issue 13)."""
+    parts = value.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        lo, hi = 0, -1
+    if not 1 <= lo <= hi:
+        raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX with 1 <= MIN <= MAX; "
+                         f"e.g. --nnodes 2 or --nnodes 1:4")
+
+
+def _find_module(name: str):
+    """The spec of a dotted module name, found without running any package's code (find_spec
+    on a dotted name imports the parents: user code, at decision time)."""
+    from importlib.machinery import PathFinder
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for part in parts[1:]:
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            spec = PathFinder.find_spec(f"{spec.name}.{part}", list(spec.submodule_search_locations))
+    except (ImportError, ValueError):
+        return None
+    return spec
+
+
 def _check_entrypoint(request: Request) -> None:
     if request.no_python:
         if not (shutil.which(request.script) or os.path.isfile(request.script)):
             raise UsageError(f"program not found: {request.script} (with --no-python the "
                              f"entrypoint must be an executable on PATH or a file path)")
     elif request.module:
-        top = request.script.split(".")[0]
-        if importlib.util.find_spec(top) is None:
+        spec = _find_module(request.script)
+        if spec is None:
             raise UsageError(f"module not found: {request.script} (check PYTHONPATH and the "
                              f"current directory, or drop -m to run a script path)")
+        if spec.submodule_search_locations and _find_module(request.script + ".__main__") is None:
+            raise UsageError(f"{request.script} is a package without __main__.py, so -m cannot "
+                             f"run it; name the module to run (-m {request.script}.<module>)")
+    elif os.path.isdir(request.script):
+        raise UsageError(f"training script {request.script} is a directory; name the .py file "
+                         f"in it (or use -m for a package)")
     elif not os.path.isfile(request.script):
         hint = " (use -m for a module)" if not request.script.endswith(".py") else ""
         raise UsageError(f"training script not found: {request.script}{hint}; check the path "
                          f"relative to {os.getcwd()}")
+    elif not os.access(request.script, os.R_OK):
+        raise UsageError(f"training script {request.script} is not readable by you; "
+                         f"chmod u+r {request.script}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in argv
+    debug = False
     try:
+        debug = "--debug" in argv[:_script_index(build_parser(), argv)]
         request, given = parse(argv)
         from smartlaunch.pipeline import run
         return run(request, given)
@@ -190,7 +254,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    sys.exit(main())
+    code = main()
+    # Everything of ours is done: leases released, children reaped. What is left is the
+    # interpreter's teardown of torch (imported for torchrun's parser): 0.5 s on an idle
+    # 2-core machine, and ~18 s per launcher with 20 launchers queued on 2 GPUs there
+    # (bench/results/wait-2026-11-22-cpu.md). A job's launcher should end with its job.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Mapping
 
 from smartlaunch.decide.plan import Reason
 from smartlaunch.request import Request
+from smartlaunch.statusline import StatusLine
 
 
 def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ) -> int:
-    plan, topology, policy = make_plan(request, given, environ)
+    status = StatusLine()
+    try:
+        plan, topology, policy = make_plan(request, given, environ, status)
+    finally:
+        status.clear()           # an error line or the plan starts at column 0
     if request.explain == "json":
         print(plan.to_json())
         return 0
@@ -24,11 +28,20 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         from smartlaunch.decide.explain import render_text
         print(render_text(plan))
         return 0
+    from smartlaunch.decide.explain import decision_line
     from smartlaunch.launch import execute
-    return execute(plan, request, policy, topology)
+
+    def announce(final_plan) -> None:      # once the GPUs are held, just before the job
+        if not (request.quiet or policy.launch.quiet):
+            status.line(decision_line(final_plan))
+    try:
+        return execute(plan, request, policy, topology, status=status, announce=announce)
+    finally:
+        status.close()
 
 
-def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
+def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
+              status: StatusLine | None = None):
     from smartlaunch.decide import decide
     from smartlaunch.errors import NoFreeGPUError
     from smartlaunch.launch.prepare import prepare
@@ -38,6 +51,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
     from smartlaunch.topology import discover
 
     clock = _Clock()
+    status = status if status is not None else StatusLine(tty=False, stream=_Null())
     policy = apply_request(load_policy(request.policy_path, environ=environ), request)
     notes: list[tuple[str, str]] = []   # (reason, rule) added to the plan's reasons
     slurm = detect(environ)
@@ -46,9 +60,13 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
                   for n in slurm.fill_torchrun_args(request.torchrun_args, given)]
         request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
 
+    _check_paths(request, policy, environ)
     clock.lap("policy")
     topology = discover(environ)
     clock.lap("topology")
+    # An impossible request (too many GPUs, ddp on one GPU, a forbidden strategy) fails here,
+    # in milliseconds, before the lease directory is touched or anything is measured.
+    decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=frozenset())
     unavailable = frozenset(_leased_elsewhere(topology, policy))
     clock.lap("leases")
     # The same decision without measurements first: an impossible request (too many GPUs,
@@ -65,15 +83,17 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
                       "waits for its GPUs", "jobs.wait_timeout_s"))
         unavailable, measure = frozenset(), False
         decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
-    profile = _profile(request, policy, topology, environ, unavailable) if measure else None
+    profile = _profile(request, policy, topology, environ, unavailable, status) if measure else None
     clock.lap("profile")
-    trial = _trial_runner(request, policy, environ, topology, profile) if measure else None
+    trial = _trial_runner(request, policy, environ, topology, profile, status) if measure else None
     plan = decide(
         request, topology, policy, profile,
-        comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile)),
+        comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
         trial=clock.timed("trials", trial) if trial is not None else None,
         unavailable=unavailable,
+        launched=_launched(request, policy, topology, environ) if profile is not None else None,
     )
+    status.clear()
     clock.lap("decide")
     plan = prepare(plan, topology, policy, environ)
     clock.lap("prepare")
@@ -87,6 +107,35 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str]):
         plan = dataclasses.replace(
             plan, reasons=plan.reasons + tuple(Reason(text, rule) for text, rule in notes))
     return dataclasses.replace(plan, timings=clock.result()), topology, policy
+
+
+def _check_paths(request: Request, policy, environ) -> None:
+    """Directories this launch will write, checked before anything is written: the cache for
+    a decision that may measure, the log directory for a launch that may run DDP or
+    independent jobs (issue 13: a file there gave a traceback after the leases were taken)."""
+    if request.explain:
+        return
+    if request.strategy == "auto":
+        from smartlaunch.profile.cache import cache_root
+        _check_dir_usable(str(cache_root(policy, environ)), "paths.cache_dir", policy)
+    if request.strategy in ("auto", "ddp", "independent"):
+        _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
+
+
+def _check_dir_usable(path: str, key: str, policy) -> None:
+    """A directory the launch will create files under: the path, or its nearest existing
+    parent, must be a directory this user can write (else exit 3 naming the setting)."""
+    from smartlaunch.errors import PolicyError
+    full = os.path.abspath(os.path.expanduser(path))
+    probe = full
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    where = f"{key}={path} ({policy.source_of(key)})"
+    if not os.path.isdir(probe):
+        raise PolicyError(f"{where}: {probe} is not a directory; set {key} to a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PolicyError(f"{where}: {probe} is not writable by you; set {key} to a directory "
+                          f"you can write")
 
 
 class _Clock:
@@ -144,7 +193,15 @@ def needs_profile(request: Request, topology, usable: list[int]) -> bool:
     return min(limit, len(usable)) > 1 and not request.variants
 
 
-def _profile(request, policy, topology, environ, unavailable):
+class _Null:
+    def write(self, s):
+        pass
+
+    def flush(self):
+        pass
+
+
+def _profile(request, policy, topology, environ, unavailable, status):
     usable = [g.index for g in topology.gpus
               if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
     if not needs_profile(request, topology, usable):
@@ -154,14 +211,16 @@ def _profile(request, policy, topology, environ, unavailable):
     gpu = usable[0]
 
     def announce():
-        print(f"smartlaunch: profiling {request.script} on GPU{gpu} (dry run, at most "
-              f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)", file=sys.stderr, flush=True)
+        status.ticking(f"profiling {request.script} on GPU{gpu} (dry run of at most "
+                       f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)")
+    binary = getattr(status.stream, "buffer", None)
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
                               gpu_model=topology.gpu(gpu).name, environ=environ,
-                              announce=announce)
+                              announce=announce,
+                              echo=status.echo(binary) if binary is not None else None)
 
 
-def _comm_for(topology, policy, environ, profile):
+def _comm_for(topology, policy, environ, profile, status):
     if not topology.gpus:
         return lambda group: None
     from smartlaunch.profile.comm import comm_curve
@@ -171,16 +230,36 @@ def _comm_for(topology, policy, environ, profile):
         max_bytes = max(1 << 20, 1 << (int(profile.grad_bytes) - 1).bit_length())
 
     def comm_for(group):
+        from smartlaunch.decide.words import gpu_list, mb
+        status.ticking(f"measuring all-reduce over {gpu_list(group)} up to "
+                       f"{mb(max_bytes) if max_bytes else 'the largest size'} (cached afterwards)")
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes)
     return comm_for
 
 
-def _trial_runner(request, policy, environ, topology, profile):
+def _launched(request, policy, topology, environ):
+    """Measured rates of earlier launches of this job (profile.feedback)."""
+    from smartlaunch.profile.feedback import job_key, load_rates
+    return load_rates(policy, job_key(request, policy, topology, environ), environ)
+
+
+def _trial_runner(request, policy, environ, topology, profile, status):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.decide.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
-    return cached_trials(make_trial_runner(request, policy, environ, expected_step_s=step),
-                         request, policy, topology=topology, environ=environ)
+    runner = make_trial_runner(request, policy, environ, expected_step_s=step)
+    count = 0
+
+    def announced(candidate):
+        nonlocal count
+        from smartlaunch.decide.words import gpu_list
+        count += 1
+        what = (f"DDP×{len(candidate.gpus)}" if candidate.strategy.value == "ddp"
+                else candidate.strategy.value)
+        status.ticking(f"trial {count}: {what} on {gpu_list(candidate.gpus)} (measured steps, at "
+                       f"least {policy.decision.trial_seconds:g} s)")
+        return runner(candidate)
+    return cached_trials(announced, request, policy, topology=topology, environ=environ)
 

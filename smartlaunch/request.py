@@ -21,6 +21,7 @@ class Request:
     reprofile: bool = False
     no_wait: bool = False
     debug: bool = False
+    quiet: bool = False                          # --quiet: no decision line
     nnodes: str = "1"
     # torchrun's parsed namespace (smartlaunch options removed): the launch API's input.
     torchrun_args: argparse.Namespace | None = field(default=None, compare=False, repr=False)

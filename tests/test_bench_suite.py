@@ -49,7 +49,7 @@ def test_script_trains_under_torchrun_with_two_ranks(runs, script):
     assert tp["world"] == 2
     model = common.parse_model_line(out)
     assert model["params"] > 0 and model["batch"] > 0
-    assert tp["samples_per_s"] == pytest.approx(2 * tp["per_rank"], rel=1e-3)
+    assert tp["samples_per_s"] == pytest.approx(2 * tp["per_rank"], rel=1e-3, abs=0.15)  # one decimal printed
     if script != common.MLP:
         # bench/suite's scripts time one region: per rank = batch / mean step time. (The
         # example reports the median step instead.)

@@ -258,3 +258,31 @@ def test_multi_node_is_deterministic_and_uses_all_allowed_local_gpus(clean_env):
     assert a.nproc_per_node == 4 and a.nnodes == "2"
     assert trial.calls == [] and comm.calls == []
     assert any("every node decides the same" in r.text for r in a.reasons)
+
+
+def test_uncertainty_band_comes_from_the_models_measured_error(clean_env):
+    import math
+
+    from smartlaunch.decide.cost import MODEL_ERROR
+    base, _ = run(dual_socket(), profile(), req=request(max_gpus=2))
+    eff = [c for c in base.candidates if c.strategy == Strategy.DDP][0].efficiency
+    reach = MODEL_ERROR.p90_log
+    assert MODEL_ERROR.band == pytest.approx(math.expm1(reach))
+    # The threshold just inside the model's error of the prediction, either side: a trial.
+    # Just outside it: the prediction decides.
+    for floor, trials in ((eff * math.exp(reach - 0.02), True), (eff * math.exp(0.02 - reach), True),
+                          (eff * math.exp(reach + 0.02), False), (eff * math.exp(-reach - 0.02), False)):
+        trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1500.0})
+        plan, _ = run(dual_socket(), profile(), policy(min_efficiency=floor),
+                      req=request(max_gpus=2), trial=trial)
+        assert bool(trial.calls) == trials, floor
+        if trials:
+            text = next(r.text for r in plan.reasons if r.rule.startswith("decision.uncertainty_band"))
+            assert f"{MODEL_ERROR.label}" in text and "±" in text
+    # A number in the policy replaces the measured figure.
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1500.0})
+    run(dual_socket(), profile(), policy(min_efficiency=eff * math.exp(reach - 0.02),
+                                         uncertainty_band=0.05), req=request(max_gpus=2), trial=trial)
+    assert trial.calls == []
+    ddp = [c for c in base.candidates if c.strategy == Strategy.DDP][0]
+    assert f"{MODEL_ERROR.label} ±" in ddp.reason

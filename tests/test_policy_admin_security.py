@@ -1,6 +1,6 @@
-"""The admin file is refused when a non-root user could rewrite it; the test-only switch that
-stands in for /etc/smartlaunch/policy.yaml is honoured only under pytest, for the test user,
-and never where a real admin policy exists."""
+"""The admin file is refused when a non-root user could rewrite it, and nothing but the fixed
+path /etc/smartlaunch/policy.yaml is ever read as the admin file (checked with the file
+installed there, in a private mount namespace)."""
 from __future__ import annotations
 
 import os
@@ -8,11 +8,12 @@ import os
 import pytest
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy import load
-from smartlaunch.policy.load import check_admin_permissions, load_policy
-from tests.helpers_policy import admin_environ, needs_no_system_admin_policy, write
+import subprocess
+import sys
 
-pytestmark = needs_no_system_admin_policy
+from smartlaunch.policy.load import check_admin_permissions
+from tests.helpers_policy import as_admin_installed, load_with_admin, needs_admin_install, write
+from conftest import own_lines
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 NOBODY = 65534
 RULES = "enforce:\n  decision: {max_gpus: 2}\n"
@@ -29,7 +30,7 @@ def admin(clean_env):
 
 
 def test_a_properly_owned_admin_file_is_read(admin):
-    policy = load_policy(environ=admin_environ(admin))
+    policy = load_with_admin(admin)
     assert policy.decision.max_gpus == 2 and policy.admin_path == admin
 
 
@@ -37,7 +38,7 @@ def test_a_properly_owned_admin_file_is_read(admin):
 def test_group_or_world_writable_admin_file_is_refused(admin, mode):
     os.chmod(admin, mode)
     with pytest.raises(PolicyError) as err:
-        load_policy(environ=admin_environ(admin))
+        load_with_admin(admin)
     assert str(err.value) == (
         f"admin policy file {admin} is group/world-writable (mode {mode:04o}), so a non-root "
         f"user could rewrite the admin rules; refusing it. Fix: sudo chmod go-w {admin}")
@@ -47,7 +48,7 @@ def test_writable_admin_directory_is_refused(admin):
     directory = os.path.dirname(admin)
     os.chmod(directory, 0o777)
     with pytest.raises(PolicyError) as err:
-        load_policy(environ=admin_environ(admin))
+        load_with_admin(admin)
     assert str(err.value) == (
         f"admin policy directory {directory} is group/world-writable (mode 0777), so a non-root "
         f"user could rewrite the admin rules; refusing it. Fix: sudo chmod go-w {directory}")
@@ -57,7 +58,7 @@ def test_writable_admin_directory_is_refused(admin):
 def test_admin_file_owned_by_another_user_is_refused(admin):
     os.chown(admin, NOBODY, -1)
     with pytest.raises(PolicyError) as err:
-        load_policy(environ=admin_environ(admin))
+        load_with_admin(admin)
     assert str(err.value) == (
         f"admin policy file {admin} is owned by uid {NOBODY}, not root, so a non-root user "
         f"could rewrite the admin rules; refusing it. Fix: sudo chown root {admin}")
@@ -68,7 +69,7 @@ def test_admin_directory_owned_by_another_user_is_refused(admin):
     directory = os.path.dirname(admin)
     os.chown(directory, NOBODY, -1)
     with pytest.raises(PolicyError, match=rf"admin policy directory .* is owned by uid {NOBODY}"):
-        load_policy(environ=admin_environ(admin))
+        load_with_admin(admin)
 
 
 def test_symlinked_admin_file_is_checked_where_it_really_lives(admin, clean_env):
@@ -80,7 +81,7 @@ def test_symlinked_admin_file_is_checked_where_it_really_lives(admin, clean_env)
     link = os.path.join(os.path.dirname(admin), "link.yaml")
     os.symlink(target, link)
     with pytest.raises(PolicyError, match=rf"admin policy directory {open_dir} is group/world-"):
-        load_policy(environ=admin_environ(link))
+        load_with_admin(link)
 
 
 def test_permission_check_trusts_only_the_given_uids(admin):
@@ -89,37 +90,32 @@ def test_permission_check_trusts_only_the_given_uids(admin):
         check_admin_permissions(admin, {os.getuid() + 1})
 
 
-@pytest.mark.parametrize("spoil", ["no pytest", "wrong uid", "no uid"])
-def test_switch_is_ignored_outside_a_test_run(admin, spoil):
-    environ = admin_environ(admin)
-    if spoil == "no pytest":
-        del environ["PYTEST_CURRENT_TEST"]
-    elif spoil == "wrong uid":
-        environ["SMARTLAUNCH_TEST_UID"] = str(os.getuid() + 1)
-    else:
-        del environ["SMARTLAUNCH_TEST_UID"]
-    policy = load_policy(environ=environ)
-    assert policy.admin_path is None and policy.decision.max_gpus is None
+def node_show(argv_prefix, cwd, env=None):
+    return subprocess.run([*argv_prefix, sys.executable, "-m", "smartlaunch.node_cli", "policy",
+                           "show"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_switch_is_ignored_where_a_real_admin_policy_exists(admin, clean_env, monkeypatch):
-    # Stand-in for /etc/smartlaunch/policy.yaml: the switch must not replace it (nor relax it).
-    real = write(clean_env / "etc", "policy.yaml", "enforce:\n  decision: {max_gpus: 1}\n")
-    os.chmod(real, 0o644)
-    os.chmod(os.path.dirname(real), 0o755)
-    monkeypatch.setattr(load, "ADMIN_POLICY_PATH", real)
-    policy = load_policy(environ=admin_environ(admin))
-    assert (policy.admin_path, policy.decision.max_gpus) == (real, 1)
-    assert policy.source_of("decision.max_gpus") == f"enforced:{real}"
+@needs_admin_install
+def test_the_installed_admin_file_is_read_and_the_environment_cannot_name_another(admin, clean_env):
+    # The variables that once named a test admin file, and a user file that tries to relax.
+    write(clean_env, "smartlaunch.yaml", "decision: {max_gpus: 8}\n")
+    env = dict(os.environ, SMARTLAUNCH_TEST_ADMIN_POLICY=str(clean_env / "none.yaml"),
+               SMARTLAUNCH_TEST_UID=str(os.getuid()), PYTEST_CURRENT_TEST="x")
+    out = node_show(as_admin_installed([], admin, clean_env / "ns"), clean_env, env)
+    assert out.returncode == 0, out.stderr
+    assert "  max_gpus: 2  # enforced:/etc/smartlaunch/policy.yaml  (user:" in out.stdout
+    assert not os.path.exists("/etc/smartlaunch/policy.yaml") or \
+        open("/etc/smartlaunch/policy.yaml").read() != RULES     # nothing leaked out
 
 
-def test_real_admin_path_gets_the_permission_check_too(clean_env, monkeypatch):
-    real = write(clean_env / "etc", "policy.yaml", RULES)
-    os.chmod(os.path.dirname(real), 0o755)
-    os.chmod(real, 0o666)
-    monkeypatch.setattr(load, "ADMIN_POLICY_PATH", real)
-    with pytest.raises(PolicyError, match="group/world-writable"):
-        load_policy(environ=admin_environ())
+@needs_admin_install
+def test_the_installed_admin_file_gets_the_permission_check(admin, clean_env):
+    out = node_show(as_admin_installed([], admin, clean_env / "ns", mode="0666"), clean_env)
+    assert out.returncode == 3
+    assert own_lines(out.stderr) == [
+        "smartlaunch-node: error: admin policy file /etc/smartlaunch/policy.yaml is "
+        "group/world-writable (mode 0666), so a non-root user could rewrite the admin rules; "
+        "refusing it. Fix: sudo chmod go-w /etc/smartlaunch/policy.yaml"]
 
 
 def test_writable_ancestor_directory_is_refused_unless_sticky(clean_env):
@@ -129,6 +125,6 @@ def test_writable_ancestor_directory_is_refused_unless_sticky(clean_env):
     os.chmod(os.path.dirname(path), 0o755)
     upper.chmod(0o777)          # anyone could rename etc/ away and put their own in its place
     with pytest.raises(PolicyError, match=rf"admin policy directory {upper} is group/world-"):
-        load_policy(environ=admin_environ(path))
+        load_with_admin(path)
     upper.chmod(0o1777)         # sticky, as /tmp: only etc/'s owner may rename it
-    assert load_policy(environ=admin_environ(path)).decision.max_gpus == 2
+    assert load_with_admin(path).decision.max_gpus == 2

@@ -7,27 +7,34 @@ import sys
 
 import yaml
 
-from smartlaunch.policy.load import builtin_values, load_policy, validate_file
-from tests.helpers_policy import POLICIES, admin_environ, needs_no_system_admin_policy, write
+from smartlaunch.policy.load import builtin_values, validate_file
+from tests.helpers_policy import (
+    ADMIN_POLICY_PATH, POLICIES, as_admin_installed, load_with_admin, needs_admin_install, write,
+)
 from conftest import own_lines
 
-pytestmark = needs_no_system_admin_policy
+ADMIN = ADMIN_POLICY_PATH
 
 
-def node(*args: str, env: dict[str, str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "smartlaunch.node_cli", "policy", *args],
-                          env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+def node(*args: str, env: dict[str, str] | None = None, cwd, admin: str | None = "keep",
+         mode: str = "0644") -> subprocess.CompletedProcess:
+    """`smartlaunch-node policy ARGS`; admin: a file installed as the admin policy, None for
+    none, "keep" for whatever this machine has (commands that read only the named file)."""
+    argv = [sys.executable, "-m", "smartlaunch.node_cli", "policy", *args]
+    if admin != "keep":
+        argv = as_admin_installed(argv, admin, os.path.join(cwd, "ns"), mode)
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_check_valid_file(clean_env):
     path = str(POLICIES / "workstation-pcie.yaml")
-    out = node("check", path, env=admin_environ(), cwd=clean_env)
+    out = node("check", path, cwd=clean_env)
     assert (out.returncode, out.stdout, out.stderr) == (0, f"OK: {path}\n", "")
 
 
 def test_check_admin_file_says_where_enforce_counts(clean_env):
     path = str(POLICIES / "shared-cluster.yaml")
-    out = node("check", path, env=admin_environ(), cwd=clean_env)
+    out = node("check", path, cwd=clean_env)
     assert out.returncode == 0
     assert out.stdout.startswith(f"OK: {path} (enforces ")
     assert "honoured only in /etc/smartlaunch/policy.yaml" in out.stdout
@@ -35,29 +42,32 @@ def test_check_admin_file_says_where_enforce_counts(clean_env):
 
 def test_check_invalid_file_exits_with_the_policy_code(clean_env):
     path = write(clean_env, "bad.yaml", "decision:\n  trials: true\n  min_efficency: 0.5\n")
-    out = node("check", path, env=admin_environ(), cwd=clean_env)
+    out = node("check", path, cwd=clean_env)
     assert out.returncode == 3 and out.stdout == ""
     assert out.stderr.startswith(f"smartlaunch-node: error: {path}:3: decision.min_efficency: "
                                  "unknown key; did you mean 'min_efficiency'?")
     assert len(own_lines(out.stderr)) == 1
 
 
+@needs_admin_install
 def test_check_without_file_validates_every_layer(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision: {max_gpus: 4}\n")
     user = write(clean_env, "smartlaunch.yaml", "decision: {max_gpus: 2}\n")
-    out = node("check", env=admin_environ(admin), cwd=clean_env)
-    assert (out.returncode, out.stdout) == (0, f"OK: {admin}\nOK: {user}\n")
+    out = node("check", cwd=clean_env, admin=admin)
+    assert (out.returncode, out.stdout) == (0, f"OK: {ADMIN}\nOK: {user}\n")
     write(clean_env, "smartlaunch.yaml", "decision: {max_gpus: many}\n")
-    out = node("check", env=admin_environ(admin), cwd=clean_env)
+    out = node("check", cwd=clean_env, admin=admin)
     assert out.returncode == 3 and "smartlaunch.yaml:1: decision.max_gpus: expected an " \
         "integer or null, got str 'many'" in out.stderr
 
 
+@needs_admin_install
 def test_check_without_any_file(clean_env):
-    out = node("check", env=admin_environ(), cwd=clean_env)
+    out = node("check", cwd=clean_env, admin=None)
     assert (out.returncode, out.stdout) == (0, "OK: built-in defaults (no policy file found)\n")
 
 
+@needs_admin_install
 def test_show_prints_the_effective_policy_with_sources(clean_env):
     admin = write(clean_env, "admin.yaml", """\
         jobs: {wait_timeout_s: 60}
@@ -66,20 +76,20 @@ def test_show_prints_the_effective_policy_with_sources(clean_env):
           launch: {env: {NCCL_DEBUG: WARN}}
         """)
     user = write(clean_env, "mine.yaml", "decision: {min_efficiency: 0.5, trial_steps: 7}\n")
-    env = admin_environ(admin, SMARTLAUNCH_LOG_DIR="/logs here")
-    out = node("show", "--policy", user, env=env, cwd=clean_env)
+    env = dict(os.environ, SMARTLAUNCH_LOG_DIR="/logs here")
+    out = node("show", "--policy", user, env=env, cwd=clean_env, admin=admin)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert f"  min_efficiency: 0.7  # enforced:{admin}  (user:{user} set 0.5; the admin rule " \
-        f"enforce.decision.min_efficiency=0.7 in {admin} wins)" in lines
+    assert f"  min_efficiency: 0.7  # enforced:{ADMIN}  (user:{user} set 0.5; the admin rule " \
+        f"enforce.decision.min_efficiency=0.7 in {ADMIN} wins)" in lines
     assert f"  trial_steps: 7  # user:{user}" in lines
-    assert f"  wait_timeout_s: 60.0  # admin:{admin}" in lines
+    assert f"  wait_timeout_s: 60.0  # admin:{ADMIN}" in lines
     assert '  log_dir: /logs here  # env:SMARTLAUNCH_LOG_DIR' in lines
-    assert f"    NCCL_DEBUG: WARN  # enforced:{admin}" in lines
+    assert f"    NCCL_DEBUG: WARN  # enforced:{ADMIN}" in lines
     assert "      NCCL_BUFFSIZE: \"33554432\"" in lines
     # The output is itself a valid policy equal to the effective one.
     shown = write(clean_env, "shown.yaml", out.stdout)
-    policy = load_policy(user, environ=env, cwd=str(clean_env))
+    policy = load_with_admin(admin, user, environ=env, cwd=str(clean_env))
     expected = builtin_values()
     expected.update({"decision.min_efficiency": 0.7, "decision.max_gpus": 4,
                      "decision.trial_steps": 7, "jobs.wait_timeout_s": 60.0,
@@ -91,8 +101,8 @@ def test_show_prints_the_effective_policy_with_sources(clean_env):
         ["single", "independent", "ddp"]
 
 
+@needs_admin_install
 def test_show_refuses_an_unsafe_admin_file(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision: {max_gpus: 4}\n")
-    os.chmod(admin, 0o666)
-    out = node("show", env=admin_environ(admin), cwd=clean_env)
+    out = node("show", cwd=clean_env, admin=admin, mode="0666")
     assert out.returncode == 3 and "is group/world-writable (mode 0666)" in out.stderr

@@ -1,25 +1,25 @@
 """Precedence: built-in < admin < user file < env < CLI, then the admin's enforce over all."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from smartlaunch.errors import ExitCode, PolicyError
-from smartlaunch.policy import Policy, apply_request, check_request, enforced_env, load_policy
+from smartlaunch.policy import Policy, apply_request, check_request, enforced_env
 from smartlaunch.request import Request
-from tests.helpers_policy import admin_environ, needs_no_system_admin_policy, write
-
-pytestmark = needs_no_system_admin_policy
+from tests.helpers_policy import load_with_admin, write
 
 
-def env_without_dirs(admin=None, **extra):
-    environ = admin_environ(admin)
+def env_without_dirs(**extra):
+    environ = dict(os.environ)
     environ.pop("SMARTLAUNCH_LEASE_DIR", None)      # clean_env's; these tests set their own
     environ.update(extra)
     return environ
 
 
 def test_no_files_gives_the_built_in_policy(clean_env):
-    policy = load_policy(environ=env_without_dirs())
+    policy = load_with_admin(None, environ=env_without_dirs())
     default = Policy()
     assert (policy.decision, policy.launch, policy.dryrun, policy.jobs, policy.paths) == \
         (default.decision, default.launch, default.dryrun, default.jobs, default.paths)
@@ -39,9 +39,9 @@ def test_each_layer_overrides_the_one_below(clean_env):
         launch: {log_dir: /user/logs}
         decision: {max_gpus: 6}
         """)
-    environ = env_without_dirs(admin, SMARTLAUNCH_CACHE_DIR="/env/cache",
+    environ = env_without_dirs(SMARTLAUNCH_CACHE_DIR="/env/cache",
                                SMARTLAUNCH_LOG_DIR="/env/logs", SMARTLAUNCH_LEASE_DIR="")
-    policy = load_policy(user, environ=environ)
+    policy = load_with_admin(admin, user, environ=environ)
     assert policy.launch.signal_grace_s == 5.0
     assert policy.source_of("launch.signal_grace_s") == f"admin:{admin}"
     assert policy.decision.uncertainty_band == 0.2
@@ -68,9 +68,9 @@ def test_enforce_wins_over_user_file_env_and_cli(clean_env):
           decision: {max_gpus: 4}
         """)
     user = write(clean_env, "user.yaml", "paths: {lease_dir: /mine}\ndecision: {max_gpus: 8}\n")
-    environ = env_without_dirs(admin, SMARTLAUNCH_LEASE_DIR="/env/leases",
+    environ = env_without_dirs(SMARTLAUNCH_LEASE_DIR="/env/leases",
                                SMARTLAUNCH_LOG_DIR="/env/logs")
-    policy = load_policy(user, environ=environ)
+    policy = load_with_admin(admin, user, environ=environ)
     where = f"enforced:{admin}"
     assert (policy.paths.lease_dir, policy.source_of("paths.lease_dir")) == ("/shared/leases", where)
     assert (policy.launch.log_dir, policy.source_of("launch.log_dir")) == ("/shared/logs", where)
@@ -106,7 +106,7 @@ def test_caps_and_floors_keep_a_stricter_user_value(clean_env):
           ddp_link_classes: [NV]
         launch: {hang_timeout_s: 900}
         """)
-    policy = load_policy(user, environ=env_without_dirs(admin))
+    policy = load_with_admin(admin, user, environ=env_without_dirs())
     d = policy.decision
     assert (d.max_gpus, d.min_efficiency, d.ddp_link_classes) == (2, 0.9, ("NV",))
     for key in ("decision.max_gpus", "decision.min_efficiency", "decision.ddp_link_classes"):
@@ -123,7 +123,7 @@ def test_caps_and_floors_keep_a_stricter_user_value(clean_env):
 def test_rule_names_the_enforced_source_for_explain(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision: {min_efficiency: 0.7}\n")
     user = write(clean_env, "user.yaml", "decision: {min_efficiency: 0.5}\n")
-    policy = load_policy(user, environ=env_without_dirs(admin))
+    policy = load_with_admin(admin, user, environ=env_without_dirs())
     assert policy.rule("decision.min_efficiency") == \
         f"decision.min_efficiency=0.7 (enforced:{admin})"
     assert policy.rule("launch.nccl.PHB").startswith("launch.nccl.PHB={'NCCL_ALGO': 'Tree'")
@@ -134,31 +134,31 @@ def test_user_file_discovery_order(clean_env):
     home_file = write(clean_env / "home", ".config/smartlaunch/policy.yaml",
                       "decision: {trial_steps: 30}\njobs: {jobs_per_gpu: 2}\n")
     environ = env_without_dirs()
-    assert load_policy(environ=environ).source_of("decision.trial_steps") == f"user:{home_file}"
+    assert load_with_admin(None, environ=environ).source_of("decision.trial_steps") == f"user:{home_file}"
     cwd_file = write(clean_env, "smartlaunch.yaml", "decision: {trial_steps: 40}\n")
-    policy = load_policy(environ=environ, cwd=str(clean_env))
+    policy = load_with_admin(None, environ=environ, cwd=str(clean_env))
     # Only the first file found is read: the home file's jobs_per_gpu is not merged in.
     assert (policy.decision.trial_steps, policy.jobs.jobs_per_gpu) == (40, 1)
     assert policy.source_of("decision.trial_steps") == f"user:{cwd_file}"
     given = write(clean_env, "given.yaml", "decision: {trial_steps: 50}\n")
-    policy = load_policy(given, environ=environ, cwd=str(clean_env))
+    policy = load_with_admin(None, given, environ=environ, cwd=str(clean_env))
     assert (policy.decision.trial_steps, policy.source_of("decision.trial_steps")) == \
         (50, f"user:{given}")
     with pytest.raises(PolicyError, match=r"missing.yaml \(--policy\) not found"):
-        load_policy(str(clean_env / "missing.yaml"), environ=environ)
+        load_with_admin(None, str(clean_env / "missing.yaml"), environ=environ)
 
 
 def test_invalid_user_file_fails_the_load(clean_env):
     write(clean_env, "smartlaunch.yaml", "decision:\n  min_efficiency: lots\n")
     with pytest.raises(PolicyError, match=r"smartlaunch.yaml:2: decision.min_efficiency: "):
-        load_policy(environ=env_without_dirs(), cwd=str(clean_env))
+        load_with_admin(None, environ=env_without_dirs(), cwd=str(clean_env))
 
 
 def test_fallback_outside_allowed_strategies_names_both_sources(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision:\n"
                                            "    allowed_strategies: [independent, ddp]\n")
     with pytest.raises(PolicyError) as err:
-        load_policy(environ=env_without_dirs(admin))
+        load_with_admin(admin, environ=env_without_dirs())
     assert str(err.value) == (
         "decision.fallback_strategy=single (built-in) is not in decision.allowed_strategies="
         f"[independent, ddp] (enforced:{admin}); set fallback_strategy to one of independent, ddp")
@@ -166,7 +166,7 @@ def test_fallback_outside_allowed_strategies_names_both_sources(clean_env):
 
 def test_pointing_policy_at_the_admin_file_does_not_read_it_twice(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision: {max_gpus: 2}\n")
-    policy = load_policy(admin, environ=env_without_dirs(admin))
+    policy = load_with_admin(admin, admin, environ=env_without_dirs())
     assert policy.layers == ("built-in", f"admin:{admin}", f"enforced:{admin}")
 
 
@@ -181,7 +181,7 @@ def capped(clean_env):
         launch:
           env: {OMP_NUM_THREADS: 4}
         """)
-    return admin, load_policy(environ=env_without_dirs(admin))
+    return admin, load_with_admin(admin, environ=env_without_dirs())
 
 
 def test_cli_request_beyond_the_gpu_cap_is_refused(capped):
@@ -211,13 +211,13 @@ def test_cli_strategy_forbidden_by_the_admin_is_refused(capped):
 def test_single_allowed_strategy_message(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision:\n"
                                            "    allowed_strategies: [single]\n")
-    policy = load_policy(environ=env_without_dirs(admin))
+    policy = load_with_admin(admin, environ=env_without_dirs())
     with pytest.raises(PolicyError, match=r"\[single\] in .*\); use --strategy auto or single$"):
         check_request(policy, Request(strategy="independent"))
 
 
 def test_without_admin_rules_any_request_passes(clean_env):
-    policy = load_policy(environ=env_without_dirs())
+    policy = load_with_admin(None, environ=env_without_dirs())
     check_request(policy, Request(max_gpus=64, strategy="ddp"))
 
 

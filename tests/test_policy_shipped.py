@@ -1,13 +1,14 @@
 """The policies shipped in policies/: valid, and default.yaml is exactly the built-in policy."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy.load import builtin_values, load_policy, read_policy_file, validate_file
-from tests.helpers_policy import POLICIES, admin_environ, needs_no_system_admin_policy
+from smartlaunch.policy.load import builtin_values, read_policy_file, validate_file
+from tests.helpers_policy import POLICIES, load_with_admin
 
 SHIPPED = sorted(p.name for p in POLICIES.glob("*.yaml"))
 
@@ -25,9 +26,9 @@ def test_shipped_policy_validates(name):
 
 @pytest.mark.parametrize("name", ["default.yaml", "workstation-pcie.yaml", "nvlink-server.yaml"])
 def test_user_policies_load_as_user_files(name, clean_env):
-    environ = admin_environ()
+    environ = dict(os.environ)
     del environ["SMARTLAUNCH_LEASE_DIR"]     # set by clean_env; env outranks a user file
-    policy = load_policy(str(POLICIES / name), environ=environ)
+    policy = load_with_admin(None, str(POLICIES / name), environ=environ)
     parsed = read_policy_file(str(POLICIES / name), allow_enforce=False)
     for key in parsed.values:
         assert policy.source_of(key) == f"user:{POLICIES / name}"
@@ -60,10 +61,9 @@ def test_default_yaml_never_disables_p2p():
                    "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"}
 
 
-@needs_no_system_admin_policy
 def test_shared_cluster_is_an_admin_policy_with_the_promised_rules(clean_env):
     admin = str(POLICIES / "shared-cluster.yaml")
-    policy = load_policy(environ=admin_environ(admin))
+    policy = load_with_admin(admin)
     assert policy.enforced["decision.max_gpus"] == 4
     assert policy.enforced["decision.min_efficiency"] == 0.7
     assert "SYS" not in policy.decision.ddp_link_classes
@@ -77,4 +77,4 @@ def test_shared_cluster_is_an_admin_policy_with_the_promised_rules(clean_env):
 
 def test_shared_cluster_is_refused_as_a_user_policy(clean_env):
     with pytest.raises(PolicyError, match=r"shared-cluster.yaml:\d+: enforce: only the admin"):
-        load_policy(str(POLICIES / "shared-cluster.yaml"), environ=admin_environ())
+        load_with_admin(None, str(POLICIES / "shared-cluster.yaml"))

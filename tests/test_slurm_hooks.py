@@ -49,7 +49,8 @@ def test_health_rules_against_baseline():
 def test_prolog_healthy_writes_snapshot_and_passes(clean_env, tmp_path):
     cfg = config(tmp_path, "healthy")
     assert hooks.run("baseline", cfg) == 0
-    assert hooks.run("prolog", cfg, {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}) == 0
+    assert hooks.run("prolog", cfg, {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000",
+                                         "SLURM_JOB_USER": "ann", "SLURM_JOB_GPUS": "0,1"}) == 0
     state = tmp_path / "state"
     assert (state / "topology.json").exists() and (state / "baseline.json").exists()
     assert "prolog job 7: 0 finding(s)" in (state / "hooks.log").read_text()
@@ -103,7 +104,7 @@ def test_epilog_kills_only_the_job_users_leftovers(clean_env, tmp_path):
     try:
         cfg = config(tmp_path, "healthy", SMARTLAUNCH_FAKE_TOPOLOGY=str(node))
         rc = hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534",
-                                        "SLURM_JOB_GPUS": "0,1"})
+                                        "SLURM_JOB_USER": "nobody", "SLURM_JOB_GPUS": "0,1"})
         assert rc == 0
         assert nobody.wait(timeout=5) == -15
         assert mine.poll() is None
@@ -167,7 +168,8 @@ def test_epilog_releases_the_jobs_leases(clean_env, tmp_path, monkeypatch):
         before = sorted(p.name for p in lease_dir.glob("*.holder"))
         assert len(before) == 2
         cfg = config(tmp_path, "healthy", SMARTLAUNCH_LEASE_DIR=str(lease_dir))
-        assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534"}) == 0
+        assert hooks.run("epilog", cfg, {"SLURM_JOB_ID": "9", "SLURM_JOB_UID": "65534",
+                                          "SLURM_JOB_USER": "nobody"}) == 0
         left = sorted(p.name for p in lease_dir.glob("*.holder"))
         assert left == [n for n in before if n.startswith("gpu-" + topo.gpu(1).uuid)]
         job9.release()

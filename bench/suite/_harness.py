@@ -73,21 +73,33 @@ def autocast(ctx: Ctx, amp: str | None, default: str):
 
 
 def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
-          make_batch: Callable[[int], tuple], loss_fn: Callable, *, amp_default: str = "off") -> None:
-    """make_batch(i) -> (inputs tuple, target); loss_fn(output, target) -> scalar."""
+          make_batch: Callable[[int], tuple], loss_fn: Callable, *, amp_default: str = "off",
+          accum: int = 1) -> None:
+    """make_batch(i) -> (inputs, target), inputs a tuple (model(*inputs)) or a dict
+    (model(**inputs), as Hugging Face models are called); loss_fn(output, target) -> scalar.
+    accum > 1: that many micro-batches per optimizer step, the gradient all-reduced only on
+    the last (DDP's no_sync on the others), as accumulating scripts do."""
     n_params = sum(p.numel() for p in model.parameters())
     if ctx.world > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if ctx.cuda else None)
-    opt = make_opt(model.parameters())
+    opt = make_opt([p for p in model.parameters() if p.requires_grad])
     amp = autocast(ctx, args.amp, amp_default)
 
-    def step(i: int) -> torch.Tensor:
+    def micro(i: int) -> torch.Tensor:
         inputs, target = make_batch(i)
-        opt.zero_grad(set_to_none=True)
         with amp:
-            loss = loss_fn(model(*inputs), target)
+            out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+            loss = loss_fn(out, target) / accum
         loss.backward()
+        return loss
+
+    def step(i: int) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        for k in range(accum - 1):
+            with model.no_sync() if ctx.world > 1 else contextlib.nullcontext():
+                micro(i * accum + k)
+        loss = micro(i * accum + accum - 1)
         opt.step()
         return loss
 
@@ -108,8 +120,10 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
     seconds = time.perf_counter() - t0
 
     if ctx.rank == 0 and args.steps > 0:
-        per_rank = args.batch_size * args.steps / seconds
-        print(f"model={name} params={n_params} batch={args.batch_size} "
+        # batch: samples per optimizer step per rank (every micro-batch of an accumulated step)
+        per_rank = args.batch_size * accum * args.steps / seconds
+        extra = f" micro_batch={args.batch_size} accum={accum}" if accum > 1 else ""
+        print(f"model={name} params={n_params} batch={args.batch_size * accum}{extra} "
               f"loss={float(loss.detach()):.4f}", flush=True)
         print(f"throughput: samples/s={per_rank * ctx.world:.1f} per_rank={per_rank:.1f} "
               f"world={ctx.world} step_ms={seconds / args.steps * 1e3:.3f}", flush=True)
@@ -117,7 +131,7 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
         # A DDP wrapper still alive at teardown makes gloo ranks on torch 2.13 abort now and
         # then ("terminate called without an active exception", ~1 run in 8 on a 2-core
         # VM); freeing it first made 0 in 25.
-        del step, model
+        del step, micro, model
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()

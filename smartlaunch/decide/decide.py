@@ -9,6 +9,7 @@ policy's threshold or there is no usable profile; pick; say why with the numbers
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
@@ -18,6 +19,7 @@ from smartlaunch.decide.select import Choice, choose_auto, comm_summary
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.api import CommCurve, ModelProfile
+from smartlaunch.profile.feedback import MeasuredRate
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
@@ -27,8 +29,11 @@ Trial = Callable[[Candidate], "float | None"]
 
 def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,
            *, comm_for: CommFor, trial: Trial | None = None,
-           unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel()) -> Plan:
-    """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError."""
+           unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel(),
+           launched: Mapping[str, MeasuredRate] | None = None) -> Plan:
+    """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError.
+    launched: measured rates of earlier launches of this job (profile.feedback), preferred
+    over predictions."""
     d = policy.decision
     forced = request.strategy != "auto"
     reasons: list[Reason] = []
@@ -91,6 +96,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     else:
         choice = Choice(Strategy.SINGLE, (usable[0],)) if request.strategy == "single" else None
     ctx = _Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons)
+    ctx.launched = dict(launched or {})
     cands = ctx.candidates(choice)
     if choice is None:
         choice = choose_auto(ctx, cands)
@@ -197,6 +203,7 @@ class _Ctx:
         self.comm_for, self.trial, self.model = comm_for, trial, model
         self.usable, self.cap, self.reasons = usable, cap, reasons
         self.curves: dict[tuple[int, ...], CommCurve] = {}
+        self.launched: dict[str, MeasuredRate] = {}
 
     @property
     def predictable(self) -> bool:

@@ -146,3 +146,35 @@ def _timings(t: dict) -> str:
     if t.get("since_process_start") is not None:
         head += f"; {t['since_process_start']:.2f} s since the command started (Python, torch import)"
     return head
+
+
+def decision_line(plan: Plan) -> str:
+    """The one line every launch prints before the job's output (without `smartlaunch: `):
+    what runs, where, and the number that decided it."""
+    where = gpu_list(plan.gpus) if plan.gpus else "the CPU"
+    if plan.strategy == Strategy.DDP:
+        what = f"DDP×{plan.nproc_per_node} on {where}"
+        if plan.link_class:
+            what += f" ({plan.link_class})"
+        if plan.nnodes not in ("1", "1:1"):
+            what += f" per node, nnodes {plan.nnodes}"
+    elif plan.strategy == Strategy.INDEPENDENT:
+        what = f"{len(plan.variants)} independent single-GPU jobs on {where}" if plan.gpus else \
+            f"{len(plan.variants)} independent jobs on the CPU"
+    else:
+        what = f"single process on {where}"
+    chosen = next((c for c in plan.candidates if c.chosen), None)
+    rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
+                  and c.strategy == Strategy.DDP), None)
+    if plan.forced:
+        why = f"forced by --strategy {plan.strategy.value}"
+    elif plan.strategy == Strategy.DDP and chosen is not None and chosen.speedup is not None:
+        why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU"
+    elif rival is not None:
+        why = (f"DDP×{len(rival.gpus)} {'measured' if rival.measured else 'predicted'} "
+               f"{times(rival.speedup)} one GPU")
+    elif plan.device != "cuda":
+        why = "no GPU visible"
+    else:
+        why = ""
+    return f"{what}{' — ' + why if why else ''}; --explain for why"

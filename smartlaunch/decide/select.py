@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, Reason, Strategy
 from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
@@ -16,7 +19,7 @@ MiB = 1024 * 1024
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    basis: str = "forced"        # forced | model | trial | fallback | only | torchrun
+    basis: str = "forced"        # forced | model | trial | launch | fallback | only | torchrun
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
 
 
@@ -75,6 +78,11 @@ def choose_auto(ctx, cands: dict) -> Choice:
             f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
         return Choice(Strategy.DDP, k[1], "torchrun")
 
+    if ctx.launched:
+        got = _from_launches(ctx, single, ddp, preds)
+        if got is not None:
+            return got
+
     missing = [k for k in ddp if preds[k] is None]
     if not ctx.predictable or missing:
         if not ctx.predictable:
@@ -105,17 +113,69 @@ def choose_auto(ctx, cands: dict) -> Choice:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
                                       f"does the profiled work")
-    floor, band = d.min_efficiency, d.uncertainty_band
-    close = [k for k in ddp if abs(preds[k].efficiency - floor) <= band]
+    floor = d.min_efficiency
+    band, source = uncertainty(ctx)
+    reach = math.log1p(band)
+    close = [k for k in ddp if abs(math.log(max(preds[k].efficiency, 1e-9) / floor)) <= reach]
     if close and d.trials:
-        why = ("the prediction is within ±" + pct(band) + " of the policy's " + pct(floor) + ": " +
+        why = ("the prediction is within its error of the policy's " + pct(floor) + " (±" +
+               pct(band) + ", " + source + "): " +
                ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
-        remaining = [k for k in ddp if preds[k].efficiency >= floor - band]
+        remaining = [k for k in ddp if preds[k].efficiency * (1 + band) >= floor]
         measured, note = _trials(ctx, [single, *remaining], why, "decision.uncertainty_band")
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides")
     return _by_model(ctx, scores, None)
+
+
+def uncertainty(ctx) -> tuple[float, str]:
+    """(relative error of a predicted speedup, where that figure comes from). The policy's
+    decision.uncertainty_band when set; else the cost model's measured error (MODEL_ERROR's
+    90th percentile), doubled in log space when the profile is low-confidence (a window cut
+    short times fewer steps than asked)."""
+    band = ctx.policy.decision.uncertainty_band
+    if band is not None:
+        return band, "decision.uncertainty_band"
+    p90, source = MODEL_ERROR.p90_log, MODEL_ERROR.label
+    if getattr(ctx.profile, "low_confidence", False):
+        p90, source = 2 * p90, source + ", doubled for a low-confidence profile"
+    return math.expm1(p90), source
+
+
+def _from_launches(ctx, single, ddp: list, preds: dict) -> Choice | None:
+    """Earlier launches of this job measured what DDP×N really gave: those candidates are
+    scored by measurement, the rest by the model (issue 15: predictions were off by up to 4×
+    on workloads the model was not fitted to)."""
+    from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
+    runs = {k: ctx.launched.get(candidate_name(k[0].value, k[1])) for k in ddp}
+    runs = {k: r for k, r in runs.items() if r is not None}
+    prof = ctx.profile.to_dict() if ctx.profile is not None else {}
+    base, source = one_gpu_rate(ctx.launched, prof)
+    if not runs or not base:
+        return None
+    scores = {single: 1.0}
+    for k in ddp:
+        if k in runs:
+            scores[k] = runs[k].rank_steps_per_s / base
+        elif preds[k] is not None:
+            scores[k] = preds[k].speedup
+    win = _pick(ctx, scores)
+    ran = []
+    for k, r in runs.items():
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.measured_at))
+        ran.append(f"DDP×{_key_n(k)} on {gpu_list(k[1])} ran at {times(scores[k])} of one GPU "
+                   f"({pct(scores[k] / _key_n(k))} efficiency, {r.steps} steps, {when}"
+                   + (f"; {r.assumed}" if r.assumed else "") + ")")
+    win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
+        else f"single GPU{win[1][0]}"
+    text = ("measured by earlier launches of this job, preferred over predictions: "
+            + "; ".join(ran) + f"; one GPU from {source}; the policy asks "
+            f"{pct(ctx.policy.decision.min_efficiency)} → {win_name}")
+    ctx.reasons.append(Reason(text, ctx.policy.rule("decision.min_efficiency")))
+    batch = ctx.profile.batch_size if ctx.profile is not None and ctx.profile.batch_size else 1
+    measured = {single: base * batch, **{k: scores[k] * base * batch for k in runs}}
+    return Choice(win[0], win[1], "launch", measured)
 
 
 def _by_model(ctx, scores: dict, note: str | None) -> Choice:
@@ -209,13 +269,15 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []
     for key, (c, pred) in rows.items():
-        out.append(dataclasses.replace(c, reason=_sentence(c, pred, win, choice, floor)))
+        out.append(dataclasses.replace(c, reason=_sentence(c, pred, win, choice, floor,
+                                                           uncertainty(ctx))))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
         out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
     return tuple(out)
 
 
-def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float) -> str:
+def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float,
+              error: tuple[float, str]) -> str:
     how = "measured" if c.measured else "predicted"
     if c.strategy == Strategy.SINGLE:
         head = f"single {gpu_list(c.gpus)}"
@@ -236,7 +298,8 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
                     f"({pct(c.efficiency)} efficiency, {rate(c.predicted_samples_per_s)})")
         else:
             head = (f"DDP×{n} on {gpu_list(c.gpus)} predicted {times(c.speedup)} "
-                    f"({pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
+                    f"({error[1]} ±{pct(error[0])}; "
+                    f"{pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
                     f"{ms(pred.comm_cost_s)} of {ms(c.predicted_step_s)} per step)")
     if c.chosen:
         return head + (f" → chosen ({choice.basis})" if choice.basis != "forced" else

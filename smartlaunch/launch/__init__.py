@@ -5,14 +5,19 @@ import dataclasses
 import sys
 
 
-def execute(plan, request, policy, topology) -> int:
-    """Run the plan to completion, holding GPU leases while it runs; return the exit code."""
+def execute(plan, request, policy, topology, status=None, announce=None) -> int:
+    """Run the plan to completion, holding GPU leases while it runs; return the exit code.
+    status: the StatusLine a waiting launch draws on (erased before the job starts);
+    announce(plan): called once the plan's GPUs are held, just before the job starts."""
     from smartlaunch.decide.plan import Strategy
 
+    announce = announce or (lambda p: None)
     if plan.strategy == Strategy.INDEPENDENT:  # leases GPU by GPU as its queue moves
         from smartlaunch.launch.independent import run_independent
+        announce(plan)
         return run_independent(plan, request, policy, topology)
     if plan.device != "cuda" or not plan.gpus:
+        announce(plan)
         return _run(plan, request, policy, topology)
 
     from smartlaunch.launch.leases import LeaseManager
@@ -23,9 +28,14 @@ def execute(plan, request, policy, topology) -> int:
     count = len(plan.gpus) if ddp else 1
     with LeaseManager.from_policy(policy) as leases, leases.acquire(
             topology, candidates, count, wait=not request.no_wait,
-            timeout_s=policy.jobs.wait_timeout_s, status=_status) as lease:
+            timeout_s=policy.jobs.wait_timeout_s,
+            status=_status if status is None else None,
+            progress=status.update if status is not None else None) as lease:
+        if status is not None:
+            status.clear()
         if not ddp and lease.gpus != plan.gpus[:1]:
             plan = dataclasses.replace(plan, gpus=lease.gpus)
+        announce(plan)
         return _run(plan, request, policy, topology)
 
 

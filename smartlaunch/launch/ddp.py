@@ -25,7 +25,7 @@ from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
 from smartlaunch.launch.watchdog import Watchdog
-from smartlaunch.launch.worker import TEE_DIR_VAR, worker_env
+from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
 from smartlaunch.policy.api import Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
@@ -40,6 +40,9 @@ def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) ->
     result = launch_ddp(plan, request, policy, topology)
     if result.message:
         print(result.message, file=sys.stderr, flush=True)
+    if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
+        from smartlaunch.launch.measured import record_launch
+        record_launch(plan, request, policy, topology, result.details.get("run_dir"))
     return result.exit_code
 
 
@@ -63,6 +66,8 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
                                   numa=args.numa_binding is None)
     if not user_logs:       # the hook copies each rank's output; the terminal sees it unchanged
         overrides[TEE_DIR_VAR] = log_root = os.path.join(run_dir, "logs")
+        if sys.stderr.isatty():
+            overrides[STATUS_LINE_VAR] = "1"
     else:
         log_root = args.log_dir
     host = socket.gethostname()

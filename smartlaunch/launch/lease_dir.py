@@ -53,12 +53,16 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
         private = _is_private_location(path)
     created = False
     if create and not os.path.lexists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             os.mkdir(path, 0o700)       # restrictive until fchmod below: no window at 0777
             created = True
         except FileExistsError:
             pass
+        except OSError as exc:
+            raise LeaseDirError(f"cannot create lease directory {path}: {exc.strerror}; set "
+                                "paths.lease_dir (or SMARTLAUNCH_LEASE_DIR) to a usable "
+                                "directory") from None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -76,6 +80,12 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
             os.fchmod(fd, 0o700 if private else 0o1777)
             st = os.fstat(fd)
         _check_dir(path, st)
+        if create and not os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK):
+            # Every lease is a lock file created here: without write access a launch would
+            # wait for a lock it can never create (issue 13).
+            raise LeaseDirError(f"lease directory {path} is not writable by you (uid "
+                                f"{os.geteuid()}); have root make it shared (`chmod 1777 {path}`) "
+                                "or set SMARTLAUNCH_LEASE_DIR to a directory you can write")
     except BaseException:
         os.close(fd)
         raise

@@ -139,6 +139,40 @@ class LeaseManager:
             os.close(fd)
         return name
 
+    # ---- the queue of waiting launches (for "3rd of 18 in the queue"; it orders nothing) ---
+    def _write_waiter(self, candidates: Sequence[int]) -> str:
+        rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot,
+               "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
+               "gpu_uuid": "queue:" + fmt_indices(candidates)}
+        name = f"queue.{os.getpid()}.{secrets.token_hex(8)}.waiter"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=self._dfd)
+        try:
+            os.write(fd, json.dumps(rec).encode())
+        finally:
+            os.close(fd)
+        return name
+
+    def queue_position(self, mine: str) -> tuple[int, int]:
+        """(1-based place of the waiter record `mine` by start of wait, live waiters)."""
+        me, times = None, []
+        for name in os.listdir(self._dfd):
+            if not name.endswith(".waiter"):
+                continue
+            h = self._read_record(name)
+            if h is None:
+                continue
+            if name == mine:
+                me = h.time
+            elif alive(h, self._boot):
+                times.append(h.time)
+            else:
+                self._unlink(name)
+        if me is None:
+            return 0, len(times)
+        return 1 + sum(t < me for t in times), 1 + len(times)
+
     def _unlink(self, name: str) -> None:
         try:
             os.unlink(name, dir_fd=self._dfd)
@@ -245,45 +279,65 @@ class LeaseManager:
     def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
                 timeout_s: float, status: Callable[[str], None] | None = None,
                 refresh: Callable[[], Topology] | None = None,
-                cancel: Callable[[], bool] | None = None) -> Lease:
+                cancel: Callable[[], bool] | None = None,
+                progress: Callable[[str], None] | None = None) -> Lease:
         """`count` GPUs from candidates. No free GPUs: with wait, poll (calling `status` with a
         one-line message when the situation changes, and every 30 s) until timeout_s; `refresh`
         re-reads the topology so a foreign process leaving is noticed; `cancel() -> True` (a
-        signal arrived) ends the wait. Raises NoFreeGPUError."""
+        signal arrived) ends the wait. `progress`, given instead of status, gets the line every
+        couple of seconds with the place in the queue, for a display that redraws or thins it
+        (statusline.StatusLine.update). Raises NoFreeGPUError."""
         if count > len(candidates):
             raise NoFreeGPUError(f"asked for {count} GPUs but only {len(candidates)} are allowed "
                                  f"({fmt_indices(candidates)}); lower --nproc-per-node or allow more GPUs")
         start = time.monotonic()
         last_msg, last_time, next_describe = None, 0.0, start
-        while True:
-            waited = time.monotonic() - start
-            describe = not wait or waited >= timeout_s or bool(status and time.monotonic() >= next_describe)
-            lease, why = self._attempt(topology, candidates, count, describe)
-            if lease is not None:
-                return lease
-            summary = summarise(why)
-            if not wait:
-                raise NoFreeGPUError(f"{summary}; retry later or drop --no-wait to wait up to {timeout_s:g} s")
-            if cancel is not None and cancel():
-                raise NoFreeGPUError(f"interrupted while waiting for {count} free GPU(s): {summary}")
-            if waited >= timeout_s:
-                raise NoFreeGPUError(f"waited {waited:.0f} s for {count} free GPU(s) of {fmt_indices(candidates)}: "
-                                     f"{summary}; raise jobs.wait_timeout_s or free a GPU")
-            if describe and status and (summary != last_msg or time.monotonic() - last_time >= _STATUS_EVERY_S):
-                status(f"waiting for {count} free GPU(s) of {fmt_indices(candidates)}: {summary} "
-                       f"({waited:.0f} s of {timeout_s:g} s)")
-                last_msg, last_time = summary, time.monotonic()
-            if describe:
-                next_describe = time.monotonic() + _DESCRIBE_EVERY_S
-            # jitter: fifty waiters must not retry in lockstep
-            time.sleep(self.poll_s * (0.5 + random.random()))
-            if refresh is not None:
-                topology = refresh()
+        waiter: str | None = None       # our record in the queue, once we wait
+        try:
+            while True:
+                waited = time.monotonic() - start
+                describe = not wait or waited >= timeout_s or bool(
+                    (status or progress) and time.monotonic() >= next_describe)
+                lease, why = self._attempt(topology, candidates, count, describe)
+                if lease is not None:
+                    return lease
+                summary = summarise(why)
+                if not wait:
+                    raise NoFreeGPUError(f"{summary}; retry later or drop --no-wait to wait up to {timeout_s:g} s")
+                if cancel is not None and cancel():
+                    raise NoFreeGPUError(f"interrupted while waiting for {count} free GPU(s): {summary}")
+                if waited >= timeout_s:
+                    raise NoFreeGPUError(f"waited {waited:.0f} s for {count} free GPU(s) of {fmt_indices(candidates)}: "
+                                         f"{summary}; raise jobs.wait_timeout_s or free a GPU")
+                if describe and progress:
+                    if waiter is None:
+                        waiter = self._write_waiter(candidates)
+                    place, total = self.queue_position(waiter)
+                    progress(f"waiting for {count} GPU(s) of {fmt_indices(candidates)}: "
+                             f"{_ordinal(place)} of {total} in the queue; {summary}; waited "
+                             f"{waited:.0f} s (at most {timeout_s:g} s)")
+                elif describe and status and (summary != last_msg or time.monotonic() - last_time >= _STATUS_EVERY_S):
+                    status(f"waiting for {count} free GPU(s) of {fmt_indices(candidates)}: {summary} "
+                           f"({waited:.0f} s of {timeout_s:g} s)")
+                    last_msg, last_time = summary, time.monotonic()
+                if describe:
+                    next_describe = time.monotonic() + _DESCRIBE_EVERY_S
+                # jitter: fifty waiters must not retry in lockstep
+                time.sleep(self.poll_s * (0.5 + random.random()))
+                if refresh is not None:
+                    topology = refresh()
+        finally:
+            if waiter is not None:
+                self._unlink(waiter)
 
     def _release(self, held: _Held) -> None:
         self._unlink(held.record)        # record first: a live record without flock means "replaced"
         if held.lock is not None and held.lock.is_locked:
             held.lock.release()
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from smartlaunch.decide.plan import EnvVar, Plan
 from smartlaunch.policy.api import Policy
-from smartlaunch.policy.enforce import enforced_env as _enforced
+from smartlaunch.policy.enforce import enforced_env
 from smartlaunch.topology.api import Topology, link_family
 
 NVLS = "NCCL_NVLS_ENABLE"
@@ -19,15 +19,12 @@ _P2P_LEVELS = ("LOC", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 _P2P_LEVEL_ALIASES = {"NVL": "NV", "0": "LOC", "1": "NV", "2": "PIX", "3": "PXB", "4": "PHB", "5": "SYS"}
 
 
-def enforced_env(policy: Policy) -> dict[str, str]:
-    """The admin's enforced variables."""
-    return dict(_enforced(policy))
-
-
 def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str],
              enforced: Mapping[str, str] | None = None) -> tuple[EnvVar, ...]:
-    enforced = dict(enforced_env(policy) if enforced is None else enforced)
     family = link_family(plan.link_class) if plan.link_class else None
+    # The family matters: `enforce: launch: nccl: NV: {...}` binds only NV groups (issue 13:
+    # asked without it, an enforced NCCL_ALGO lost to the user's environment).
+    enforced = dict(enforced_env(policy, family) if enforced is None else enforced)
     table = policy.launch.nccl.get(family, {}) if family else {}
     src = _policy_source(policy, family)
     working_p2p = _working_p2p_families(plan, topology)
@@ -52,6 +49,25 @@ def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[st
             continue                                # never turn NVLS on, even by enforcement
         out[name] = EnvVar(name, value, "admin enforce")
     return tuple(out.values())
+
+
+def policy_env(policy: Policy, environ: Mapping[str, str]) -> tuple[EnvVar, ...]:
+    """`launch.env` for every worker, whatever the strategy: the user's environment wins over
+    the policy's defaults, the admin's enforced variables win over both; never NVLS on."""
+    enforced = enforced_env(policy)
+    out = []
+    for name, value in policy.launch.env.items():
+        value = str(value)
+        src = f"policy launch.env.{name} ({policy.source_of(f'launch.env.{name}')})"
+        if name == NVLS and value != "0" and environ.get(NVLS) != value:
+            continue
+        if name in enforced:
+            out.append(EnvVar(name, enforced[name], "admin enforce"))
+        elif name in environ:
+            out.append(EnvVar(name, environ[name], f"kept from environment ({src} wanted {value})"))
+        else:
+            out.append(EnvVar(name, value, src))
+    return tuple(out)
 
 
 def _policy_source(policy: Policy, family: str | None) -> str:

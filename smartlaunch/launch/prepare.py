@@ -18,9 +18,9 @@ def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str
     if mode not in NUMA_MODES:
         raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(NUMA_MODES)}: "
                           "fix it in the policy file")
-    env = plan.env
+    env = _merge(plan.env, nccl.policy_env(policy, environ))
     if plan.strategy == Strategy.DDP:
-        env = _merge(plan.env, nccl.nccl_env(plan, topology, policy, environ))
+        env = _merge(env, nccl.nccl_env(plan, topology, policy, environ))
     return dataclasses.replace(plan, env=env, numa=numa.plan_bindings(plan, topology, mode))
 
 

@@ -22,7 +22,8 @@ def worker_argv(request, python: str = sys.executable) -> list[str]:
     return worker_command(request, python) + list(request.script_args)
 
 
-def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None = None) -> dict[str, str]:
+def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None = None,
+               run_dir: str | None = None) -> dict[str, str]:
     env = dict(environ)
     env.update(plan.env_dict())
     rank_env = single_rank_env()
@@ -30,8 +31,11 @@ def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None 
     gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
     binding = next((b for b in plan.numa if b.gpu == gpu), None)
     env.update(worker_env("", rank_env["TORCHELASTIC_RUN_ID"], [binding] if binding else []))
-    # No run dir: one process has no peer to hang on, so no step counter or stack watchdog.
+    # One process has no peer to hang on: no watchdog. A run dir only for a GPU launch, whose
+    # step counter gives the measured rate the next plan of this job prefers (measured.py).
     env.pop(RUN_DIR_VAR, None)
+    if run_dir:
+        env[RUN_DIR_VAR] = run_dir
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], environ, topology)
     env.update(extra or {})
@@ -77,10 +81,18 @@ class SingleLauncher:
 
 
 def run_single(plan, request, policy, topology) -> int:
-    launcher = SingleLauncher(worker_argv(request), single_env(plan, topology),
+    run_dir = None
+    if plan.device == "cuda" and not request.no_python:
+        run_dir = os.path.join(os.path.expanduser(policy.launch.log_dir),
+                               f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.makedirs(run_dir, exist_ok=True)
+    launcher = SingleLauncher(worker_argv(request), single_env(plan, topology, run_dir=run_dir),
                               policy.launch.signal_grace_s)
     with forward_signals(launcher.on_signal):
         launcher.start()
         while (result := launcher.poll()) is None:
             time.sleep(0.05)
+    if run_dir:
+        from smartlaunch.launch.measured import record_launch
+        record_launch(plan, request, policy, topology, run_dir)
     return result.exit_code

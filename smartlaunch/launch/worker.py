@@ -30,6 +30,7 @@ RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag the reaper finds stray processes by
 LAUNCHER_PID_VAR = "SMARTLAUNCH_LAUNCHER_PID"
 TEE_DIR_VAR = "SMARTLAUNCH_TEE_DIR"        # copy stdout/stderr to <dir>/<local_rank>/std*.log
+STATUS_LINE_VAR = "SMARTLAUNCH_STATUS_LINE"  # "1": the launcher draws a status line on the tty
 DUMP_SIGNAL = signal.SIGRTMIN + 2
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_S = 1.0
@@ -121,6 +122,7 @@ def _tee_output(log_dir: str) -> None:
     `[default0]:`, which breaks scripts' parsers). The copier ignores the signals the job gets
     so it drains everything until the last writer is gone (or the launcher's SIGKILL)."""
     os.makedirs(log_dir, exist_ok=True)
+    status_line = os.environ.get(STATUS_LINE_VAR) == "1"
     for fd, name in ((1, "stdout"), (2, "stderr")):
         path = os.path.join(log_dir, f"{name}.log")
         r, w = os.pipe()
@@ -128,13 +130,19 @@ def _tee_output(log_dir: str) -> None:
             os.close(w)
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(s, signal.SIG_IGN)
+            # The launcher's steps/s line sits on the terminal's last line; a new output line
+            # erases it first instead of running into it (issue 13). Mid-line chunks are left
+            # alone: erasing there would wipe the script's own partial line.
+            erase = b"\r\x1b[K" if status_line and os.isatty(fd) else b""
+            at_line_start = True
             with open(path, "ab", buffering=0) as log:
                 while data := os.read(r, 65536):
                     log.write(data)
                     try:
-                        os.write(fd, data)
+                        os.write(fd, erase + data if at_line_start else data)
                     except OSError:
                         pass              # terminal gone: keep the log complete anyway
+                    at_line_start = data.endswith(b"\n")
             os._exit(0)
         os.close(r)
         os.dup2(w, fd)

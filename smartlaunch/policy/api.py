@@ -15,7 +15,9 @@ from smartlaunch.vocab import LINK_FAMILIES, STRATEGIES
 @dataclass(frozen=True)
 class DecisionPolicy:
     min_efficiency: float = 0.70          # DDP speedup / GPUs needed to pick DDP (seeds: 70%+)
-    uncertainty_band: float = 0.10        # |predicted eff - min_efficiency| below this -> trial
+    # Relative error of the predicted speedup inside which a measured trial decides; None: the
+    # cost model's own measured error (decide/cost.py MODEL_ERROR, its 90th percentile).
+    uncertainty_band: float | None = None
     trials: bool = True                   # run measured trials inside the band
     trial_steps: int = 20                 # at least this many measured steps per trial
     trial_seconds: float = 1.0            # and at least this long a measured window
@@ -50,6 +52,7 @@ class LaunchPolicy:
     signal_grace_s: float = 10.0          # SIGTERM -> SIGKILL
     straggler_threshold: float = 0.15
     log_dir: str = "~/.cache/smartlaunch/logs"
+    quiet: bool = False                   # no decision line before the job's output (--quiet)
     # Variables for every worker whatever the link. From an admin `enforce:` section they are
     # mandatory (applied over the user's environment, see policy.enforced_env); from any other
     # layer they are defaults the user's own environment overrides.

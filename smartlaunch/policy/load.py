@@ -12,16 +12,11 @@ The admin file's `enforce:` section is applied last and wins over user file, env
 
 The admin file is refused when a non-root user could rewrite it (the file or its directory
 owned by a non-root uid, or group/world-writable): otherwise any user could relax the rules.
+Nothing in the environment names another admin file: callers (and tests) pass `admin_path`
+and `admin_owners` to load_policy; every command uses the defaults.
 
-Test-only switch. Tests cannot write /etc, so SMARTLAUNCH_TEST_ADMIN_POLICY=<path> stands in
-for the admin file, and the test user may own it. It is honoured only when ALL hold:
-  - the process runs under pytest (PYTEST_CURRENT_TEST is set),
-  - SMARTLAUNCH_TEST_UID equals os.getuid(),
-  - /etc/smartlaunch/policy.yaml does not exist.
-The first two only stop it being set by accident (a user controls their environment). The third
-is the guard: where an administrator has installed a policy the switch is ignored, so it can
-never replace or relax real rules; where none exists, nothing is enforced anyway, and the
-switch only adds rules the user chose. The file must still not be group/world-writable.
+Policy files larger than MAX_POLICY_BYTES are refused before they are parsed: a 104 MB file
+took 39 s to parse (issue 13), and a real policy is a few hundred bytes.
 """
 from __future__ import annotations
 
@@ -43,15 +38,19 @@ ENV_VARS: dict[str, str] = {
     "SMARTLAUNCH_LEASE_DIR": "paths.lease_dir",
     "SMARTLAUNCH_LOG_DIR": "launch.log_dir",
 }
-TEST_ADMIN_ENV = "SMARTLAUNCH_TEST_ADMIN_POLICY"
-TEST_UID_ENV = "SMARTLAUNCH_TEST_UID"
 BUILT_IN = "built-in"
+ROOT_ONLY = frozenset({0})
+MAX_POLICY_BYTES = 1 << 20      # 1 MiB; the shipped policies are under 4 KiB
 
 
 def read_policy_file(path: str, *, allow_enforce: bool) -> ParsedFile:
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read(MAX_POLICY_BYTES + 1)
+        if len(data) > MAX_POLICY_BYTES:
+            raise PolicyError(f"policy file {path} is larger than {MAX_POLICY_BYTES >> 20} MiB "
+                              f"(the limit for policy files); name the right file or shorten it")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise PolicyError(f"policy file {path} not found; check the path") from None
     except IsADirectoryError:
@@ -72,20 +71,6 @@ def validate_file(path: str) -> ParsedFile:
 
 
 # --- where the files are -------------------------------------------------------------------
-
-def _test_switch_honoured(environ: Mapping[str, str]) -> bool:
-    return ("PYTEST_CURRENT_TEST" in environ
-            and environ.get(TEST_UID_ENV) == str(os.getuid())
-            and not os.path.lexists(ADMIN_POLICY_PATH))
-
-
-def admin_policy_path(environ: Mapping[str, str]) -> tuple[str | None, set[int]]:
-    """The admin file to read (None: there is none) and the uids allowed to own it."""
-    test_path = environ.get(TEST_ADMIN_ENV)
-    if test_path and _test_switch_honoured(environ):
-        return test_path, {0, os.getuid()}
-    return (ADMIN_POLICY_PATH if os.path.lexists(ADMIN_POLICY_PATH) else None), {0}
-
 
 def _ancestors(path: str) -> list[str]:
     out, parent = [], os.path.dirname(os.path.dirname(path))
@@ -127,6 +112,9 @@ def user_policy_path(user_path: str | None, environ: Mapping[str, str],
                      cwd: str) -> str | None:
     if user_path is not None:
         user_path = os.path.join(cwd, os.path.expanduser(user_path))   # absolute stays as is
+        if os.path.isdir(user_path):
+            raise PolicyError(f"policy file {user_path} (--policy) is a directory; name the "
+                              ".yaml file in it")
         if not os.path.isfile(user_path):
             raise PolicyError(f"policy file {user_path} (--policy) not found; check the path or "
                               "drop --policy")
@@ -239,16 +227,19 @@ def _env_layer(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def load_policy(user_path: str | None = None, *, environ: Mapping[str, str] | None = None,
-                cwd: str | None = None) -> Policy:
+                cwd: str | None = None, admin_path: str = ADMIN_POLICY_PATH,
+                admin_owners: frozenset[int] = ROOT_ONLY) -> Policy:
     """The effective policy: built-in < admin < user file < env, then the admin's enforce.
-    CLI options are applied on top by enforce.apply_request (checked by check_request)."""
+    CLI options are applied on top by enforce.apply_request (checked by check_request).
+    `admin_path` is read when it exists and passes check_admin_permissions(admin_owners)."""
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
     layers: list[tuple[str, dict[str, Any]]] = []
     enforce: dict[str, Any] | None = None
-    admin_path, trusted = admin_policy_path(environ)
+    if not os.path.lexists(admin_path):
+        admin_path = None
     if admin_path is not None:
-        check_admin_permissions(admin_path, trusted)
+        check_admin_permissions(admin_path, set(admin_owners))
         admin = read_policy_file(admin_path, allow_enforce=True)
         layers.append((f"admin:{admin_path}", admin.values))
         enforce = admin.enforce

@@ -46,7 +46,7 @@ class Range:
 
 RANGES: dict[str, Range] = {
     "decision.min_efficiency": Range(0.0, 1.0),       # >1 would need superlinear speedup
-    "decision.uncertainty_band": Range(0.0, 0.5),
+    "decision.uncertainty_band": Range(0.0, 2.0),   # relative error; 2.0 = off by 3x
     "decision.trial_steps": Range(1, 10_000),
     "decision.trial_seconds": Range(0.0, 600.0),
     "decision.max_gpus": Range(1, 1024),
@@ -95,7 +95,8 @@ ENFORCE_MODES: dict[str, str] = {
 
 KIND_NAMES = {
     "float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
-    "optint": "an integer or null", "strtuple": "a list of names", "nccl": "a mapping of link "
+    "optint": "an integer or null", "optfloat": "a number or null",
+    "strtuple": "a list of names", "nccl": "a mapping of link "
     "families to NCCL variables", "env": "a mapping of variable names to values",
 }
 
@@ -106,6 +107,8 @@ def _kind(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType) and set(args) == {int, type(None)}:
         return "optint"
+    if origin in (typing.Union, types.UnionType) and set(args) == {float, type(None)}:
+        return "optfloat"
     if origin is tuple and args == (str, ...):
         return "strtuple"
     if origin is dict and args == (str, dict[str, str]):

@@ -203,16 +203,18 @@ class _Walker:
             "int": isinstance(v, int) and not isinstance(v, bool),
             "optint": v is None or (isinstance(v, int) and not isinstance(v, bool)),
             "float": isinstance(v, (int, float)) and not isinstance(v, bool),
+            "optfloat": v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
             "str": isinstance(v, str),
         }[kind]
         if not ok:
             hint = {"bool": "; write true or false", "str": "; quote it",
                     "optint": "; write an integer, e.g. 4, or null",
+                    "optfloat": "; write a number, e.g. 0.25, or null",
                     "int": f"; write an integer, e.g. {field_default(dotted)}",
                     "float": f"; write a number, e.g. {field_default(dotted)}"}[kind]
             raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {_describe(v)}"
                              + hint)
-        if kind == "float":
+        if kind == "float" or (kind == "optfloat" and v is not None):
             v = float(v)
             if v != v or v in (float("inf"), float("-inf")):
                 raise self.error(node, label, f"{v} is not a finite number; write a number, "
@@ -222,7 +224,8 @@ class _Walker:
                              "default")
         rng = RANGES.get(dotted)
         if rng and v is not None and not rng.holds(v):
-            extra = ", or null for every visible GPU" if kind == "optint" else ""
+            extra = {"optint": ", or null for every visible GPU",
+                     "optfloat": ", or null for the default"}.get(kind, "")
             raise self.error(node, label, f"{v:g} is out of range; use a value "
                              f"{rng.describe()}{extra}")
         if dotted in CHOICES:

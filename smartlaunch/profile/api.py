@@ -32,6 +32,7 @@ class ModelProfile:
     param_dtypes: dict[str, int] = field(default_factory=dict)   # dtype -> element count
     grad_bytes: int = 0                          # bytes DDP would all-reduce per step
     num_grad_tensors: int = 0
+    buffer_bytes: int = 0                        # module buffers DDP broadcasts every forward
     # Samples per optimizer step: every micro-batch of an accumulated step (nanoGPT with
     # accumulation 4 and batch 8: 32). Throughput is batch_size / step_time_s.
     batch_size: int | None = None

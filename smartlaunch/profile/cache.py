@@ -70,7 +70,11 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         siblings = sorted(p for p in main.parent.glob("*.py") if p != main)[:MAX_SIBLINGS]
         budget = MAX_SIBLING_BYTES
         for p in siblings:
-            data = p.read_bytes()[:budget]
+            try:        # a directory named x.py, an unreadable file: not the script's code
+                with open(p, "rb") as f:
+                    data = f.read(budget)
+            except OSError:
+                continue
             budget -= len(data)
             h.update(p.name.encode() + b"\0" + hashlib.sha256(data).digest())
     else:
@@ -86,13 +90,14 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
-                       announce=None) -> ModelProfile:
+                       announce=None, echo=None) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
-    announce() is called just before a dry run starts (not on a cache hit)."""
+    announce() is called just before a dry run starts (not on a cache hit); echo: where the
+    dry run's stderr goes (runner.run_dry_run)."""
     from filelock import FileLock
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
-        return run_dry_run(request, policy, gpu=gpu, environ=environ)
+        return run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
     folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
     path = folder / (profile_key(request, policy, gpu_model=gpu_model, environ=environ) + ".json")
     lock = FileLock(str(path) + ".lock", timeout=policy.dryrun.time_limit_s + 60)
@@ -106,10 +111,21 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
                     pass  # an older or damaged entry: profile again
         if announce is not None:
             announce()
-        profile = run_dry_run(request, policy, gpu=gpu, environ=environ)
+        profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
             write_json(path, profile.to_dict())
         return profile
+
+
+def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:
+    """The stored profile of this entrypoint, without running anything (None: none yet)."""
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
+    hit = read_json(folder / (profile_key(request, policy, gpu_model=gpu_model,
+                                          environ=environ) + ".json"))
+    try:
+        return ModelProfile.from_dict(hit) if hit else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def comm_key(topology, gpus, backend: str, environ) -> str:

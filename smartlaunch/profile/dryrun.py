@@ -266,6 +266,9 @@ class Recorder:
             "trainable_params": sum(p.numel() for p in trainable),
             "grad_bytes": sum(p.numel() * p.element_size() for p in trainable),
             "num_grad_tensors": len(trainable),
+            # DDP (broadcast_buffers=True) sends rank 0's buffers at every forward.
+            "buffer_bytes": sum(b.numel() * b.element_size()
+                                for b in _unique(b for m in self.model_roots() for b in m.buffers())),
             "param_dtypes": dtypes,
             "wrapped": _wrapper(self.roots.values()),
             "measure_asked": self.measure,

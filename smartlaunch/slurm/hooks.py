@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from smartlaunch.errors import HealthError, SlurmError
+from smartlaunch.errors import HealthError, SlurmError, TopologyError
 from smartlaunch.proc import signal_process
 from smartlaunch.scheduler import slurm
 from smartlaunch.slurm import health
@@ -161,6 +161,10 @@ def epilog(cfg: HookConfig, env: Mapping[str, str]) -> int:
 
 def baseline(cfg: HookConfig) -> int:
     node = read_node(cfg)
+    if not node.gpus:
+        # An empty baseline would make every later prolog pass whatever GPUs appear.
+        raise TopologyError(f"no GPU to record: {node.note or 'NVML found none'}; run "
+                            f"`smartlaunch-node baseline` on the GPU node, with its driver loaded")
     crit = health.critical(node.findings)
     if crit:
         raise HealthError(f"not recording a baseline with critical findings: {crit[0].message};"
@@ -276,8 +280,31 @@ def _log(d: Path, line: str) -> None:
         f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
 
+# slurmd gives every prolog and epilog these (Slurm's Prolog and Epilog Guide); the wrapper
+# scripts pass them by name. SLURM_JOB_GPUS is set only when the job has GPUs.
+JOB_IDENTITY = ("SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_USER")
+
+
+def check_job_env(mode: str, env: Mapping[str, str]) -> None:
+    """Without SLURM_JOB_ID the hook is an admin's manual health check of the whole node.
+    With it, it acts for that job (records, leftovers by uid, leases): all of the job's
+    identity must be there, or the call did not come from slurmd (exit 9, nothing written)."""
+    if not env.get("SLURM_JOB_ID"):
+        return
+    missing = [k for k in JOB_IDENTITY if not env.get(k)]
+    uid = env.get("SLURM_JOB_UID", "")
+    if missing or not uid.isdigit():
+        what = ", ".join(missing) + " not set" if missing else f"SLURM_JOB_UID={uid!r} is not a uid"
+        raise SlurmError(f"{mode} for job {env['SLURM_JOB_ID']}: {what}; slurmd sets "
+                         f"{', '.join(JOB_IDENTITY)} for every {mode} (slurm.conf "
+                         f"{mode.capitalize()}= running hooks/slurm/{mode}); for a manual "
+                         f"health check run it without SLURM_JOB_ID")
+
+
 def run(mode: str, config: str | None, environ: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
+    if mode != "baseline":
+        check_job_env(mode, env)
     cfg = HookConfig.load(config)
     if mode == "baseline":
         return baseline(cfg)
@@ -291,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         return run(args.mode, args.config)
-    except (HealthError, SlurmError) as exc:
+    except (HealthError, SlurmError, TopologyError) as exc:
         print(f"smartlaunch {args.mode}: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     except Exception as exc:      # one line in the Slurm log, not a traceback

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Held-out report: the frozen cost model on scripts it was never fitted on.
+
+Reads regret records of the held-out scripts (bench/regret.py on common.HELD_OUT) and writes
+one markdown report: per row the measured DDP speedup, the frozen model's replayed
+prediction, smartlaunch's choice as it ran, and the choice the model and its uncertainty band
+alone would have made (a prediction within MODEL_ERROR of the policy's threshold goes to a
+trial; where the record holds that trial's measurement it decides, otherwise the row is
+counted as "trial, not run"). Error figures are |ln(predicted / measured)| and the relative
+|predicted / measured - 1|, median and 90th percentile, next to the fit's own error on the
+old suite (bench/results/cost-fit-old-suite.json, written by fit_cost.py --json).
+
+    python bench/heldout.py OUT.md records.jsonl [records.jsonl ...] [--floor 0.5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import fit_cost  # noqa: E402
+from smartlaunch.decide.cost import MODEL_ERROR, CostModel, predict_ddp  # noqa: E402
+
+FIT = Path(__file__).parent / "results" / "cost-fit-old-suite.json"
+
+
+def band_choice(pred: float, trial: float | None, floor: float, p90: float, n: int = 2) -> str:
+    """What the model and its band decide: 'ddp', 'single', 'trial→ddp' / 'trial→single' by the
+    recorded trial, or 'trial?' (inside the band, no trial recorded)."""
+    eff = pred / n
+    if abs(math.log(max(eff, 1e-9) / floor)) <= p90:
+        if trial is None:
+            return "trial?"
+        return "trial→" + ("ddp" if trial / n >= floor and trial > 1 else "single")
+    return "ddp" if eff >= floor and pred > 1 else "single"
+
+
+def trial_speedup(sl: dict | None, n: int = 2) -> float | None:
+    for c in (sl or {}).get("candidates") or ():
+        if c.get("strategy") == "ddp" and len(c.get("gpus") or ()) == n and c.get("measured"):
+            return c.get("speedup")
+    return None
+
+
+def pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("records", nargs="+", type=Path)
+    ap.add_argument("--floor", type=float, default=0.5, help="the policy's min_efficiency")
+    ap.add_argument("--band-p90", type=float, default=MODEL_ERROR.p90_log,
+                    help="|ln error| inside which a trial decides (default: MODEL_ERROR's; give "
+                         "the figure that was in force when the records were measured)")
+    args = ap.parse_args(argv)
+    records = fit_cost.load(args.records)
+    by = common.latest(records)
+    rows = fit_cost.rows_from(records)
+    table = common.build_rows(records)
+    model = CostModel()
+    errs, out = [], []
+    regrets = {"as run": [], "model + band": [], "always-DDP": [], "seeds' rule": []}
+    for r in table:
+        sl = by.get(("smartlaunch", r["script"], r["condition"]))
+        rep = next((x for x in rows if (x["script"], x["condition"]) == (r["script"], r["condition"])), None)
+        meas = r["measured_speedup"]
+        if rep is None or meas is None:
+            continue
+        pred = predict_ddp(rep["profile"], rep["curve"], rep["curve"].world_size, model).speedup
+        errs.append(math.log(pred / meas))
+        choice = band_choice(pred, trial_speedup(sl), args.floor, args.band_p90)
+        mb = (common.regret(choice.split("→")[-1], r["single_sps"], r["ddp_sps"])
+              if choice != "trial?" else None)
+        for k, v in (("as run", r["regret"]["smartlaunch"]), ("model + band", mb),
+                     ("always-DDP", r["regret"]["always_ddp"]), ("seeds' rule", r["regret"]["seeds"])):
+            if v is not None:
+                regrets[k].append(v)
+        prof = rep["profile"]
+        single = by.get(("single", r["script"], None)) or {}
+        dec = "–" if r["decision_s"] is None else f"{r['decision_s']:.1f}"
+        out.append(f"| {r['script']} | {r['condition']} | {meas:.2f} | {pred:.2f} | "
+                   f"{100 * (pred / meas - 1):+.1f}% | {r['choice']['smartlaunch'] or '–'}"
+                   f"{' (trial)' if r.get('predicted_by_trial') else ''} | {pct(r['regret']['smartlaunch'])} | "
+                   f"{choice} | {pct(mb)} | {pct(r['regret']['always_ddp'])} | {pct(r['regret']['seeds'])} | "
+                   f"{1e3 * prof.step_time_s:.2f} / {single.get('step_ms', float('nan')):.2f} | "
+                   f"{dec} |")
+    s = fit_cost.stats(errs)
+    fit = json.loads(FIT.read_text()) if FIT.exists() else {}
+    lines = ["# Held-out validation of the frozen cost model", "",
+             f"Constants frozen in commit 9a133e3 before any held-out script was measured; "
+             f"band replayed: p90 |ln err| {args.band_p90}; "
+             f"policy min_efficiency {args.floor}. Records: "
+             + ", ".join(f"`{p}`" for p in args.records), "",
+             "| script | link | measured | model | model err | smartlaunch (as run) | regret | "
+             "model + band | regret | always-DDP | seeds | profile / script step ms | decide s |",
+             "|" + "---|" * 13, *out, "",
+             "## Error of the predicted DDP speedup", "",
+             "| rows | what | median | p90 | median ln | p90 ln | within ±15% |", "|---|---|---|---|---|---|---|"]
+
+    def erow(name, st):
+        return (f"| {st['rows']} | {name} | {pct(st['median_rel'])} | {pct(st['p90_rel'])} | "
+                f"{st['median_log']:.3f} | {st['p90_log']:.3f} | {st['within_15pct']} |")
+    if fit.get("current"):
+        lines.append(erow("old suite, frozen constants (in the fit)", fit["current"]["error"]))
+    if fit.get("leave_one_script_out"):
+        lines.append(erow("old suite, leave-one-script-out", fit["leave_one_script_out"]))
+    lines += [erow("**held-out scripts (new)**", s), "", "## Regret", "",
+              "| policy | rows | mean | max |", "|---|---|---|---|"]
+    for k, v in regrets.items():
+        if v:
+            lines.append(f"| {k} | {len(v)} | {pct(sum(v) / len(v))} | {pct(max(v))} |")
+    untried = sum(1 for line in out if "| trial? |" in line)
+    if untried:
+        lines.append(f"\n{untried} row(s) fell inside the band but no trial was recorded "
+                     "(model-only run): not counted under model + band.")
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

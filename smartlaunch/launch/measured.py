@@ -1,0 +1,80 @@
+"""After a GPU launch: keep the measured step rate of what ran (profile/feedback.py) and, when
+DDP ran below the policy's efficiency, say in one line what the next launch will do instead.
+
+The rate is the slowest rank's: ranks of one DDP job step together, and a single job has one.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from smartlaunch.errors import SmartlaunchError
+from smartlaunch.launch.progress import progress_path, read_progress
+from smartlaunch.profile import feedback
+
+
+def slowest_rank(run_dir: str, nproc: int) -> tuple[int, float] | None:
+    """(steps, seconds between its first and last step end) of the slowest rank, or None when
+    a rank never stepped or wrote no record."""
+    best = None
+    for lr in range(nproc):
+        rec = read_progress(progress_path(run_dir, lr))
+        if rec is None or rec.steps < 2 or rec.t_last <= rec.t_first:
+            return None
+        seconds = rec.t_last - rec.t_first
+        rate = (rec.steps - 1) / seconds
+        if best is None or rate < best[0]:
+            best = (rate, rec.steps, seconds)
+    return None if best is None else (best[1], best[2])
+
+
+def record_launch(plan, request, policy, topology, run_dir: str | None, *, environ=os.environ,
+                  out=None) -> feedback.MeasuredRate | None:
+    """Store the launch's rate (a launch that was too short stores nothing); print the advice
+    line for a DDP launch below decision.min_efficiency. The job has ended: a cache that
+    cannot be written costs the next plan its measurement, not this job its exit code."""
+    if not run_dir or plan.device != "cuda" or not plan.gpus:
+        return None
+    try:
+        return _record(plan, request, policy, topology, run_dir, environ, out)
+    except (OSError, SmartlaunchError):
+        return None
+
+
+def _record(plan, request, policy, topology, run_dir, environ, out):
+    n = plan.nproc_per_node
+    seen = slowest_rank(run_dir, n)
+    if seen is None:
+        return None
+    profile = dict(plan.profile or {})
+    if not profile:   # a forced strategy skipped the dry run; an earlier one may be cached
+        from smartlaunch.profile.cache import cached_profile
+        cached = cached_profile(request, policy, gpu_model=topology.gpus[0].name, environ=environ)
+        profile = cached.to_dict() if cached is not None else {}
+    strategy = "ddp" if n > 1 else "single"
+    rate = feedback.measured_rate(strategy, plan.gpus[:n], seen[0], seen[1], profile)
+    if rate is None:
+        return None
+    key = feedback.job_key(request, policy, topology, environ)
+    rates = feedback.load_rates(policy, key, environ)
+    feedback.store_rate(policy, key, rate, environ)
+    if strategy == "ddp":
+        line = advice(rate, rates, profile, policy.decision.min_efficiency, plan.requested_max)
+        if line:
+            print(line, file=out or sys.stderr, flush=True)
+    return rate
+
+
+def advice(rate, rates, profile, floor: float, allowed: int) -> str | None:
+    base, source = feedback.one_gpu_rate(rates, profile)
+    if not base:
+        return None
+    n = rate.nproc
+    speedup = rate.rank_steps_per_s / base
+    if speedup / n >= floor:
+        return None
+    nxt = "run on one GPU" if allowed <= n else f"not use DDP×{n}"
+    assumed = ", assuming each rank did the profiled work" if rate.assumed else ""
+    return (f"smartlaunch: DDP×{n} ran at {speedup:.2f}× of one GPU ({speedup / n:.0%} "
+            f"efficiency, below the policy's {floor:.0%}; one GPU from {source}{assumed}); "
+            f"the next launch of this job will {nxt}")

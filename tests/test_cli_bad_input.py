@@ -1,0 +1,239 @@
+"""Bad input, table-driven (issue 13): every row exits with the README's code, says one line
+on stderr (what is wrong and the fix), shows no traceback, and leaves nothing behind: no
+process of its session, no new file in its working directory or home.
+
+Rows run concurrently (4 at a time; each is a real `smartlaunch` process) in one fixture;
+each row is then its own test.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import fixture_path, own_lines
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+PAIR = fixture_path("h200-nv18-pair")
+SL = [sys.executable, "-m", "smartlaunch.cli"]
+NODE = [sys.executable, "-m", "smartlaunch.node_cli"]
+
+
+@dataclass
+class Row:
+    name: str
+    argv: list[str]
+    code: int
+    says: str                                    # a regex the one line must match
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes | None] = field(default_factory=dict)   # None: a directory
+    modes: dict[str, int] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+
+
+def policy(text: str) -> dict[str, str]:
+    return {"p.yaml": text}
+
+
+ROWS = [
+    # 2: the command line
+    Row("no script", SL, 2, r"the following arguments are required: training_script"),
+    Row("unknown option", SL + ["--bogus", "t.py"], 2, r"unrecognized arguments: --bogus"),
+    Row("nproc zero", SL + ["--nproc-per-node", "0", "t.py"], 2, r"--nproc-per-node 0 must be at least 1"),
+    Row("nproc word", SL + ["--nproc-per-node", "two", "t.py"], 2, r"'two' is not a number"),
+    Row("nproc above GPUs", SL + ["--nproc-per-node", "4", "t.py"], 2, r"--nproc-per-node 4",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
+    Row("strategy unknown", SL + ["--strategy", "fast", "t.py"], 2, r"invalid choice: 'fast'"),
+    Row("explain format", SL + ["--explain=xml", "t.py"], 2, r"invalid choice: 'xml'"),
+    Row("nnodes reversed", SL + ["--nnodes", "3:1", "t.py"], 2, r"--nnodes '3:1' is not N or MIN:MAX"),
+    Row("ddp nnodes reversed", SL + ["--strategy", "ddp", "--nnodes", "3:1", "t.py"], 2,
+        r"--nnodes '3:1'"),
+    Row("nnodes zero", SL + ["--nnodes", "0", "t.py"], 2, r"--nnodes '0'"),
+    Row("nnodes words", SL + ["--nnodes", "a:b", "t.py"], 2, r"--nnodes 'a:b'"),
+    Row("script missing", SL + ["missing.py"], 2, r"training script not found: missing.py"),
+    Row("script is a directory", SL + ["adir"], 2, r"training script adir is a directory",
+        files={"adir": None}),
+    Row("script dir named .py", SL + ["pkg.py"], 2, r"pkg.py is a directory", files={"pkg.py": None}),
+    Row("module missing", SL + ["-m", "no_such_module_xyz"], 2, r"module not found: no_such_module_xyz"),
+    Row("submodule missing", SL + ["-m", "json.no_such_sub"], 2, r"module not found: json.no_such_sub"),
+    Row("package without main", SL + ["-m", "json"], 2, r"json is a package without __main__.py"),
+    Row("program missing", SL + ["--no-python", "no-such-program-xyz"], 2, r"program not found"),
+    Row("each with ddp", SL + ["--each", "--lr 1", "--strategy", "ddp", "t.py"], 2,
+        r"cannot be combined with --strategy ddp"),
+    Row("each-file missing", SL + ["--each-file", "none.txt", "t.py"], 2, r"none.txt"),
+    Row("each unclosed quote", SL + ["--each", "--name 'x", "t.py"], 2, r"--each"),
+    Row("script's --debug is the script's", SL + ["--policy", "nope.yaml", "t.py", "--debug"], 3,
+        r"policy file .*nope.yaml \(--policy\) not found"),
+    # 3: policy, paths
+    Row("policy is a directory", SL + ["--policy", "pdir", "t.py"], 3, r"pdir \(--policy\) is a directory",
+        files={"pdir": None}),
+    Row("policy unknown key", SL + ["--policy", "p.yaml", "t.py"], 3, r"p.yaml:1: decision.min_efficency",
+        files=policy("decision: {min_efficency: 0.5}\n")),
+    Row("policy wrong type", SL + ["--policy", "p.yaml", "t.py"], 3, r"decision.max_gpus: expected",
+        files=policy("decision: {max_gpus: many}\n")),
+    Row("policy out of range", SL + ["--policy", "p.yaml", "t.py"], 3, r"decision.min_efficiency",
+        files=policy("decision: {min_efficiency: 2}\n")),
+    Row("policy bad yaml", SL + ["--policy", "p.yaml", "t.py"], 3, r"p.yaml",
+        files=policy("decision: {max_gpus: [\n")),
+    Row("policy is a list", SL + ["--policy", "p.yaml", "t.py"], 3, r"p.yaml",
+        files=policy("- 1\n- 2\n")),
+    Row("user policy enforces", SL + ["--policy", "p.yaml", "t.py"], 3, r"only the admin policy",
+        files=policy("enforce:\n  decision: {max_gpus: 1}\n")),
+    Row("policy not utf-8", SL + ["--policy", "p.yaml", "t.py"], 3, r"not UTF-8",
+        files={"p.yaml": b"decision: {max_gpus: \xff}\n"}),
+    Row("policy too large", SL + ["--policy", "p.yaml", "t.py"], 3, r"larger than 1 MiB",
+        files={"p.yaml": "# padding\n" * 120_000}),
+    Row("fallback not allowed", SL + ["--policy", "p.yaml", "t.py"], 3, r"fallback_strategy=ddp",
+        files=policy("decision: {allowed_strategies: [single], fallback_strategy: ddp}\n")),
+    Row("log dir is a file", SL + ["--strategy", "ddp", "--nproc-per-node", "2", "t.py"], 3,
+        r"launch.log_dir=afile \(env:SMARTLAUNCH_LOG_DIR\).* is not a directory",
+        env={"SMARTLAUNCH_LOG_DIR": "afile"}, files={"afile": "x"}),
+    Row("cache dir is a file", SL + ["t.py"], 3,
+        r"paths.cache_dir=afile \(env:SMARTLAUNCH_CACHE_DIR\).* is not a directory",
+        env={"SMARTLAUNCH_CACHE_DIR": "afile", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, files={"afile": "x"}),
+    Row("lease dir in /proc", SL + ["t.py"], 3, r"cannot create lease directory /proc/x",
+        env={"SMARTLAUNCH_LEASE_DIR": "/proc/x", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
+    Row("lease dir is a file", SL + ["t.py"], 3, r"lease directory .*afile is not a directory",
+        env={"SMARTLAUNCH_LEASE_DIR": "{tmp}/afile", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR},
+        files={"afile": "x"}),
+    Row("lease dir world-writable", SL + ["t.py"], 3, r"without the sticky bit",
+        env={"SMARTLAUNCH_LEASE_DIR": "{tmp}/open", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR},
+        files={"open": None}, modes={"open": 0o777}),
+    Row("lease dir symlink", SL + ["t.py"], 3, r"is a symlink",
+        env={"SMARTLAUNCH_LEASE_DIR": "{tmp}/link", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR},
+        files={"real": None}, links={"link": "real"}),
+    Row("fake topology missing", SL + ["t.py"], 2, r"SMARTLAUNCH_FAKE_TOPOLOGY=nope.json: no such file",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": "nope.json"}),
+    Row("fake topology not json", SL + ["t.py"], 2, r"bad.json: not a topology JSON",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": "bad.json"}, files={"bad.json": "{not json"}),
+    # 4: no NVML where one is needed
+    Row("baseline without NVML", NODE + ["baseline", "--config", "hooks.env"], 4, r"no GPU to record",
+        files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
+    # 5: no plan fits
+    Row("ddp on one GPU", SL + ["--strategy", "ddp", "t.py"], 5, r"ddp",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR, "CUDA_VISIBLE_DEVICES": "0"}),
+    Row("ddp on a forbidden link", SL + ["--strategy", "ddp", "--policy", "p.yaml", "t.py"], 3,
+        r"decision.ddp_link_classes=\[PIX\]",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, files=policy("decision: {ddp_link_classes: [PIX]}\n")),
+    # 9: Slurm
+    Row("slurm job id only", SL + ["t.py"], 9, r"SLURM_JOB_NODELIST is not",
+        env={"SLURM_JOB_ID": "123"}),
+    Row("slurm job id not a number", SL + ["t.py"], 9, r"is not a job number", env={"SLURM_JOB_ID": "abc"}),
+    Row("prolog outside slurmd", NODE + ["prolog", "--config", "hooks.env"], 9,
+        r"SLURM_JOB_UID, SLURM_JOB_USER not set", env={"SLURM_JOB_ID": "123"},
+        files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
+    Row("epilog with a bad uid", NODE + ["epilog", "--config", "hooks.env"], 9,
+        r"SLURM_JOB_UID='x' is not a uid",
+        env={"SLURM_JOB_ID": "123", "SLURM_JOB_UID": "x", "SLURM_JOB_USER": "ann"},
+        files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
+    # node commands
+    Row("policy check missing file", NODE + ["policy", "check", "nope.yaml"], 3, r"nope.yaml not found"),
+    Row("policy check too large", NODE + ["policy", "check", "p.yaml"], 3, r"larger than 1 MiB",
+        files={"p.yaml": "#\n" * 600_000}),
+    Row("policy check directory", NODE + ["policy", "check", "pdir"], 3, r"pdir is a directory",
+        files={"pdir": None}),
+]
+
+
+def _setup(row: Row, tmp: Path) -> dict[str, str]:
+    (tmp / "t.py").write_text("print('ran')\n")
+    for name, content in row.files.items():
+        path = tmp / name
+        if content is None:
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content.replace("{tmp}", str(tmp)))
+    for name, mode in row.modes.items():
+        os.chmod(tmp / name, mode)
+    for name, target in row.links.items():
+        os.symlink(tmp / target, tmp / name)
+    return {k: v.replace("{tmp}", str(tmp)) for k, v in row.env.items()}
+
+
+def _tree(tmp: Path) -> set[str]:
+    return {str(p.relative_to(tmp)) for p in tmp.rglob("*")}
+
+
+def _run(row: Row, tmp: Path, base_env: dict[str, str]) -> dict:
+    tmp.mkdir()
+    (tmp / "home").mkdir()
+    env = dict(base_env, HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "home" / ".cache"),
+               SMARTLAUNCH_LEASE_DIR=str(tmp / "leases"))
+    env.update(_setup(row, tmp))
+    before = _tree(tmp)
+    proc = subprocess.Popen(row.argv, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = proc.communicate(timeout=180)
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == proc.pid:
+                left.append(p.pid)
+        except OSError:
+            pass
+    return {"rc": proc.returncode, "stdout": out, "stderr": err, "left": left,
+            "new_files": sorted(_tree(tmp) - before)}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SMARTLAUNCH_", "PET_", "NCCL_", "CUDA_"))}
+    root = tmp_path_factory.mktemp("bad input")          # a space in every path
+    with ThreadPoolExecutor(4) as pool:
+        futures = {row.name: pool.submit(_run, row, root / f"row{i}", base)
+                   for i, row in enumerate(ROWS)}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_at_least_forty_rows_and_unique_names():
+    assert len(ROWS) >= 40 and len({r.name for r in ROWS}) == len(ROWS)
+
+
+def test_every_code_the_table_uses_is_in_the_readmes_exit_code_table():
+    section = README.read_text().split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", section, re.M)}
+    assert {r.code for r in ROWS} <= documented
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_bad_input(results, row):
+    got = results[row.name]
+    lines = own_lines(got["stderr"])
+    assert got["rc"] == row.code, got["stderr"][-3000:]
+    assert "Traceback" not in got["stderr"]
+    assert len(lines) == 1, lines
+    assert re.match(r"smartlaunch(-node| \w+)?: error: ", lines[0]), lines[0]
+    assert re.search(row.says, lines[0]), lines[0]
+    assert got["left"] == [], f"processes left running: {got['left']}"
+    assert got["new_files"] == [], f"files left behind: {got['new_files']}"
+
+
+def test_a_directory_or_unreadable_file_named_py_beside_the_script_is_not_code(tmp_path):
+    # Issue 13: both gave a traceback in the profile key (IsADirectoryError, PermissionError).
+    from smartlaunch.policy.api import Policy
+    from smartlaunch.profile.cache import profile_key
+    from smartlaunch.request import Request
+    (tmp_path / "train.py").write_text("print(1)\n")
+    request = Request(script="train.py")
+
+    def key() -> str:
+        return profile_key(request, Policy(), gpu_model="x", environ={}, cwd=str(tmp_path))
+    plain = key()
+    (tmp_path / "models.py").mkdir()
+    secret = tmp_path / "secret.py"
+    secret.write_text("x = 1\n")
+    secret.chmod(0)
+    try:
+        assert key() != "" and (os.geteuid() == 0 or key() == plain)
+    finally:
+        secret.chmod(0o644)

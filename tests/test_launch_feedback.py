@@ -1,0 +1,75 @@
+"""Measured launches feed back: the next plan of the same job prefers them to predictions.
+
+CPU, gloo, the fake NV18 pair: real single and DDP×2 launches count their steps; a DDP launch
+below the policy's efficiency ends with one line of advice, and the next plan follows it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import fixture_path
+from smartlaunch.policy.api import Policy
+from smartlaunch.profile import feedback
+
+pytestmark = pytest.mark.timeout(400)
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "feedback_train.py")
+FAKE = fixture_path("h200-nv18-pair")
+
+
+def smartlaunch(args, cwd, sleep_ms):
+    env = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": FAKE, "SLEEP_MS": str(sleep_ms)}
+    return subprocess.run([sys.executable, "-m", "smartlaunch.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def plan(cwd):
+    r = smartlaunch(["--explain=json", SCRIPT, "--steps", "60"], cwd, 20)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_measured_launches_are_used_by_the_next_plan(clean_env):
+    before = plan(clean_env)       # cold: dry run + all-reduce; the model alone decides
+    assert before["strategy"] == "ddp", before["reasons"]
+
+    single = smartlaunch(["--strategy", "single", SCRIPT, "--steps", "60"], clean_env, 20)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert "ran at" not in single.stderr
+    ddp = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", SCRIPT, "--steps", "60"],
+                      clean_env, 40)   # each rank twice as slow: DDP×2 gives ~1.0× one GPU
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    advice = [ln for ln in ddp.stderr.splitlines() if " ran at " in ln]
+    assert len(advice) == 1, ddp.stderr[-2000:]
+    assert advice[0].startswith("smartlaunch: DDP×2 ran at ")
+    assert "below the policy's 70%; one GPU from a single-GPU launch" in advice[0]
+    assert advice[0].endswith("the next launch of this job will run on one GPU")
+
+    after = plan(clean_env)
+    assert after["strategy"] == "single"
+    why = " ".join(r["text"] for r in after["reasons"])
+    assert "measured by earlier launches of this job, preferred over predictions" in why
+    assert "DDP×2 on GPUs 0,1 ran at" in why and "→ single GPU0" in why
+    ddp_row = [c for c in after["candidates"] if c["strategy"] == "ddp"][0]
+    assert ddp_row["measured"] and 0.6 < ddp_row["speedup"] < 1.4
+    text = smartlaunch(["--explain", SCRIPT, "--steps", "60"], clean_env, 20).stdout
+    assert "measured by earlier launches" in text and "chosen (launch)" in text
+
+
+def test_short_launches_and_other_jobs_record_nothing(clean_env):
+    assert feedback.measured_rate("single", (0,), feedback.MIN_STEPS - 1, 5.0, {}) is None
+    assert feedback.measured_rate("single", (0,), 100, 0.5, {}) is None
+    r = feedback.measured_rate("ddp", (0, 1), 101, 2.0, {"batch_size": 8,
+                                                        "reads_world_size": "t.py:3"})
+    assert r.steps_per_s == pytest.approx(50.0) and r.rank_steps_per_s == pytest.approx(100.0)
+    assert r.samples_per_s == pytest.approx(800.0) and "torchrun's semantics" in r.assumed
+    policy = Policy()
+    feedback.store_rate(policy, "k1", r, os.environ)
+    assert feedback.load_rates(policy, "k1", os.environ)["ddp:0,1"] == r
+    assert feedback.load_rates(policy, "k2", os.environ) == {}
