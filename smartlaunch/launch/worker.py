@@ -165,7 +165,8 @@ def _die_with_parent() -> None:
             threading.Event().wait(_PARENT_POLL_S)
             if os.getppid() != parent:
                 if os.getpgrp() == os.getpid():
-                    os.killpg(os.getpid(), signal.SIGKILL)
+                    from smartlaunch.proc import signal_group
+                    signal_group(os.getpid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="smartlaunch-parent-watch", daemon=True).start()
