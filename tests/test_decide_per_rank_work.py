@@ -1,6 +1,8 @@
 """A script that sizes its work by the world size: the plan says what it assumes, a trial settles."""
 from __future__ import annotations
 
+import dataclasses
+
 from helpers_decide import TEST_MODEL, FakeComm, FakeTrial, nv_pair, policy, profile, request
 from smartlaunch.decide import Strategy, decide
 from smartlaunch.decide.explain import render_text
@@ -39,7 +41,28 @@ def test_world_size_read_asks_for_a_trial_and_explains_the_assumption(clean_env)
     assert any("reads the world size before its first step" in r.text for r in plan.reasons)
 
 
+def test_reading_the_world_size_without_accumulating_is_explained_not_trialled(clean_env):
+    # What every DDP-ready script does (init DDP, size a sampler): no trial for that alone.
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1050.0})
+    prof = profile(**{**GPT, "batch": 8, "micro_batches": 1}, reads_world_size=WHERE)
+    assert not prof.work_depends_on_world_size
+    plan = plan_for(prof, trial, policy(min_efficiency=0.5))   # far outside the model's band
+    assert trial.calls == [] and plan.strategy == Strategy.DDP
+    text = render_text(plan)
+    assert "per-rank work: the script's own code asks for the world size" in text
+    assert "predictions assume torchrun's semantics" in text and "trial settles" not in text
+
+
 def test_world_size_read_without_trials_says_the_prediction_assumes_it(clean_env):
     plan = plan_for(profile(**GPT, reads_world_size=WHERE), trial=None)
     assert plan.strategy == Strategy.DDP
     assert any("assuming each rank does the profiled work" in r.text for r in plan.reasons)
+
+
+def test_cut_short_window_is_shown_as_low_confidence(clean_env):
+    prof = dataclasses.replace(profile(**GPT), window_cut_short=True, steps_measured=7,
+                               timing="cuda events")
+    assert prof.low_confidence and not profile(**GPT).low_confidence
+    text = render_text(plan_for(prof))
+    assert "[ok, 7 steps, cuda events]" in text
+    assert "confidence: low: the script ended before the measurement window was complete" in text

@@ -43,7 +43,7 @@ def test_measured_launches_are_used_by_the_next_plan(clean_env):
     assert single.returncode == 0, single.stderr[-2000:]
     assert "ran at" not in single.stderr
     ddp = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", SCRIPT, "--steps", "60"],
-                      clean_env, 40)   # each rank twice as slow: DDP×2 gives ~1.0× one GPU
+                      clean_env, 60)   # each rank 3× as slow: DDP×2 gives ~0.7× one GPU
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     advice = [ln for ln in ddp.stderr.splitlines() if " ran at " in ln]
     assert len(advice) == 1, ddp.stderr[-2000:]
@@ -57,7 +57,7 @@ def test_measured_launches_are_used_by_the_next_plan(clean_env):
     assert "measured by earlier launches of this job, preferred over predictions" in why
     assert "DDP×2 on GPUs 0,1 ran at" in why and "→ single GPU0" in why
     ddp_row = [c for c in after["candidates"] if c["strategy"] == "ddp"][0]
-    assert ddp_row["measured"] and 0.6 < ddp_row["speedup"] < 1.4
+    assert ddp_row["measured"] and 0.3 < ddp_row["speedup"] < 1.4
     text = smartlaunch(["--explain", SCRIPT, "--steps", "60"], clean_env, 20).stdout
     assert "measured by earlier launches" in text and "chosen (launch)" in text
 
@@ -65,7 +65,7 @@ def test_measured_launches_are_used_by_the_next_plan(clean_env):
 def test_short_launches_and_other_jobs_record_nothing(clean_env):
     assert feedback.measured_rate("single", (0,), feedback.MIN_STEPS - 1, 5.0, {}) is None
     assert feedback.measured_rate("single", (0,), 100, 0.5, {}) is None
-    r = feedback.measured_rate("ddp", (0, 1), 101, 2.0, {"batch_size": 8,
+    r = feedback.measured_rate("ddp", (0, 1), 101, 2.0, {"batch_size": 8, "micro_batches": 2,
                                                         "reads_world_size": "t.py:3"})
     assert r.steps_per_s == pytest.approx(50.0) and r.rank_steps_per_s == pytest.approx(100.0)
     assert r.samples_per_s == pytest.approx(800.0) and "torchrun's semantics" in r.assumed

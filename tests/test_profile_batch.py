@@ -88,6 +88,12 @@ def test_world_size_read_by_the_script_is_recorded(clean_env):
     assert "WORLD_SIZE" in prof.reads_world_size and prof.work_depends_on_world_size
 
 
+def test_world_size_read_without_accumulation_is_recorded_but_sizes_nothing(clean_env):
+    prof = dry("--batch", "8", "--world-size-read", "env")
+    assert prof.reads_world_size.startswith("batch_shapes.py:")
+    assert prof.micro_batches == 1 and not prof.work_depends_on_world_size
+
+
 def test_world_size_asked_only_by_torch_is_not_the_script_s(clean_env):
     prof = dry("--batch", "8", "--world-size-read", "sampler")
     assert prof.reads_world_size is None

@@ -74,6 +74,28 @@ def test_window_complete_is_device_time(tmp_path):
     assert data["window_cut_short"] is False and data["timing"] == "fake device"
 
 
+def test_split_from_warm_up_marks_scaled_to_the_window(tmp_path):
+    # Forward 1 ms, backward 2 ms, optimizer 1 ms of each 4 ms device step, marked in the
+    # warm-up; the window itself runs with no hook but the step's.
+    dev = FakeDevice()
+    rec = Recorder(str(tmp_path / "p.json"), warmup=3, measure=5, clock=dev)
+    run_steps(rec, dev, 1)
+    for _ in range(3):
+        assert rec.splitting()
+        dev.step()
+        t = dev.mark() - DEVICE_STEP
+        rec.cur += [("forward", t, t + 0.001), ("backward", t + 0.001, t + 0.003)]
+        rec.on_step()
+    assert not rec.splitting() and rec.handles == []
+    run_steps(rec, dev, 4)
+    with pytest.raises(SystemExit):
+        run_steps(rec, dev, 1)
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["forward_s"] == pytest.approx(0.001)
+    assert data["backward_s"] == pytest.approx(0.002)
+    assert data["optimizer_s"] == pytest.approx(0.001)
+
+
 @pytest.mark.parametrize("measured", [1, 6])
 def test_script_ending_early_still_reports_device_time(tmp_path, measured):
     dev = FakeDevice()

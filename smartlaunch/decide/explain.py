@@ -97,11 +97,14 @@ def _profile(p: dict) -> list[str]:
 
 def world_size_sentence(p: dict) -> str:
     work = f"{p['batch_size']} samples" if p.get("batch_size") else "the profiled work"
-    return (f"  per-rank work: the script's own code asks for the world size before its first "
+    head = (f"  per-rank work: the script's own code asks for the world size before its first "
             f"step ({p['reads_world_size']}); predictions assume torchrun's semantics, each "
-            f"rank doing the profiled single-GPU step ({work}), but the script may divide its "
-            f"work by the number of ranks (nanoGPT divides its gradient accumulation by "
-            f"WORLD_SIZE); a measured trial settles it")
+            f"rank doing the profiled single-GPU step ({work})")
+    if (p.get("micro_batches") or 1) > 1:
+        return (head + f", but with {p['micro_batches']} accumulated micro-batches it may "
+                f"divide its accumulation by the number of ranks (as nanoGPT does); a measured "
+                f"trial settles it")
+    return head
 
 
 def _comm(c: dict) -> list[str]:

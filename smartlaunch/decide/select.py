@@ -106,8 +106,9 @@ def choose_auto(ctx, cands: dict) -> Choice:
         # The model assumes torchrun's semantics (each rank does the profiled work); a
         # script that sizes its work by the world size (nanoGPT's accumulation) breaks that.
         why = (f"the script reads the world size before its first step "
-               f"({ctx.profile.reads_world_size}), so its work per rank under DDP may differ "
-               f"from the profiled run")
+               f"({ctx.profile.reads_world_size}) and accumulates {ctx.profile.micro_batches} "
+               f"micro-batches per step, so its work per rank under DDP may differ from the "
+               f"profiled run (nanoGPT divides its accumulation by WORLD_SIZE)")
         measured, note = _trials(ctx, [single, *ddp], why, "decision.trials")
         if measured:
             return measured

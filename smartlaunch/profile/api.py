@@ -75,7 +75,12 @@ class ModelProfile:
 
     @property
     def work_depends_on_world_size(self) -> bool:
-        return bool(self.reads_world_size)
+        """The script read the world size before its first step AND accumulates micro-batches:
+        nanoGPT's pattern (accumulation //= WORLD_SIZE), where the per-rank work under DDP is
+        not the profiled work. Reading it alone is what every DDP-ready script does (to init
+        DDP, to size a sampler); it is recorded and explained, but does not ask for a trial:
+        the held-out run of 2026-11-22 sent every suite script to a trial on reading alone."""
+        return bool(self.reads_world_size) and (self.micro_batches or 1) > 1
 
     @property
     def backward_share(self) -> float | None:

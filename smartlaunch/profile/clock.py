@@ -68,9 +68,11 @@ def device_clock(torch):
     return HostClock()
 
 
-def read_window(clock, marks: list, spans: list) -> dict:
-    """Step time and its split from a closed window: marks at the window start and each step
-    end; spans[i] = [(kind, start mark, end mark), ...] inside step i (forward, backward)."""
+def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
+    """Step time from a closed window (marks at its start and each step end), and its split
+    from the warm-up steps: warm = step-end marks, warm_spans[i] = [(kind, start, end), ...]
+    inside the step ending at warm[i + 1]. The split is kept as shares of those steps,
+    applied to the window's step, so hooks in the warm-up cannot inflate the window."""
     n = len(marks) - 1
     out: dict = {"steps_measured": max(0, n)}
     if n < 1:
@@ -79,16 +81,19 @@ def read_window(clock, marks: list, spans: list) -> dict:
     step = clock.seconds(marks[0], marks[-1]) / n
     out.update(step_time_s=step, window_s=step * n,
                step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]))
-    split: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
-    for i, step_spans in enumerate(spans[:n]):
+    shares: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    for i, spans in enumerate(warm_spans[:len(warm) - 1]):
+        total = clock.seconds(warm[i], warm[i + 1])
+        if total <= 0:
+            continue
         for kind in ("forward", "backward"):
-            got = [clock.seconds(a, b) for k, a, b in step_spans if k == kind]
+            got = [clock.seconds(a, b) for k, a, b in spans if k == kind]
             if got:
-                split[kind].append(sum(got))
-        ends = [b for k, _, b in step_spans if k == "backward"]
+                shares[kind].append(sum(got) / total)
+        ends = [b for k, _, b in spans if k == "backward"]
         if ends:   # last backward end -> step end: optimizer, clipping, the scaler
-            split["optimizer"].append(clock.seconds(ends[-1], marks[i + 1]))
-    for kind, xs in split.items():
+            shares["optimizer"].append(clock.seconds(ends[-1], warm[i + 1]) / total)
+    for kind, xs in shares.items():
         if xs:
-            out[f"{kind}_s"] = statistics.median(xs)
+            out[f"{kind}_s"] = min(1.0, statistics.median(xs)) * step
     return out

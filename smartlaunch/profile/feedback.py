@@ -7,8 +7,8 @@ fingerprint and every NCCL_* variable) prefers these rates to the cost model's p
 
 Rates are compared in rank-steps per second (ranks x steps/s): under torchrun's semantics each
 rank does the single-GPU step's work, so DDP×N over single is the ratio of rank-steps/s. A
-script that sizes its work by the world size (profile.reads_world_size) breaks that; the
-record says so (`assumed`) and the text that uses it repeats it.
+script that sizes its work by the world size (profile.work_depends_on_world_size) breaks
+that; the record says so (`assumed`) and the text that uses it repeats it.
 
 Layout: <cache_dir>/launches/<key>.json = {"runs": {"single": {...}, "ddp:0,1": {...}}}, the
 latest launch of each candidate.
@@ -21,16 +21,15 @@ import json
 import time
 from dataclasses import dataclass
 
-from smartlaunch.profile.cache import (
-    cache_root, comm_key, private_dir, profile_key, read_json, write_json,
-)
+from smartlaunch.profile.cache import comm_key, profile_key
+from smartlaunch.store import cache_root, private_dir, read_json, write_json
 
 # A launch shorter than this says little about the steady rate (start-up, clock ramp, the
 # first checkpoint): not recorded.
 MIN_STEPS = 20
 MIN_SECONDS = 1.0
 ASSUMED_PER_RANK = ("each rank doing the profiled single-GPU work (torchrun's semantics); the "
-                    "script reads the world size, so it may do less")
+                    "script reads the world size and accumulates, so it may do less")
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,8 @@ def measured_rate(strategy: str, gpus, steps: int, seconds: float, profile: dict
     n = len(gpus) if strategy == "ddp" else 1
     per_rank = (steps - 1) / seconds          # intervals between the first and last step end
     batch = profile.get("batch_size") if profile else None
-    assumed = ASSUMED_PER_RANK if strategy == "ddp" and profile.get("reads_world_size") else ""
+    sizes = profile.get("reads_world_size") and (profile.get("micro_batches") or 1) > 1
+    assumed = ASSUMED_PER_RANK if strategy == "ddp" and sizes else ""
     return MeasuredRate(strategy, gpus, steps, seconds, per_rank, n * per_rank,
                         n * per_rank * batch if batch else None, assumed,
                         time.time() if now is None else now)
