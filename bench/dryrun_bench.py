@@ -1,9 +1,9 @@
 """What a dry run costs (issue #4: cold <= 15 s beyond the script's start-up for models up to
 1B parameters; a cache hit <= 0.5 s over plain torchrun).
 
-    python bench/dryrun_bench.py [--cases resnet18,gpt-124m,gpt-1b,nanogpt,ddp-tutorial]
+    python bench/dryrun_bench.py [--cases resnet18,gpt-124m,gpt-1b,gpt-config,snapshot-ddp]
                                  [--gpu 0] [--warm 5] [--out bench/results/dryrun-h200.json]
-    python bench/dryrun_bench.py --cpu --cases tiny,nanogpt      # CPU smoke run
+    python bench/dryrun_bench.py --cpu --cases tiny,gpt-config   # CPU smoke run
 
 For each case, in a private cache directory: one cold profile (a real dry run, the policy's
 default 5 warm-up + 20 measured steps), then --warm cache hits through the same public call the
@@ -37,13 +37,13 @@ from smartlaunch.request import Request  # noqa: E402
 SUITE = REPO / "bench" / "suite"
 SCRIPTS = REPO / "tests" / "scripts"
 
-# name -> (script, args, needs the nanoGPT workdir). Suite scripts get enough steps for
+# name -> (script, args, needs the GPT trainer's workdir). Suite scripts get enough steps for
 # 1 + 5 + 20 optimizer steps.
 CASES = {
     "tiny": (SCRIPTS / "tiny_train.py", (), False),
     "resnet18": (SCRIPTS / "resnet_train.py", ("--batch-size", "64"), False),
-    "ddp-tutorial": (SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", ("50", "100"), False),
-    "nanogpt": (SCRIPTS / "nanogpt" / "train.py", None, True),
+    "snapshot-ddp": (SCRIPTS / "snapshot_ddp" / "train.py", ("50", "100"), False),
+    "gpt-config": (SCRIPTS / "gpt_config" / "train.py", None, True),
     "gpt-124m": (SUITE / "gpt.py", ("--steps", "100"), False),
     # ~1.1B parameters: 18 x 12 x 2048^2 + 50304 x 2048 (tied embedding)
     "gpt-1b": (SUITE / "gpt.py", ("--steps", "100", "--n-layer", "18", "--n-embd", "2048",
@@ -51,25 +51,25 @@ CASES = {
 }
 
 
-def nanogpt_args(cpu: bool) -> tuple[str, ...]:
-    from helpers_profile import NANOGPT_ARGS
+def gpt_args(cpu: bool) -> tuple[str, ...]:
+    from helpers_profile import GPT_ARGS
     if cpu:
-        return NANOGPT_ARGS
-    # the GPU run: nanoGPT's own defaults (124M, bf16), eager (compile would dominate)
+        return GPT_ARGS
+    # the GPU run: the trainer's own defaults (bf16), eager (compile would dominate)
     return ("--dataset=tiny", "--compile=False", "--eval_interval=100000", "--eval_iters=1",
             "--log_interval=100000", "--block_size=256", "--batch_size=8",
-            "--gradient_accumulation_steps=1", "--out_dir=nanogpt-out")
+            "--gradient_accumulation_steps=1", "--out_dir=gpt-out")
 
 
 def run_case(name: str, args, workdir: Path, env: dict) -> dict:
-    script, script_args, nanogpt = CASES[name]
+    script, script_args, gpt = CASES[name]
     cwd = os.getcwd()
-    if nanogpt:
-        from helpers_profile import nanogpt_workdir
-        work = nanogpt_workdir(workdir / name)
+    if gpt:
+        from helpers_profile import gpt_workdir
+        work = gpt_workdir(workdir / name)
         os.chdir(work)
-        script, script_args = work / "train.py", nanogpt_args(args.cpu)
-    if args.cpu and name == "ddp-tutorial" or (args.cpu and nanogpt):
+        script, script_args = work / "train.py", gpt_args(args.cpu)
+    if args.cpu and name == "snapshot-ddp":
         env = dict(env, SMARTLAUNCH_DRYRUN_CPU_SHIM="1")
     if args.cpu and script.parent == SUITE:
         script_args = (*script_args, "--tiny")
@@ -113,7 +113,7 @@ def gpu_model(index: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="resnet18,ddp-tutorial,nanogpt,gpt-124m,gpt-1b")
+    ap.add_argument("--cases", default="resnet18,snapshot-ddp,gpt-config,gpt-124m,gpt-1b")
     ap.add_argument("--gpu", default="0", help="CUDA_VISIBLE_DEVICES of the dry runs")
     ap.add_argument("--cpu", action="store_true", help="dry-run on the CPU with toy sizes")
     ap.add_argument("--warm", type=int, default=5, help="cache hits timed per case")

@@ -35,6 +35,7 @@ FAMILY_P2P_LEVEL = {"NV": "NVL", "PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE
                     "SYS": "SYS"}
 
 NUMA_MODES = ("off", "node", "exclusive-cores")
+ISOLATION_MODES = ("require", "best-effort", "off")   # dryrun.isolation (smartlaunch.sandbox)
 
 
 def link_family(link_class: str) -> str:

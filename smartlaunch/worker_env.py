@@ -34,7 +34,7 @@ def single_rank_env(master_port: int | None = None, run_id: str | None = None) -
         "LOCAL_WORLD_SIZE": "1",
         "GROUP_WORLD_SIZE": "1",
         "ROLE_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": "localhost",           # what torchrun sets
         "MASTER_PORT": str(master_port or free_port()),
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",

@@ -32,6 +32,17 @@ def clean_env(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def shared_dir():
+    """A directory a dry run's writes reach (under /dev/shm, which the sandbox leaves shared),
+    for scripts that report their worker pids to the test."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="smartlaunch-test-", dir="/dev/shm"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
 

@@ -1,44 +1,45 @@
-"""Helpers for the profile area's tests: test scripts, nanoGPT's workdir, expected counts."""
+"""Helpers for the profile area's tests: test scripts, the GPT trainer's workdir, expected counts."""
 from __future__ import annotations
 
 import importlib.util
-import pickle
+import random
 import shutil
 import sys
+from array import array
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
-# nanoGPT's train.py takes --key=value overrides (its configurator.py); a tiny CPU run.
-NANOGPT_ARGS = (
+# gpt_config/train.py takes --key=value overrides (its configurator.py); a tiny CPU run with
+# two micro-steps per step (the first under DDP's no_sync).
+GPT_ARGS = (
     "--dataset=tiny", "--device=cpu", "--compile=False", "--dtype=float32", "--backend=gloo",
     "--eval_interval=100000", "--eval_iters=1", "--log_interval=100000", "--max_iters=1000",
     "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4",
-    "--gradient_accumulation_steps=1", "--out_dir=nanogpt-out",
+    "--gradient_accumulation_steps=2", "--out_dir=gpt-out",
 )
-NANOGPT_VOCAB = 65
+GPT_VOCAB = 65
 
 
-def nanogpt_workdir(root: Path) -> Path:
-    """nanoGPT reads configurator.py and data/<dataset>/ relative to its cwd: build one."""
-    work = root / "nanogpt"
-    shutil.copytree(SCRIPTS / "nanogpt", work)
+def gpt_workdir(root: Path) -> Path:
+    """train.py reads configurator.py and data/<dataset>/ relative to its cwd: build one."""
+    work = root / "gpt_config"
+    shutil.copytree(SCRIPTS / "gpt_config", work)
     data = work / "data" / "tiny"
     data.mkdir(parents=True)
-    import numpy as np
-    rng = np.random.default_rng(0)
+    rng = random.Random(0)
     for split, n in (("train", 4096), ("val", 512)):
-        rng.integers(0, NANOGPT_VOCAB, n, dtype=np.uint16).tofile(data / f"{split}.bin")
-    with open(data / "meta.pkl", "wb") as f:
-        pickle.dump({"vocab_size": NANOGPT_VOCAB}, f)
+        toks = array("H", (rng.randrange(GPT_VOCAB) for _ in range(n - 1)))
+        toks.append(GPT_VOCAB - 1)           # the vocabulary train.py infers is exactly 65
+        with open(data / f"{split}.bin", "wb") as f:
+            toks.tofile(f)
     return work
 
 
-def nanogpt_expected() -> tuple[int, int]:
-    """(trainable params, grad bytes) of the tiny nanoGPT, from its own model definition."""
-    mod = load(SCRIPTS / "nanogpt" / "model.py", "nanogpt_model_for_tests")
-    cfg = mod.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, bias=False,
-                        vocab_size=NANOGPT_VOCAB, dropout=0.0)
+def gpt_expected() -> tuple[int, int]:
+    """(trainable params, grad bytes) of the tiny GPT, from its own model definition."""
+    mod = load(SCRIPTS / "gpt_config" / "model.py", "gpt_config_model_for_tests")
+    cfg = mod.GPTConfig(vocab_size=GPT_VOCAB, block_size=32, n_layer=2, n_head=2, n_embd=32)
     return counts(mod.GPT(cfg))
 
 

@@ -15,7 +15,7 @@ from smartlaunch.errors import PolicyError
 from smartlaunch.launch import numa, stacks
 from smartlaunch.launch.nccl import nccl_env
 from smartlaunch.launch.prepare import prepare
-from smartlaunch.launch.procs import proc_state
+from smartlaunch.proc import proc_state
 from smartlaunch.launch.progress import ProgressWriter, read_progress
 from smartlaunch.launch.watchdog import find_straggler, gpu_health_text
 from smartlaunch.launch.worker import worker_command

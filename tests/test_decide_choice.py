@@ -222,6 +222,16 @@ def test_no_profile_runs_trials_of_every_candidate(clean_env):
     assert trial.calls == [] and plan.strategy == Strategy.SINGLE
 
 
+def test_a_world_size_fixed_script_launches_as_torchrun_would_without_trials(clean_env):
+    trial = FakeTrial({("single", 1): 100.0})
+    fixed = profile(status=ProfileStatus.UNMEASURABLE, step_ms=None,
+                    note="failed before its first step after reading WORLD_SIZE")
+    plan, _ = run(pcie4(), fixed, req=request(max_gpus=3), trial=trial)
+    assert trial.calls == []                       # a single-GPU trial would fail the same way
+    assert plan.strategy == Strategy.DDP and len(plan.gpus) == 3
+    assert any("as torchrun --nproc-per-node 3 would" in r.text for r in plan.reasons)
+
+
 def test_unmeasurable_link_triggers_a_trial(clean_env):
     topo = nv_pair()
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 190.0})

@@ -25,7 +25,8 @@ def test_a_ddp_trial_measures_samples_per_second(clean_env):
     assert two is not None and two > 0, logs
 
 
-def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, tmp_path):
+def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
+    tmp_path = shared_dir                 # the trial's own writes are thrown away
     # Generous: on a loaded 2-core CI box torch's import alone can take seconds.
     limit = 15.0
     pol = dataclasses.replace(QUICK, dryrun=DryRunPolicy(time_limit_s=limit))

@@ -13,7 +13,8 @@ from conftest import REPO
 # Lowest first (docs/architecture.md). A module may import its own package and lower layers.
 LAYERS = (
     ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request",
-     "smartlaunch.worker_env", "smartlaunch.store"),
+     "smartlaunch.worker_env", "smartlaunch.store", "smartlaunch.proc", "smartlaunch.guard",
+     "smartlaunch.sandbox", "smartlaunch.entry"),
     ("smartlaunch.scheduler",),
     ("smartlaunch.topology", "smartlaunch.policy"),
     ("smartlaunch.profile",),

@@ -55,6 +55,7 @@ CASES = {
     "dryrun.warmup_steps": (3, 1, 3),
     "dryrun.measure_steps": (10, 100, 10),
     "dryrun.measure_seconds": (0.2, 2.0, 0.2),
+    "dryrun.isolation": ("require", "off", "require"),
     "jobs.fail_fast": (True, False, True),
     "jobs.jobs_per_gpu": (1, 4, 1),
     "jobs.wait_timeout_s": (60.0, 7200.0, 60.0),

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from helpers_profile import NANOGPT_ARGS, SCRIPTS, nanogpt_workdir
+from helpers_profile import GPT_ARGS, SCRIPTS, gpt_workdir
 from smartlaunch.policy.api import DryRunPolicy, Policy
 from smartlaunch.profile.api import ProfileStatus
 from smartlaunch.profile.inputs import leading_dim
@@ -99,15 +99,15 @@ def test_world_size_asked_only_by_torch_is_not_the_script_s(clean_env):
     assert prof.reads_world_size is None
 
 
-def test_nanogpt_accumulation_and_world_size(clean_env, monkeypatch):
-    work = nanogpt_workdir(clean_env)
+def test_gpt_trainer_accumulation_and_world_size(clean_env, monkeypatch):
+    work = gpt_workdir(clean_env)
     monkeypatch.chdir(work)
-    args = [a for a in NANOGPT_ARGS if not a.startswith(("--batch_size", "--gradient_acc"))]
+    args = [a for a in GPT_ARGS if not a.startswith(("--batch_size", "--gradient_acc"))]
     args += ["--batch_size=8", "--gradient_accumulation_steps=4"]
     req = Request(script=str(work / "train.py"), script_args=tuple(args))
     prof = run_dry_run(req, POLICY, gpu=None,
                        environ=dict(os.environ, SMARTLAUNCH_DRYRUN_CPU_SHIM="1"))
     assert prof.status == ProfileStatus.OK, prof.note
     assert (prof.batch_size, prof.micro_batch_size, prof.micro_batches) == (32, 8, 4)
-    # train.py: gradient_accumulation_steps //= int(os.environ['WORLD_SIZE'])
+    # train.py: gradient_accumulation_steps // int(os.environ["WORLD_SIZE"])
     assert prof.reads_world_size.startswith("train.py:") and prof.work_depends_on_world_size

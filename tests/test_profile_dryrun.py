@@ -8,7 +8,7 @@ import time
 import pytest
 
 import smartlaunch
-from helpers_profile import SCRIPTS, NANOGPT_ARGS, counts, load, nanogpt_expected, nanogpt_workdir
+from helpers_profile import GPT_ARGS, SCRIPTS, counts, gpt_expected, gpt_workdir, load
 from smartlaunch.errors import DryRunError, ExitCode
 from smartlaunch.policy.api import DryRunPolicy, Policy
 from smartlaunch.profile.api import ProfileStatus
@@ -39,9 +39,8 @@ def assert_measured(prof, expected, batch):
     assert prof.device == "cpu"
 
 
-def test_plain_script_with_worker_processes_leaves_none_behind(clean_env):
-    pid_dir = clean_env / "pids"
-    pid_dir.mkdir()
+def test_plain_script_with_worker_processes_leaves_none_behind(clean_env, shared_dir):
+    pid_dir = shared_dir
     mod = load(SCRIPTS / "tiny_train.py", "tiny_train_for_tests")
     prof = dry(SCRIPTS / "tiny_train.py", "--batch-size", "8", "--width", "48", "--workers", "2",
                "--pid-dir", str(pid_dir))
@@ -92,33 +91,30 @@ def test_resnet_training_script(clean_env):
     assert_measured(prof, counts(mod.build_model(10)), batch=2)
 
 
-def test_pytorch_examples_ddp_tutorial_unchanged(clean_env):
-    # multigpu_torchrun.py calls torch.cuda.set_device and NCCL unconditionally: CPU shim.
-    sys.path.insert(0, str(SCRIPTS / "ddp_tutorial"))
-    try:
-        mod = load(SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", "ddp_tutorial_for_tests")
-        _, model, _ = mod.load_train_objs()
-    finally:
-        sys.path.remove(str(SCRIPTS / "ddp_tutorial"))
+def test_cuda_only_snapshot_job_unchanged(clean_env):
+    # snapshot_ddp/train.py calls torch.cuda.set_device and NCCL unconditionally: CPU shim.
+    mod = load(SCRIPTS / "snapshot_ddp" / "train.py", "snapshot_ddp_for_tests")
+    _, model, _ = mod.load_train_objs()
     env = dict(os.environ, SMARTLAUNCH_DRYRUN_CPU_SHIM="1")
-    prof = dry(SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", "2", "1", "--batch_size", "8",
+    prof = dry(SCRIPTS / "snapshot_ddp" / "train.py", "2", "1", "--batch_size", "8",
                environ=env)
     assert_measured(prof, counts(model), batch=8)
     assert prof.wrapped == "DDP"
+    assert not (clean_env / "snapshot.pt").exists()      # the dry run's snapshot is not kept
 
 
-def test_nanogpt_train_unchanged(clean_env, monkeypatch):
-    work = nanogpt_workdir(clean_env)
+def test_configured_gpt_trainer_unchanged(clean_env, monkeypatch):
+    work = gpt_workdir(clean_env)
     monkeypatch.chdir(work)  # train.py execs configurator.py and reads data/ from its cwd
-    env = dict(os.environ, SMARTLAUNCH_DRYRUN_CPU_SHIM="1")
-    prof = dry(work / "train.py", *NANOGPT_ARGS, environ=env)
-    assert_measured(prof, nanogpt_expected(), batch=4)
-    assert prof.wrapped == "DDP"  # torchrun's RANK makes nanoGPT wrap itself
+    prof = dry(work / "train.py", *GPT_ARGS)
+    assert_measured(prof, gpt_expected(), batch=8)      # 2 micro-batches of 4 per step
+    assert (prof.micro_batch_size, prof.micro_batches) == (4, 2)
+    assert prof.wrapped == "DDP"  # torchrun's RANK makes the trainer wrap itself
 
 
 def test_cuda_only_script_without_shim_crashes_and_is_not_launched(clean_env):
     with pytest.raises(DryRunError) as err:
-        dry(SCRIPTS / "ddp_tutorial" / "multigpu_torchrun.py", "2", "1")
+        dry(SCRIPTS / "snapshot_ddp" / "train.py", "2", "1")
     assert err.value.exit_code == ExitCode.DRY_RUN
     assert "exit code 1" in str(err.value)
 

@@ -10,6 +10,7 @@ from typing import Any
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, Reason, Strategy
 from smartlaunch.decide.words import gbps, gpu_list, ms, pct, rate, times
+from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
 # A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
@@ -23,7 +24,7 @@ TRIED = f"at most {MAX_DDP_TRIALS} DDP trials: the model's pick and the fastest 
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    basis: str = "forced"        # forced | model | trial | launch | fallback | only
+    basis: str = "forced"        # forced | model | trial | launch | fallback | only | torchrun
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
 
 
@@ -74,6 +75,14 @@ def choose_auto(ctx, cands: dict) -> Choice:
                                   rule("decision.max_gpus") if ctx.cap < 2 and ctx.request.max_gpus
                                   is None else None))
         return Choice(Strategy.SINGLE, single[1], "only")
+
+    p = ctx.profile
+    if p is not None and p.status == ProfileStatus.UNMEASURABLE:
+        k = max(ddp, key=_key_n)
+        ctx.reasons.append(Reason(
+            f"could not measure: {p.note} → DDP×{_key_n(k)} on {gpu_list(k[1])}, as torchrun "
+            f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
+        return Choice(Strategy.DDP, k[1], "torchrun")
 
     if ctx.launched:
         got = _from_launches(ctx, single, ddp, preds)

@@ -28,9 +28,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
+from smartlaunch import proc, sandbox
 from smartlaunch.decide.plan import Candidate, Strategy
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
+from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.request import Request
 
 KILL_GRACE_S = 5.0
@@ -47,17 +49,35 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         nonlocal last_step
         if request.no_python or not request.script:
             return None
+        isolated, note = isolation_check(request, policy, environ)
+        if not isolated and policy.dryrun.isolation == "require":
+            if log is not None:
+                log(f"no trial: {note}")
+            return None
         n = len(candidate.gpus) if candidate.strategy == Strategy.DDP else 1
         steps = trial_steps(policy, last_step)
         with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
-            cmd = trial_command(request, policy, n, tmp, python, steps=steps)
+            proc.remove_on_exit(tmp)
+            out = Path(tmp) / "result"
+            out.mkdir()
+            cmd = trial_command(request, policy, n, str(out), python, steps=steps)
+            if isolated:
+                cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [str(out)],
+                                   str(out / "isolation.json"), python)
             env = dict(environ)
+            env.update(sandbox.DRYRUN_ENV)
             if candidate.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, candidate.gpus)
             env["SMARTLAUNCH_TRIAL"] = "1"
             logfile = Path(tmp) / "trial.log"
+            listing = undo_roots(request, policy, isolated, (tmp,))
             rc = run_limited(cmd, env, policy.dryrun.time_limit_s, logfile)
-            result = read_rank0(Path(tmp))
+            if listing is not None:
+                undone = undo_note(listing, (tmp,))
+                if log is not None:
+                    log(f"trial of {candidate.strategy.value}×{n} not isolated ({note}): {undone}")
+            result = read_rank0(out)
+            proc.remove_on_exit(tmp, done=True)
             if log is not None and (rc != 0 or result is None):
                 tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
                 log(f"trial of {candidate.strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
@@ -99,33 +119,14 @@ def visible_devices(environ: Mapping[str, str], gpus) -> str:
 
 
 def run_limited(cmd: list[str], env: dict, limit_s: float, logfile: Path) -> int | None:
-    """Run in its own process group; past the limit SIGTERM the group (the dry-run hooks write
-    what they measured), then SIGKILL. None: it was killed."""
-    with open(logfile, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            return proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
-            return None
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc, signal.SIGKILL)
-                proc.wait()
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)   # start_new_session: the group id is the leader's pid
-    except ProcessLookupError:
-        pass
+    """Run as one guarded process tree; past the limit SIGTERM it (the dry-run hooks write
+    what they measured), SIGKILL after KILL_GRACE_S. None: it was killed."""
+    with open(logfile, "wb") as out, proc.spawn(cmd, env=env, stdout=out,
+                                                stderr=subprocess.STDOUT) as child:
+        rc = child.wait(limit_s)
+        if rc is None:
+            child.stop(signal.SIGTERM, KILL_GRACE_S)
+        return rc
 
 
 def read_rank0(out_dir: Path) -> dict | None:

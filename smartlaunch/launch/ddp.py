@@ -23,7 +23,8 @@ from pathlib import Path
 
 from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import ExitCode, UsageError
-from smartlaunch.launch import flightrec, procs
+from smartlaunch import proc as procs
+from smartlaunch.launch import flightrec
 from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.watchdog import Watchdog

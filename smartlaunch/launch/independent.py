@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from smartlaunch import proc
 from smartlaunch.errors import ExitCode, NoFreeGPUError, UsageError
 from smartlaunch.launch import numa
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
@@ -106,7 +107,7 @@ class Job:
     args: tuple[str, ...]
     state: JobState = JobState.PENDING
     gpu: int | None = None
-    proc: subprocess.Popen | None = None
+    child: proc.Child | None = None
     log_path: str = ""
     started: float = 0.0
     ended: float = 0.0
@@ -129,7 +130,7 @@ class Job:
         self.exit_code, self.ended = code, time.monotonic()
         self.state = JobState.SUCCEEDED if code == 0 else JobState.INTERRUPTED if stopped else JobState.FAILED
         self.samples_per_s = _samples_per_s(self.log_path)
-        _kill_group(self.proc.pid)     # dataloader workers and other leftovers of the job
+        self.child.reap()              # dataloader workers and other leftovers of the job
 
     def to_dict(self) -> dict:
         return {"index": self.index, "args": list(self.args), "state": self.state.value, "gpu": self.gpu,
@@ -145,13 +146,6 @@ def _samples_per_s(path: str) -> float | None:
     except OSError:
         return None
     return float(found[-1]) if found else None
-
-
-def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _binding(plan, topology, policy, gpu: int):
@@ -241,11 +235,10 @@ class IndependentLauncher:
         argv = worker_command(self.request, sys.executable) + list(self.request.script_args) + list(job.args)
         job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")
         with open(job.log_path, "ab") as out:
-            job.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+            job.child = proc.spawn(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         job.state, job.gpu, job.started = JobState.RUNNING, gpu, time.monotonic()
         where = f"GPU {gpu}" if gpu is not None else "CPU"
-        self.log(f"job {job.index} started on {where} (pid {job.proc.pid}): "
+        self.log(f"job {job.index} started on {where} (pid {job.child.pid}): "
                  f"{shlex.join(job.args) or '(no variant args)'}; log {job.log_path}")
 
     def _start_ready(self) -> None:
@@ -268,7 +261,7 @@ class IndependentLauncher:
 
     def poll(self):
         for job in self._in(JobState.RUNNING):
-            code = job.proc.poll() if job.state == JobState.RUNNING else None   # fail-fast ended it
+            code = job.child.returncode if job.state == JobState.RUNNING else None   # fail-fast ended it
             if code is None:
                 continue
             job.finish(code)
@@ -294,14 +287,13 @@ class IndependentLauncher:
             job.state, job.note = JobState.SKIPPED, reason
         running = self._in(JobState.RUNNING)
         for job in running:
-            _kill_group(job.proc.pid, sig or signal.SIGTERM)
+            job.child.send(sig or signal.SIGTERM)
         deadline = time.monotonic() + self.policy.launch.signal_grace_s
         for job in running:
-            try:
-                code = job.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _kill_group(job.proc.pid)
-                code = job.proc.wait()
+            code = job.child.wait(max(0.0, deadline - time.monotonic()))
+            if code is None:
+                job.child.send(signal.SIGKILL)
+                code = job.child.wait()
             job.finish(code, stopped=True)
         self._release_idle_gpus()
 
@@ -340,7 +332,7 @@ def run_independent(plan, request, policy, topology) -> int:
             got.append(signum)
         else:                           # SIGUSR1/2 (Slurm's early warning): the jobs' business
             for job in launcher._in(JobState.RUNNING):
-                _kill_group(job.proc.pid, signum)
+                job.child.send(signum)
 
     launcher.cancel = lambda: bool(got)
     with forward_signals(on_signal):

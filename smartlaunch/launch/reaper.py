@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     except OSError:
         pass
-    from smartlaunch.launch.procs import kill_run
+    from smartlaunch.proc import kill_run
     from smartlaunch.launch.progress import progress_path, read_progress
     leaders = []
     for lr in range(int(nproc)):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
+from smartlaunch import proc
 from smartlaunch.launch.api import LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for, forward_signals
@@ -45,42 +45,39 @@ def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None 
 class SingleLauncher:
     def __init__(self, argv: list[str], env: dict[str, str], grace_s: float):
         self.argv, self.env, self.grace_s = argv, env, grace_s
-        self.proc: subprocess.Popen | None = None
+        self.child: proc.Child | None = None
         self._stop_deadline: float | None = None
         self._signal: int | None = None
 
     def start(self) -> None:
         # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
-        # can end the whole group, DataLoader workers included.
-        self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+        # can end the whole group, DataLoader workers included; the guard ends it when we
+        # are SIGKILLed (its DataLoader workers lived on 5-10 s with PDEATHSIG alone).
+        self.child = proc.spawn(self.argv, env=self.env, stdin=None)
 
     def on_signal(self, signum: int) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signum)
+        if self.child and self.child.returncode is None:
+            self.child.send(signum)
         if signum in TERMINATING and self._stop_deadline is None:
             self._signal = signum
             self._stop_deadline = time.monotonic() + self.grace_s
 
     def poll(self) -> LaunchResult | None:
-        assert self.proc is not None
-        rc = self.proc.poll()
+        assert self.child is not None
+        rc = self.child.returncode
         if rc is None:
             if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
                 self.close(signal.SIGKILL)
             return None
-        self.close(signal.SIGKILL)  # leftovers of the script's group (grandchildren)
+        self.child.reap()           # leftovers of the script's group (grandchildren)
         code = exit_code_for(rc)
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
         return LaunchResult(state, code)
 
     def close(self, sig: int | None = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig or signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.child is not None:
+            self.child.send(sig or signal.SIGTERM)
 
 
 def run_single(plan, request, policy, topology) -> int:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import runpy
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
+from smartlaunch.entry import run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
 
@@ -77,12 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _keep.append(worktime.install(run_dir, local_rank))   # straggler signal (issue 18)
     code = 1
     try:
-        sys.argv = [target, *args]
-        if mode == "module":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
+        run_entrypoint(target, args, module=mode == "module")
         code = 0
     except SystemExit as e:
         code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
@@ -172,7 +167,8 @@ def _die_with_parent() -> None:
             threading.Event().wait(_PARENT_POLL_S)
             if os.getppid() != parent:
                 if os.getpgrp() == os.getpid():
-                    os.killpg(os.getpid(), signal.SIGKILL)
+                    from smartlaunch.proc import signal_group
+                    signal_group(os.getpid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="smartlaunch-parent-watch", daemon=True).start()

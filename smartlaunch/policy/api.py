@@ -68,6 +68,7 @@ class DryRunPolicy:
     warmup_steps: int = 5
     measure_steps: int = 20
     measure_seconds: float = 0.5          # and keep measuring until the window is this long
+    isolation: str = "require"            # require | best-effort | off (smartlaunch.sandbox)
 
 
 @dataclass(frozen=True)

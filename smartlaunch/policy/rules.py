@@ -17,7 +17,7 @@ from typing import Any
 from smartlaunch.policy.api import (
     DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy,
 )
-from smartlaunch.vocab import LINK_FAMILIES, NUMA_MODES, STRATEGIES
+from smartlaunch.vocab import ISOLATION_MODES, LINK_FAMILIES, NUMA_MODES, STRATEGIES
 
 SECTIONS: dict[str, type] = {
     "decision": DecisionPolicy,
@@ -75,6 +75,7 @@ CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "decision.ddp_link_classes": (LINK_FAMILIES, "link family"),
     "decision.fallback_strategy": (STRATEGIES, "strategy"),
     "launch.numa_binding": (NUMA_MODES, "NUMA mode"),
+    "dryrun.isolation": (ISOLATION_MODES, "isolation mode"),
 }
 
 # How an enforced value combines with the value below it. "max": the admin value is a cap (a

@@ -19,6 +19,8 @@ class ProfileStatus(str, enum.Enum):
     INCOMPLETE = "incomplete"   # fewer measured steps than asked; numbers present but noisy
     SKIPPED = "skipped"         # not profiled (--no-python, forced strategy, ...)
     CRASHED = "crashed"         # the script failed; never launched
+    UNMEASURABLE = "unmeasurable"   # failed before its first step after reading WORLD_SIZE:
+    #                                 it may refuse the dry run's 1; launched as torchrun would
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from smartlaunch import proc
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import comm_key, load_comm, read_json, store_comm
@@ -56,8 +57,9 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     sizes = sizes_for(device, max_bytes)
     iters = 5 if device == "cuda" else 7
     port = free_port()
-    procs: list[subprocess.Popen] = []
+    procs: list[proc.Child] = []
     with tempfile.TemporaryDirectory(prefix="smartlaunch-comm-") as tmp:
+        proc.remove_on_exit(tmp)
         out = os.path.join(tmp, "curve.json")
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
         try:
@@ -73,8 +75,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                        "--stat", "median" if device == "cuda" else "min"]
                 if device == "cuda":
                     cmd += ["--device-index", str(gpu)]
-                procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=logs[rank],
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
             failed = _wait_all(procs, time_limit_s)
             if failed is not None:
                 rank, why = failed
@@ -87,9 +88,10 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
             points = read_json(Path(out))
         finally:
             for p in procs:
-                _kill(p)
+                p.stop(signal.SIGKILL)
             for f in logs:
                 f.close()
+            proc.remove_on_exit(tmp, done=True)
     if not points:
         raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
                              "run `smartlaunch-node bench-comm --debug` to see why")
@@ -101,7 +103,7 @@ def _wait_all(procs, limit: float):
     """None when every rank exited 0; else (rank, reason) of the first failure."""
     deadline = time.monotonic() + limit
     while True:
-        codes = [p.poll() for p in procs]
+        codes = [p.returncode for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):
                 return rank, f"exited with code {code}"
@@ -111,15 +113,6 @@ def _wait_all(procs, limit: float):
             rank = next(r for r, c in enumerate(codes) if c is None)
             return rank, f"did not finish within {limit:g} s"
         time.sleep(0.05)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
 
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None) -> CommCurve:

@@ -24,7 +24,6 @@ import atexit
 import json
 import os
 import resource
-import runpy
 import signal
 import statistics
 import sys
@@ -395,15 +394,9 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    script = opts["script"]
-    sys.argv = [script, *opts["args"]]
     try:
-        if opts["module"]:
-            sys.path[0] = os.getcwd()  # as `python -m` does
-            runpy.run_module(script, run_name="__main__", alter_sys=True)
-        else:
-            sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script` does
-            runpy.run_path(script, run_name="__main__")
+        from smartlaunch.entry import run_entrypoint
+        run_entrypoint(opts["script"], opts["args"], module=opts["module"])
     finally:
         # Returned, sys.exit or raised: close the window now, while the script's device
         # context is alive (atexit runs after torch's own exit handlers may have torn it down).

@@ -19,8 +19,10 @@ import threading
 import time
 from pathlib import Path
 
+from smartlaunch import proc, sandbox
 from smartlaunch.errors import DryRunError
 from smartlaunch.worker_env import single_rank_env
+from smartlaunch.profile import undo
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.store import cache_root, private_dir, read_json
 
@@ -35,8 +37,9 @@ def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
     the single-GPU launcher gives a real run), plus the dry-run switches."""
     env = dict(environ)
     env.update(single_rank_env(run_id="smartlaunch-dryrun"))
+    env.update(sandbox.DRYRUN_ENV)
     env.update({
-        "PYTHONUNBUFFERED": "1", "SMARTLAUNCH_DRYRUN": "1",
+        "SMARTLAUNCH_DRYRUN": "1",
         # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
         "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
     })
@@ -55,22 +58,47 @@ def _pump(stream, tail: collections.deque, echo) -> None:
     stream.close()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; workers of its group may still be unwinding
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
+def isolation_paths(request, environ) -> list[str]:
+    """Where we know the job writes: cwd, the script's directory, $HOME."""
+    paths = [os.getcwd(), environ.get("HOME") or os.path.expanduser("~")]
+    if request.script and not request.module and not request.no_python:
+        paths.append(os.path.dirname(os.path.abspath(request.script)))
+    return paths
+
+
+def isolation_check(request, policy, environ) -> tuple[bool, str]:
+    """(run isolated?, note). `require` and no isolation here: the caller does not run it."""
+    mode = policy.dryrun.isolation
+    if mode == "off":
+        return False, "not isolated (dryrun.isolation=off)"
+    why = sandbox.unavailable(isolation_paths(request, environ))
+    if why is None:
+        return True, ""
+    if mode == "require":
+        return False, (f"the dry run cannot be isolated here ({why}); {policy.rule('dryrun.isolation')}"
+                       f": not run, so it cannot change your files")
+    return False, f"not isolated ({why}; dryrun.isolation=best-effort): it may have written files"
+
+
+def undo_roots(request, policy, isolated: bool, own) -> undo.Listing | None:
+    """best-effort without a sandbox: what the working and script directories hold now."""
+    if isolated or policy.dryrun.isolation != "best-effort":
+        return None
+    paths = [os.getcwd()]
+    if request.script and not request.module and not request.no_python:
+        paths.append(os.path.dirname(os.path.abspath(request.script)))
+    return undo.take(paths, skip=own)
+
+
+def undo_note(listing: undo.Listing, own) -> str:
+    if not listing.complete:
+        return f"more than {undo.MAX_ENTRIES} files in {', '.join(listing.roots)}: its writes were not undone"
+    removed, changed = undo.undo(listing, skip=own)
+    note = f"removed the {removed} files and directories it created in {', '.join(listing.roots)}"
+    if changed:
+        note += f"; it changed or deleted {len(changed)} that cannot be restored: " + \
+            ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
+    return note
 
 
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> ModelProfile:
@@ -79,6 +107,12 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
+    isolated, iso_note = isolation_check(request, policy, environ)
+    if not isolated and policy.dryrun.isolation == "require":
+        print(f"smartlaunch: {iso_note}", file=sys.stderr, flush=True)
+        return ModelProfile(ProfileStatus.SKIPPED, note=iso_note)
+    if iso_note and policy.dryrun.isolation != "off":
+        print(f"smartlaunch: dry run {iso_note}", file=sys.stderr, flush=True)
     limit = float(policy.dryrun.time_limit_s)
     logs = private_dir(private_dir(cache_root(policy, environ)) / "logs")
     _prune(logs)
@@ -86,7 +120,9 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
     log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
     with tempfile.TemporaryDirectory(prefix="smartlaunch-dryrun-") as tmp:
-        out = os.path.join(tmp, "profile.json")
+        proc.remove_on_exit(tmp)
+        out = os.path.join(tmp, "result", "profile.json")
+        os.mkdir(os.path.dirname(out))
         cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", "--out", out,
                "--warmup", str(policy.dryrun.warmup_steps),
                "--measure", str(policy.dryrun.measure_steps),
@@ -94,22 +130,37 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         if request.module:
             cmd.append("--module")
         cmd += [request.script, *request.script_args]
+        status = os.path.join(tmp, "result", "isolation.json")
+        if isolated:
+            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [os.path.dirname(out)], status)
+        own = (str(cache_root(policy, environ)), tmp)
+        listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=dryrun_env(environ, gpu), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.PIPE, start_new_session=True)
-            tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-            pump = threading.Thread(target=_pump, args=(proc.stderr, tail, echo), daemon=True)
-            pump.start()
-            timed_out = _wait(proc, out, limit)
-            if timed_out:
-                _kill_group(proc)
-            else:
-                _reap_group(proc)
-            pump.join(timeout=5)
+            with proc.spawn(cmd, env=dryrun_env(environ, gpu), stdout=log,
+                            stderr=subprocess.PIPE) as child:
+                tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+                pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo),
+                                        daemon=True)
+                pump.start()
+                timed_out = _wait(child, out, limit)
+                code = child.stop(signal.SIGTERM, TERM_GRACE_S) if timed_out else child.stop()
+                pump.join(timeout=5)
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
-    return _profile(request, data, proc.returncode, timed_out, limit, list(tail), log_path, elapsed)
+        iso = sandbox.read_status(status) if isolated else {}
+        if listing is not None:
+            iso_note = f"{iso_note}; {undo_note(listing, own)}"
+        proc.remove_on_exit(tmp, done=True)
+    if isolated and not iso.get("isolated"):
+        note = (f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
+                f"{policy.rule('dryrun.isolation')}: not run")
+        if policy.dryrun.isolation == "require":
+            return ModelProfile(ProfileStatus.SKIPPED, note=note)
+    prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed)
+    if iso_note:
+        prof = dataclasses.replace(prof, note=f"{prof.note}; {iso_note}")
+    return prof
 
 
 def _prune(logs: Path) -> None:
@@ -121,36 +172,22 @@ def _prune(logs: Path) -> None:
             pass
 
 
-def _wait(proc: subprocess.Popen, out: str, limit: float) -> bool:
+def _wait(child: proc.Child, out: str, limit: float) -> bool:
     """Wait for the child; True when it ran past the limit. Once the result file exists the
     script gets EXIT_GRACE_S to unwind (a stuck `finally` must not hold the launch)."""
     deadline = time.monotonic() + limit
     while True:
-        try:
-            proc.wait(timeout=0.05)
+        if child.wait(0.05) is not None:
             return False
-        except subprocess.TimeoutExpired:
-            pass
         # Only a result written because the measurement finished bounds the exit: one written
         # at the script's own exit (atexit) must keep the script's real exit code.
         done = read_json(Path(out)) if os.path.exists(out) else None
         if done and done.get("reason") == "measured":
-            try:
-                proc.wait(timeout=EXIT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
+            if child.wait(EXIT_GRACE_S) is None:
+                child.stop(signal.SIGTERM, TERM_GRACE_S)
             return False
         if time.monotonic() > deadline:
             return True
-
-
-def _reap_group(proc: subprocess.Popen) -> None:
-    """The leader exited; end what it left in its session (orphaned DataLoader workers).
-    The session id is the leader's pid, so only processes the script started are hit."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> ModelProfile:
@@ -160,6 +197,14 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
     if not timed_out and code not in (0, None) and not complete:
         last = "\n".join(tail[-10:])
         how = f"exit code {code}" if code > 0 else f"signal {-code}"
+        read = (data or {}).get("reads_world_size")
+        if read and not int((data or {}).get("steps_seen") or 0):
+            # Lightning's Trainer(devices=2) refuses WORLD_SIZE=1; torchrun would run it.
+            cause = next((line for line in reversed(tail) if line.strip()), how)
+            return ModelProfile(ProfileStatus.UNMEASURABLE, reads_world_size=read, note=(
+                f"the dry run (WORLD_SIZE=1) failed before its first step ({how}) after the "
+                f"script read the world size ({read}), so it may fix it: {cause.strip()[:200]} "
+                f"(script output: {log_path})"), dry_run_s=elapsed)
         raise DryRunError(
             f"the dry run of {request.script} failed with {how}; it was not launched. "
             f"Fix the script and run again (its output: {log_path}).\n{last}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from smartlaunch.errors import HealthError, SlurmError, TopologyError
+from smartlaunch.proc import signal_process
 from smartlaunch.scheduler import slurm
 from smartlaunch.slurm import health
 from smartlaunch.topology.api import Finding, Severity, Topology
@@ -188,12 +189,12 @@ def stop_leftovers(cfg: HookConfig, node: Topology, env: Mapping[str, str],
     for pid, gpu in mine:
         _log(state_dir(cfg), f"epilog job {env.get('SLURM_JOB_ID', '?')}: SIGTERM leftover pid "
                              f"{pid} on GPU {gpu}")
-        _kill(pid, signal.SIGTERM)
+        signal_process(pid, signal.SIGTERM)
     deadline = time.monotonic() + cfg.kill_grace_s
     while time.monotonic() < deadline and any(_owner(pid) is not None for pid, _ in mine):
         time.sleep(0.05)
     for pid, _ in mine:
-        _kill(pid, signal.SIGKILL)
+        signal_process(pid, signal.SIGKILL)
     time.sleep(0.2 if mine else 0)
     return [(pid, gpu) for pid, gpu in mine if _owner(pid) is not None]
 
@@ -208,13 +209,6 @@ def _owner(pid: int) -> int | None:
     if fields.get("State", "").strip().startswith("Z"):
         return None
     return int(fields["Uid"].split()[0])
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _release_leases(cfg: HookConfig, env, d: Path) -> None:

@@ -1,0 +1,72 @@
+"""What dry-run isolation costs (issue 14): the probe, the sandbox wrapper's start, and the
+dry run's wall time with `dryrun.isolation` require vs off (same script, alternated).
+
+    python bench/isolation_bench.py [--rounds 3] [--out bench/results/isolation-cpu.md]
+
+Ratios from one run each; the machine's load average is printed beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from smartlaunch import sandbox
+from smartlaunch.policy.api import DryRunPolicy, Policy
+from smartlaunch.profile.runner import run_dry_run
+from smartlaunch.request import Request
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "tiny_train.py"
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    probe = [timed(sandbox.probe) for _ in range(10)]
+    plain, wrapped = [], []
+    for _ in range(5):
+        with tempfile.TemporaryDirectory() as tmp:
+            plain.append(timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True)))
+            wrapped.append(timed(lambda: subprocess.run(
+                sandbox.wrap([sys.executable, "-c", "pass"], os.path.join(tmp, "s"), [], os.devnull),
+                check=True)))
+    runs = {"off": [], "require": []}
+    req = Request(script=str(SCRIPT), script_args=("--batch-size", "8"))
+    for _ in range(args.rounds):
+        for mode in runs:
+            pol = Policy(dryrun=DryRunPolicy(warmup_steps=1, measure_steps=20, isolation=mode))
+            runs[mode].append(run_dry_run(req, pol, gpu=None, environ=dict(os.environ)).dry_run_s)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    lines = [
+        f"# Dry-run isolation cost ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}, uid {os.getuid()})",
+        "",
+        f"- probe (fork, unshare, {len(sandbox.overlay_targets())} overlays): median "
+        f"{statistics.median(probe) * 1e3:.0f} ms over 10",
+        f"- `python -c pass`: median {statistics.median(plain) * 1e3:.0f} ms; through the sandbox "
+        f"wrapper: {statistics.median(wrapped) * 1e3:.0f} ms (5 each)",
+        f"- tiny_train.py dry run, median of {args.rounds}: off {med['off']:.2f} s, require "
+        f"{med['require']:.2f} s, ratio {med['require'] / med['off']:.2f}",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Run the user's entrypoint in this process exactly as `python [-m] TARGET ARGS` would, which
+is what torchrun's workers do (issue 14: `__file__`, `sys.argv[0]` and `sys.path[0]` equal
+torchrun's, so tracebacks, warnings and paths built from `__file__` do too).
+
+`python script.py` (3.9+): `__file__` is the absolute path (symlinks kept), `sys.argv[0]` the
+path as typed, `sys.path[0]` the directory of the resolved script. runpy.run_path would set
+`sys.argv[0]` to its argument, so a plain file is compiled and executed here instead.
+`python -m mod`: runpy.run_module with alter_sys, `sys.path[0]` the working directory.
+"""
+from __future__ import annotations
+
+import builtins
+import os
+import runpy
+import sys
+import types
+from importlib.machinery import SourceFileLoader
+
+
+def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
+    if module:
+        sys.argv = [target, *args]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    path = os.path.abspath(target)
+    sys.argv = [target, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(target))
+    if not os.path.isfile(path):       # a directory or zip with __main__.py
+        runpy.run_path(target, run_name="__main__")
+        return
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __builtins__=builtins, __spec__=None, __cached__=None,
+                         __loader__=SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)

@@ -1,0 +1,54 @@
+"""The guard: `python -m smartlaunch.guard TAG`, one per smartlaunch process (smartlaunch.proc).
+
+Reads lines from its stdin, a pipe only smartlaunch writes: `+g PGID` / `-g PGID` (a process
+group to end), `+p HEX` / `-p HEX` (a temp dir to remove, its path hex-encoded). At EOF, which
+comes however smartlaunch ends (SIGKILL included), it SIGKILLs the groups still registered and
+every process whose environment carries SMARTLAUNCH_GUARD=TAG, then removes the dirs. After a
+clean run everything was already unregistered and the sweep finds nothing (~10 ms).
+It runs in its own session, so a terminal's Ctrl-C does not end it before smartlaunch.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    tag = (argv or sys.argv[1:])[0]
+    owner = os.getppid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    groups: set[int] = set()
+    paths: set[str] = set()
+    for line in sys.stdin.buffer:
+        op, _, arg = line.decode(errors="replace").strip().partition(" ")
+        try:
+            if op in ("+g", "-g"):
+                (groups.add if op == "+g" else groups.discard)(int(arg))
+            elif op in ("+p", "-p"):
+                (paths.add if op == "+p" else paths.discard)(os.fsdecode(bytes.fromhex(arg)))
+        except ValueError:
+            continue
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    from smartlaunch.proc import GUARD_VAR, kill_tagged
+    kill_tagged(GUARD_VAR, tag + "-", exclude=(owner,))
+    # An overlay's scratch dir cannot go while its mount namespace lives, i.e. until the killed
+    # processes are reaped by init: retry for a while.
+    deadline = time.monotonic() + 5.0
+    while paths and time.monotonic() < deadline:
+        for p in list(paths):
+            shutil.rmtree(p, ignore_errors=True)
+            if not os.path.lexists(p):
+                paths.discard(p)
+        time.sleep(0.05)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

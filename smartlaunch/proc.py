@@ -1,0 +1,300 @@
+"""One process helper for every layer: spawn a child tree, bound it in time, end it, and make
+sure it never outlives smartlaunch (issue 14).
+
+- `spawn()` starts a child in its own session, so the child and everything it forks (DataLoader
+  workers) form one process group that `Child.stop()` ends as a whole, and a terminal's Ctrl-C
+  reaches it once, from us (as torchrun forwards it), not twice.
+- Every spawned child is registered with this process's guard (`python -m smartlaunch.guard`,
+  started on first use, one per smartlaunch process): it holds a pipe from us and, when that
+  pipe reaches EOF because we died (SIGKILL included), SIGKILLs every registered group and every
+  process that carries our GUARD_VAR tag (torch's agent starts trial ranks with setsid, out of
+  the group) and removes the registered temp dirs. PR_SET_PDEATHSIG alone is not enough: fork
+  children (DataLoader workers) do not inherit it and lived 5-10 s after a SIGKILLed launcher.
+- Process facts (/proc) and run-id sweeps for the DDP launcher's watchdog and reaper.
+
+Ranks are process-group leaders (torch's agent starts them with start_new_session=True), so a
+signal to the group reaches DataLoader workers and other children too. Stray processes of a
+run are found by the SMARTLAUNCH_RUN_ID their environment carries, which catches children
+that left the group (setsid) as well.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"
+GUARD_VAR = "SMARTLAUNCH_GUARD"         # tag of every process spawn() started, for the guard's sweep
+
+
+@dataclass(frozen=True)
+class ProcState:
+    state: str                 # /proc state letter: R S D T t Z ...; "gone" when reaped
+    status: int | None = None  # waitpid()-style status of a zombie (Linux >= 3.5)
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("gone", "Z", "X")
+
+    @property
+    def exit_code(self) -> int | None:
+        if self.status is None or self.status & 0x7F:
+            return None
+        return self.status >> 8
+
+    @property
+    def signal(self) -> int | None:
+        if self.status is None:
+            return None
+        return (self.status & 0x7F) or None
+
+
+def proc_state(pid: int) -> ProcState:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return ProcState("gone")
+    fields = raw[raw.rindex(")") + 2:].split()   # the name may hold spaces and ')'
+    state = fields[0]
+    status = None
+    if state == "Z" and len(fields) >= 50:
+        status = int(fields[49])                 # field 52 of stat(5), 3 of them before this slice
+    return ProcState(state, status)
+
+
+def signal_process(pid: int, sig: int) -> bool:
+    """sig to one process; False when it is gone or not ours."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_group(pid: int, sig: int) -> bool:
+    """Signal the process group led by pid (or pid alone when it leads none)."""
+    try:
+        os.killpg(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def signal_name(sig: int | None) -> str | None:
+    if not sig:
+        return None
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def run_processes(run_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """Live processes of this user whose environment carries our run id."""
+    skip = {os.getpid(), *exclude}
+    needle = f"{RUN_ID_VAR}={run_id}".encode()
+    out = []
+    uid = os.getuid()
+    for p in psutil.process_iter(["pid", "uids"]):
+        try:
+            if p.info["pid"] in skip or (p.info["uids"] and p.info["uids"].real != uid):
+                continue
+            with open(f"/proc/{p.info['pid']}/environ", "rb") as f:
+                env = f.read()
+        except (OSError, psutil.Error):
+            continue
+        if needle in env.split(b"\0") and proc_state(p.info["pid"]).alive:
+            out.append(p)
+    return out
+
+
+def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[int] = (),
+             timeout_s: float = 3.0) -> list[int]:
+    """SIGKILL every process of the run until none is left or timeout; returns the pids killed."""
+    killed: list[int] = []
+    for pid in group_leaders:
+        if signal_group(pid, signal.SIGKILL):
+            killed.append(pid)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = run_processes(run_id, exclude)
+        for p in left:
+            try:
+                p.kill()
+                killed.append(p.pid)
+            except psutil.Error:
+                pass
+        if not left or time.monotonic() > deadline:
+            return killed
+        time.sleep(0.05)
+
+
+def process_tagged(pid: int, prefix: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(e.startswith(prefix) for e in f.read().split(b"\0"))
+    except OSError:
+        return False
+
+
+def kill_tagged(var: str, value: str, exclude: Iterable[int] = (), timeout_s: float = 1.5) -> list[int]:
+    """SIGKILL every live process of this user whose environment holds var=value* (a prefix:
+    the guard's tag covers every child's tag)."""
+    needle = f"{var}={value}".encode()
+    skip, uid, killed = {os.getpid(), *exclude}, os.getuid(), []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for p in psutil.process_iter(["pid", "uids"]):
+            pid = p.info["pid"]
+            if pid in skip or (p.info["uids"] and p.info["uids"].real != uid):
+                continue
+            if process_tagged(pid, needle) and proc_state(pid).alive:
+                left.append(pid)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except OSError:
+                pass
+        if not left or time.monotonic() > deadline:
+            return killed
+        time.sleep(0.02)
+
+
+# ---- the guard: nothing we start outlives us ------------------------------------------------
+class _Guard:
+    """Client side of `python -m smartlaunch.guard` (protocol in that module)."""
+
+    def __init__(self):
+        env = {k: v for k, v in os.environ.items() if k != GUARD_VAR}
+        self.tag = f"{os.getpid()}-{time.time_ns()}"
+        self.spawned = 0
+        self.proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.guard", self.tag],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+
+    def send(self, op: str, arg: object) -> None:
+        try:
+            self.proc.stdin.write(f"{op} {arg}\n".encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+
+# One guard per smartlaunch process (keyed by pid: a forked child must start its own): it is
+# the one thing that survives our SIGKILL, so it cannot be created per call without paying a
+# Python start (~40 ms) for every child.
+_guards: dict[int, _Guard] = {}
+
+
+def guard() -> _Guard:
+    g = _guards.get(os.getpid())
+    if g is None or g.proc.poll() is not None:
+        g = _guards[os.getpid()] = _Guard()
+    return g
+
+
+def remove_on_exit(path: str, *, done: bool = False) -> None:
+    """The guard deletes `path` (a temp dir) if we die before `remove_on_exit(path, done=True)`."""
+    guard().send("-p" if done else "+p", os.fsencode(path).hex())
+
+
+class Child:
+    """A spawned process tree: its session's leader and the group it leads."""
+
+    def __init__(self, proc: subprocess.Popen, tag: str):
+        self.proc, self.pid, self.tag = proc, proc.pid, tag
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def send(self, sig: int) -> None:
+        """sig to the whole group (the leader and what it forked)."""
+        signal_group(self.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The leader's return code, or None when it still runs after `timeout` seconds."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, first: int = signal.SIGTERM, grace_s: float = 3.0) -> int:
+        """`first` to the group, SIGKILL after grace_s; then end what the leader left behind
+        (orphaned DataLoader workers). Returns the leader's return code."""
+        if self.proc.poll() is None:
+            self.send(first)
+            if self.wait(grace_s) is None:
+                self.send(signal.SIGKILL)
+        code = self.proc.wait()
+        self.reap()
+        return code
+
+    def reap(self) -> None:
+        """The leader exited: SIGKILL the rest of its group and stop guarding it. The session
+        id is the leader's pid, so only processes the child started are hit."""
+        signal_group(self.pid, signal.SIGKILL)
+        # torch's agent starts ranks in their own sessions: they are found by the tag
+        kill_tagged(GUARD_VAR, self.tag, timeout_s=1.0)
+        guard().send("-g", self.pid)
+
+    def __enter__(self) -> "Child":
+        # SIGTERM/SIGHUP to us while the block runs: leave it as Ctrl-C does (an exception,
+        # so __exit__ passes the signal on and waits the grace) and exit 128+N.
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGHUP):
+                self._previous[s] = signal.signal(s, _raise_signalled)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # A signal came to us (the children are in their own sessions, a terminal's Ctrl-C
+        # reaches only us): pass it on as torchrun does, then the grace; any other way out
+        # ends the tree.
+        first = exc.signum if isinstance(exc, Signalled) else \
+            signal.SIGINT if exc_type is KeyboardInterrupt else signal.SIGTERM
+        try:
+            self.stop(first)
+        finally:
+            for s, h in self._previous.items():
+                signal.signal(s, h)
+
+
+class Signalled(SystemExit):
+    """SIGTERM/SIGHUP inside a `with spawn(...)` block; exits 128+N."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum, _frame):
+    raise Signalled(signum)
+
+
+def spawn(argv: list[str], *, env: dict[str, str] | None = None, **popen) -> Child:
+    """Start argv in its own session, guarded (module docstring). popen: stdin/stdout/stderr/cwd."""
+    g = guard()
+    g.spawned += 1
+    tag = f"{g.tag}-{g.spawned}-"     # the trailing dash: child 1 must not match child 10
+    env = dict(os.environ if env is None else env)
+    env[GUARD_VAR] = tag
+    popen.setdefault("stdin", subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
+    g.send("+g", proc.pid)
+    return Child(proc, tag)
