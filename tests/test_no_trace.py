@@ -220,5 +220,8 @@ def test_script_sees_what_torchrun_gives_it(clean_env, shared_dir, mode):
             allowed = set(DRYRUN_ENV)
         if mode in ("single", "independent", "dry run"):
             allowed.add("TORCHELASTIC_USE_AGENT_STORE")
+        if mode == "ddp":   # Flight Recorder dumps into the run's log dir (issue 18), unless set
+            from smartlaunch.launch.flightrec import recorder_env
+            allowed |= set(recorder_env({}, str(clean_env))[0])
         for rank in range(n):
             _assert_same(_seen(want, str(rank)), _seen(got, str(rank)), allowed)
