@@ -246,20 +246,19 @@ def _launched(request, policy, topology, environ):
 def _trial_runner(request, policy, environ, topology, profile, status):
     if not policy.decision.trials or request.no_python:
         return None
-    from smartlaunch.decide.trial import make_trial_runner
+    from smartlaunch.profile.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, expected_step_s=step)
     count = 0
 
-    def announced(candidate):
+    def announced(strategy, gpus):
         nonlocal count
         from smartlaunch.decide.words import gpu_list
         count += 1
-        what = (f"DDP×{len(candidate.gpus)}" if candidate.strategy.value == "ddp"
-                else candidate.strategy.value)
-        status.ticking(f"trial {count}: {what} on {gpu_list(candidate.gpus)} (measured steps, at "
+        what = f"DDP×{len(gpus)}" if strategy.value == "ddp" else strategy.value
+        status.ticking(f"trial {count}: {what} on {gpu_list(gpus)} (measured steps, at "
                        f"least {policy.decision.trial_seconds:g} s)")
-        return runner(candidate)
+        return runner(strategy, gpus)
     return cached_trials(announced, request, policy, topology=topology, environ=environ)
 

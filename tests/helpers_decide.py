@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 from pathlib import Path
 
+from smartlaunch.decide.plan import Candidate
 from smartlaunch.policy.api import DecisionPolicy, Policy
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
 from smartlaunch.request import Request
@@ -138,9 +139,9 @@ class FakeTrial:
         self.rates = rates
         self.calls = []
 
-    def __call__(self, cand):
-        self.calls.append(cand)
-        return self.rates.get((cand.strategy.value, len(cand.gpus)))
+    def __call__(self, strategy, gpus):
+        self.calls.append(Candidate(strategy, tuple(gpus)))
+        return self.rates.get((strategy.value, len(gpus)))
 
 
 def policy(**decision) -> Policy:

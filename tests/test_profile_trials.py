@@ -5,7 +5,7 @@ import dataclasses
 
 from conftest import fixture_path
 
-from smartlaunch.decide.plan import Candidate, Strategy
+from smartlaunch.vocab import Strategy
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.cache import cached_trials
 from smartlaunch.request import Request
@@ -18,30 +18,30 @@ def test_trial_results_are_reused_until_reprofile(clean_env):
     request = Request(script="train.py", script_args=("--lr", "1"))
     calls = []
 
-    def runner(c):
-        calls.append((c.strategy, c.gpus))
-        return 100.0 * len(c.gpus)
+    def runner(strategy, gpus):
+        calls.append((strategy, gpus))
+        return 100.0 * len(gpus)
 
     env = {"HOME": str(clean_env / "home"), "XDG_CACHE_HOME": str(clean_env / "cache")}
-    single = Candidate(Strategy.SINGLE, (0,))
-    ddp = Candidate(Strategy.DDP, (0, 1))
+    single = (Strategy.SINGLE, (0,))
+    ddp = (Strategy.DDP, (0, 1))
     run = cached_trials(runner, request, Policy(), topology=topo, environ=env)
-    assert (run(single), run(ddp)) == (100.0, 200.0)
+    assert (run(*single), run(*ddp)) == (100.0, 200.0)
     again = cached_trials(runner, request, Policy(), topology=topo, environ=env)
-    assert (again(single), again(ddp)) == (100.0, 200.0)
+    assert (again(*single), again(*ddp)) == (100.0, 200.0)
     assert len(calls) == 2                                  # served from the cache
 
     # Another link environment or other script arguments are other measurements.
     other_env = cached_trials(runner, request, Policy(), topology=topo,
                               environ={**env, "NCCL_P2P_DISABLE": "1"})
-    other_env(ddp)
+    other_env(*ddp)
     other_args = cached_trials(runner, dataclasses.replace(request, script_args=("--lr", "2")),
                                Policy(), topology=topo, environ=env)
-    other_args(ddp)
+    other_args(*ddp)
     assert len(calls) == 4
     forced = cached_trials(runner, dataclasses.replace(request, reprofile=True), Policy(),
                            topology=topo, environ=env)
-    forced(single)
+    forced(*single)
     assert len(calls) == 5
 
 
@@ -50,7 +50,6 @@ def test_a_failed_trial_is_not_cached(clean_env):
     topo = from_json(fixture_path("h200-nv18-pair"), {})
     env = {"HOME": str(clean_env / "home"), "XDG_CACHE_HOME": str(clean_env / "cache")}
     results = iter([None, 42.0])
-    run = cached_trials(lambda c: next(results), Request(script="train.py"), Policy(),
+    run = cached_trials(lambda strategy, gpus: next(results), Request(script="train.py"), Policy(),
                         topology=topo, environ=env)
-    cand = Candidate(Strategy.SINGLE, (0,))
-    assert run(cand) is None and run(cand) == 42.0
+    assert run(Strategy.SINGLE, (0,)) is None and run(Strategy.SINGLE, (0,)) == 42.0

@@ -24,7 +24,7 @@ from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
 CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
-Trial = Callable[[Candidate], "float | None"]
+Trial = Callable[[Strategy, "tuple[int, ...]"], "float | None"]   # profile.trial
 
 
 def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,

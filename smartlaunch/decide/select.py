@@ -227,7 +227,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured = {}
     for k in keys:
-        got = ctx.trial(Candidate(k[0], k[1]))
+        got = ctx.trial(k[0], k[1])
         if got is not None and got > 0:
             measured[k] = float(got)
     single = keys[0]

@@ -167,16 +167,16 @@ __all__ = ["profile_entrypoint", "profile_key", "comm_key", "cache_root", "priva
 
 
 def cached_trials(runner, request, policy, *, topology, environ):
-    """Wrap a trial runner so each candidate's measured samples/s is kept with the profile:
+    """Wrap a trial runner so each (strategy, GPUs)'s measured samples/s is kept with the profile:
     same script, arguments and GPU model (the profile key), same GPU group, topology and NCCL
     environment (the comm key). `--reprofile` measures again."""
     folder = private_dir(private_dir(cache_root(policy, environ)) / "trials")
     gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
     base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
 
-    def run(candidate):
+    def run(strategy, gpus):
         key = hashlib.sha256(json.dumps(
-            [base, candidate.strategy.value, comm_key(topology, candidate.gpus, "trial", environ),
+            [base, strategy.value, comm_key(topology, gpus, "trial", environ),
              policy.decision.trial_steps, policy.decision.trial_seconds]
         ).encode()).hexdigest()[:32]
         path = folder / f"{key}.json"
@@ -184,7 +184,7 @@ def cached_trials(runner, request, policy, *, topology, environ):
             hit = read_json(path)
             if hit is not None and isinstance(hit.get("samples_per_s"), (int, float)):
                 return float(hit["samples_per_s"])
-        rate = runner(candidate)
+        rate = runner(strategy, gpus)
         if rate is not None:
             write_json(path, {"samples_per_s": rate, "measured_at": time.time()})
         return rate

@@ -45,7 +45,7 @@ class Recorder:
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
         # Only for one process: ranks of a DDP trial must stop at the same step, so trials
-        # size their window in steps (decide.trial) and leave this 0.
+        # size their window in steps (profile.trial) and leave this 0.
         self.min_seconds = max(0.0, min_seconds)
         self.clock = clock                # None: chosen when the window opens (clock.py)
         self.host = clock.now if clock is not None else time.perf_counter

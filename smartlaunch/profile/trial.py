@@ -11,9 +11,9 @@ ratio by 20% (2x H200, 2026-11-22: a 20-step trial saw 0.98x where 500 steps gav
 rank gets the same step count on its command line, so the ranks stop together.
 
     python -m torch.distributed.run --standalone --nproc-per-node N \
-        -m smartlaunch.decide.trial --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
+        -m smartlaunch.profile.trial --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
 
-Run as a module (`python -m smartlaunch.decide.trial`), this file is the per-rank shim: each
+Run as a module (`python -m smartlaunch.profile.trial`), this file is the per-rank shim: each
 rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.profile.dryrun.
 """
 from __future__ import annotations
@@ -29,23 +29,24 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from smartlaunch import proc, sandbox
-from smartlaunch.decide.plan import Candidate, Strategy
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.request import Request
+from smartlaunch.vocab import Strategy
 
 KILL_GRACE_S = 5.0
 
 
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
                       *, expected_step_s: float | None = None, python: str = sys.executable,
-                      log: Callable[[str], None] | None = None) -> Callable[[Candidate], float | None]:
-    """A `trial(candidate) -> samples/s or None` for decide(). None: the trial could not
+                      log: Callable[[str], None] | None = None
+                      ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
+    """A `trial(strategy, gpus) -> samples/s or None` for decide(). None: the trial could not
     measure (script failed, no step within policy.dryrun.time_limit_s, --no-python)."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
 
-    def trial(candidate: Candidate) -> float | None:
+    def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
         nonlocal last_step
         if request.no_python or not request.script:
             return None
@@ -54,7 +55,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             if log is not None:
                 log(f"no trial: {note}")
             return None
-        n = len(candidate.gpus) if candidate.strategy == Strategy.DDP else 1
+        n = len(gpus) if strategy == Strategy.DDP else 1
         steps = trial_steps(policy, last_step)
         with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
             proc.remove_on_exit(tmp)
@@ -66,8 +67,8 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                                    str(out / "isolation.json"), python)
             env = dict(environ)
             env.update(sandbox.DRYRUN_ENV)
-            if candidate.gpus:
-                env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, candidate.gpus)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
             env["SMARTLAUNCH_TRIAL"] = "1"
             logfile = Path(tmp) / "trial.log"
             listing = undo_roots(request, policy, isolated, (tmp,))
@@ -75,12 +76,12 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             if listing is not None:
                 undone = undo_note(listing, (tmp,))
                 if log is not None:
-                    log(f"trial of {candidate.strategy.value}×{n} not isolated ({note}): {undone}")
+                    log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
             result = read_rank0(out)
             proc.remove_on_exit(tmp, done=True)
             if log is not None and (rc != 0 or result is None):
                 tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
-                log(f"trial of {candidate.strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
+                log(f"trial of {strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
         if result and result.get("step_time_s"):
             last_step = result["step_time_s"]
         return samples_per_s(result, n)
@@ -99,7 +100,7 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None) -> list[str]:
     cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "smartlaunch.decide.trial", "--out-dir", out_dir,
+           "-m", "smartlaunch.profile.trial", "--out-dir", out_dir,
            "--warmup", str(policy.dryrun.warmup_steps),
            "--measure", str(steps or policy.decision.trial_steps)]
     if request.module:
@@ -152,7 +153,7 @@ def samples_per_s(result: dict | None, nproc: int) -> float | None:
 def _shim(argv: list[str]) -> None:
     """Per-rank entry: --out-dir DIR [dry-run options] SCRIPT ARGS."""
     if len(argv) < 2 or argv[0] != "--out-dir":
-        raise SystemExit("usage: python -m smartlaunch.decide.trial --out-dir DIR "
+        raise SystemExit("usage: python -m smartlaunch.profile.trial --out-dir DIR "
                          "[--warmup N] [--measure N] [--module] SCRIPT [ARGS...]")
     rank = os.environ.get("RANK", "0")
     out = os.path.join(argv[1], f"rank{rank}.json")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from smartlaunch.decide.plan import Candidate, Strategy
-from smartlaunch.decide.trial import make_trial_runner, samples_per_s, visible_devices
+from smartlaunch.vocab import Strategy
+from smartlaunch.profile.trial import make_trial_runner, samples_per_s, visible_devices
 from smartlaunch.policy.api import DecisionPolicy, DryRunPolicy, Policy
 from smartlaunch.request import Request
 
@@ -21,7 +21,7 @@ def test_a_ddp_trial_measures_samples_per_second(clean_env):
     # Single runs the same torchrun path with --nproc-per-node 1; one real run keeps CI short.
     logs = []
     trial = make_trial_runner(Request(script=SCRIPT), QUICK, dict(os.environ), log=logs.append)
-    two = trial(Candidate(Strategy.DDP, (0, 1)))
+    two = trial(Strategy.DDP, (0, 1))
     assert two is not None and two > 0, logs
 
 
@@ -33,7 +33,7 @@ def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     env = {**os.environ, "HANG": "1", "HANG_PIDFILE": str(tmp_path / "pid")}
     trial = make_trial_runner(Request(script=SCRIPT), pol, env)
     t0 = time.monotonic()
-    assert trial(Candidate(Strategy.DDP, (0, 1))) is None
+    assert trial(Strategy.DDP, (0, 1)) is None
     assert time.monotonic() - t0 < limit + 10.0
     pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
     assert pids, "the workers never started"
@@ -45,7 +45,7 @@ def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
 
 def test_no_python_entrypoints_cannot_be_trialled(clean_env):
     trial = make_trial_runner(Request(script="/bin/true", no_python=True), QUICK, {})
-    assert trial(Candidate(Strategy.SINGLE, (0,))) is None
+    assert trial(Strategy.SINGLE, (0,)) is None
 
 
 def test_candidate_ordinals_map_through_the_jobs_visible_devices():
@@ -59,7 +59,7 @@ def test_rate_is_ranks_times_batch_over_rank0_step():
 
 
 def test_trial_length_fills_the_policy_window():
-    from smartlaunch.decide.trial import trial_steps
+    from smartlaunch.profile.trial import trial_steps
     from smartlaunch.profile.dryrun import MAX_STEPS
     pol = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=1.0))
     assert trial_steps(pol, None) == 20                 # no estimate: the step count alone
@@ -71,7 +71,7 @@ def test_trial_length_fills_the_policy_window():
 
 
 def test_trial_command_carries_the_step_count(clean_env):
-    from smartlaunch.decide.trial import trial_command
+    from smartlaunch.profile.trial import trial_command
     cmd = trial_command(Request(script=SCRIPT), QUICK, 2, "/tmp/x", steps=500)
     assert cmd[cmd.index("--measure") + 1] == "500"
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
@@ -94,11 +94,11 @@ echo '{{"step_time_s": 0.002, "batch_size": 8}}' > "$out/rank0.json"
     fake.chmod(0o755)
     pol = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=0.5))
     trial = make_trial_runner(Request(script=SCRIPT), pol, {}, python=str(fake))
-    assert trial(Candidate(Strategy.SINGLE, (0,))) == pytest.approx(8 / 0.002)
-    assert trial(Candidate(Strategy.DDP, (0, 1))) == pytest.approx(2 * 8 / 0.002)
+    assert trial(Strategy.SINGLE, (0,)) == pytest.approx(8 / 0.002)
+    assert trial(Strategy.DDP, (0, 1)) == pytest.approx(2 * 8 / 0.002)
     # No profile estimate: the first runs trial_steps; the second fills 0.5 s of 2 ms steps.
     assert seen.read_text().split() == ["20", "250"]
     hinted = make_trial_runner(Request(script=SCRIPT), pol, {}, python=str(fake),
                                expected_step_s=0.01)
-    hinted(Candidate(Strategy.SINGLE, (0,)))
+    hinted(Strategy.SINGLE, (0,))
     assert seen.read_text().split()[-1] == "50"
