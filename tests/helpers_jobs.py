@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 from smartlaunch.decide.plan import Plan, Strategy
+from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.policy.api import JobsPolicy, LaunchPolicy, Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import GPU, GPUProcess, Topology
@@ -41,7 +42,8 @@ def policy(tmp_path: Path, **jobs) -> Policy:
 
 def plan(variants, *, gpus=(0, 1), device: str = "cuda", nproc: int = 1, profile=None) -> Plan:
     return Plan(strategy=Strategy.INDEPENDENT, device=device, gpus=tuple(gpus), nproc_per_node=nproc,
-                requested_max=len(gpus), variants=tuple(tuple(v) for v in variants), profile=profile or {})
+                requested_max=len(gpus), variants=tuple(tuple(v) for v in variants),
+                profile=ModelProfile(ProfileStatus.OK, **profile) if profile else None)
 
 
 def request(script: str, *args: str, no_wait: bool = False) -> Request:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from smartlaunch.decide.plan import Candidate, Plan, Reason, Strategy
+from smartlaunch.profile.api import ModelProfile, ProfileStatus
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -33,7 +34,7 @@ def plan_json(choice: str, speedup: float, params: int = 6_887_178) -> str:
         candidates=(Candidate(Strategy.SINGLE, (0,), speedup=1.0, chosen=not ddp),
                     Candidate(Strategy.DDP, (0, 1), speedup=speedup, chosen=ddp, reason="r")),
         reasons=(Reason(f"DDP×2 predicted {speedup:.2f}×"),),
-        profile={"total_params": params, "batch_size": 64, "cached": False, "status": "ok"},
+        profile=ModelProfile(ProfileStatus.OK, total_params=params, batch_size=64, cached=False),
     ).to_json()
 
 

@@ -36,7 +36,7 @@ def test_ddp_wins_on_nvlink_and_explains_with_numbers(clean_env):
     assert win.efficiency >= 0.7 and win.speedup > 1.0
     assert win.predicted_samples_per_s == pytest.approx(2 * 64 / win.predicted_step_s)
     assert any(r.rule.startswith("decision.min_efficiency=0.7 (built-in)") for r in plan.reasons)
-    assert plan.comm["busbw_256MiB_GBps"] > 200
+    assert plan.comm.busbw_256MiB_GBps > 200
 
 
 def test_single_wins_on_slow_link_and_names_the_free_gpu(clean_env):

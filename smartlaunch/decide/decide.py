@@ -55,10 +55,9 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
         raise PolicyError(f"the policy forbids independent jobs "
                           f"({policy.rule('decision.allowed_strategies')}); run the "
                           f"{len(request.variants)} variants one at a time without --each")
-    prof = profile.to_dict() if profile is not None else {}
     topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
             "note": topology.note, "hostname": topology.hostname}
-    base = dict(profile=prof, topology=topo, nnodes=request.nnodes, forced=forced,
+    base = dict(profile=profile, topology=topo, nnodes=request.nnodes, forced=forced,
                 variants=tuple(request.variants))
     if not topology.gpus:
         return _cpu_plan(request, policy, reasons, base)

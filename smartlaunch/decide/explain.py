@@ -5,8 +5,9 @@ people. Nothing here decides anything.
 """
 from __future__ import annotations
 
-from smartlaunch.decide.plan import Candidate, Plan, Strategy
+from smartlaunch.decide.plan import Candidate, CommSummary, Plan, Strategy
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
+from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.vocab import format_ranges
 
 
@@ -60,62 +61,62 @@ def _headline(plan: Plan) -> str:
     return f"smartlaunch: {what} [{extra}]" + (" (strategy forced)" if plan.forced else "")
 
 
-def _profile(p: dict) -> list[str]:
-    if not p:
+def _profile(p: ModelProfile | None) -> list[str]:
+    if p is None:
         return ["profile: none"]
-    if p.get("status") not in ("ok", "incomplete"):
-        note = f": {p['note']}" if p.get("note") else ""
-        return [f"profile: {p.get('status')}{note}"]
-    params = p.get("trainable_params") or p.get("total_params") or 0
-    step, p90, bwd = p.get("step_time_s"), p.get("step_time_p90_s"), p.get("backward_s")
-    peak = p.get("peak_gpu_mem_bytes")
-    batch = p.get("batch_size")
-    micro, per = p.get("micro_batches"), p.get("micro_batch_size")
+    if p.status not in (ProfileStatus.OK, ProfileStatus.INCOMPLETE):
+        note = f": {p.note}" if p.note else ""
+        return [f"profile: {p.status.value}{note}"]
+    params = p.trainable_params or p.total_params or 0
+    step, p90, bwd = p.step_time_s, p.step_time_p90_s, p.backward_s
+    peak = p.peak_gpu_mem_bytes
+    batch = p.batch_size
+    micro, per = p.micro_batches, p.micro_batch_size
     batch_txt = f"batch {batch if batch is not None else '??'}"
     if micro and micro > 1:
         batch_txt += f" per step ({micro} micro-batches of {per if per is not None else '??'})"
-    parts = [f"{params / 1e6:.1f}M params", f"{mb(p.get('grad_bytes'))} grads", batch_txt,
+    parts = [f"{params / 1e6:.1f}M params", f"{mb(p.grad_bytes)} grads", batch_txt,
              f"step {ms(step)}" + (f" (p90 {ms(p90)})" if p90 else "")]
     if bwd and step:
         parts.append(f"backward {pct(bwd / step)} of the step")
     parts.append(f"peak {peak / 1024 ** 3:.1f} GiB" if peak else "peak ??")
-    cost = p.get("dry_run_s")
-    parts.append("cached" if p.get("cached") else
+    cost = p.dry_run_s
+    parts.append("cached" if p.cached else
                  (f"dry run {cost:.1f} s" if cost is not None else "dry run ??"))
-    timing = f", {p['timing']}" if p.get("timing") else ""
+    timing = f", {p.timing}" if p.timing else ""
     out = ["profile: " + ", ".join(parts) +
-           f" [{p.get('status')}, {p.get('steps_measured', 0)} steps{timing}]"]
-    if p.get("note"):
-        out.append(f"  note: {p['note']}")
-    if p.get("window_cut_short"):
+           f" [{p.status.value}, {p.steps_measured} steps{timing}]"]
+    if p.note:
+        out.append(f"  note: {p.note}")
+    if p.window_cut_short:
         out.append(f"  confidence: low: the script ended before the measurement window was "
-                   f"complete ({p.get('steps_measured', 0)} steps)")
-    if p.get("reads_world_size"):
+                   f"complete ({p.steps_measured} steps)")
+    if p.reads_world_size:
         out.append(world_size_sentence(p))
     return out
 
 
-def world_size_sentence(p: dict) -> str:
-    work = f"{p['batch_size']} samples" if p.get("batch_size") else "the profiled work"
+def world_size_sentence(p: ModelProfile) -> str:
+    work = f"{p.batch_size} samples" if p.batch_size else "the profiled work"
     head = (f"  per-rank work: the script's own code asks for the world size before its first "
-            f"step ({p['reads_world_size']}); predictions assume torchrun's semantics, each "
+            f"step ({p.reads_world_size}); predictions assume torchrun's semantics, each "
             f"rank doing the profiled single-GPU step ({work})")
-    if (p.get("micro_batches") or 1) > 1:
-        return (head + f", but with {p['micro_batches']} accumulated micro-batches it may "
+    if (p.micro_batches or 1) > 1:
+        return (head + f", but with {p.micro_batches} accumulated micro-batches it may "
                 f"divide its accumulation by the number of ranks (as nanoGPT does); a measured "
                 f"trial settles it")
     return head
 
 
-def _comm(c: dict) -> list[str]:
-    if not c:
+def _comm(c: CommSummary | None) -> list[str]:
+    if c is None:
         return ["all-reduce: not measured"]
-    at_grad = c.get("busbw_at_grad_GBps")
-    return [f"all-reduce ({c.get('backend')}, {gpu_list(c.get('gpus') or ())}, "
-            f"{'cached' if c.get('cached') else 'measured'}): busbw "
-            f"{gbps(c['busbw_256MiB_GBps'] * 1e9)} at 256 MiB"
+    at_grad = c.busbw_at_grad_GBps
+    return [f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, "
+            f"{'cached' if c.cached else 'measured'}): busbw "
+            f"{gbps(c.busbw_256MiB_GBps * 1e9)} at 256 MiB"
             + (f", {gbps(at_grad * 1e9)} at the gradient size" if at_grad else "")
-            + f", latency {c.get('latency_us', 0):.0f} µs"]
+            + f", latency {c.latency_us:.0f} µs"]
 
 
 def _table(cands: tuple[Candidate, ...]) -> list[str]:

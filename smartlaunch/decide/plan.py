@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.profile.api import ModelProfile
 from smartlaunch.vocab import Strategy
 
 SCHEMA_VERSION = 1
@@ -54,6 +55,30 @@ class Reason:
 
 
 @dataclass(frozen=True)
+class CommSummary:
+    """The all-reduce curve a DDP candidate was predicted with, as --explain and the JSON
+    show it (docs/plan-schema.md, "Comm")."""
+    world_size: int
+    backend: str
+    gpus: tuple[int, ...]
+    busbw_256MiB_GBps: float
+    busbw_at_grad_GBps: float | None
+    grad_bytes: int | None
+    latency_us: float
+    cached: bool
+    env: dict[str, str]
+    # The measured curve itself, so a decision can be replayed and audited offline.
+    points: tuple[tuple[int, float], ...]
+    bandwidth_Bps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gpus"] = list(self.gpus)
+        d["points"] = [[int(b), float(t)] for b, t in self.points]
+        return d
+
+
+@dataclass(frozen=True)
 class Plan:
     strategy: Strategy
     device: str                                  # "cuda" or "cpu"
@@ -67,8 +92,8 @@ class Plan:
     left_free: tuple[int, ...] = ()              # allowed GPUs the plan does not hold
     link_class: str | None = None                # worst link inside the DDP group
     variants: tuple[tuple[str, ...], ...] = ()   # independent jobs: script args per job
-    profile: dict[str, Any] = field(default_factory=dict)     # ModelProfile.to_dict() or {}
-    comm: dict[str, Any] = field(default_factory=dict)        # CommCurve summary or {}
+    profile: ModelProfile | None = None          # the dry run's, None without one
+    comm: CommSummary | None = None              # None when no curve was measured
     topology: dict[str, Any] = field(default_factory=dict)    # fingerprint, source, note
     nnodes: str = "1"
     forced: bool = False                         # --strategy given (not auto)
@@ -78,6 +103,8 @@ class Plan:
         d = dataclasses.asdict(self)
         d["schema_version"] = SCHEMA_VERSION
         d["strategy"] = self.strategy.value
+        d["profile"] = self.profile.to_dict() if self.profile is not None else {}
+        d["comm"] = self.comm.to_dict() if self.comm is not None else {}
         for c in d["candidates"]:
             c["strategy"] = Strategy(c["strategy"]).value
         return d

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smartlaunch.decide.cost import MODEL_ERROR
-from smartlaunch.decide.plan import Candidate, Reason, Strategy
+from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy
 from smartlaunch.decide.words import gbps, gpu_list, ms, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
@@ -379,16 +379,14 @@ def _name(c: Candidate) -> str:
     return "independent jobs" if c.strategy == Strategy.INDEPENDENT else "single GPU"
 
 
-def comm_summary(curve, profile) -> dict[str, Any]:
+def comm_summary(curve, profile) -> CommSummary | None:
     if curve is None:
-        return {}
+        return None
     grad = profile.grad_bytes if profile is not None and profile.grad_bytes else None
-    out = {"world_size": curve.world_size, "backend": curve.backend, "gpus": list(curve.gpus),
-           "busbw_256MiB_GBps": round(curve.bus_bandwidth_Bps(256 * MiB) / 1e9, 3),
-           "busbw_at_grad_GBps": round(curve.bus_bandwidth_Bps(grad) / 1e9, 3) if grad else None,
-           "grad_bytes": grad, "latency_us": round(curve.latency_s * 1e6, 3),
-           "cached": curve.cached, "env": dict(curve.env),
-           # The measured curve itself, so a decision can be replayed and audited offline.
-           "points": [[int(b), float(t)] for b, t in curve.points],
-           "bandwidth_Bps": curve.bandwidth_Bps}
-    return out
+    return CommSummary(
+        world_size=curve.world_size, backend=curve.backend, gpus=tuple(curve.gpus),
+        busbw_256MiB_GBps=round(curve.bus_bandwidth_Bps(256 * MiB) / 1e9, 3),
+        busbw_at_grad_GBps=round(curve.bus_bandwidth_Bps(grad) / 1e9, 3) if grad else None,
+        grad_bytes=grad, latency_us=round(curve.latency_s * 1e6, 3), cached=curve.cached,
+        env=dict(curve.env), points=tuple((int(b), float(t)) for b, t in curve.points),
+        bandwidth_Bps=curve.bandwidth_Bps)

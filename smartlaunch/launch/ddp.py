@@ -113,10 +113,11 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
 
 def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str, run_dir: str) -> str:
     figures = watchdog.monitor.figures(watchdog.records())
-    profile = plan.profile or {}
-    figures.batch = profile.get("batch_size")
-    if plan.device == "cuda" and profile.get("step_time_s") and plan.nproc_per_node > 1:
-        figures.single_step_s = profile["step_time_s"]
+    profile = plan.profile
+    figures.batch = profile.batch_size if profile is not None else None
+    if plan.device == "cuda" and profile is not None and profile.step_time_s \
+            and plan.nproc_per_node > 1:
+        figures.single_step_s = profile.step_time_s
     figures.log_dir = log_root
     figures.run_dir = run_dir
     if result.details.get("hang") is not None:

@@ -78,7 +78,7 @@ def gpu_capacity(plan, policy, topology) -> tuple[dict[int, int], str]:
     cap = {i: 1 for i in plan.gpus}
     if want == 1:
         return cap, ""
-    peak = (plan.profile or {}).get("peak_gpu_mem_bytes")
+    peak = plan.profile.peak_gpu_mem_bytes if plan.profile is not None else None
     if not peak:
         return cap, f"jobs.jobs_per_gpu={want} not used: no profiled peak GPU memory shows two jobs fit"
     notes = []

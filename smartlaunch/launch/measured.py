@@ -46,7 +46,7 @@ def _record(plan, request, policy, topology, run_dir, environ, out):
     seen = slowest_rank(run_dir, n)
     if seen is None:
         return None
-    profile = dict(plan.profile or {})
+    profile = plan.profile.to_dict() if plan.profile is not None else {}
     if not profile:   # a forced strategy skipped the dry run; an earlier one may be cached
         from smartlaunch.profile.cache import cached_profile
         cached = cached_profile(request, policy, gpu_model=topology.gpus[0].name, environ=environ)
