@@ -43,7 +43,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
               status: StatusLine | None = None):
     from smartlaunch.decide import decide
-    from smartlaunch.errors import NoFreeGPUError
+    from smartlaunch.decide.probe import probe
     from smartlaunch.launch.prepare import prepare
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
@@ -64,34 +64,23 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     clock.lap("policy")
     topology = discover(environ)
     clock.lap("topology")
-    # An impossible request (too many GPUs, ddp on one GPU, a forbidden strategy) fails here,
-    # in milliseconds, before the lease directory is touched or anything is measured.
-    decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=frozenset())
-    unavailable = frozenset(_leased_elsewhere(topology, policy))
+    # Fails an impossible request in milliseconds, before the lease directory is touched or
+    # anything is measured; plans for a wait when another launch leases every usable GPU.
+    first = probe(request, topology, policy, environ=environ,
+                  leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
+    notes += [(r.text, r.rule) for r in first.reasons]
     clock.lap("leases")
-    # The same decision without measurements first: an impossible request (too many GPUs,
-    # ddp on one GPU, a forbidden strategy) fails in milliseconds, before any dry run.
-    measure = True
-    try:
-        decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
-    except NoFreeGPUError:
-        # Every usable GPU is leased by another launch: plan as if they were free and let the
-        # launcher wait for its lease (or, with --no-wait, fail naming the holders);
-        # measuring on GPUs someone else holds would disturb them, so the policy's fallback
-        # decides.
-        notes.append(("every usable GPU is leased by another launch: no dry run; the launch "
-                      "waits for its GPUs", "jobs.wait_timeout_s"))
-        unavailable, measure = frozenset(), False
-        decide(request, topology, policy, None, comm_for=lambda g: None, unavailable=unavailable)
-    profile = _profile(request, policy, topology, environ, unavailable, status) if measure else None
+    profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
     clock.lap("profile")
-    trial = _trial_runner(request, policy, environ, topology, profile, status) if measure else None
+    trial = _trial_runner(request, policy, environ, topology, profile, status) \
+        if first.measure else None
     plan = decide(
         request, topology, policy, profile,
         comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
         trial=clock.timed("trials", trial) if trial is not None else None,
-        unavailable=unavailable,
+        unavailable=first.unavailable,
         launched=_launched(request, policy, topology, environ) if profile is not None else None,
+        environ=environ,
     )
     status.clear()
     clock.lap("decide")
@@ -183,16 +172,6 @@ def _leased_elsewhere(topology, policy) -> set[int]:
         return leases.taken(topology)
 
 
-def needs_profile(request: Request, topology, usable: list[int]) -> bool:
-    """A dry run only pays off when auto has a real choice to make."""
-    if request.strategy != "auto" or request.no_python or request.multi_node:
-        return False
-    if not topology.gpus:
-        return False
-    limit = request.max_gpus or len(usable)
-    return min(limit, len(usable)) > 1 and not request.variants
-
-
 class _Null:
     def write(self, s):
         pass
@@ -201,14 +180,11 @@ class _Null:
         pass
 
 
-def _profile(request, policy, topology, environ, unavailable, status):
-    usable = [g.index for g in topology.gpus
-              if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
-    if not needs_profile(request, topology, usable):
+def _profile(request, policy, topology, environ, gpu, status):
+    if gpu is None:
         return None
     from smartlaunch.worker_env import narrow_visible
     from smartlaunch.profile.cache import profile_entrypoint
-    gpu = usable[0]
 
     def announce():
         status.ticking(f"profiling {request.script} on GPU{gpu} (dry run of at most "

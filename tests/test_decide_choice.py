@@ -144,10 +144,9 @@ def test_policy_caps_and_forbidden_strategies(clean_env):
             req=request(strategy="ddp"))
 
 
-def test_too_many_gpus_asked_is_a_usage_error(clean_env, monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+def test_too_many_gpus_asked_is_a_usage_error(clean_env):
     with pytest.raises(UsageError) as e:
-        run(nv_pair(), profile(), req=request(max_gpus=4))
+        run(nv_pair(), profile(), req=request(max_gpus=4), environ={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert str(e.value) == ("--nproc-per-node 4 exceeds the 2 GPUs visible to this job "
                             "(CUDA_VISIBLE_DEVICES=0,1); lower it or use --nproc-per-node gpu")
     assert e.value.exit_code == ExitCode.USAGE

@@ -8,7 +8,6 @@ policy's threshold or there is no usable profile; pick; say why with the numbers
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Callable
 
@@ -30,10 +29,11 @@ Trial = Callable[[Strategy, "tuple[int, ...]"], "float | None"]   # profile.tria
 def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,
            *, comm_for: CommFor, trial: Trial | None = None,
            unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel(),
-           launched: Mapping[str, MeasuredRate] | None = None) -> Plan:
+           launched: Mapping[str, MeasuredRate] | None = None,
+           environ: Mapping[str, str] | None = None) -> Plan:
     """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError.
     launched: measured rates of earlier launches of this job (profile.feedback), preferred
-    over predictions."""
+    over predictions. environ: the job's environment, quoted in errors (None: not known)."""
     d = policy.decision
     forced = request.strategy != "auto"
     reasons: list[Reason] = []
@@ -66,7 +66,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     cap = visible
     if request.max_gpus is not None:
         if request.max_gpus > visible:
-            cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+            cvd = (environ or {}).get("CUDA_VISIBLE_DEVICES")
             seen = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else \
                 G.gpu_list_short(g.index for g in topology.gpus)
             raise UsageError(f"--nproc-per-node {request.max_gpus} exceeds the {visible} GPUs "

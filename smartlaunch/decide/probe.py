@@ -1,0 +1,61 @@
+"""What the decision needs measured, decided before anything is measured.
+
+`probe()` runs `decide()` without measurements: an impossible request (too many GPUs, ddp on one
+GPU, a forbidden strategy) fails here in milliseconds, before the lease directory is touched or a
+dry run starts. When every usable GPU is leased by another launch it plans for a wait instead:
+measuring on GPUs someone else holds would disturb them, so the policy's fallback decides and the
+launcher waits for its lease (or, with --no-wait, fails naming the holders). The caller then runs
+the one real `decide()` with what the probe says.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from smartlaunch.decide.decide import decide
+from smartlaunch.decide.plan import Reason
+from smartlaunch.errors import NoFreeGPUError
+from smartlaunch.policy.api import Policy
+from smartlaunch.request import Request
+from smartlaunch.topology.api import Topology
+
+WAIT_REASON = Reason("every usable GPU is leased by another launch: no dry run; the launch "
+                     "waits for its GPUs", "jobs.wait_timeout_s")
+
+
+@dataclass(frozen=True)
+class Probe:
+    unavailable: frozenset[int]        # GPUs the real decision must leave out
+    measure: bool                      # False: plan for a wait, without dry run or trials
+    profile_gpu: int | None            # where a dry run pays off; None: no dry run
+    reasons: tuple[Reason, ...] = ()   # to add to the plan's
+
+
+def probe(request: Request, topology: Topology, policy: Policy, *,
+          leased: Callable[[], frozenset[int]],
+          environ: Mapping[str, str] | None = None) -> Probe:
+    """leased() is read only once the request is known possible (it touches the lease
+    directory)."""
+    def cheap(unavailable):
+        decide(request, topology, policy, None, comm_for=lambda g: None,
+               unavailable=unavailable, environ=environ)
+    cheap(frozenset())
+    unavailable = frozenset(leased())
+    try:
+        cheap(unavailable)
+    except NoFreeGPUError:
+        return Probe(frozenset(), False, None, (WAIT_REASON,))
+    usable = [g.index for g in topology.gpus
+              if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
+    return Probe(unavailable, True,
+                 usable[0] if needs_profile(request, topology, usable) else None)
+
+
+def needs_profile(request: Request, topology: Topology, usable: list[int]) -> bool:
+    """A dry run only pays off when auto has a real choice to make."""
+    if request.strategy != "auto" or request.no_python or request.multi_node:
+        return False
+    if not topology.gpus:
+        return False
+    limit = request.max_gpus or len(usable)
+    return min(limit, len(usable)) > 1 and not request.variants
