@@ -61,6 +61,16 @@ def test_admin_enforced_wins_over_environment():
     assert (out["NCCL_ALGO"].value, out["NCCL_ALGO"].source) == ("Tree", "admin enforce")
 
 
+@pytest.mark.parametrize("level, dropped", [("0", True), ("1", False), ("2", False),
+                                            ("LOC", True), ("NVL", True), ("PIX", False)])
+def test_p2p_level_reads_nccls_legacy_integers(level, dropped):
+    # NCCL: 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4+ SYS. "1" keeps P2P over a PIX switch; read as NVLink
+    # it was dropped as disabling the pair's working P2P.
+    pol = policy(nccl={"PIX": {"NCCL_P2P_LEVEL": level}})
+    env = nccl_env(ddp_plan((0, 1), "PIX"), topo("pcie-4gpu-x8"), pol, {}, enforced={})
+    assert ("NCCL_P2P_LEVEL" not in {e.name for e in env}) == dropped
+
+
 def test_nvls_never_turned_on():
     nccl = {"NV": {"NCCL_NVLS_ENABLE": "1", "NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "LOC"}}
     pol = policy(nccl=nccl)

@@ -12,11 +12,9 @@ from smartlaunch.decide.plan import EnvVar, Plan
 from smartlaunch.policy.api import Policy
 from smartlaunch.policy.enforce import enforced_env
 from smartlaunch.topology.api import Topology, link_family
+from smartlaunch.vocab import FAMILY_P2P_LEVEL, P2P_LEVELS, p2p_level
 
 NVLS = "NCCL_NVLS_ENABLE"
-# NCCL_P2P_LEVEL: P2P is used when the path is at most this far. Our families, nearest first.
-_P2P_LEVELS = ("LOC", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
-_P2P_LEVEL_ALIASES = {"NVL": "NV", "0": "LOC", "1": "NV", "2": "PIX", "3": "PXB", "4": "PHB", "5": "SYS"}
 
 
 def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str],
@@ -96,8 +94,11 @@ def _disables_p2p(name: str, value: str, working: set[str]) -> bool:
     if name == "NCCL_P2P_DISABLE":
         return value.strip().lower() not in ("0", "", "false", "no")
     if name == "NCCL_P2P_LEVEL":
-        level = _P2P_LEVEL_ALIASES.get(value.strip().upper(), value.strip().upper())
-        if level not in _P2P_LEVELS:
+        # P2P is used when the path is at most this far; NCCL's legacy integers are
+        # 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4+ SYS (vocab.p2p_level, as the policy validator reads them).
+        level = p2p_level(value)
+        if level is None:
             return False
-        return any(_P2P_LEVELS.index(f) > _P2P_LEVELS.index(level) for f in working if f in _P2P_LEVELS)
+        return any(P2P_LEVELS.index(FAMILY_P2P_LEVEL[f]) > P2P_LEVELS.index(level)
+                   for f in working if f in FAMILY_P2P_LEVEL)
     return False
