@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Mapping
 
 from smartlaunch.errors import SmartlaunchError, UsageError
@@ -254,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
+    # torch's CPU wheel does not bring numpy, and importing torch without it warns "Failed to
+    # initialize NumPy". The launcher itself never converts tensors to numpy, so in this process
+    # (and only here: the job sees torch's warnings as under torchrun) the line is noise that
+    # used to open every newcomer's first run.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     code = main()
     # Everything of ours is done: leases released, children reaped. What is left is the
     # interpreter's teardown of torch (imported for torchrun's parser): 0.5 s on an idle

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from smartlaunch.errors import SmartlaunchError
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
+    # As in smartlaunch's own console_main: torch's "Failed to initialize NumPy" is noise here.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     sys.exit(main())
 
 
