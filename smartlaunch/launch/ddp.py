@@ -102,12 +102,16 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
     summary = _summary(watchdog, plan, result, log_root or run_dir, run_dir)
     with contextlib.suppress(OSError):
         Path(run_dir, "summary.txt").write_text(summary + "\n")
-    # A clean run leaves the terminal as the decision line left it (issue 13: one line of
-    # smartlaunch's own); a failure, a hang or a warning brings the summary to stderr.
+    # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends with
+    # its first line and where the rest is (issue 18: a summary on success too), one line after
+    # the job's output as the decision line was one before it; --quiet / launch.quiet drop it.
     if result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
         msg = f"{result.message}\n{summary}" if result.message else summary
-    else:
+    elif request.quiet or policy.launch.quiet:
         msg = result.message
+    else:
+        head = f"{summary.splitlines()[0]} (all of it: {Path(run_dir, 'summary.txt')})"
+        msg = f"{result.message}\n{head}" if result.message else head
     return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
 
 
