@@ -126,26 +126,20 @@ class LeaseManager:
         return h if h.uid == st.st_uid else None
 
     def _write_record(self, uuid: str, index: int) -> str:
-        rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot,
-               "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
-               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
-               "gpu_uuid": uuid, "gpu_index": index, "shared": self.share}
-        name = f"gpu-{_safe_name(uuid)}.{os.getpid()}.{secrets.token_hex(8)}.holder"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=self._dfd)
-        try:
-            os.write(fd, json.dumps(rec).encode())
-        finally:
-            os.close(fd)
-        return name
+        return self._new_record(f"gpu-{_safe_name(uuid)}", "holder",
+                                gpu_uuid=uuid, gpu_index=index, shared=self.share)
 
     # ---- the queue of waiting launches (for "3rd of 18 in the queue"; it orders nothing) ---
     def _write_waiter(self, candidates: Sequence[int]) -> str:
+        return self._new_record("queue", "waiter", gpu_uuid="queue:" + fmt_indices(candidates))
+
+    def _new_record(self, prefix: str, kind: str, **fields) -> str:
+        """A holder or waiter record: who we are (pid + start time + boot, so a reused pid is
+        never taken for us), created exclusively, never through a link."""
         rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot,
                "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
-               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
-               "gpu_uuid": "queue:" + fmt_indices(candidates)}
-        name = f"queue.{os.getpid()}.{secrets.token_hex(8)}.waiter"
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(), **fields}
+        name = f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}.{kind}"
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o644, dir_fd=self._dfd)
         try:

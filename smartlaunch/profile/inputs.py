@@ -37,13 +37,20 @@ def leading_dim(args, kwargs=None) -> int | None:
             continue
         if isinstance(a, (str, bytes)):
             continue
-        if isinstance(a, Mapping):
-            stack[:0] = list(a.values())
-        elif isinstance(a, (tuple, list)):
-            stack[:0] = list(a)
-        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-            stack[:0] = [getattr(a, f.name, None) for f in dataclasses.fields(a)]
+        stack[:0] = _children(a)
     return None
+
+
+def _children(a) -> list:
+    """What a batch or an output holds, in order: mapping values (HF BatchEncoding too),
+    sequence items, dataclass fields; nothing for anything else."""
+    if isinstance(a, Mapping):
+        return list(a.values())
+    if isinstance(a, (tuple, list)):
+        return list(a)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return [getattr(a, f.name, None) for f in dataclasses.fields(a)]
+    return []
 
 
 def first_grad_tensor(output):
@@ -56,12 +63,8 @@ def first_grad_tensor(output):
         if isinstance(a, torch.Tensor):
             if a.requires_grad:
                 return a
-        elif isinstance(a, Mapping):
-            stack[:0] = list(a.values())
-        elif isinstance(a, (tuple, list)):
-            stack[:0] = list(a)
-        elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-            stack[:0] = [getattr(a, f.name, None) for f in dataclasses.fields(a)]
+        else:
+            stack[:0] = _children(a)
     return None
 
 
