@@ -1,14 +1,15 @@
 """Batch schedulers behind one interface (`api.Scheduler`). Adding one (PBS, Kubernetes) is a
-module beside slurm.py and an entry in SCHEDULERS.
+module beside slurm.py and an entry in SCHEDULERS (and, for its GPU allocation, one function in
+smartlaunch/allocation.py's ALLOCATORS: topology needs it and sits below this layer).
 
-Below topology in the layers: the topology layer asks `gpu_allocation` which GPUs the job
-was given; the pipeline asks `detect` for the job's nodes and rendezvous.
+The pipeline asks `detect` for the job's nodes and rendezvous.
 """
 from __future__ import annotations
 
 import os
 from typing import Mapping
 
+from smartlaunch import allocation
 from smartlaunch.scheduler import slurm
 from smartlaunch.scheduler.api import DeviceProbe, GpuAllocation, JobContext, Scheduler
 
@@ -25,10 +26,4 @@ def detect(environ: Mapping[str, str] | None = None) -> JobContext | None:
     return None
 
 
-def gpu_allocation(environ: Mapping[str, str], *,
-                   device_probe: DeviceProbe | None = None) -> GpuAllocation | None:
-    for s in SCHEDULERS:
-        alloc = s.gpu_allocation(environ, device_probe=device_probe)
-        if alloc is not None:
-            return alloc
-    return None
+gpu_allocation = allocation.gpu_allocation   # the rules live below topology (allocation.py)

@@ -9,22 +9,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Mapping, Protocol
+
+from smartlaunch.allocation import DeviceProbe, GpuAllocation  # noqa: F401
 
 # device_probe(gpus) -> True: a device cgroup hides the node's other GPUs; False: it does
 # not; None: cannot tell. Injected by tests, /dev by default.
-DeviceProbe = Callable[[tuple[int, ...]], "bool | None"]
-
-
-@dataclass(frozen=True)
-class GpuAllocation:
-    gpus: tuple[int, ...]        # physical GPU indices given to this job on this node, in order
-    source: str                  # the variable that said so ("SLURM_STEP_GPUS")
-    # CUDA_VISIBLE_DEVICES counts within the allocation (0..n-1, a device cgroup renumbers)
-    # rather than naming physical indices.
-    renumbered: bool = False
-
-
 class JobContext(Protocol):
     """One launch inside a scheduler job: this node's place among the job's nodes."""
     job_id: str

@@ -25,14 +25,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
 from smartlaunch.errors import SlurmError
-from smartlaunch.scheduler.api import DeviceProbe, GpuAllocation
+from smartlaunch.allocation import (DeviceProbe, GpuAllocation, _allocated_gpus, _in_step,  # noqa: F401
+                                    _int, _is_constrained, _visible)
+from smartlaunch.allocation import slurm_gpu_allocation as gpu_allocation  # noqa: F401
 from smartlaunch.scheduler import slurm_parse as parse
 from smartlaunch.scheduler.slurm_run import Runner, available, run_slurm, unparsable
 
 NAME = "slurm"
 RDZV_PORT_BASE = 20000      # below Linux's ephemeral range (32768+), above well-known ports
 # Steps of one job get distinct ports (10 concurrent steps, 1000 consecutive jobs per host).
-_BATCH_STEPS = ("batch", "extern", "interactive", "4294967291", "4294967292", "4294967294")
 
 
 @dataclass(frozen=True)
@@ -206,72 +207,6 @@ def apply_to_torchrun_args(ctx: SlurmContext, args: argparse.Namespace,
     return notes
 
 
-def gpu_allocation(environ: Mapping[str, str], *, device_probe: DeviceProbe | None = None
-                   ) -> GpuAllocation | None:
-    """The job's GPUs on this node (physical gres indices), None where Slurm names none."""
-    gpus, var = _allocated_gpus(environ, _in_step(environ))
-    if not var:
-        return None
-    return GpuAllocation(gpus, var, _is_constrained(gpus, _visible(environ), device_probe))
-
-
-def _in_step(env) -> bool:
-    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
-    return bool(step) and step not in _BATCH_STEPS
-
-
-def _visible(env) -> tuple[str, ...]:
-    """CUDA_VISIBLE_DEVICES entries as Slurm (or the user) set them."""
-    raw = env.get("CUDA_VISIBLE_DEVICES")
-    return tuple(s.strip() for s in raw.split(",")) if raw else ()
-
-
-def _allocated_gpus(env, in_step: bool) -> tuple[tuple[int, ...], str]:
-    order = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS") if in_step else ("SLURM_JOB_GPUS",)
-    for var in order:
-        if env.get(var):
-            gpus = parse.parse_id_list(env[var], var)
-            on_node = _int(env, "SLURM_GPUS_ON_NODE")
-            if on_node is not None and on_node != len(gpus) and var == "SLURM_JOB_GPUS":
-                raise SlurmError(f"{var}={env[var]} lists {len(gpus)} GPU(s) but "
-                                 f"SLURM_GPUS_ON_NODE={on_node}; the job environment was "
-                                 f"edited — start from a clean `srun`/`sbatch` environment")
-            return gpus, var
-    return (), ""
-
-
-def _is_constrained(gpus, visible, probe) -> bool:
-    """Slurm writes CUDA_VISIBLE_DEVICES as the physical ids (no constraint) or 0..n-1
-    (constraint). If the user changed it, ask the device probe; failing that, read it as
-    physical."""
-    if not gpus or not visible or not all(v.isdigit() for v in visible):
-        return False
-    ints = tuple(int(v) for v in visible)
-    if ints == gpus:
-        return False
-    if ints == tuple(range(len(gpus))):
-        return True
-    verdict = (probe or _device_probe)(gpus)
-    if verdict is not None:
-        return verdict
-    return not all(i in gpus for i in ints) and all(i < len(gpus) for i in ints)
-
-
-def _device_probe(gpus) -> bool | None:
-    """True if a GPU device node outside the allocation exists but the cgroup denies it."""
-    for name in sorted(os.listdir("/dev")) if os.path.isdir("/dev") else ():
-        if not name.startswith("nvidia") or not name[6:].isdigit() or int(name[6:]) in gpus:
-            continue
-        try:
-            os.close(os.open(f"/dev/{name}", os.O_RDONLY))
-            return False
-        except PermissionError:
-            return True
-        except OSError:
-            continue
-    return None
-
-
 def _node_rank(env, hosts) -> int:
     nodeid = _int(env, "SLURM_NODEID")
     name = env.get("SLURMD_NODENAME")
@@ -305,15 +240,6 @@ def _check_count(hosts, want, nodelist, var) -> None:
                          f"the Slurm environment is inconsistent — start from a clean "
                          f"srun/sbatch environment")
 
-
-def _int(env, key) -> int | None:
-    v = env.get(key)
-    if v is None or v == "":
-        return None
-    try:
-        return int(v.split("(")[0])
-    except ValueError:
-        raise SlurmError(f"{key}={v!r} is not a number; check the Slurm environment") from None
 
 
 def main(argv: list[str] | None = None) -> int:

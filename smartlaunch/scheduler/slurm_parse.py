@@ -4,22 +4,10 @@ from __future__ import annotations
 import re
 
 from smartlaunch.errors import SlurmError
-from smartlaunch.vocab import RangeError, parse_ranges
+from smartlaunch.allocation import parse_id_list  # noqa: F401  (moved below topology; re-exported)
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")      # one hostlist range
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.\[\]]*)=")
-
-
-def parse_id_list(text: str, what: str = "id list") -> tuple[int, ...]:
-    """'0-2,5' -> (0, 1, 2, 5). Order kept (Slurm lists GPUs in allocation order)."""
-    try:
-        return tuple(parse_ranges(text))
-    except RangeError as exc:
-        if exc.descending:
-            raise SlurmError(f"{what} {text!r} has a descending range; check the Slurm "
-                             f"environment") from None
-        raise SlurmError(f"{what} {text!r} is not a list of numbers like '0-2,5'; "
-                         f"check the Slurm environment of this job") from None
 
 
 def parse_tasks_per_node(text: str) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ the fake backend and reused by the Slurm layer. The rules mimic the CUDA driver:
   say why in a message, which the backends turn into a warning finding.
 - An entry that is not an index or UUID at all ("cuda:0", "gpu1", "0-3") is a mistake, not a
   CUDA quirk worth mimicking: UsageError.
-- A batch scheduler's GPU allocation (smartlaunch.scheduler: which GPUs, and whether
+- A batch scheduler's GPU allocation (smartlaunch.allocation: which GPUs, and whether
   CUDA_VISIBLE_DEVICES counts within them) narrows the pool. When NVML shows more GPUs than
   were allocated there is no device cgroup: the allocation names physical indices.
 """
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from smartlaunch import scheduler
+from smartlaunch import allocation
 from smartlaunch.errors import UsageError
 from smartlaunch.topology.api import Finding, Severity
 
@@ -74,7 +74,7 @@ def _as_physical(p) -> PhysicalGPU:
 
 def _scheduler_pool(gpus: list[PhysicalGPU], environ, messages) -> tuple[list, str | None, bool]:
     """The GPUs CUDA_VISIBLE_DEVICES indexes into, and whether the scheduler renumbered them."""
-    alloc = scheduler.gpu_allocation(environ)
+    alloc = allocation.gpu_allocation(environ)
     if alloc is None:
         return gpus, None, False
     ids, var, raw = list(alloc.gpus), alloc.source, environ.get(alloc.source, "")
