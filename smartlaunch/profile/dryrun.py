@@ -30,12 +30,12 @@ import sys
 import time
 
 from smartlaunch.profile.clock import device_clock, read_window
+from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import WorldSizeWatch, first_grad_tensor, leading_dim
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch, micro-batches)
-USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
-         "[--min-seconds S] [--cpu-shim] [--module] SCRIPT [ARGS...]")
+
 
 
 class Recorder:
@@ -347,36 +347,6 @@ def _wrapper(modules) -> str | None:
         if "FullyShardedDataParallel" in names or "FSDPModule" in names:
             return "FSDP"
     return None
-
-
-def parse(argv: list[str]) -> dict:
-    opts = {"out": os.environ.get("SMARTLAUNCH_DRYRUN_OUT", ""), "warmup": 5, "measure": 20,
-            "min_seconds": 0.0,
-            "module": False, "cpu_shim": os.environ.get("SMARTLAUNCH_DRYRUN_CPU_SHIM") == "1"}
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        a = argv[i]
-        if a in ("--out", "--warmup", "--measure") and i + 1 < len(argv):
-            key = a[2:]
-            opts[key] = argv[i + 1] if key == "out" else int(argv[i + 1])
-            i += 2
-        elif a == "--min-seconds" and i + 1 < len(argv):
-            opts["min_seconds"] = float(argv[i + 1])
-            i += 2
-        elif a in ("--module", "-m"):
-            opts["module"] = True
-            i += 1
-        elif a == "--cpu-shim":
-            opts["cpu_shim"] = True
-            i += 1
-        elif a == "--no-python":
-            raise SystemExit("smartlaunch dry run: --no-python entrypoints cannot be profiled")
-        else:
-            raise SystemExit(f"smartlaunch dry run: unknown option {a}\n{USAGE}")
-    if i >= len(argv):
-        raise SystemExit(USAGE)
-    opts["script"], opts["args"] = argv[i], argv[i + 1:]
-    return opts
 
 
 def main(argv: list[str] | None = None) -> None:
