@@ -72,13 +72,20 @@ class ProgressWriter:
         struct.pack_into("<i", self._mm, _OFF_EXIT, int(code))
 
 
-def read_progress(path: str | os.PathLike) -> ProgressRecord | None:
+def read_record(path: str | os.PathLike, size: int, magic: bytes) -> bytes | None:
+    """A whole fixed-size record a worker maps and updates in place (this one, worktime.py's),
+    or None when it is missing, short (the worker has not written it yet) or not of this kind."""
     try:
         with open(path, "rb") as f:
-            data = f.read(_SIZE)
+            data = f.read(size)
     except OSError:
         return None
-    if len(data) < _SIZE or data[:4] != _MAGIC:
+    return data if len(data) == size and data[:4] == magic else None
+
+
+def read_progress(path: str | os.PathLike) -> ProgressRecord | None:
+    data = read_record(path, _SIZE, _MAGIC)
+    if data is None:
         return None
     _, pid, local_rank, rank, steps, t_start, t_first, t_last, code = struct.unpack(_FMT, data)
     return ProgressRecord(pid, local_rank, rank, steps, t_start, t_first, t_last,

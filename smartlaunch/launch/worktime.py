@@ -25,6 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from smartlaunch.launch.progress import read_record
+
 _FMT = "<4s4xqdq"           # magic, pad, timed steps, work seconds (sum), device kind (0 cpu, 1 cuda)
 _SIZE = struct.calcsize(_FMT)
 _MAGIC = b"SLW1"
@@ -68,12 +70,8 @@ class WorkWriter:
 
 
 def read_work(path: str | os.PathLike) -> WorkRecord | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(_SIZE)
-    except OSError:
-        return None
-    if len(data) < _SIZE or data[:4] != _MAGIC:
+    data = read_record(path, _SIZE, _MAGIC)
+    if data is None:
         return None
     _, n, total, kind = struct.unpack(_FMT, data)
     return WorkRecord(n, total, "cuda" if kind == 1 else "cpu")
