@@ -32,6 +32,8 @@ import psutil
 
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"
 GUARD_VAR = "SMARTLAUNCH_GUARD"         # tag of every process spawn() started, for the guard's sweep
+OUTPUT_COPIER = "sl-output-copy"   # process name of a rank's stdout/stderr copier (15 bytes max)
+_PR_SET_NAME = 15
 
 
 @dataclass(frozen=True)
@@ -121,17 +123,40 @@ def run_processes(run_id: str, exclude: Iterable[int] = ()) -> list[psutil.Proce
     return out
 
 
+def name_output_copier() -> None:
+    """Called by a rank's output copier (launch/worker.py) so that kill_run can spare it."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, OUTPUT_COPIER.encode(), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _is_output_copier(p: psutil.Process) -> bool:
+    try:
+        return p.name() == OUTPUT_COPIER
+    except psutil.Error:
+        return False
+
+
 def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[int] = (),
-             timeout_s: float = 3.0) -> list[int]:
-    """SIGKILL every process of the run until none is left or timeout; returns the pids killed."""
+             timeout_s: float = 3.0, drain_s: float = 0.0) -> list[int]:
+    """SIGKILL every process of the run until none is left or timeout; returns the pids killed.
+    With drain_s, the ranks' output copiers are spared that long: once every other process is
+    gone their pipes reach EOF and they exit by themselves after writing what is left (killed
+    at once, a job's last lines were lost: 'job says hi' missing from a CI run)."""
     killed: list[int] = []
     for pid in group_leaders:
         if signal_group(pid, signal.SIGKILL):
             killed.append(pid)
-    deadline = time.monotonic() + timeout_s
+    now = time.monotonic()
+    drain_until, deadline = now + drain_s, now + max(timeout_s, drain_s)
     while True:
         left = run_processes(run_id, exclude)
+        draining = time.monotonic() < drain_until
         for p in left:
+            if draining and _is_output_copier(p):
+                continue
             try:
                 p.kill()
                 killed.append(p.pid)

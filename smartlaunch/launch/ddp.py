@@ -35,6 +35,7 @@ from smartlaunch.topology.api import Topology
 
 WORKER_MODULE = "smartlaunch.launch.worker"
 LOG_TAIL_LINES = 15
+OUTPUT_DRAIN_S = 5.0        # the most a finished run waits for its ranks' last output lines
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # SIGUSR1/2: warnings only
 
@@ -96,7 +97,8 @@ def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology,
             failures = _run_agent(config, entry, entry_args, watchdog, launch.signal_grace_s, got)
     finally:
         watchdog.close()
-        procs.kill_run(run_id, watchdog.live_pids().values(), exclude=(reaper.pid,))
+        procs.kill_run(run_id, watchdog.live_pids().values(), exclude=(reaper.pid,),
+                       drain_s=OUTPUT_DRAIN_S)
         _stop_reaper(reaper)
     result = _result(watchdog, failures, got, host, log_root, run_dir)
     summary = _summary(watchdog, plan, result, log_root or run_dir, run_dir)

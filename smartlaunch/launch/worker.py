@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from smartlaunch.entry import run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
+from smartlaunch.proc import name_output_copier
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag the reaper finds stray processes by
@@ -130,6 +131,10 @@ def _tee_output(log_dir: str) -> None:
         r, w = os.pipe()
         if os.fork() == 0:
             os.close(w)
+            # Its own process group and name: the launcher's end-of-run kill spares it until it
+            # has written everything the rank left in the pipe (proc.kill_run drain_s).
+            os.setpgid(0, 0)
+            name_output_copier()
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(s, signal.SIG_IGN)
             # The launcher's steps/s line sits on the terminal's last line; a new output line

@@ -27,6 +27,8 @@ def main():
         opt.step()
         opt.zero_grad()
         time.sleep(sleep)
+    del model, opt                     # free the reducer first (see examples/train.py)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -22,4 +22,6 @@ for _ in range(5):
     opt.step()
 with open(os.path.join(sys.argv[1], f"rank{rank}.txt"), "w") as f:
     f.write(f"{rank} of {dist.get_world_size()}\n")
+del model, opt                 # free the reducer first (see examples/train.py)
+dist.barrier()
 dist.destroy_process_group()

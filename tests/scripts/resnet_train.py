@@ -82,6 +82,8 @@ def main():
         loss.backward()
         opt.step()
     if distributed:
+        del model, opt, loss           # free the reducer first (see examples/train.py)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 

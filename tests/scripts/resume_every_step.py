@@ -45,4 +45,6 @@ for step in range(start, steps):
         torch.save({"step": step + 1, "opt": opt.state_dict()}, "ckpt/state.pt.tmp")
         os.replace("ckpt/state.pt.tmp", "ckpt/state.pt")
 if world > 1:
+    del model, opt                 # free the reducer first (see examples/train.py)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
