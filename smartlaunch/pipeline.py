@@ -29,13 +29,14 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         print(render_text(plan))
         return 0
     from smartlaunch.decide.explain import decision_line
-    from smartlaunch.launch import execute
+    from smartlaunch.launch import context, execute
 
     def announce(final_plan) -> None:      # once the GPUs are held, just before the job
         if not (request.quiet or policy.launch.quiet):
             status.line(decision_line(final_plan))
+    ctx = context(request, policy, topology, environ=environ, status=status, announce=announce)
     try:
-        return execute(plan, request, policy, topology, status=status, announce=announce)
+        return execute(plan, ctx)
     finally:
         status.close()
 

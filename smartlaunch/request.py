@@ -30,6 +30,12 @@ class Request:
     def multi_node(self) -> bool:
         return self.nnodes not in ("1", "1:1")
 
+    def worker_command(self) -> tuple[str, ...]:
+        """The worker's command as the worker hook takes it (launch/worker.py): torchrun's
+        `[-m | --no-python] SCRIPT ARGS`, spelt `--module` for -m."""
+        flags = ("--no-python",) if self.no_python else ("--module",) if self.module else ()
+        return (*flags, self.script, *self.script_args)
+
     def command(self, python: str) -> list[str]:
         """argv of one worker, as torchrun would build it (without script args)."""
         if self.no_python:

@@ -58,7 +58,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
             "note": topology.note, "hostname": topology.hostname}
     base = dict(profile=profile, topology=topo, nnodes=request.nnodes, forced=forced,
-                variants=tuple(request.variants))
+                variants=tuple(request.variants), command=request.worker_command())
     if not topology.gpus:
         return _cpu_plan(request, policy, reasons, base)
 

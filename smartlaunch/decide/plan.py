@@ -98,6 +98,9 @@ class Plan:
     nnodes: str = "1"
     forced: bool = False                         # --strategy given (not auto)
     timings: dict[str, float] = field(default_factory=dict)   # seconds per pipeline stage
+    # The worker's command in the worker hook's words: [--module | --no-python] TARGET ARGS
+    # (Request.worker_command); an independent job appends its variant's args.
+    command: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -1,52 +1,48 @@
-"""Launch layer: runs a Plan. `execute()` is the only entry the CLI uses."""
+"""Launch layer: runs a Plan. The CLI builds a LaunchContext with `context()` and calls
+`execute(plan, ctx)`; run_loop.run drives the strategy's launcher (launch/api.py)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
+import os
+from collections.abc import Callable, Mapping
 
 
-def execute(plan, request, policy, topology, status=None, announce=None) -> int:
-    """Run the plan to completion, holding GPU leases while it runs; return the exit code.
-    status: the StatusLine a waiting launch draws on (erased before the job starts);
-    announce(plan): called once the plan's GPUs are held, just before the job starts."""
-    from smartlaunch.decide.plan import Strategy
+def context(request, policy, topology, *, environ: Mapping[str, str] = os.environ,
+            status=None, announce: Callable | None = None):
+    """The LaunchContext of one command line: what launchers need besides the Plan."""
+    from smartlaunch.launch.api import LaunchContext
 
-    announce = announce or (lambda p: None)
-    if plan.strategy == Strategy.INDEPENDENT:  # leases GPU by GPU as its queue moves
-        from smartlaunch.launch.independent import run_independent
-        announce(plan)
-        return run_independent(plan, request, policy, topology)
-    if plan.device != "cuda" or not plan.gpus:
-        announce(plan)
-        return _run(plan, request, policy, topology)
-
-    from smartlaunch.launch.leases import LeaseManager
-    ddp = plan.strategy == Strategy.DDP
-    # DDP needs exactly its group (the decision chose it for its links); a single job may
-    # move to any GPU the decision left free if its first choice was taken meanwhile.
-    candidates = plan.gpus if ddp else plan.gpus + plan.left_free
-    count = len(plan.gpus) if ddp else 1
-    with LeaseManager.from_policy(policy) as leases, leases.acquire(
-            topology, candidates, count, wait=not request.no_wait,
-            timeout_s=policy.jobs.wait_timeout_s,
-            status=_status if status is None else None,
-            progress=status.update if status is not None else None) as lease:
-        if status is not None:
-            status.clear()
-        if not ddp and lease.gpus != plan.gpus[:1]:
-            plan = dataclasses.replace(plan, gpus=lease.gpus)
-        announce(plan)
-        return _run(plan, request, policy, topology)
+    def record(plan, run_dir) -> None:     # the rate that ran, for the next plan of this job
+        from smartlaunch.launch.measured import record_launch
+        record_launch(plan, request, policy, topology, run_dir, environ=environ)
+    return LaunchContext(policy, topology, environ=environ,
+                         torchrun_args=request.torchrun_args, no_wait=request.no_wait,
+                         quiet=request.quiet or policy.launch.quiet, status=status,
+                         announce=announce or (lambda plan: None), record=record)
 
 
-def _run(plan, request, policy, topology) -> int:
-    from smartlaunch.decide.plan import Strategy
+def launcher(plan, ctx):
+    """The Launcher of the plan's strategy (steps 7 of issue 16 moves this into a registry)."""
+    from smartlaunch.vocab import Strategy
+    if plan.strategy == Strategy.INDEPENDENT:
+        from smartlaunch.launch.independent import IndependentLauncher
+        return IndependentLauncher(plan, ctx)
     if plan.strategy == Strategy.DDP:
-        from smartlaunch.launch.ddp import run_ddp
-        return run_ddp(plan, request, policy, topology)
-    from smartlaunch.launch.single import run_single
-    return run_single(plan, request, policy, topology)
+        from smartlaunch.launch.ddp import DDPLauncher
+        return DDPLauncher(plan, ctx)
+    from smartlaunch.launch.single import SingleLauncher
+    return SingleLauncher(plan, ctx)
 
 
-def _status(line: str) -> None:
-    print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
+def execute(plan, ctx) -> int:
+    """Run the plan to completion, holding GPU leases while it runs; return the exit code."""
+    from smartlaunch.launch.run_loop import run
+    return run(launcher(plan, ctx), ctx)
+
+
+def run_plan(plan, request, policy, topology, **ctx_args) -> int:
+    """execute() for a caller holding a Request rather than a context (tests, benchmarks); a
+    plan made without decide gets the request's worker command."""
+    if not plan.command:
+        plan = dataclasses.replace(plan, command=request.worker_command())
+    return execute(plan, context(request, policy, topology, **ctx_args))

@@ -1,9 +1,19 @@
-"""Data types of the launch layer: what a launch ended as (`LaunchResult`), and why a rank
-failed (`RankFailure`)."""
+"""Data types of the launch layer: what a launch ended as (`LaunchResult`), why a rank
+failed (`RankFailure`), the `Launcher` protocol every strategy's launcher implements and the
+`LaunchContext` it gets beside the Plan."""
 from __future__ import annotations
 
+import argparse
 import enum
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from smartlaunch.decide.plan import Plan
+from smartlaunch.policy.api import Policy
+from smartlaunch.topology.api import Topology
 
 
 class RunState(str, enum.Enum):
@@ -40,3 +50,88 @@ class LaunchResult:
 
     def is_failed(self) -> bool:
         return self.state != RunState.SUCCEEDED
+
+
+# ---- what run_loop.run drives ---------------------------------------------------------------
+class Launcher(Protocol):
+    """One strategy's launcher, built from `(plan, ctx)` only; `run_loop.run` drives it.
+
+    start()        take what the run needs (GPU leases through `ctx.hold`, log directories),
+                   call `ctx.announce(plan)` once the GPUs are held, start the workers.
+    poll()         None while workers run; the LaunchResult (exit code included) once every
+                   worker is gone. It may block: DDP's runs torch's agent to its end on the
+                   main thread, where a signal's handler can interrupt it as in torchrun.
+    forward(sig)   called from the signal handler for every forwarded signal: pass it on now,
+                   never block. A terminating one (signals.TERMINATING) also ends the run.
+    close(sig)     stop: `sig` to every worker still running, SIGKILL after
+                   ctx.signal_grace_s, leases given back; idempotent, blocks until no worker
+                   is left; poll() then returns the final result.
+    """
+
+    def start(self) -> None: ...
+
+    def poll(self) -> LaunchResult | None: ...
+
+    def forward(self, signum: int) -> None: ...
+
+    def close(self, sig: int) -> None: ...
+
+
+def _say(line: str) -> None:
+    print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class LaunchContext:
+    """What launchers need besides the Plan: the environment, GPU leases, the policy's launch
+    and jobs settings, and the callbacks of the command that launched them."""
+    policy: Policy
+    topology: Topology
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    # torchrun's parsed options: DDP builds its LaunchConfig with torch's own config_from_args.
+    torchrun_args: argparse.Namespace | None = field(default=None, repr=False)
+    no_wait: bool = False
+    quiet: bool = False
+    status: Any = None         # statusline.StatusLine a waiting launch redraws; None: log lines
+    announce: Callable[[Plan], None] = lambda plan: None   # GPUs held, job about to start
+    record: Callable[[Plan, str | None], None] = lambda plan, run_dir: None  # after a run: its rate
+    say: Callable[[str], None] = _say                  # one "smartlaunch: ..." line on stderr
+    # Terminating signals received, appended by run_loop's handler; a lease wait ends on one.
+    signals: list[int] = field(default_factory=list)
+    _leases: Any = field(default=None, repr=False)
+
+    @property
+    def signal_grace_s(self) -> float:
+        return self.policy.launch.signal_grace_s
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.expanduser(self.policy.launch.log_dir)
+
+    def cancelled(self) -> bool:
+        return bool(self.signals)
+
+    def leases(self):
+        """The lease directory, opened on first use; run_loop.run closes it."""
+        if self._leases is None:
+            from smartlaunch.launch.leases import LeaseManager
+            self._leases = LeaseManager.from_policy(self.policy)
+        return self._leases
+
+    def hold(self, candidates: Sequence[int], count: int):
+        """`count` GPUs of candidates as one Lease, waiting as the policy and --no-wait say
+        (drawn on the status line, ended by a terminating signal); NoFreeGPUError otherwise."""
+        status = self.status
+        lease = self.leases().acquire(
+            self.topology, list(candidates), count, wait=not self.no_wait,
+            timeout_s=self.policy.jobs.wait_timeout_s, cancel=self.cancelled,
+            status=self.say if status is None else None,
+            progress=status.update if status is not None else None)
+        if status is not None:
+            status.clear()
+        return lease
+
+    def close(self) -> None:
+        if self._leases is not None:
+            self._leases.close()
+            self._leases = None

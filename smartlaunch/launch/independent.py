@@ -12,7 +12,7 @@ back as soon as the queue no longer needs it. jobs.jobs_per_gpu=2 packs two jobs
 when two profiled peaks fit in its free memory (times decision.memory_headroom). On a machine
 without GPUs the jobs run as CPU processes, nproc_per_node at a time.
 
-Exit code of `run_independent`: 0 when every job exited 0; 1 (ExitCode.WORKER_FAILED) when any
+Exit code (the LaunchResult's, run_loop.run returns it): 0 when every job exited 0; 1 (ExitCode.WORKER_FAILED) when any
 job failed, or was skipped after a failure (jobs.fail_fast=true stops the others: SIGTERM, then
 SIGKILL after launch.signal_grace_s); 128+N when smartlaunch got signal N (SIGTERM, SIGINT,
 SIGHUP) and stopped every job the same way. No job process, nor its process group, outlives it.
@@ -29,18 +29,17 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 from smartlaunch import proc
-from smartlaunch.errors import ExitCode, NoFreeGPUError, UsageError
+from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch.launch import numa
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
-from smartlaunch.launch.leases import Lease, LeaseManager
-from smartlaunch.launch.signals import TERMINATING, forward_signals
+from smartlaunch.launch.leases import Lease
+from smartlaunch.launch.signals import TERMINATING
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 _ACQUIRE_MORE_EVERY_S = 1.0
-_POLL_S = 0.05
 _SAMPLES_RE = re.compile(rb"samples/s[=:] *([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)")
 
 
@@ -114,6 +113,7 @@ class Job:
     exit_code: int | None = None
     samples_per_s: float | None = None
     note: str = ""
+    stopped: bool = False              # smartlaunch sent it a signal to end it
 
     @property
     def wall_s(self) -> float:
@@ -126,9 +126,9 @@ class Job:
             return f"signal {signal.Signals(-self.exit_code).name}"
         return f"exit code {self.exit_code}"
 
-    def finish(self, code: int, *, stopped: bool = False) -> None:
+    def finish(self, code: int) -> None:
         self.exit_code, self.ended = code, time.monotonic()
-        self.state = JobState.SUCCEEDED if code == 0 else JobState.INTERRUPTED if stopped else JobState.FAILED
+        self.state = JobState.SUCCEEDED if code == 0 else JobState.INTERRUPTED if self.stopped else JobState.FAILED
         self.samples_per_s = _samples_per_s(self.log_path)
         self.child.reap()              # dataloader workers and other leftovers of the job
 
@@ -156,27 +156,24 @@ def _binding(plan, topology, policy, gpu: int):
 
 # ---- the queue ------------------------------------------------------------------------------
 class IndependentLauncher:
-    """start() / poll() / close(sig) over a queue of single-GPU jobs (smartlaunch.launch.api)."""
+    """start() / poll() / forward() / close(sig) over a queue of single-GPU jobs (launch/api.py)."""
 
-    def __init__(self, plan, request, policy, topology, *, leases: LeaseManager | None = None,
-                 log: Callable[[str], None] | None = None):
-        self.plan, self.request, self.policy, self.topology = plan, request, policy, topology
-        self.log = log or (lambda msg: print(f"smartlaunch: {msg}", file=sys.stderr, flush=True))
-        variants = plan.variants or request.variants or ((),)
+    def __init__(self, plan, ctx: LaunchContext):
+        self.plan, self.ctx, self.log = plan, ctx, ctx.say
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        self.log_dir = os.path.join(os.path.expanduser(policy.launch.log_dir), self.run_id)
-        self.jobs = [Job(i, tuple(v)) for i, v in enumerate(variants)]
+        self.log_dir = os.path.join(ctx.log_dir, self.run_id)
+        self.jobs = [Job(i, tuple(v)) for i, v in enumerate(plan.variants or ((),))]
         self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
-        self.capacity, note = gpu_capacity(plan, policy, topology) if self.gpu_mode else ({}, "")
+        self.capacity, note = gpu_capacity(plan, ctx.policy, ctx.topology) if self.gpu_mode else ({}, "")
         if note:
             self.log(note)
         self.cpu_slots = max(1, plan.nproc_per_node)
-        self.leases = leases or (LeaseManager.from_policy(policy) if self.gpu_mode else None)
         self.lease: Lease | None = None
         self.first_failure: Job | None = None
-        self.cancel: Callable[[], bool] | None = None     # set by run_independent: a signal came
         self._last_more = 0.0
         self._stopping = False
+        self._kill_at: float | None = None     # SIGKILL for jobs still running after the grace
+        self._result: LaunchResult | None = None
 
     def _in(self, state: JobState) -> list[Job]:
         return [j for j in self.jobs if j.state == state]
@@ -207,7 +204,7 @@ class IndependentLauncher:
                 return
             if self.lease and i in self.lease.gpus:
                 continue
-            more = self.leases.try_acquire(self.topology, [i], 1)
+            more = self.ctx.leases().try_acquire(self.ctx.topology, [i], 1)
             if more is not None and self.lease is None:
                 self.lease = more
             elif more is not None:
@@ -223,16 +220,17 @@ class IndependentLauncher:
         # The worker hook binds NUMA and dies with smartlaunch. No run dir: independent jobs
         # have no hang watchdog, and the hook's step counter imports torch up front (~6 s of
         # CPU per job on a 2-core box) even for scripts that never use it.
-        binding = _binding(self.plan, self.topology, self.policy, gpu) if gpu is not None else None
-        env = dict(os.environ)
+        ctx = self.ctx
+        binding = _binding(self.plan, ctx.topology, ctx.policy, gpu) if gpu is not None else None
+        env = dict(ctx.environ)
         env.update(self.plan.env_dict())
         env.update(single_rank_env(master_port=free_port(), run_id=f"{self.run_id}-{job.index}"))
         env.update(worker_env(self.log_dir, f"{self.run_id}-{job.index}", [binding] if binding else []))
         env.pop(RUN_DIR_VAR, None)
         env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs))})
         if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], os.environ, self.topology)
-        argv = worker_command(self.request, sys.executable) + list(self.request.script_args) + list(job.args)
+            env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], ctx.environ, ctx.topology)
+        argv = worker_command(self.plan.command, sys.executable) + list(job.args)
         job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")
         with open(job.log_path, "ab") as out:
             job.child = proc.spawn(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -249,64 +247,98 @@ class IndependentLauncher:
             self._start(self._in(JobState.PENDING)[0], slot)
 
     def start(self) -> None:
+        self.ctx.announce(self.plan)
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
-                self.lease = self.leases.acquire(
-                    self.topology, self.plan.gpus, 1, wait=not self.request.no_wait,
-                    timeout_s=self.policy.jobs.wait_timeout_s, status=self.log, cancel=self.cancel)
+                self.lease = self.ctx.leases().acquire(
+                    self.ctx.topology, self.plan.gpus, 1, wait=not self.ctx.no_wait,
+                    timeout_s=self.ctx.policy.jobs.wait_timeout_s, status=self.log,
+                    cancel=self.ctx.cancelled)
                 self._acquire_more(force=True)
         self._start_ready()
 
-    def poll(self):
+    def forward(self, signum: int) -> None:
+        # Terminating signals are handled by poll() (run_loop records them), outside the
+        # handler: it may interrupt poll() anywhere. SIGUSR1/2 (Slurm's early warning) are
+        # the jobs' business.
+        if signum not in TERMINATING:
+            for job in self._in(JobState.RUNNING):
+                job.child.send(signum)
+
+    def _stop(self, sig: int, reason: str) -> None:
+        """Pending jobs are skipped, running ones get `sig`, SIGKILL after the grace."""
+        self._stopping = True
+        for job in self._in(JobState.PENDING):
+            job.state, job.note = JobState.SKIPPED, reason
         for job in self._in(JobState.RUNNING):
-            code = job.child.returncode if job.state == JobState.RUNNING else None   # fail-fast ended it
+            if not job.stopped:
+                job.stopped = True
+                job.child.send(sig)
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + self.ctx.signal_grace_s
+
+    def poll(self) -> LaunchResult | None:
+        if self._result is not None:
+            return self._result
+        if self.ctx.signals and not self._stopping:
+            sig = self.ctx.signals[0]
+            self.log(f"got {signal.Signals(sig).name}: stopping {len(self._in(JobState.RUNNING))} job(s)")
+            self._stop(sig, "interrupted")
+        for job in self._in(JobState.RUNNING):
+            code = job.child.returncode
             if code is None:
+                if self._kill_at is not None and time.monotonic() > self._kill_at:
+                    job.child.send(signal.SIGKILL)
                 continue
             job.finish(code)
             self.log(f"job {job.index} {job.state.value} ({job.exit_text()}) after {job.wall_s:.1f} s")
             if job.state == JobState.FAILED and self.first_failure is None:
                 self.first_failure = job
-                if self.policy.jobs.fail_fast:
+                if self.ctx.policy.jobs.fail_fast and not self._stopping:
                     self.log(f"jobs.fail_fast=true: stopping the other jobs after job {job.index} failed")
-                    self.close(signal.SIGTERM, reason="skipped after a failure (jobs.fail_fast)")
+                    self._stop(signal.SIGTERM, "skipped after a failure (jobs.fail_fast)")
         self._release_idle_gpus()
         if self.gpu_mode and not self._stopping:
             self._acquire_more()
         self._start_ready()
         if self._in(JobState.RUNNING) or (self._in(JobState.PENDING) and not self._stopping):
             return None
-        return self.result()
+        return self._final()
 
-    def close(self, sig: int | None = None, *, reason: str = "interrupted") -> None:
-        """Pending jobs are skipped; running ones get `sig` (SIGTERM), SIGKILL after
-        launch.signal_grace_s; every lease is given back. Idempotent."""
-        self._stopping = True
-        for job in self._in(JobState.PENDING):
-            job.state, job.note = JobState.SKIPPED, reason
-        running = self._in(JobState.RUNNING)
-        for job in running:
-            job.child.send(sig or signal.SIGTERM)
-        deadline = time.monotonic() + self.policy.launch.signal_grace_s
-        for job in running:
-            code = job.child.wait(max(0.0, deadline - time.monotonic()))
-            if code is None:
-                job.child.send(signal.SIGKILL)
-                code = job.child.wait()
-            job.finish(code, stopped=True)
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        """Stop every job now (pending ones skipped, running ones `sig`, SIGKILL after
+        launch.signal_grace_s) and give every lease back. Idempotent."""
+        if self._result is None:
+            self._stop(sig, "interrupted")
+            for job in self._in(JobState.RUNNING):
+                code = job.child.wait(max(0.0, self._kill_at - time.monotonic()))
+                if code is None:
+                    job.child.send(signal.SIGKILL)
+                    code = job.child.wait()
+                job.finish(code)
         self._release_idle_gpus()
 
-    def result(self):
-        from smartlaunch.launch.api import LaunchResult, RunState
+    def _final(self) -> LaunchResult:
+        """The result, printed by run_loop: the summary table, the first failure."""
         bad = [j for j in self.jobs if j.state != JobState.SUCCEEDED]
         first = self.first_failure or (bad[0] if bad else None)
-        msg = "" if first is None else (f"job {first.index} ({shlex.join(first.args)}) {first.state.value}: "
-                                        f"{first.exit_text()}; log {first.log_path or '(none)'}")
-        return LaunchResult(RunState.FAILED if bad else RunState.SUCCEEDED,
-                            ExitCode.WORKER_FAILED if bad else ExitCode.OK, msg,
-                            details={"run_id": self.run_id, "log_dir": self.log_dir,
-                                     "jobs": [j.to_dict() for j in self.jobs]})
+        sig = self.ctx.signals[0] if self.ctx.signals else None
+        lines = [f"smartlaunch: {line}" for line in self.summary()]
+        if first is not None:
+            lines.append(f"smartlaunch: job {first.index} ({shlex.join(first.args)}) "
+                         f"{first.state.value}: {first.exit_text()}; log {first.log_path or '(none)'}")
+        jobs_code = ExitCode.WORKER_FAILED if bad else ExitCode.OK
+        state = RunState.INTERRUPTED if sig else RunState.FAILED if bad else RunState.SUCCEEDED
+        details = {"run_id": self.run_id, "log_dir": self.log_dir, "jobs": [j.to_dict() for j in self.jobs]}
+        try:
+            with open(os.path.join(self.log_dir, "summary.json"), "w") as f:
+                json.dump({"exit_code": int(jobs_code), "signal": sig, **details}, f, indent=2)
+        except OSError:
+            pass
+        self._result = LaunchResult(state, 128 + sig if sig else int(jobs_code), "\n".join(lines), details=details)
+        return self._result
 
     def summary(self) -> list[str]:
         rows = [("job", "GPU", "exit", "wall_s", "samples/s", "variant")]
@@ -324,47 +356,5 @@ class IndependentLauncher:
 
 def run_independent(plan, request, policy, topology) -> int:
     """Run every variant, print the summary to stderr, return the exit code (module docstring)."""
-    launcher = IndependentLauncher(plan, request, policy, topology)
-    got: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        if signum in TERMINATING:
-            got.append(signum)
-        else:                           # SIGUSR1/2 (Slurm's early warning): the jobs' business
-            for job in launcher._in(JobState.RUNNING):
-                job.child.send(signum)
-
-    launcher.cancel = lambda: bool(got)
-    with forward_signals(on_signal):
-        return _run(launcher, got)
-
-
-def _run(launcher: IndependentLauncher, got: list[int]) -> int:
-    try:
-        try:
-            launcher.start()
-        except NoFreeGPUError:
-            if not got:
-                raise
-        result = None
-        while result is None and not got:
-            result = launcher.poll()
-            if result is None:
-                time.sleep(_POLL_S)
-        if got:
-            launcher.log(f"got {signal.Signals(got[0]).name}: stopping {len(launcher._in(JobState.RUNNING))} job(s)")
-            launcher.close(got[0])
-    finally:
-        launcher.close(signal.SIGTERM)      # no-op after a clean finish; stops all on an exception
-    result = launcher.result()
-    for line in launcher.summary():
-        print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
-    if result.is_failed():
-        print(f"smartlaunch: {result.message}", file=sys.stderr, flush=True)
-    try:
-        with open(os.path.join(launcher.log_dir, "summary.json"), "w") as f:
-            json.dump({"exit_code": int(result.exit_code), "signal": got[0] if got else None,
-                       **result.details}, f, indent=2)
-    except OSError:
-        pass
-    return 128 + got[0] if got else int(result.exit_code)
+    from smartlaunch.launch import run_plan
+    return run_plan(plan, request, policy, topology)

@@ -5,21 +5,22 @@ script; after a terminating one, the script gets the policy's grace period befor
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
 import time
 
 from smartlaunch import proc
-from smartlaunch.launch.api import LaunchResult, RunState
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
-from smartlaunch.launch.signals import TERMINATING, exit_code_for, forward_signals
+from smartlaunch.launch.signals import TERMINATING, exit_code_for
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 
-def worker_argv(request, python: str = sys.executable) -> list[str]:
+def worker_argv(plan, python: str = sys.executable) -> list[str]:
     """The wrapped entrypoint (worker hook: dies with smartlaunch, NUMA binding) + script args."""
-    return worker_command(request, python) + list(request.script_args)
+    return worker_command(plan.command, python)
 
 
 def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None = None,
@@ -43,56 +44,68 @@ def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None 
 
 
 class SingleLauncher:
-    def __init__(self, argv: list[str], env: dict[str, str], grace_s: float):
-        self.argv, self.env, self.grace_s = argv, env, grace_s
+    """start() / poll() / forward() / close() over one process (launch/api.py)."""
+
+    def __init__(self, plan, ctx: LaunchContext):
+        self.plan, self.ctx = plan, ctx
         self.child: proc.Child | None = None
+        self.run_dir: str | None = None
+        self.lease = None
         self._stop_deadline: float | None = None
         self._signal: int | None = None
+        self._result: LaunchResult | None = None
 
     def start(self) -> None:
+        plan, ctx = self.plan, self.ctx
+        if plan.device == "cuda" and plan.gpus:
+            # A single job may move to any GPU the decision left free if its first choice
+            # was taken meanwhile.
+            self.lease = ctx.hold(plan.gpus + plan.left_free, 1)
+            if self.lease.gpus != plan.gpus[:1]:
+                self.plan = plan = dataclasses.replace(plan, gpus=self.lease.gpus)
+            if plan.command[:1] != ("--no-python",):     # the hook counts steps of Python only
+                self.run_dir = os.path.join(ctx.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+                os.makedirs(self.run_dir, exist_ok=True)
+        ctx.announce(plan)
         # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
         # can end the whole group, DataLoader workers included; the guard ends it when we
         # are SIGKILLed (its DataLoader workers lived on 5-10 s with PDEATHSIG alone).
-        self.child = proc.spawn(self.argv, env=self.env, stdin=None)
+        env = single_env(plan, ctx.topology, ctx.environ, run_dir=self.run_dir)
+        self.child = proc.spawn(worker_argv(plan), env=env, stdin=None)
 
-    def on_signal(self, signum: int) -> None:
+    def forward(self, signum: int) -> None:
         if self.child and self.child.returncode is None:
             self.child.send(signum)
         if signum in TERMINATING and self._stop_deadline is None:
             self._signal = signum
-            self._stop_deadline = time.monotonic() + self.grace_s
+            self._stop_deadline = time.monotonic() + self.ctx.signal_grace_s
 
     def poll(self) -> LaunchResult | None:
-        assert self.child is not None
+        if self._result is not None or self.child is None:
+            return self._result
         rc = self.child.returncode
         if rc is None:
             if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
-                self.close(signal.SIGKILL)
+                self.child.send(signal.SIGKILL)
             return None
         self.child.reap()           # leftovers of the script's group (grandchildren)
         code = exit_code_for(rc)
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
-        return LaunchResult(state, code)
+        self._result = LaunchResult(state, code)
+        self._release()
+        if self.run_dir:
+            self.ctx.record(self.plan, self.run_dir)
+        return self._result
 
-    def close(self, sig: int | None = signal.SIGTERM) -> None:
-        if self.child is not None:
-            self.child.send(sig or signal.SIGTERM)
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        if self.child is not None and self._result is None:
+            self._signal = self._signal or sig
+            self.child.stop(sig, self.ctx.signal_grace_s)
+            self.poll()
+        self._release()
 
-
-def run_single(plan, request, policy, topology) -> int:
-    run_dir = None
-    if plan.device == "cuda" and not request.no_python:
-        run_dir = os.path.join(os.path.expanduser(policy.launch.log_dir),
-                               f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        os.makedirs(run_dir, exist_ok=True)
-    launcher = SingleLauncher(worker_argv(request), single_env(plan, topology, run_dir=run_dir),
-                              policy.launch.signal_grace_s)
-    with forward_signals(launcher.on_signal):
-        launcher.start()
-        while (result := launcher.poll()) is None:
-            time.sleep(0.05)
-    if run_dir:
-        from smartlaunch.launch.measured import record_launch
-        record_launch(plan, request, policy, topology, run_dir)
-    return result.exit_code
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None

@@ -39,10 +39,9 @@ _PARENT_POLL_S = 1.0
 _keep: list = []                           # objects that must outlive main() (stack file)
 
 
-def worker_command(request, python: str) -> list[str]:
-    """argv of one wrapped worker, without script args (like Request.command)."""
-    flags = ["--no-python"] if request.no_python else ["--module"] if request.module else []
-    return [python, "-u", "-m", "smartlaunch.launch.worker", *flags, request.script]
+def worker_command(command, python: str) -> list[str]:
+    """argv of one wrapped worker: the hook in front of Plan.command."""
+    return [python, "-u", "-m", "smartlaunch.launch.worker", *command]
 
 
 def worker_env(run_dir: str, run_id: str, bindings: Sequence = ()) -> dict[str, str]:

@@ -1,0 +1,54 @@
+"""The one loop that drives any Launcher (launch/api.py) to its end.
+
+What every strategy's launch guarantees lives here, once: the signals smartlaunch gets are
+passed on (signals.py: SIGTERM, SIGINT, SIGHUP end the run; SIGUSR1/2, Slurm's early warning,
+only reach the workers), a signal during a wait for GPUs ends the wait, an exception or a
+signal leaves no worker running and no lease held (close(), grace then SIGKILL), and the exit
+code and the final message come from the launcher's LaunchResult. When smartlaunch itself is
+SIGKILLed, the guard (proc.py) and DDP's reaper end the workers: no handler runs then.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from smartlaunch.errors import NoFreeGPUError
+from smartlaunch.launch.api import LaunchContext, Launcher, LaunchResult, RunState
+from smartlaunch.launch.signals import TERMINATING, forward_signals
+
+POLL_S = 0.05
+
+
+def run(launcher: Launcher, ctx: LaunchContext) -> int:
+    """Start the launcher and poll it to its end; print its message, return its exit code.
+    A terminating signal is the launcher's to act on (forward() at once, then poll() winds
+    the run down within ctx.signal_grace_s); one that ends a wait for GPUs exits 128+N."""
+    def on_signal(signum: int) -> None:
+        if signum in TERMINATING:
+            ctx.signals.append(signum)
+        launcher.forward(signum)
+
+    result: LaunchResult | None = None
+    with forward_signals(on_signal):
+        try:
+            launcher.start()
+            while (result := launcher.poll()) is None:
+                time.sleep(POLL_S)
+        except NoFreeGPUError:
+            if not ctx.signals:              # a signal ended the wait: nothing ran, 128+N below
+                raise
+        finally:
+            launcher.close(signal.SIGTERM)   # no-op after a clean end; stops all on an exception
+            ctx.close()
+        if result is None:
+            result = launcher.poll() or _interrupted(ctx.signals[0])
+    if result.message:
+        print(result.message, file=sys.stderr, flush=True)
+    return int(result.exit_code)
+
+
+def _interrupted(sig: int) -> LaunchResult:
+    return LaunchResult(RunState.INTERRUPTED, 128 + sig,
+                        f"smartlaunch: got {signal.Signals(sig).name} while waiting for GPUs; "
+                        f"nothing was started (exit {128 + sig})")
