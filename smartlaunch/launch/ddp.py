@@ -25,7 +25,8 @@ from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec
-from smartlaunch.launch.api import LaunchResult, RankFailure, RunState
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
+from smartlaunch.launch.signals import TERMINATING as _TERMINATING
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
@@ -36,85 +37,167 @@ from smartlaunch.topology.api import Topology
 WORKER_MODULE = "smartlaunch.launch.worker"
 LOG_TAIL_LINES = 15
 OUTPUT_DRAIN_S = 5.0        # the most a finished run waits for its ranks' last output lines
-_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-_TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # SIGUSR1/2: warnings only
+
+
+class DDPLauncher:
+    """start() / poll() / forward() / close() around torch's elastic agent (launch/api.py).
+    poll() runs the agent to its end on the main thread: a terminating signal's handler
+    raises torch's SignalException inside it, so the agent stops the ranks as in torchrun."""
+
+    def __init__(self, plan: Plan, ctx: LaunchContext):
+        self.plan, self.ctx = plan, ctx
+        self.got: list[int] = []            # every forwarded signal, warnings included
+        self.lease = None
+        self.watchdog: Watchdog | None = None
+        self.reaper: subprocess.Popen | None = None
+        self._in_agent = False
+        self._result: LaunchResult | None = None
+
+    def start(self) -> None:
+        plan, ctx = self.plan, self.ctx
+        if ctx.torchrun_args is None:
+            raise UsageError("DDP launch needs torchrun's parsed arguments (LaunchContext.torchrun_args): "
+                             "build the launch through smartlaunch's command line")
+        if plan.device == "cuda" and plan.gpus:   # exactly its group: chosen for its links
+            self.lease = ctx.hold(plan.gpus, len(plan.gpus))
+        ctx.announce(plan)
+        from torch.distributed.run import config_from_args
+
+        environ = dict(ctx.environ)
+        args = argparse.Namespace(**vars(ctx.torchrun_args))
+        _torchrun_preprocess(args)
+        args.nproc_per_node = str(plan.nproc_per_node)
+        self.run_id = run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.run_dir = run_dir = os.path.join(ctx.log_dir, run_id)
+        os.makedirs(run_dir, exist_ok=True)
+        user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
+        overrides = _worker_overrides(plan, ctx.topology, environ, run_dir, run_id,
+                                      numa=args.numa_binding is None)
+        if not user_logs:   # the hook copies each rank's output; the terminal sees it unchanged
+            overrides[TEE_DIR_VAR] = self.log_root = os.path.join(run_dir, "logs")
+            if sys.stderr.isatty():
+                overrides[STATUS_LINE_VAR] = "1"
+        else:
+            self.log_root = args.log_dir
+        fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
+        overrides.update(fr_env)
+        self.host = socket.gethostname()
+        self.reaper = _start_reaper(run_id, run_dir, plan.nproc_per_node, environ)
+        self.watchdog = Watchdog(
+            run_dir, plan.nproc_per_node, ctx.policy.launch, self.host,
+            act_on_death=args.max_restarts == 0,
+            gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
+            read_topology=lambda: _fresh_topology(environ),
+            flight_recorder=recorder if plan.device == "cuda" else None,
+            display=sys.stderr.isatty())
+        with _patched_environ(overrides):
+            self.config, cmd, cmd_args = config_from_args(args)
+            self.entry = _wrap_entrypoint(cmd, cmd_args, args)
+        self.overrides = overrides
+        grace = ctx.signal_grace_s
+        if "shutdown_timeout" in _fields(self.config) and args.shutdown_timeout is None:
+            self.config.shutdown_timeout = max(1, math.ceil(grace))
+        if "signals_to_handle" in _fields(self.config):
+            self.config.signals_to_handle = "SIGQUIT"  # ours: TERM/INT/HUP/USR1/USR2 (run_loop)
+
+    def forward(self, signum: int) -> None:
+        self.got.append(signum)
+        if self.watchdog is None:
+            return
+        if signum not in _TERMINATING:
+            self.watchdog.forward(signum, group=False)  # a warning for the rank, not its DataLoader workers
+            return
+        self.watchdog.stop(None, self.ctx.signal_grace_s)   # SIGKILL backstop; the agent forwards signum
+        if self._in_agent:
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+            raise SignalException(f"smartlaunch got {signal.Signals(signum).name}",
+                                  sigval=signal.Signals(signum))
+
+    def poll(self) -> LaunchResult | None:
+        if self._result is None and self.watchdog is not None:
+            failures: dict = {}
+            try:
+                if not any(s in _TERMINATING for s in self.got):
+                    with _patched_environ(self.overrides):
+                        failures = self._run_agent()
+            finally:
+                self._end_processes()
+            self._result = self._finish(failures)
+        return self._result
+
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        if self._result is None and self.watchdog is not None:
+            self.watchdog.stop(sig, self.ctx.signal_grace_s)
+            self._end_processes()
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def _run_agent(self) -> dict:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import launch_agent
+
+        with _on_sigchld(lambda _s, _f: self.watchdog.note_children()):
+            self.watchdog.start()
+            self._in_agent = True
+            try:
+                launch_agent(self.config, self.entry[0], list(self.entry[1]))
+            except ChildFailedError as exc:
+                return dict(exc.failures)
+            except SignalException:
+                pass
+            finally:
+                self._in_agent = False
+        return {}
+
+    def _end_processes(self) -> None:
+        """Idempotent: the watchdog, every process of the run, the reaper."""
+        if self.reaper is None:
+            return
+        self.watchdog.close()
+        procs.kill_run(self.run_id, self.watchdog.live_pids().values(), exclude=(self.reaper.pid,),
+                       drain_s=OUTPUT_DRAIN_S)
+        _stop_reaper(self.reaper)
+        self.reaper = None
+
+    def _finish(self, failures: dict) -> LaunchResult:
+        watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
+        result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir)
+        summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
+        with contextlib.suppress(OSError):
+            Path(run_dir, "summary.txt").write_text(summary + "\n")
+        # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
+        # with its first line and where the rest is (issue 18: a summary on success too), one
+        # line after the job's output as the decision line was one before it; --quiet /
+        # launch.quiet drop it.
+        if result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
+            msg = f"{result.message}\n{summary}" if result.message else summary
+        elif self.ctx.quiet:
+            msg = result.message
+        else:
+            head = f"{summary.splitlines()[0]} (all of it: {Path(run_dir, 'summary.txt')})"
+            msg = f"{result.message}\n{head}" if result.message else head
+        if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
+            self.ctx.record(plan, run_dir)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+        return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
 
 
 def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) -> int:
-    result = launch_ddp(plan, request, policy, topology)
-    if result.message:
-        print(result.message, file=sys.stderr, flush=True)
-    if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
-        from smartlaunch.launch.measured import record_launch
-        record_launch(plan, request, policy, topology, result.details.get("run_dir"))
-    return result.exit_code
+    from smartlaunch.launch import run_plan
+    return run_plan(plan, request, policy, topology)
 
 
 def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology, *,
                environ: Mapping[str, str] | None = None) -> LaunchResult:
-    if request.torchrun_args is None:
-        raise UsageError("DDP launch needs torchrun's parsed arguments (Request.torchrun_args): "
-                         "build the Request through smartlaunch's command line")
-    from torch.distributed.run import config_from_args
-
-    environ = dict(os.environ if environ is None else environ)
-    args = argparse.Namespace(**vars(request.torchrun_args))
-    _torchrun_preprocess(args)
-    args.nproc_per_node = str(plan.nproc_per_node)
-    launch = policy.launch
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    run_dir = os.path.join(os.path.expanduser(launch.log_dir), run_id)
-    os.makedirs(run_dir, exist_ok=True)
-    user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
-    overrides = _worker_overrides(plan, topology, environ, run_dir, run_id,
-                                  numa=args.numa_binding is None)
-    if not user_logs:       # the hook copies each rank's output; the terminal sees it unchanged
-        overrides[TEE_DIR_VAR] = log_root = os.path.join(run_dir, "logs")
-        if sys.stderr.isatty():
-            overrides[STATUS_LINE_VAR] = "1"
-    else:
-        log_root = args.log_dir
-    fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
-    overrides.update(fr_env)
-    host = socket.gethostname()
-    reaper = _start_reaper(run_id, run_dir, plan.nproc_per_node, environ)
-    watchdog = Watchdog(run_dir, plan.nproc_per_node, launch, host,
-                        act_on_death=args.max_restarts == 0,
-                        gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
-                        read_topology=lambda: _fresh_topology(environ),
-                        flight_recorder=recorder if plan.device == "cuda" else None,
-                        display=sys.stderr.isatty())
-    got: list[int] = []
-    failures: dict = {}
-    try:
-        with _patched_environ(overrides):
-            config, cmd, cmd_args = config_from_args(args)
-            entry, entry_args = _wrap_entrypoint(cmd, cmd_args, args)
-            if "shutdown_timeout" in _fields(config) and args.shutdown_timeout is None:
-                config.shutdown_timeout = max(1, math.ceil(launch.signal_grace_s))
-            if "signals_to_handle" in _fields(config):
-                config.signals_to_handle = "SIGQUIT"  # ours: TERM/INT/HUP/USR1/USR2 (below)
-            failures = _run_agent(config, entry, entry_args, watchdog, launch.signal_grace_s, got)
-    finally:
-        watchdog.close()
-        procs.kill_run(run_id, watchdog.live_pids().values(), exclude=(reaper.pid,),
-                       drain_s=OUTPUT_DRAIN_S)
-        _stop_reaper(reaper)
-    result = _result(watchdog, failures, got, host, log_root, run_dir)
-    summary = _summary(watchdog, plan, result, log_root or run_dir, run_dir)
-    with contextlib.suppress(OSError):
-        Path(run_dir, "summary.txt").write_text(summary + "\n")
-    # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends with
-    # its first line and where the rest is (issue 18: a summary on success too), one line after
-    # the job's output as the decision line was one before it; --quiet / launch.quiet drop it.
-    if result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
-        msg = f"{result.message}\n{summary}" if result.message else summary
-    elif request.quiet or policy.launch.quiet:
-        msg = result.message
-    else:
-        head = f"{summary.splitlines()[0]} (all of it: {Path(run_dir, 'summary.txt')})"
-        msg = f"{result.message}\n{head}" if result.message else head
-    return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
+    """The DDP launch's LaunchResult, not printed (tests read its message and details)."""
+    from smartlaunch.launch import context
+    from smartlaunch.launch.run_loop import run_result
+    ctx = context(request, policy, topology, environ=os.environ if environ is None else environ)
+    return run_result(DDPLauncher(plan, ctx), ctx)
 
 
 def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str, run_dir: str) -> str:
@@ -129,32 +212,6 @@ def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str
     if result.details.get("hang") is not None:
         figures.dumps = [*result.details["hang"].stack_files, *result.details["hang"].dump_files]
     return summary_text(figures, result.state.value)
-
-
-def _run_agent(config, entry, entry_args, watchdog: Watchdog, grace: float, got: list[int]) -> dict:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import launch_agent
-
-    def on_signal(signum, _frame):
-        got.append(signum)
-        if signum in _TERMINATING:
-            watchdog.stop(None, grace)         # SIGKILL backstop; the agent forwards signum
-            raise SignalException(f"smartlaunch got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
-        watchdog.forward(signum, group=False)  # a warning for the rank, not its DataLoader workers
-
-    def on_child(_signum, _frame):
-        watchdog.note_children()
-
-    with _signal_handlers(on_signal, on_child):
-        watchdog.start()
-        try:
-            launch_agent(config, entry, list(entry_args))
-        except ChildFailedError as exc:
-            return dict(exc.failures)
-        except SignalException:
-            pass
-    return {}
 
 
 def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_root: str,
@@ -294,17 +351,14 @@ def _patched_environ(changes: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _signal_handlers(handler, on_child) -> Iterator[None]:
+def _on_sigchld(handler) -> Iterator[None]:
+    """A rank's death is noticed at once (the watchdog), not at its next poll."""
     import threading
     if threading.current_thread() is not threading.main_thread():
         yield                                   # handlers live in the main thread only
         return
-    previous = {s: signal.getsignal(s) for s in (*_FORWARDED, signal.SIGCHLD)}
-    for s in _FORWARDED:
-        signal.signal(s, handler)
-    signal.signal(signal.SIGCHLD, on_child)
+    previous = signal.signal(signal.SIGCHLD, handler)
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        signal.signal(signal.SIGCHLD, previous)

@@ -21,9 +21,17 @@ POLL_S = 0.05
 
 
 def run(launcher: Launcher, ctx: LaunchContext) -> int:
-    """Start the launcher and poll it to its end; print its message, return its exit code.
-    A terminating signal is the launcher's to act on (forward() at once, then poll() winds
-    the run down within ctx.signal_grace_s); one that ends a wait for GPUs exits 128+N."""
+    """run_result(), its message printed to stderr; the exit code."""
+    result = run_result(launcher, ctx)
+    if result.message:
+        print(result.message, file=sys.stderr, flush=True)
+    return int(result.exit_code)
+
+
+def run_result(launcher: Launcher, ctx: LaunchContext) -> LaunchResult:
+    """Start the launcher and poll it to its end. A terminating signal is the launcher's to
+    act on (forward() at once, then poll() winds the run down within ctx.signal_grace_s);
+    one that ends a wait for GPUs gives 128+N."""
     def on_signal(signum: int) -> None:
         if signum in TERMINATING:
             ctx.signals.append(signum)
@@ -43,9 +51,7 @@ def run(launcher: Launcher, ctx: LaunchContext) -> int:
             ctx.close()
         if result is None:
             result = launcher.poll() or _interrupted(ctx.signals[0])
-    if result.message:
-        print(result.message, file=sys.stderr, flush=True)
-    return int(result.exit_code)
+    return result
 
 
 def _interrupted(sig: int) -> LaunchResult:
