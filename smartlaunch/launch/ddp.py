@@ -140,8 +140,8 @@ class DDPLauncher:
 
         with _on_sigchld(lambda _s, _f: self.watchdog.note_children()):
             self.watchdog.start()
-            self._in_agent = True
             try:
+                self._in_agent = True
                 launch_agent(self.config, self.entry[0], list(self.entry[1]))
             except ChildFailedError as exc:
                 return dict(exc.failures)
