@@ -22,7 +22,7 @@ def context(request, policy, topology, *, environ: Mapping[str, str] = os.enviro
 
 
 def launcher(plan, ctx):
-    """The Launcher of the plan's strategy (steps 7 of issue 16 moves this into a registry)."""
+    """The Launcher of the plan's strategy (step 7 of issue 16 moves this into a registry)."""
     from smartlaunch.vocab import Strategy
     if plan.strategy == Strategy.INDEPENDENT:
         from smartlaunch.launch.independent import IndependentLauncher
