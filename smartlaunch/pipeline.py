@@ -29,7 +29,8 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         print(render_text(plan))
         return 0
     from smartlaunch.decide.explain import decision_line
-    from smartlaunch.launch import context, execute
+    from smartlaunch.launch import execute
+    from smartlaunch.launch.api import context
 
     def announce(final_plan) -> None:      # once the GPUs are held, just before the job
         if not (request.quiet or policy.launch.quiet):

@@ -4,6 +4,7 @@ failed (`RankFailure`), the `Launcher` protocol every strategy's launcher implem
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import os
 import sys
@@ -135,3 +136,20 @@ class LaunchContext:
         if self._leases is not None:
             self._leases.close()
             self._leases = None
+
+
+def context(request, policy, topology, *, environ: Mapping[str, str] = os.environ,
+            status=None, announce: Callable | None = None):
+    """The LaunchContext of one command line: what launchers need besides the Plan."""
+    def record(plan, run_dir) -> None:     # the rate that ran, for the next plan of this job
+        from smartlaunch.launch.measured import record_launch
+        record_launch(plan, request, policy, topology, run_dir, environ=environ)
+    return LaunchContext(policy, topology, environ=environ,
+                         torchrun_args=request.torchrun_args, no_wait=request.no_wait,
+                         quiet=request.quiet or policy.launch.quiet, status=status,
+                         announce=announce or (lambda plan: None), record=record)
+
+
+def with_command(plan: Plan, request) -> Plan:
+    """A plan made without decide (tests, benchmarks) gets the request's worker command."""
+    return plan if plan.command else dataclasses.replace(plan, command=request.worker_command())

@@ -25,7 +25,7 @@ from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec
-from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState, context, with_command
 from smartlaunch.launch.signals import TERMINATING as _TERMINATING
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.watchdog import Watchdog
@@ -93,7 +93,9 @@ class DDPLauncher:
         with _patched_environ(overrides):
             self.config, cmd, cmd_args = config_from_args(args)
             self.entry = _wrap_entrypoint(cmd, cmd_args, args)
-        self.overrides = overrides
+            # config_from_args sets variables for the workers in os.environ (OMP_NUM_THREADS=1
+            # for several ranks): the agent, run in poll(), must see them too.
+            self.overrides = {k: v for k, v in os.environ.items() if environ.get(k) != v}
         grace = ctx.signal_grace_s
         if "shutdown_timeout" in _fields(self.config) and args.shutdown_timeout is None:
             self.config.shutdown_timeout = max(1, math.ceil(grace))
@@ -187,17 +189,18 @@ class DDPLauncher:
 
 
 def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) -> int:
-    from smartlaunch.launch import run_plan
-    return run_plan(plan, request, policy, topology)
+    """run_loop.run for a caller holding a Request rather than a context (tests)."""
+    from smartlaunch.launch.run_loop import run
+    ctx = context(request, policy, topology)
+    return run(DDPLauncher(with_command(plan, request), ctx), ctx)
 
 
 def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology, *,
                environ: Mapping[str, str] | None = None) -> LaunchResult:
     """The DDP launch's LaunchResult, not printed (tests read its message and details)."""
-    from smartlaunch.launch import context
     from smartlaunch.launch.run_loop import run_result
     ctx = context(request, policy, topology, environ=os.environ if environ is None else environ)
-    return run_result(DDPLauncher(plan, ctx), ctx)
+    return run_result(DDPLauncher(with_command(plan, request), ctx), ctx)
 
 
 def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str, run_dir: str) -> str:

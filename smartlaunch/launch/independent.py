@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch.launch import numa
-from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState, context, with_command
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease
 from smartlaunch.launch.signals import TERMINATING
@@ -356,5 +356,6 @@ class IndependentLauncher:
 
 def run_independent(plan, request, policy, topology) -> int:
     """Run every variant, print the summary to stderr, return the exit code (module docstring)."""
-    from smartlaunch.launch import run_plan
-    return run_plan(plan, request, policy, topology)
+    from smartlaunch.launch.run_loop import run
+    ctx = context(request, policy, topology)
+    return run(IndependentLauncher(with_command(plan, request), ctx), ctx)
