@@ -10,7 +10,7 @@ sure it never outlives smartlaunch (issue 14).
   process that carries our GUARD_VAR tag (torch's agent starts trial ranks with setsid, out of
   the group) and removes the registered temp dirs. PR_SET_PDEATHSIG alone is not enough: fork
   children (DataLoader workers) do not inherit it and lived 5-10 s after a SIGKILLed launcher.
-- Process facts (/proc) and run-id sweeps for the DDP launcher's watchdog and reaper.
+- Process facts (/proc) and run-id sweeps for the DDP launcher's watchdog.
 
 Ranks are process-group leaders (torch's agent starts them with start_new_session=True), so a
 signal to the group reaches DataLoader workers and other children too. Stray processes of a
@@ -231,6 +231,13 @@ def guard() -> _Guard:
     if g is None or g.proc.poll() is not None:
         g = _guards[os.getpid()] = _Guard()
     return g
+
+
+def guard_tag(name: str) -> str:
+    """A GUARD_VAR value for processes we do not spawn() ourselves (torch's agent starts DDP
+    ranks): in their environment, it makes this process's guard end them, and everything
+    they fork, when we die."""
+    return f"{guard().tag}-{name}-"
 
 
 def remove_on_exit(path: str, *, done: bool = False) -> None:

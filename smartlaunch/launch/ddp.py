@@ -3,8 +3,8 @@
 The LaunchConfig comes from `torch.distributed.run.config_from_args` on torchrun's parsed
 namespace, so every torchrun option behaves as in torchrun. What changes: the entrypoint is
 the worker hook (worker.py), the group is narrowed to plan.gpus, plan.env is added, and around
-the agent run a watchdog thread (failure/hang/straggler), a reaper process (no orphans when
-smartlaunch is SIGKILLed) and signal handlers (forwarding, grace, 128+N) do their part.
+the agent run a watchdog thread (failure/hang/straggler) and the guard (proc.py: the ranks
+carry its tag, so none outlives smartlaunch, SIGKILL included); run_loop forwards signals.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -49,7 +48,7 @@ class DDPLauncher:
         self.got: list[int] = []            # every forwarded signal, warnings included
         self.lease = None
         self.watchdog: Watchdog | None = None
-        self.reaper: subprocess.Popen | None = None
+        self._ended = False                 # every process of the run is gone
         self._in_agent = False
         self._result: LaunchResult | None = None
 
@@ -82,7 +81,9 @@ class DDPLauncher:
         fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
         overrides.update(fr_env)
         self.host = socket.gethostname()
-        self.reaper = _start_reaper(run_id, run_dir, plan.nproc_per_node, environ)
+        # The guard SIGKILLs every process with this tag when smartlaunch dies, SIGKILL
+        # included: ranks, DataLoader workers (PR_SET_PDEATHSIG is not inherited across fork).
+        overrides[procs.GUARD_VAR] = procs.guard_tag(f"ddp-{run_id}")
         self.watchdog = Watchdog(
             run_dir, plan.nproc_per_node, ctx.policy.launch, self.host,
             act_on_death=args.max_restarts == 0,
@@ -154,14 +155,12 @@ class DDPLauncher:
         return {}
 
     def _end_processes(self) -> None:
-        """Idempotent: the watchdog, every process of the run, the reaper."""
-        if self.reaper is None:
+        """Idempotent: the watchdog, every process of the run."""
+        if self._ended:
             return
+        self._ended = True
         self.watchdog.close()
-        procs.kill_run(self.run_id, self.watchdog.live_pids().values(), exclude=(self.reaper.pid,),
-                       drain_s=OUTPUT_DRAIN_S)
-        _stop_reaper(self.reaper)
-        self.reaper = None
+        procs.kill_run(self.run_id, self.watchdog.live_pids().values(), drain_s=OUTPUT_DRAIN_S)
 
     def _finish(self, failures: dict) -> LaunchResult:
         watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
@@ -324,20 +323,6 @@ def _fresh_topology(environ: Mapping[str, str]):
 def _fields(config) -> set[str]:
     import dataclasses
     return {f.name for f in dataclasses.fields(config)}
-
-
-def _start_reaper(run_id: str, run_dir: str, nproc: int, environ: Mapping[str, str]) -> subprocess.Popen:
-    env = {k: v for k, v in environ.items() if k != procs.RUN_ID_VAR}
-    return subprocess.Popen([sys.executable, "-m", "smartlaunch.launch.reaper", run_id, run_dir, str(nproc)],
-                            stdin=subprocess.PIPE, env=env, start_new_session=True)
-
-
-def _stop_reaper(reaper: subprocess.Popen) -> None:
-    try:
-        reaper.stdin.close()
-        reaper.wait(timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        reaper.kill()
 
 
 @contextlib.contextmanager

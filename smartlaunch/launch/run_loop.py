@@ -5,7 +5,8 @@ passed on (signals.py: SIGTERM, SIGINT, SIGHUP end the run; SIGUSR1/2, Slurm's e
 only reach the workers), a signal during a wait for GPUs ends the wait, an exception or a
 signal leaves no worker running and no lease held (close(), grace then SIGKILL), and the exit
 code and the final message come from the launcher's LaunchResult. When smartlaunch itself is
-SIGKILLed, the guard (proc.py) and DDP's reaper end the workers: no handler runs then.
+SIGKILLed, no handler runs: the guard (proc.py) ends every worker then, those proc.spawn()
+started and the DDP ranks torch's agent started, which carry its tag (proc.guard_tag).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ the script needs no change and keeps the environment torchrun sets. Before the s
   - NUMA binding for this LOCAL_RANK (re-exec under numactl, or CPU affinity alone);
   - no orphans: PR_SET_PDEATHSIG=SIGKILL, plus a thread that kills this rank's process group
     if the launcher goes away (a fork child such as a DataLoader worker does not inherit
-    PDEATHSIG; the launcher's reaper process sweeps those);
+    PDEATHSIG; the launcher's guard process sweeps those, proc.py);
   - faulthandler on DUMP_SIGNAL writing all threads' stacks to <run_dir>/stacks/local<N>.txt
     (a real-time signal: SIGUSR1/2 belong to the script, Slurm sends them for preemption);
   - a progress counter fed by torch's optimizer step hook and smartlaunch.profile_step();
@@ -29,7 +29,7 @@ from smartlaunch.launch.progress import ProgressWriter, progress_path
 from smartlaunch.proc import name_output_copier
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
-RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag the reaper finds stray processes by
+RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag kill_run finds stray processes by
 LAUNCHER_PID_VAR = "SMARTLAUNCH_LAUNCHER_PID"
 TEE_DIR_VAR = "SMARTLAUNCH_TEE_DIR"        # copy stdout/stderr to <dir>/<local_rank>/std*.log
 STATUS_LINE_VAR = "SMARTLAUNCH_STATUS_LINE"  # "1": the launcher draws a status line on the tty
