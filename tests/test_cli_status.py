@@ -87,6 +87,9 @@ def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
     assert rc == 0, "\n".join(shown)
     assert b"\r\x1b[K" in raw and b"profiling" in raw and b"measuring all-reduce" in raw
     ours = [line for line in shown if line.startswith("smartlaunch:")]
+    # The decision line before the job; a DDP run ends with its one-line summary (issue 18).
+    if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
+        ours.pop()
     assert len(ours) == 1, shown
     # DDP or, when a loaded machine's trials say so, single: either way with its number.
     assert re.fullmatch(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU\d — "
@@ -114,6 +117,8 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr
     ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
+    if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
+        ours.pop()                # a DDP run ends with its one-line summary (issue 18)
     words = [line.split(" ", 2)[1] for line in ours]
     # A loaded machine may land in the uncertainty band: then trials follow, one line each.
     assert words[0] == "profiling" and words[-1] in ("DDP×2", "single"), ours
