@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import enum
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,13 @@ class LaunchResult:
 
     def is_failed(self) -> bool:
         return self.state != RunState.SUCCEEDED
+
+    @classmethod
+    def not_started(cls, sig: int) -> "LaunchResult":
+        """Signal `sig` came before any worker started (while waiting for GPUs): 128+N."""
+        return cls(RunState.INTERRUPTED, 128 + sig,
+                   f"smartlaunch: got {signal.Signals(sig).name} while waiting for GPUs; "
+                   f"nothing was started (exit {128 + sig})")
 
 
 # ---- what run_loop.run drives ---------------------------------------------------------------

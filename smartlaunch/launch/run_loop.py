@@ -15,7 +15,7 @@ import sys
 import time
 
 from smartlaunch.errors import NoFreeGPUError
-from smartlaunch.launch.api import LaunchContext, Launcher, LaunchResult, RunState
+from smartlaunch.launch.api import LaunchContext, Launcher, LaunchResult
 from smartlaunch.launch.signals import TERMINATING, forward_signals
 
 POLL_S = 0.05
@@ -51,11 +51,5 @@ def run_result(launcher: Launcher, ctx: LaunchContext) -> LaunchResult:
             launcher.close(signal.SIGTERM)   # no-op after a clean end; stops all on an exception
             ctx.close()
         if result is None:
-            result = launcher.poll() or _interrupted(ctx.signals[0])
+            result = launcher.poll() or LaunchResult.not_started(ctx.signals[0])
     return result
-
-
-def _interrupted(sig: int) -> LaunchResult:
-    return LaunchResult(RunState.INTERRUPTED, 128 + sig,
-                        f"smartlaunch: got {signal.Signals(sig).name} while waiting for GPUs; "
-                        f"nothing was started (exit {128 + sig})")

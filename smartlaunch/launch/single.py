@@ -66,6 +66,8 @@ class SingleLauncher:
             if plan.command[:1] != ("--no-python",):     # the hook counts steps of Python only
                 self.run_dir = os.path.join(ctx.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
                 os.makedirs(self.run_dir, exist_ok=True)
+        if ctx.cancelled():         # a signal came while the GPU was being leased
+            return
         ctx.announce(plan)
         # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
         # can end the whole group, DataLoader workers included; the guard ends it when we
@@ -81,6 +83,9 @@ class SingleLauncher:
             self._stop_deadline = time.monotonic() + self.ctx.signal_grace_s
 
     def poll(self) -> LaunchResult | None:
+        if self._result is None and self.child is None and self.ctx.signals:
+            self._result = LaunchResult.not_started(self.ctx.signals[0])
+            self._release()
         if self._result is not None or self.child is None:
             return self._result
         rc = self.child.returncode
