@@ -133,7 +133,7 @@ def test_worker_applies_affinity_from_env(tmp_path):
     env = {**os.environ, "LOCAL_RANK": "1", numa.ENV_VAR: numa.encode([
         numa.NumaBinding(0, 0, 0, (cpu,), "node", "none"),
         numa.NumaBinding(1, 1, 0, (cpu,), "node", "sched_setaffinity")])}
-    out = subprocess.run(worker_command(Request(script=str(script)), sys.executable), env=env,
+    out = subprocess.run(worker_command(Request(script=str(script)).worker_command(), sys.executable), env=env,
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"[{cpu}]"
 
@@ -185,5 +185,5 @@ def test_proc_state_reads_zombie_status():
 
 def test_worker_command_wraps_like_request_command():
     req = Request(script="pkg.train", module=True)
-    assert worker_command(req, "py") == ["py", "-u", "-m", "smartlaunch.launch.worker", "--module", "pkg.train"]
+    assert worker_command(req.worker_command(), "py") == ["py", "-u", "-m", "smartlaunch.launch.worker", "--module", "pkg.train"]
     assert dataclasses.replace(req, module=False, no_python=True).command("py") == ["pkg.train"]
