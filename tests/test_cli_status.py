@@ -220,3 +220,60 @@ def test_a_waiting_launch_shows_its_place_and_the_holder(clean_env, terminal):
         assert len(waiting) == 1
     assert shown[-1] == "job ran"
     assert not list(Path(os.environ["SMARTLAUNCH_LEASE_DIR"]).glob("*.waiter"))
+
+
+# A band wide enough that every cold decision measures single and DDP×2 by trial (issue 15,
+# item 7: the trials must be visible too), each trial short.
+TRIALS = "decision: {uncertainty_band: 2.0, trial_seconds: 0.2, trial_steps: 5}\n"
+
+
+def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_env):
+    (clean_env / "smartlaunch.yaml").write_text(TRIALS)
+    rc, raw = on_terminal(["--reprofile", *TRAIN], clean_env, PAIR)
+    shown = screen(raw)
+    assert rc == 0, "\n".join(shown)
+    text = raw.decode(errors="replace")
+    steps = [(int(k), int(n)) for k, n in re.findall(r"dry run step (\d+) of (\d+)", text)]
+    assert steps and all(1 <= k <= n for k, n in steps), text
+    assert steps == sorted(steps)                       # it counts up, redrawn in place
+    sizes = re.findall(r"all-reduce ([\d.]+ [KMG]?B) \((\d) of (\d) sizes\)", text)
+    assert sizes and all(1 <= int(k) <= int(n) for _, k, n in sizes), text
+    assert re.search(r"trial 1 of 2: single on GPU0", text), text
+    assert re.search(r"trial 2 of 2: DDP×2 on GPUs 0,1", text), text
+    # All of it gone from the screen: only the decision line, then the job's output.
+    ours = [line for line in shown if line.startswith("smartlaunch:")
+            and not line.startswith("smartlaunch: summary")]     # the DDP run's own, at its end
+    assert len(ours) == 1 and "measured" in ours[0], shown
+    assert not any(w in line for line in shown for w in ("dry run step", "sizes)", "trial ")), shown
+    assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
+
+
+def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_env):
+    (clean_env / "smartlaunch.yaml").write_text(TRIALS)
+    r = smartlaunch(["--reprofile", *TRAIN], clean_env, PAIR)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\r" not in r.stderr and "\x1b" not in r.stderr
+    assert "dry run step" not in r.stderr and "sizes)" not in r.stderr, r.stderr
+    ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
+    want = ("smartlaunch: profiling ", "smartlaunch: measuring all-reduce over GPUs 0,1 up to ",
+            "smartlaunch: trial 1 of 2: single on GPU0 ", "smartlaunch: trial 2 of 2: DDP×2 on ",
+            "smartlaunch: ")
+    assert len(ours) == len(want) and all(a.startswith(b) for a, b in zip(ours, want)), ours
+
+
+def test_status_progress_redraws_a_ticking_stage_on_a_terminal_only():
+    for tty in (True, False):
+        out, now = Term(), [10.0]
+        status = StatusLine(out, tty=tty, clock=lambda: now[0])
+        status.ticking("profiling x.py")
+        now[0] = 13.0
+        status.progress("profiling x.py: dry run step 3 of 26")
+        status.clear()
+        status.progress("late: the stage is over")      # ignored once the stage ended
+        status.close()
+        if tty:
+            assert screen(out.data.encode()) == []
+            assert "\rsmartlaunch: profiling x.py: dry run step 3 of 26 (3 s)\x1b[K" in out.data
+            assert "late" not in out.data
+        else:
+            assert out.data == "smartlaunch: profiling x.py\n"
