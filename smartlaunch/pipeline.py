@@ -74,11 +74,14 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     clock.lap("profile")
     trial = _trial_runner(request, policy, environ, topology, profile, status, clock) \
         if first.measure else None
+    model, model_note = _cost_model(policy, topology, environ, profile)
+    notes += model_note
     plan = decide(
         request, topology, policy, profile,
         comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
         trial=trial,
         unavailable=first.unavailable,
+        model=model,
         launched=_launched(request, policy, topology, environ) if profile is not None else None,
         environ=environ,
     )
@@ -221,6 +224,20 @@ def _comm_for(topology, policy, environ, profile, status):
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
                           progress=progress)
     return comm_for
+
+
+def _cost_model(policy, topology, environ, profile):
+    """The cost model with this node's calibrated constants (`smartlaunch-node calibrate`)
+    where there are some, and a note for --explain saying which values predict DDP; no note
+    where no DDP prediction can be made (fewer than 2 GPUs, no usable profile)."""
+    from smartlaunch.decide.cost import CostModel, calibrated
+    if len(topology.gpus) < 2 or profile is None or not profile.usable:
+        return CostModel(), []
+    from smartlaunch.profile.baseline import load_constants
+    record = load_constants(policy, topology, environ)
+    model, text = calibrated(CostModel(), record)
+    rule = "node calibration: smartlaunch-node calibrate" if record else "decide/cost.py"
+    return model, [(f"cost model: {text}", rule)]
 
 
 def _launched(request, policy, topology, environ):

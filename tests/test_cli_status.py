@@ -254,7 +254,8 @@ def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_e
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr and "\x1b" not in r.stderr
     assert "dry run step" not in r.stderr and "sizes)" not in r.stderr, r.stderr
-    ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
+    ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")
+            and not line.startswith("smartlaunch: summary")]     # the DDP run's own, at its end
     want = ("smartlaunch: profiling ", "smartlaunch: measuring all-reduce over GPUs 0,1 up to ",
             "smartlaunch: trial 1 of 2: single on GPU0 ", "smartlaunch: trial 2 of 2: DDP×2 on ",
             "smartlaunch: ")

@@ -85,7 +85,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                 if device == "cuda":
                     cmd += ["--device-index", str(gpu)]
                 procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
-            failed = _wait_all(procs, time_limit_s, watch)
+            failed = wait_all(procs, time_limit_s, watch)
             watch.poll()
             if failed is not None:
                 rank, why = failed
@@ -109,7 +109,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env, gpus=tuple(gpus))
 
 
-def _wait_all(procs, limit: float, watch: TickWatch | None = None):
+def wait_all(procs, limit: float, watch: TickWatch | None = None):
     """None when every rank exited 0; else (rank, reason) of the first failure."""
     deadline = time.monotonic() + limit
     while True:
