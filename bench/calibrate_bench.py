@@ -66,9 +66,10 @@ def main() -> int:
              f"- in-command measurement (s): "
              f"{', '.join(str(r['elapsed_s']) for r in records)}"]
     if records:
+        sd = [r["spread"]["contention_s_per_byte"] * 1e12 for r in records]
         lines += [f"- κ per run (ms/GB): {', '.join(f'{x:.0f}' for x in kappa)}; median "
                   f"{statistics.median(kappa):.0f}, within-run sd "
-                  f"{', '.join(f'{r['spread']['contention_s_per_byte'] * 1e12:.0f}' for r in records)}",
+                  f"{', '.join(f'{x:.0f}' for x in sd)}",
                   f"- DDP overhead per run (ms/step): {', '.join(f'{x:.2f}' for x in ovh)}; "
                   f"median {statistics.median(ovh):.2f}"]
     lines += [f"- TickWriter.set (the dry run's per-step counter): {tick_s * 1e9:.0f} ns per "
