@@ -195,8 +195,7 @@ def _profile(request, policy, topology, environ, gpu, status):
                        f"cached afterwards)")
 
     def progress(k: int, n: int) -> None:
-        if k:
-            status.progress(f"{what}: dry run step {k} of {max(k, n)}")
+        status.progress(f"{what}: dry run step {k} of {max(k, n)}")
     binary = getattr(status.stream, "buffer", None)
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
                               gpu_model=topology.gpu(gpu).name, environ=environ,

@@ -247,8 +247,10 @@ def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_en
     assert re.search(r"trial 1 of 2: single on GPU0", text), text
     assert re.search(r"trial 2 of 2: DDP×2 on GPUs 0,1", text), text
     # All of it gone from the screen: only the decision line, then the job's output.
+    # The run's own end (its summary; advice when DDP fell below the threshold) is not ours.
     ours = [line for line in shown if line.startswith("smartlaunch:")
-            and not line.startswith("smartlaunch: summary")]     # the DDP run's own, at its end
+            and not line.startswith("smartlaunch: summary")
+            and "the next launch of this job" not in line]
     assert len(ours) == 1 and "measured" in ours[0], shown
     assert not any(w in line for line in shown for w in ("dry run step", "sizes)", "trial ")), shown
     assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
@@ -260,12 +262,17 @@ def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_e
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr and "\x1b" not in r.stderr
     assert "dry run step" not in r.stderr and "sizes)" not in r.stderr, r.stderr
-    ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")
-            and not line.startswith("smartlaunch: summary")]     # the DDP run's own, at its end
+    ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
     want = ("smartlaunch: profiling ", "smartlaunch: measuring all-reduce over GPUs 0,1 up to ",
-            "smartlaunch: trial 1 of 2: single on GPU0 ", "smartlaunch: trial 2 of 2: DDP×2 on ",
-            "smartlaunch: ")
-    assert len(ours) == len(want) and all(a.startswith(b) for a, b in zip(ours, want)), ours
+            "smartlaunch: trial 1 of 2: single on GPU0 ", "smartlaunch: trial 2 of 2: DDP×2 on ")
+    assert len(ours) > len(want) and all(a.startswith(b) for a, b in zip(ours, want)), ours
+    assert re.match(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU0 — "
+                    r"DDP×2 )measured ",
+                    ours[len(want)]), ours
+    # After the decision, only the run's own end: its summary, and (issue 15, item 6) advice
+    # when DDP fell below the policy's threshold.
+    assert all(line.startswith("smartlaunch: summary") or "the next launch of this job" in line
+               for line in ours[len(want) + 1:]), ours
 
 
 def test_status_progress_redraws_a_ticking_stage_on_a_terminal_only():

@@ -64,8 +64,9 @@ def test_short_steps_measure_until_the_window_is_long_enough(clean_env):
     assert prof.status == ProfileStatus.OK, prof.note
     assert prof.steps_measured > 3                      # a tiny CPU step is far below 0.4 s / 3
     assert prof.steps_measured * prof.step_time_s >= 0.4 * 0.9
-    # The status line's "dry run step k of n": it counts up, the goal starts at warm-up +
-    # first step + measure_steps, grows with the seconds still wanted, and ends on the total.
+    # The status line's "dry run step k of n": from the first step on it counts up, the goal
+    # starts at warm-up + first step + measure_steps, grows with the seconds still wanted,
+    # and ends on the total.
     total = 1 + 1 + prof.steps_measured
     assert seen and [k for k, _ in seen] == sorted(k for k, _ in seen), seen
     assert all(1 <= k <= total for k, _ in seen) and seen[-1] == (total, total), seen

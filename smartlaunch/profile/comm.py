@@ -67,7 +67,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
         ticks = os.path.join(tmp, "sizes.bin")
 
         def at_size(k: int, of: int) -> None:
-            if progress is not None and 1 <= k <= len(sizes):
+            if progress is not None and k <= len(sizes):
                 progress(sizes[k - 1], k, of)
         watch = TickWatch(ticks, at_size)
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]

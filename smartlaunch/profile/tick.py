@@ -58,7 +58,8 @@ def read_tick(path: str | os.PathLike) -> tuple[int, int] | None:
 
 
 class TickWatch:
-    """The parent side: calls `report(k, n)` when the child's numbers change."""
+    """The parent side: calls `report(k, n)` when the child's numbers change, from its first
+    count on (k >= 1: a child still starting up has nothing to show)."""
 
     def __init__(self, path: str | os.PathLike, report):
         self.path, self.report = path, report
@@ -68,7 +69,7 @@ class TickWatch:
         if self.report is None:
             return
         got = read_tick(self.path)
-        if got is not None and got != self.last:
+        if got is not None and got[0] >= 1 and got != self.last:
             self.last = got
             try:
                 self.report(*got)
