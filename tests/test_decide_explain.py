@@ -16,6 +16,7 @@ from helpers_decide import (
 )
 from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.explain import cpu_ranges, render_text
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.topology.api import cpu_only
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -40,7 +41,8 @@ def _ddp_nvlink():
 
 def _single_pcie():
     topo = pcie_pair("PHB")
-    return decide(request(), topo, policy(), profile(**GPT, peak_gib=9.8), comm_for=FakeComm(topo))
+    plan = decide(request(), topo, policy(), profile(**GPT, peak_gib=9.8), comm_for=FakeComm(topo))
+    return prepare(plan, topo, policy(), {}, numactl="")     # the fallback GPU's binding too
 
 
 def _trial():
@@ -50,8 +52,9 @@ def _trial():
 
 
 def _independent():
-    return decide(request(variants=(("--lr", "0.1"), ("--lr", "0.01"))), pcie4(), policy(),
+    plan = decide(request(variants=(("--lr", "0.1"), ("--lr", "0.01"))), pcie4(), policy(),
                   profile(), comm_for=FakeComm(pcie4()))
+    return prepare(plan, pcie4(), policy(), {}, numactl="")   # one binding per GPU
 
 
 def _fallback_cpu():
