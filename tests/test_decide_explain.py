@@ -94,3 +94,17 @@ def test_explain_leads_with_the_plan_and_shows_the_numbers(clean_env):
 def test_cpu_ranges():
     assert cpu_ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
     assert cpu_ranges(()) == "none"
+
+
+def test_explain_shows_where_jobs_go_and_the_lease_wait(clean_env):
+    sweep = request(variants=(("a",), ("b",)))
+    cpu = render_text(decide(sweep, cpu_only("no NVML"), policy(), None, comm_for=lambda g: None))
+    assert "jobs at once: 1 on the CPU" in cpu and "leases:" not in cpu
+    packed = dataclasses.replace(_independent(), jobs_per_gpu={0: 2, 1: 1})
+    assert "jobs at once: GPU0 2, GPU1 1" in render_text(packed)
+    single = decide(request(no_wait=True), pcie_pair("PHB"), policy(), None,
+                    comm_for=lambda g: None)
+    text = render_text(single)
+    assert "fallback GPUs (if GPU0 is taken before the lease): GPU1" in text
+    assert "leases: --no-wait: fails at once, naming the holders, if another launch holds " \
+           "its GPUs" in text
