@@ -44,7 +44,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
               status: StatusLine | None = None):
     from smartlaunch.decide import decide
     from smartlaunch.decide.probe import probe
-    from smartlaunch.launch.prepare import prepare
+    from smartlaunch.decide.prepare import prepare
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
@@ -68,7 +68,6 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     # anything is measured; plans for a wait when another launch leases every usable GPU.
     first = probe(request, topology, policy, environ=environ,
                   leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
-    notes += [(r.text, r.rule) for r in first.reasons]
     clock.lap("leases")
     profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
     clock.lap("profile")
@@ -83,11 +82,12 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
         unavailable=first.unavailable,
         model=model,
         launched=_launched(request, policy, topology, environ) if profile is not None else None,
-        environ=environ,
+        environ=environ, wait_reason=first.wait_reason,
     )
     status.clear()
     clock.lap("decide")
-    plan = prepare(plan, topology, policy, environ)
+    plan = prepare(plan, topology, policy, environ,
+                   torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
     clock.lap("prepare")
     if slurm is not None and slurm.gpus and len(plan.gpus) < len(slurm.gpus):
         # Admins read wasted allocations from job logs; say it in their terms.

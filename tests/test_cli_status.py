@@ -117,9 +117,8 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr
     ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
-    # A DDP run ends with its one-line summary (issue 18): not a stage of the decision.
     if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
-        ours.pop()
+        ours.pop()                # a DDP run ends with its one-line summary (issue 18)
     words = [line.split(" ", 2)[1] for line in ours]
     # A loaded machine may land in the uncertainty band: then trials follow, one line each.
     assert words[0] == "profiling" and words[-1] in ("DDP×2", "single"), ours

@@ -93,11 +93,12 @@ def _alive(pid: int) -> bool:
     return proc_state(pid).alive
 
 
-def _tagged_left() -> list[int]:
-    """Processes carrying any guard tag (a spawn() of a smartlaunch started by this test)."""
+def _tagged_left(owner: int) -> list[int]:
+    """Processes carrying the guard tag of smartlaunch process `owner` (tags begin with its
+    pid), so that other smartlaunch runs on the machine (a parallel test run) do not count."""
     out = []
     for p in Path("/proc").iterdir():
-        if p.name.isdigit() and process_tagged(int(p.name), f"{GUARD_VAR}=".encode()) \
+        if p.name.isdigit() and process_tagged(int(p.name), f"{GUARD_VAR}={owner}-".encode()) \
                 and _alive(int(p.name)):
             out.append(int(p.name))
     return out
@@ -138,11 +139,11 @@ def test_a_signal_to_smartlaunch_leaves_no_process_and_no_temp_file(clean_env, s
     def temp_left():
         # a real job's own temp files (DataLoader's pymp-*) are the job's, as under torchrun
         return list(tmp.iterdir()) if phase != "run" else list(tmp.glob("smartlaunch-*"))
-    while time.monotonic() < gone_by and ([q for q in pids if _alive(q)] or _tagged_left()
+    while time.monotonic() < gone_by and ([q for q in pids if _alive(q)] or _tagged_left(p.pid)
                                           or temp_left()):
         time.sleep(0.05)
     assert not [q for q in pids if _alive(q)], f"left running after {sig.name}"
-    assert not _tagged_left()
+    assert not _tagged_left(p.pid)
     assert not temp_left(), f"temp files left: {temp_left()}"
     if sig != signal.SIGKILL:
         assert p.returncode == 128 + sig, p.stderr.read().decode()[-2000:]

@@ -22,13 +22,10 @@ def execute(plan, request, policy, topology, status=None, announce=None) -> int:
 
     from smartlaunch.launch.leases import LeaseManager
     ddp = plan.strategy == Strategy.DDP
-    # DDP needs exactly its group (the decision chose it for its links); a single job may
-    # move to any GPU the decision left free if its first choice was taken meanwhile.
-    candidates = plan.gpus if ddp else plan.gpus + plan.left_free
     count = len(plan.gpus) if ddp else 1
     with LeaseManager.from_policy(policy) as leases, leases.acquire(
-            topology, candidates, count, wait=not request.no_wait,
-            timeout_s=policy.jobs.wait_timeout_s,
+            topology, plan.gpus + plan.fallback_gpus, count, wait=plan.wait_for_lease,
+            timeout_s=plan.wait_timeout_s,
             status=_status if status is None else None,
             progress=status.update if status is not None else None) as lease:
         if status is not None:
