@@ -49,6 +49,13 @@ def on_terminal(args, cwd, env_extra=None, timeout=180, watch=None) -> tuple[int
     return proc.wait(timeout=30), out
 
 
+def run_end(line: str) -> bool:
+    """A line the run writes at its end, not the decision: a DDP run's one-line summary
+    (issue 18) and, when DDP ran below the policy's threshold, the advice for the next
+    launch (issue 15, item 6)."""
+    return line.startswith("smartlaunch: summary (") or "the next launch of this job" in line
+
+
 def screen(raw: bytes) -> list[str]:
     """The lines a terminal shows for this output: \\r returns, ESC[K erases to line end."""
     lines, cur, col = [], [], 0
@@ -87,8 +94,8 @@ def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
     assert rc == 0, "\n".join(shown)
     assert b"\r\x1b[K" in raw and b"profiling" in raw and b"measuring all-reduce" in raw
     ours = [line for line in shown if line.startswith("smartlaunch:")]
-    # The decision line before the job; a DDP run ends with its one-line summary (issue 18).
-    if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
+    # The decision line before the job; then the run's own end lines.
+    while ours and run_end(ours[-1]):
         ours.pop()
     assert len(ours) == 1, shown
     # DDP or, when a loaded machine's trials say so, single: either way with its number.
@@ -117,8 +124,8 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr
     ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
-    if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
-        ours.pop()                # a DDP run ends with its one-line summary (issue 18)
+    while ours and run_end(ours[-1]):
+        ours.pop()
     words = [line.split(" ", 2)[1] for line in ours]
     # A loaded machine may land in the uncertainty band: then trials follow, one line each.
     assert words[0] == "profiling" and words[-1] in ("DDP×2", "single"), ours
@@ -246,10 +253,7 @@ def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_en
     assert re.search(r"trial 1 of 2: single on GPU0", text), text
     assert re.search(r"trial 2 of 2: DDP×2 on GPUs 0,1", text), text
     # All of it gone from the screen: only the decision line, then the job's output.
-    # The run's own end (its summary; advice when DDP fell below the threshold) is not ours.
-    ours = [line for line in shown if line.startswith("smartlaunch:")
-            and not line.startswith("smartlaunch: summary")
-            and "the next launch of this job" not in line]
+    ours = [line for line in shown if line.startswith("smartlaunch:") and not run_end(line)]
     assert len(ours) == 1 and "measured" in ours[0], shown
     assert not any(w in line for line in shown for w in ("dry run step", "sizes)", "trial ")), shown
     assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
@@ -268,10 +272,7 @@ def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_e
     assert re.match(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU0 — "
                     r"DDP×2 )measured ",
                     ours[len(want)]), ours
-    # After the decision, only the run's own end: its summary, and (issue 15, item 6) advice
-    # when DDP fell below the policy's threshold.
-    assert all(line.startswith("smartlaunch: summary") or "the next launch of this job" in line
-               for line in ours[len(want) + 1:]), ours
+    assert all(run_end(line) for line in ours[len(want) + 1:]), ours    # then the run's end
 
 
 def test_status_progress_redraws_a_ticking_stage_on_a_terminal_only():
