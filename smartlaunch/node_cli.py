@@ -1,4 +1,4 @@
-"""`smartlaunch-node`: node and admin commands (topology, policy, comm benchmark, Slurm hooks).
+"""`smartlaunch-node`: node and admin commands (topology, policy, benchmarks, Slurm hooks).
 
 Each subcommand lives with its layer in a module exposing `register(subparsers)`, which adds
 a parser whose `func(args) -> int` runs it. Modules load lazily-cheaply: no NVML at import.
@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "smartlaunch.topology.cli",     # topo
     "smartlaunch.policy.cli",       # policy check | show
     "smartlaunch.profile.cli",      # bench-comm, profile
+    "smartlaunch.decide.calibrate",  # calibrate (the cost model's per-node constants)
     "smartlaunch.slurm.cli",        # prolog | epilog | baseline
 )
 

@@ -46,7 +46,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
               status: StatusLine | None = None):
     from smartlaunch.decide import decide
     from smartlaunch.decide.probe import probe
-    from smartlaunch.launch.prepare import prepare
+    from smartlaunch.decide.prepare import prepare
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
@@ -70,23 +70,26 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     # anything is measured; plans for a wait when another launch leases every usable GPU.
     first = probe(request, topology, policy, environ=environ,
                   leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
-    notes += [(r.text, r.rule) for r in first.reasons]
     clock.lap("leases")
     profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
     clock.lap("profile")
-    trial = _trial_runner(request, policy, environ, topology, profile, status) \
+    trial = _trial_runner(request, policy, environ, topology, profile, status, clock) \
         if first.measure else None
+    model, model_note = _cost_model(policy, topology, environ, profile)
+    notes += model_note
     plan = decide(
         request, topology, policy, profile,
         comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
-        trial=clock.timed("trials", trial) if trial is not None else None,
+        trial=trial,
         unavailable=first.unavailable,
+        model=model,
         launched=_launched(request, policy, topology, environ) if profile is not None else None,
-        environ=environ,
+        environ=environ, wait_reason=first.wait_reason,
     )
     status.clear()
     clock.lap("decide")
-    plan = prepare(plan, topology, policy, environ)
+    plan = prepare(plan, topology, policy, environ,
+                   torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
     clock.lap("prepare")
     if slurm is not None and slurm.gpus and len(plan.gpus) < len(slurm.gpus):
         # Admins read wasted allocations from job logs; say it in their terms.
@@ -187,14 +190,18 @@ def _profile(request, policy, topology, environ, gpu, status):
         return None
     from smartlaunch.worker_env import narrow_visible
     from smartlaunch.profile.cache import profile_entrypoint
+    what = f"profiling {request.script} on GPU{gpu}"
 
     def announce():
-        status.ticking(f"profiling {request.script} on GPU{gpu} (dry run of at most "
-                       f"{policy.dryrun.time_limit_s:.0f} s; cached afterwards)")
+        status.ticking(f"{what} (dry run of at most {policy.dryrun.time_limit_s:.0f} s; "
+                       f"cached afterwards)")
+
+    def progress(k: int, n: int) -> None:
+        status.progress(f"{what}: dry run step {k} of {max(k, n)}")
     binary = getattr(status.stream, "buffer", None)
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
                               gpu_model=topology.gpu(gpu).name, environ=environ,
-                              announce=announce,
+                              announce=announce, progress=progress,
                               echo=status.echo(binary) if binary is not None else None)
 
 
@@ -209,10 +216,29 @@ def _comm_for(topology, policy, environ, profile, status):
 
     def comm_for(group):
         from smartlaunch.decide.words import gpu_list, mb
-        status.ticking(f"measuring all-reduce over {gpu_list(group)} up to "
-                       f"{mb(max_bytes) if max_bytes else 'the largest size'} (cached afterwards)")
-        return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes)
+        what = f"measuring all-reduce over {gpu_list(group)}"
+        status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
+                       f"(cached afterwards)")
+
+        def progress(size: int, k: int, n: int) -> None:
+            status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
+        return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
+                          progress=progress)
     return comm_for
+
+
+def _cost_model(policy, topology, environ, profile):
+    """The cost model with this node's calibrated constants (`smartlaunch-node calibrate`)
+    where there are some, and a note for --explain saying which values predict DDP; no note
+    where no DDP prediction can be made (fewer than 2 GPUs, no usable profile)."""
+    from smartlaunch.decide.cost import CostModel, calibrated
+    if len(topology.gpus) < 2 or profile is None or not profile.usable:
+        return CostModel(), []
+    from smartlaunch.profile.baseline import load_constants
+    record = load_constants(policy, topology, environ)
+    model, text = calibrated(CostModel(), record)
+    rule = "node calibration: smartlaunch-node calibrate" if record else "decide/cost.py"
+    return model, [(f"cost model: {text}", rule)]
 
 
 def _launched(request, policy, topology, environ):
@@ -221,22 +247,40 @@ def _launched(request, policy, topology, environ):
     return load_rates(policy, job_key(request, policy, topology, environ), environ)
 
 
-def _trial_runner(request, policy, environ, topology, profile, status):
+def _trial_runner(request, policy, environ, topology, profile, status, clock):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.profile.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, expected_step_s=step)
-    count = 0
+    trials = _CountedTrials(runner, status, policy.decision.trial_seconds)
+    trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
+                                                     topology=topology, environ=environ))
+    return trials
 
-    def announced(strategy, gpus):
-        nonlocal count
+
+class _CountedTrials:
+    """The trial runner decide() calls, numbering trials for the status line ("trial 2 of
+    3: DDP×2 on GPUs 0,1"). decide tells `planned(n)` before a round of n trials; a trial
+    answered from the cache shows nothing, but still counts."""
+
+    def __init__(self, runner, status, seconds: float):
+        self.runner, self.status, self.seconds = runner, status, seconds
+        self.k, self.n = 0, 0
+        self.run = runner         # _trial_runner puts the cache and the clock around it
+
+    def planned(self, n: int) -> None:
+        self.k, self.n = 0, n
+
+    def __call__(self, strategy, gpus):
+        self.k += 1
+        return self.run(strategy, gpus)
+
+    def announced(self, strategy, gpus):
         from smartlaunch.decide.words import gpu_list
-        count += 1
         what = f"DDP×{len(gpus)}" if strategy.value == "ddp" else strategy.value
-        status.ticking(f"trial {count}: {what} on {gpu_list(gpus)} (measured steps, at "
-                       f"least {policy.decision.trial_seconds:g} s)")
-        return runner(strategy, gpus)
-    return cached_trials(announced, request, policy, topology=topology, environ=environ)
-
+        of = f" of {max(self.n, self.k)}" if self.n else ""
+        self.status.ticking(f"trial {self.k}{of}: {what} on {gpu_list(gpus)} (measured steps, "
+                            f"at least {self.seconds:g} s)")
+        return self.runner(strategy, gpus)

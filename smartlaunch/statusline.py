@@ -6,7 +6,9 @@ Slurm log, a pipe) a log wants no carriage returns: one line per stage, and for 
 one repeat per `every_s` (a minute by default) so a log shows that it is still alive.
 
 `ticking(text)` redraws the line once a second with the seconds spent so far, from a daemon
-thread, until the next stage or clear(). Nothing here decides or measures anything.
+thread, until the next stage or clear(); `progress(text)` replaces a ticking stage's words
+("dry run step 7 of 26") on a terminal and writes nothing elsewhere, so a log keeps one line
+per stage. Nothing here decides or measures anything.
 """
 from __future__ import annotations
 
@@ -60,6 +62,15 @@ class StatusLine:
                 self._thread = threading.Thread(target=self._tick, name="smartlaunch-status",
                                                 daemon=True)
                 self._thread.start()
+
+    def progress(self, text: str) -> None:
+        """Where a ticking stage has got: redrawn now on a terminal (the seconds go on);
+        nothing elsewhere."""
+        with self._lock:
+            if not self.tty or self._text is None:
+                return
+            self._text = text
+            self._show(f"{text} ({self._clock() - self._since:.0f} s)", new_stage=False)
 
     def clear(self) -> None:
         """Erase the line (terminal) and stop ticking; call before anything else is written."""

@@ -40,10 +40,12 @@ def policy(tmp_path: Path, **jobs) -> Policy:
                   jobs=JobsPolicy(**jobs))
 
 
-def plan(variants, *, gpus=(0, 1), device: str = "cuda", nproc: int = 1, profile=None) -> Plan:
+def plan(variants, *, gpus=(0, 1), device: str = "cuda", nproc: int = 1, profile=None,
+         jobs_per_gpu: int = 1, wait: bool = True) -> Plan:
     return Plan(strategy=Strategy.INDEPENDENT, device=device, gpus=tuple(gpus), nproc_per_node=nproc,
                 requested_max=len(gpus), variants=tuple(tuple(v) for v in variants),
-                profile=ModelProfile(ProfileStatus.OK, **profile) if profile else None)
+                profile=ModelProfile(ProfileStatus.OK, **profile) if profile else None,
+                jobs_per_gpu={g: jobs_per_gpu for g in gpus}, wait_for_lease=wait)
 
 
 def request(script: str, *args: str, no_wait: bool = False) -> Request:

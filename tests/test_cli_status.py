@@ -49,6 +49,13 @@ def on_terminal(args, cwd, env_extra=None, timeout=180, watch=None) -> tuple[int
     return proc.wait(timeout=30), out
 
 
+def run_end(line: str) -> bool:
+    """A line the run writes at its end, not the decision: a DDP run's one-line summary
+    (issue 18) and, when DDP ran below the policy's threshold, the advice for the next
+    launch (issue 15, item 6)."""
+    return line.startswith("smartlaunch: summary (") or "the next launch of this job" in line
+
+
 def screen(raw: bytes) -> list[str]:
     """The lines a terminal shows for this output: \\r returns, ESC[K erases to line end."""
     lines, cur, col = [], [], 0
@@ -87,8 +94,8 @@ def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
     assert rc == 0, "\n".join(shown)
     assert b"\r\x1b[K" in raw and b"profiling" in raw and b"measuring all-reduce" in raw
     ours = [line for line in shown if line.startswith("smartlaunch:")]
-    # The decision line before the job; a DDP run ends with its one-line summary (issue 18).
-    if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
+    # The decision line before the job; then the run's own end lines.
+    while ours and run_end(ours[-1]):
         ours.pop()
     assert len(ours) == 1, shown
     # DDP or, when a loaded machine's trials say so, single: either way with its number.
@@ -117,8 +124,8 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr
     ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
-    if ours and ours[-1].startswith("smartlaunch: summary (succeeded)"):
-        ours.pop()                # a DDP run ends with its one-line summary (issue 18)
+    while ours and run_end(ours[-1]):
+        ours.pop()
     words = [line.split(" ", 2)[1] for line in ours]
     # A loaded machine may land in the uncertainty band: then trials follow, one line each.
     assert words[0] == "profiling" and words[-1] in ("DDP×2", "single"), ours
@@ -225,3 +232,62 @@ def test_a_waiting_launch_shows_its_place_and_the_holder(clean_env, terminal):
         assert len(waiting) == 1
     assert shown[-1] == "job ran"
     assert not list(Path(os.environ["SMARTLAUNCH_LEASE_DIR"]).glob("*.waiter"))
+
+
+# A band wide enough that every cold decision measures single and DDP×2 by trial (issue 15,
+# item 7: the trials must be visible too), each trial short.
+TRIALS = "decision: {uncertainty_band: 2.0, trial_seconds: 0.2, trial_steps: 5}\n"
+
+
+def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_env):
+    (clean_env / "smartlaunch.yaml").write_text(TRIALS)
+    rc, raw = on_terminal(["--reprofile", *TRAIN], clean_env, PAIR)
+    shown = screen(raw)
+    assert rc == 0, "\n".join(shown)
+    text = raw.decode(errors="replace")
+    steps = [(int(k), int(n)) for k, n in re.findall(r"dry run step (\d+) of (\d+)", text)]
+    assert steps and all(1 <= k <= n for k, n in steps), text
+    assert steps == sorted(steps)                       # it counts up, redrawn in place
+    sizes = re.findall(r"all-reduce ([\d.]+ [KMG]?B) \((\d) of (\d) sizes\)", text)
+    assert sizes and all(1 <= int(k) <= int(n) for _, k, n in sizes), text
+    assert re.search(r"trial 1 of 2: single on GPU0", text), text
+    assert re.search(r"trial 2 of 2: DDP×2 on GPUs 0,1", text), text
+    # All of it gone from the screen: only the decision line, then the job's output.
+    ours = [line for line in shown if line.startswith("smartlaunch:") and not run_end(line)]
+    assert len(ours) == 1 and "measured" in ours[0], shown
+    assert not any(w in line for line in shown for w in ("dry run step", "sizes)", "trial ")), shown
+    assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
+
+
+def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_env):
+    (clean_env / "smartlaunch.yaml").write_text(TRIALS)
+    r = smartlaunch(["--reprofile", *TRAIN], clean_env, PAIR)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\r" not in r.stderr and "\x1b" not in r.stderr
+    assert "dry run step" not in r.stderr and "sizes)" not in r.stderr, r.stderr
+    ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
+    want = ("smartlaunch: profiling ", "smartlaunch: measuring all-reduce over GPUs 0,1 up to ",
+            "smartlaunch: trial 1 of 2: single on GPU0 ", "smartlaunch: trial 2 of 2: DDP×2 on ")
+    assert len(ours) > len(want) and all(a.startswith(b) for a, b in zip(ours, want)), ours
+    assert re.match(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU0 — "
+                    r"DDP×2 )measured ",
+                    ours[len(want)]), ours
+    assert all(run_end(line) for line in ours[len(want) + 1:]), ours    # then the run's end
+
+
+def test_status_progress_redraws_a_ticking_stage_on_a_terminal_only():
+    for tty in (True, False):
+        out, now = Term(), [10.0]
+        status = StatusLine(out, tty=tty, clock=lambda: now[0])
+        status.ticking("profiling x.py")
+        now[0] = 13.0
+        status.progress("profiling x.py: dry run step 3 of 26")
+        status.clear()
+        status.progress("late: the stage is over")      # ignored once the stage ended
+        status.close()
+        if tty:
+            assert screen(out.data.encode()) == []
+            assert "\rsmartlaunch: profiling x.py: dry run step 3 of 26 (3 s)\x1b[K" in out.data
+            assert "late" not in out.data
+        else:
+            assert out.data == "smartlaunch: profiling x.py\n"

@@ -12,9 +12,10 @@ import pytest
 
 from smartlaunch.decide.plan import Plan, Strategy
 from smartlaunch.errors import PolicyError
+from smartlaunch.decide import numa as plan_numa
+from smartlaunch.decide.nccl import nccl_env
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.launch import numa, stacks
-from smartlaunch.launch.nccl import nccl_env
-from smartlaunch.launch.prepare import prepare
 from smartlaunch.proc import proc_state
 from smartlaunch.launch.progress import ProgressWriter, read_progress
 from smartlaunch.launch.watchdog import find_straggler, gpu_health_text
@@ -91,19 +92,37 @@ def test_single_plan_gets_no_nccl(clean_env):
 # ---- NUMA -------------------------------------------------------------------------------------
 def test_dual_socket_binds_each_rank_to_its_gpus_node():
     t = topo("dual-socket-sys")
-    b = numa.plan_bindings(ddp_plan((1, 0), "SYS"), t, "node", numactl="")
+    b = plan_numa.plan_bindings(ddp_plan((1, 0), "SYS"), t, "node", numactl="")
     assert [(x.local_rank, x.gpu, x.numa_node) for x in b] == [(0, 1, 1), (1, 0, 0)]
     assert b[0].cpus == t.gpu(1).cpus and b[0].mechanism == "sched_setaffinity"
     assert "memory not bound" in b[0].note
-    b = numa.plan_bindings(ddp_plan((0, 1), "SYS"), t, "node", numactl="/usr/bin/numactl")
+    b = plan_numa.plan_bindings(ddp_plan((0, 1), "SYS"), t, "node", numactl="/usr/bin/numactl")
     assert b[0].mechanism == "numactl"
     argv = numa.numactl_argv({"cpus": list(b[1].cpus), "node": 1}, ["python", "x.py"])
     assert argv[1:4] == ["--physcpubind=32-63", "--membind=1", "--"]
 
 
+def test_a_single_jobs_fallback_gpus_are_bound_each_as_its_only_gpu():
+    # The job moves to GPU1 when GPU0 is leased first: it must run on GPU1's node, and
+    # exclusive-cores must not halve the node between GPU0 and a GPU the job never uses both of.
+    t = topo("dual-socket-sys")
+    one = dataclasses.replace(ddp_plan((0,), None, Strategy.SINGLE), fallback_gpus=(1,))
+    plan = prepare(one, t, policy(numa_binding="exclusive-cores"), {}, numactl="")
+    assert [(b.local_rank, b.gpu, b.numa_node) for b in plan.numa] == [(0, 0, 0), (0, 1, 1)]
+    assert plan.binding(1).cpus == t.gpu(1).cpus and plan.binding(0).cpus == t.gpu(0).cpus
+    assert plan.binding(2) is None
+
+
+def test_the_users_torchrun_numa_binding_wins_and_explain_says_so(clean_env):
+    t = topo("dual-socket-sys")
+    plan = prepare(ddp_plan((0, 2), "SYS"), t, policy(), {}, numactl="", torchrun_numa="node")
+    assert plan.numa == () and plan.reasons[-1].rule == "user: --numa-binding node"
+    assert len(prepare(ddp_plan((0, 2), "SYS"), t, policy(), {}, numactl="").numa) == 2
+
+
 def test_single_numa_node_is_a_noop_that_says_so():
-    b = numa.plan_bindings(ddp_plan((0, 1), "PHB"), topo("pcie-phb-4070ti-pair"), "node", numactl="")
-    assert {(x.mechanism, x.note) for x in b} == {("none", numa.SINGLE_NODE_NOTE)}
+    b = plan_numa.plan_bindings(ddp_plan((0, 1), "PHB"), topo("pcie-phb-4070ti-pair"), "node", numactl="")
+    assert {(x.mechanism, x.note) for x in b} == {("none", plan_numa.SINGLE_NODE_NOTE)}
     assert numa.encode(b) == "[]"
 
 
@@ -114,7 +133,7 @@ def test_exclusive_cores_split_disjoint_and_keep_siblings_together():
                  for i in range(2))
     t = Topology(gpus=gpus, links=(Link(0, 1, "NODE"),), numa_nodes={0: cpus, 1: (100,)})
     siblings = lambda c: (c, c + 64) if c < 64 else (c - 64, c)   # noqa: E731
-    b = numa.plan_bindings(ddp_plan((0, 1), "NODE"), t, "exclusive-cores", numactl="", siblings=siblings)
+    b = plan_numa.plan_bindings(ddp_plan((0, 1), "NODE"), t, "exclusive-cores", numactl="", siblings=siblings)
     assert set(b[0].cpus).isdisjoint(b[1].cpus)
     assert set(b[0].cpus) | set(b[1].cpus) == set(cpus)
     assert all((c + 64) in b[0].cpus for c in b[0].cpus if c < 64)

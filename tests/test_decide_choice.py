@@ -285,3 +285,33 @@ def test_uncertainty_band_comes_from_the_models_measured_error(clean_env):
     assert trial.calls == []
     ddp = [c for c in base.candidates if c.strategy == Strategy.DDP][0]
     assert f"{MODEL_ERROR.label} ±" in ddp.reason
+
+
+def test_the_plan_says_where_jobs_go_and_what_happens_when_gpus_are_taken(clean_env):
+    """Jobs per GPU, a single job's fallback GPUs and the lease wait are decided here: the
+    launchers read them from the Plan (issue 16)."""
+    import dataclasses
+    from smartlaunch.policy.api import JobsPolicy
+    two = dataclasses.replace(policy(), jobs=JobsPolicy(jobs_per_gpu=2, wait_timeout_s=60.0))
+    sweep = request(variants=(("--lr", "0.1"), ("--lr", "0.01")))
+    # 15 GiB free × 0.8 headroom = 12 GiB: two 5 GiB peaks fit, two 7 GiB ones do not.
+    plan, _ = run(pcie_pair(), profile(peak_gib=5.0), two, req=sweep)
+    assert plan.strategy == Strategy.INDEPENDENT and plan.jobs_per_gpu == {0: 2, 1: 2}
+    assert plan.fallback_gpus == () and plan.wait_timeout_s == 60.0 and plan.wait_for_lease
+    plan, _ = run(pcie_pair(), profile(peak_gib=7.0), two, req=sweep)
+    assert plan.jobs_per_gpu == {0: 1, 1: 1}
+    assert any("GPU 0 takes 1 job(s): 2 x 7.00 GiB peak > 12.00 GiB usable" in r.text
+               and r.rule.startswith("jobs.jobs_per_gpu=2") for r in plan.reasons)
+    plan, _ = run(pcie_pair(), None, two, req=sweep)
+    assert plan.jobs_per_gpu == {0: 1, 1: 1}
+    assert any("no profiled peak GPU memory" in r.text for r in plan.reasons)
+    plan, _ = run(pcie_pair(), profile(peak_gib=5.0), req=sweep)      # jobs_per_gpu=1: no note
+    assert plan.jobs_per_gpu == {0: 1, 1: 1} and not any("jobs_per_gpu" in (r.rule or "")
+                                                          for r in plan.reasons)
+    # A single job may move to any GPU left free; DDP needs exactly its group.
+    plan, _ = run(nvswitch8(), profile(**GPT), req=request(strategy="single", no_wait=True),
+                  unavailable=frozenset({1}))
+    assert plan.gpus == (0,) and plan.fallback_gpus == (2, 3, 4, 5, 6, 7) == plan.left_free
+    assert not plan.wait_for_lease and plan.wait_reason == ""
+    plan, _ = run(nvswitch8(), profile(**GPT), req=request(strategy="ddp", max_gpus=2))
+    assert plan.fallback_gpus == () and plan.jobs_per_gpu == {}

@@ -16,6 +16,7 @@ from helpers_decide import (
 )
 from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.explain import cpu_ranges, render_text
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.topology.api import cpu_only
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -40,7 +41,8 @@ def _ddp_nvlink():
 
 def _single_pcie():
     topo = pcie_pair("PHB")
-    return decide(request(), topo, policy(), profile(**GPT, peak_gib=9.8), comm_for=FakeComm(topo))
+    plan = decide(request(), topo, policy(), profile(**GPT, peak_gib=9.8), comm_for=FakeComm(topo))
+    return prepare(plan, topo, policy(), {}, numactl="")     # the fallback GPU's binding too
 
 
 def _trial():
@@ -50,8 +52,9 @@ def _trial():
 
 
 def _independent():
-    return decide(request(variants=(("--lr", "0.1"), ("--lr", "0.01"))), pcie4(), policy(),
+    plan = decide(request(variants=(("--lr", "0.1"), ("--lr", "0.01"))), pcie4(), policy(),
                   profile(), comm_for=FakeComm(pcie4()))
+    return prepare(plan, pcie4(), policy(), {}, numactl="")   # one binding per GPU
 
 
 def _fallback_cpu():
@@ -91,3 +94,17 @@ def test_explain_leads_with_the_plan_and_shows_the_numbers(clean_env):
 def test_cpu_ranges():
     assert cpu_ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
     assert cpu_ranges(()) == "none"
+
+
+def test_explain_shows_where_jobs_go_and_the_lease_wait(clean_env):
+    sweep = request(variants=(("a",), ("b",)))
+    cpu = render_text(decide(sweep, cpu_only("no NVML"), policy(), None, comm_for=lambda g: None))
+    assert "jobs at once: 1 on the CPU" in cpu and "leases:" not in cpu
+    packed = dataclasses.replace(_independent(), jobs_per_gpu={0: 2, 1: 1})
+    assert "jobs at once: GPU0 2, GPU1 1" in render_text(packed)
+    single = decide(request(no_wait=True), pcie_pair("PHB"), policy(), None,
+                    comm_for=lambda g: None)
+    text = render_text(single)
+    assert "fallback GPUs (if GPU0 is taken before the lease): GPU1" in text
+    assert "leases: --no-wait: fails at once, naming the holders, if another launch holds " \
+           "its GPUs" in text

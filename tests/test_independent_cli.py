@@ -10,7 +10,7 @@ import pytest
 import helpers_jobs as H
 from conftest import fixture_path
 from smartlaunch.errors import UsageError
-from smartlaunch.launch.independent import gpu_capacity, parse_each, parse_each_file
+from smartlaunch.launch.independent import parse_each, parse_each_file
 
 
 def test_each_file_one_variant_per_line_with_comments(tmp_path):
@@ -39,18 +39,6 @@ def test_parse_each_bad_quote():
     assert parse_each("--a 1 --b 'x y'") == ("--a", "1", "--b", "x y")
     with pytest.raises(UsageError, match="No closing quotation"):
         parse_each("--a 'x")
-
-
-def test_gpu_capacity_packs_only_when_peaks_fit(tmp_path):
-    topo = H.fake_topology(2, free_mib=10000)
-    pol = H.policy(tmp_path, jobs_per_gpu=2)
-    assert gpu_capacity(H.plan([[]]), H.policy(tmp_path), topo) == ({0: 1, 1: 1}, "")
-    cap, note = gpu_capacity(H.plan([[]]), pol, topo)
-    assert cap == {0: 1, 1: 1} and "no profiled peak" in note
-    # 10000 MiB * 0.8 headroom = 7.8 GiB usable: two 3 GiB peaks fit, two 4 GiB ones do not
-    assert gpu_capacity(H.plan([[]], profile={"peak_gpu_mem_bytes": 3 * 2**30}), pol, topo) == ({0: 2, 1: 2}, "")
-    cap, note = gpu_capacity(H.plan([[]], profile={"peak_gpu_mem_bytes": 4 * 2**30}), pol, topo)
-    assert cap == {0: 1, 1: 1} and "GPU 0 takes 1 job(s)" in note
 
 
 def test_cli_each_runs_five_jobs_on_two_gpus_and_reports_exit_codes(clean_env):

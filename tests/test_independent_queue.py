@@ -89,7 +89,7 @@ def test_no_wait_fails_at_once_when_every_gpu_is_leased(clean_env):
     topo = H.fake_topology(2, busy=(1,))
     with LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).acquire(topo, [0], 1, wait=False, timeout_s=0):
         with pytest.raises(NoFreeGPUError, match="GPU 0 is leased by .*GPU 1 is in use by pid 4242"):
-            run_independent(H.plan([[]]), H.request(script, "--out", str(out), no_wait=True),
+            run_independent(H.plan([[]], wait=False), H.request(script, "--out", str(out), no_wait=True),
                             H.policy(clean_env), topo)
     assert not list(out.iterdir())
 
@@ -116,18 +116,20 @@ def test_cpu_only_runs_nproc_jobs_at_a_time(clean_env):
         assert sum(r["start"] <= t < r["end"] for r in recs) <= 2
 
 
-def test_two_jobs_per_gpu_when_both_peaks_fit(clean_env):
+def test_two_jobs_per_gpu_run_side_by_side_only_when_the_plan_says_so(clean_env):
+    # decide chooses jobs per GPU (test_decide_choice: only when two profiled peaks fit).
     out, script = _setup(clean_env)
     topo = H.fake_topology(1, free_mib=10000)
-    pol = H.policy(clean_env, jobs_per_gpu=2)
-    fits = H.plan([["--sleep", "0.6"]] * 2, gpus=(0,), profile={"peak_gpu_mem_bytes": 3 * 2**30})
-    assert run_independent(fits, H.request(script, "--out", str(out)), pol, topo) == 0
+    two = H.plan([["--sleep", "0.6"]] * 2, gpus=(0,), jobs_per_gpu=2)
+    assert run_independent(two, H.request(script, "--out", str(out)), H.policy(clean_env), topo) == 0
     a, b = _records(out).values()
     assert a["start"] < b["end"] and b["start"] < a["end"]          # ran side by side
     out2 = clean_env / "out2"
     out2.mkdir()
-    too_big = H.plan([["--sleep", "0.3"]] * 2, gpus=(0,), profile={"peak_gpu_mem_bytes": 5 * 2**30})
-    assert run_independent(too_big, H.request(script, "--out", str(out2)), pol, topo) == 0
+    # The policy still says 2: the launcher follows the plan, not the policy.
+    one = H.plan([["--sleep", "0.3"]] * 2, gpus=(0,), jobs_per_gpu=1)
+    assert run_independent(one, H.request(script, "--out", str(out2)),
+                           H.policy(clean_env, jobs_per_gpu=2), topo) == 0
     assert H.overlapping(sorted((r["start"], r["end"]) for r in _records(out2).values())) == []
 
 

@@ -15,10 +15,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_gloo_curve_over_two_processes_is_monotone_ish_and_interpolates(clean_env):
+    seen = []
     curve = comm.measure_allreduce((0, 1), device="cpu", environ=dict(os.environ),
-                                   max_bytes=3 << 20)
+                                   max_bytes=3 << 20, progress=lambda *a: seen.append(a))
     sizes = [s for s, _ in curve.points]
     assert sizes == [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]
+    # the status line's "all-reduce 1 MB (5 of 7 sizes)": rank 0's sizes in order, to the last
+    assert seen and seen[-1] == (4 << 20, 7, 7), seen
+    assert all(sizes[k - 1] == size and n == 7 for size, k, n in seen), seen
     assert curve.world_size == 2 and curve.backend == "gloo" and curve.gpus == (0, 1)
     times = [t for _, t in curve.points]
     assert all(t > 0 for t in times)

@@ -21,10 +21,10 @@ POLICY = Policy(dryrun=DryRunPolicy(time_limit_s=60, warmup_steps=1, measure_ste
                                    measure_seconds=0.0))
 
 
-def dry(script, *args, module=False, environ=None, policy=POLICY):
+def dry(script, *args, module=False, environ=None, policy=POLICY, progress=None):
     env = dict(os.environ if environ is None else environ)
     req = Request(script=str(script), script_args=tuple(args), module=module)
-    return run_dry_run(req, policy, gpu=None, environ=env)
+    return run_dry_run(req, policy, gpu=None, environ=env, progress=progress)
 
 
 def assert_measured(prof, expected, batch):
@@ -58,10 +58,19 @@ def test_plain_script_with_worker_processes_leaves_none_behind(clean_env, shared
 def test_short_steps_measure_until_the_window_is_long_enough(clean_env):
     policy = Policy(dryrun=DryRunPolicy(time_limit_s=60, warmup_steps=1, measure_steps=3,
                                         measure_seconds=0.4))
-    prof = dry(SCRIPTS / "tiny_train.py", "--batch-size", "8", "--width", "48", policy=policy)
+    seen = []
+    prof = dry(SCRIPTS / "tiny_train.py", "--batch-size", "8", "--width", "48", policy=policy,
+               progress=lambda k, n: seen.append((k, n)))
     assert prof.status == ProfileStatus.OK, prof.note
     assert prof.steps_measured > 3                      # a tiny CPU step is far below 0.4 s / 3
     assert prof.steps_measured * prof.step_time_s >= 0.4 * 0.9
+    # The status line's "dry run step k of n": from the first step on it counts up, the goal
+    # starts at warm-up + first step + measure_steps, grows with the seconds still wanted,
+    # and ends on the total.
+    total = 1 + 1 + prof.steps_measured
+    assert seen and [k for k, _ in seen] == sorted(k for k, _ in seen), seen
+    assert all(1 <= k <= total for k, _ in seen) and seen[-1] == (total, total), seen
+    assert min(n for _, n in seen) >= 1 + 1 + 3
 
 
 def test_frozen_layers_count_as_params_but_not_gradients(clean_env):

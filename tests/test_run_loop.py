@@ -77,7 +77,7 @@ def test_a_signal_while_waiting_for_gpus_exits_128_plus_n_and_starts_nothing(cle
                          env=H.python_env())
     marker = clean_env / "ran"
     script = H.write_script(clean_env, "job.py", f"open({str(marker)!r}, 'w').close()\n")
-    plan = Plan(Strategy.SINGLE, "cuda", (0,), 1, 2, left_free=(1,), command=(script,))
+    plan = Plan(Strategy.SINGLE, "cuda", (0,), 1, 2, fallback_gpus=(1,), command=(script,))
     ctx = _ctx(clean_env, topo)
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     try:

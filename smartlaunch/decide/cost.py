@@ -93,13 +93,43 @@ NODE_CONSTANTS = ("contention_s_per_byte", "ddp_overhead_s")
 
 
 def calibrated(model: CostModel, measured: dict | None) -> tuple[CostModel, str]:
-    """The model with the node's measured constants where there are some, and where each came
-    from ("fitted on 2x H200" or "measured on this node")."""
-    got = {k: float(v) for k, v in (measured or {}).items()
+    """The model with the node's measured constants where there are some, and a sentence
+    for --explain saying which values decide and where they came from. measured: a node
+    calibration record (decide/calibrate.py: "constants", "spread", "date", ...) or a plain
+    {name: value} of constants."""
+    measured = measured or {}
+    values = measured.get("constants", measured)
+    got = {k: float(v) for k, v in (values if isinstance(values, dict) else {}).items()
            if k in NODE_CONSTANTS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
     if not got:
-        return model, "fitted on 2x H200 (bench/fit_cost.py)"
-    return dataclasses.replace(model, **got), "measured on this node: " + ", ".join(sorted(got))
+        return model, (f"{constants_text(model)} (shipped, fitted on 2x H200 by "
+                       f"bench/fit_cost.py; `smartlaunch-node calibrate` measures this node's)")
+    spread = measured.get("spread") if isinstance(measured.get("spread"), dict) else {}
+    where = "measured on this node" + (f" {measured['date']}" if measured.get("date") else "")
+    shipped = sorted(set(NODE_CONSTANTS) - set(got))
+    tail = f"; {', '.join(shipped)} shipped" if shipped else ""
+    new = dataclasses.replace(model, **got)
+    return new, f"{constants_text(new, spread)} ({where}{tail})"
+
+
+def constants_text(model: CostModel, spread: dict | None = None) -> str:
+    """"κ 12 ms/GB, DDP overhead 0.40 ms per step", with "± spread" where it is known."""
+    spread = spread or {}
+
+    def pm(key: str, scale: float, digits: int) -> str:
+        v = spread.get(key)
+        return f" ± {_g(v * scale, digits)}" if isinstance(v, (int, float)) and math.isfinite(v) \
+            else ""
+    # s/byte -> ms/GB: x 1e9 bytes x 1e3 ms
+    return (f"κ {_g(model.contention_s_per_byte * 1e12, 3)}{pm('contention_s_per_byte', 1e12, 2)} "
+            f"ms/GB, DDP overhead {model.ddp_overhead_s * 1e3:.2f}"
+            f"{pm('ddp_overhead_s', 1e3, 2)} ms per step")
+
+
+def _g(v: float, digits: int) -> str:
+    """`digits` significant digits without an exponent (790, not 7.9e+02)."""
+    s = f"{v:.{digits}g}"
+    return f"{v:.0f}" if "e" in s else s
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
            *, comm_for: CommFor, trial: Trial | None = None,
            unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel(),
            launched: Mapping[str, MeasuredRate] | None = None,
-           environ: Mapping[str, str] | None = None) -> Plan:
+           environ: Mapping[str, str] | None = None, wait_reason: str = "") -> Plan:
     """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError.
     launched: measured rates of earlier launches of this job (profile.feedback), preferred
-    over predictions. environ: the job's environment, quoted in errors (None: not known)."""
+    over predictions. environ: the job's environment, quoted in errors (None: not known).
+    wait_reason: why this plan expects to wait for its leases (probe.py), "" when it does not."""
     d = policy.decision
     forced = request.strategy != "auto"
     reasons: list[Reason] = []
@@ -58,7 +59,9 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
             "note": topology.note, "hostname": topology.hostname}
     base = dict(profile=profile, topology=topo, nnodes=request.nnodes, forced=forced,
-                variants=tuple(request.variants), command=request.worker_command())
+                variants=tuple(request.variants), wait_for_lease=not request.no_wait,
+                wait_timeout_s=policy.jobs.wait_timeout_s, wait_reason=wait_reason,
+                command=request.worker_command())
     if not topology.gpus:
         return _cpu_plan(request, policy, reasons, base)
 
@@ -103,9 +106,18 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     left = tuple(g for g in usable if g not in choice.gpus)
     link = G.family_link(topology, choice.gpus) if choice.strategy == Strategy.DDP else None
     nproc = len(choice.gpus) if choice.strategy == Strategy.DDP else 1
+    # DDP needs exactly its group (chosen for its links); a single job may move to any GPU
+    # left free if its own is taken before its lease (another launch planned at once).
+    fallback = left if choice.strategy == Strategy.SINGLE else ()
+    per_gpu: dict[int, int] = {}
+    if choice.strategy == Strategy.INDEPENDENT:
+        per_gpu, note = G.jobs_per_gpu(topology, policy, choice.gpus, peak)
+        if note:
+            reasons.append(Reason(note, policy.rule("jobs.jobs_per_gpu")))
     return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, nproc_per_node=nproc,
                 requested_max=cap, candidates=plan_cands, reasons=tuple(reasons),
-                left_free=left, link_class=link, comm=comm, **base)
+                left_free=left, fallback_gpus=fallback, jobs_per_gpu=per_gpu, link_class=link,
+                comm=comm, **base)
 
 
 def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict) -> Plan:

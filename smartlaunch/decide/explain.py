@@ -29,12 +29,11 @@ def render_text(plan: Plan) -> str:
     lines.append("reasons:")
     lines += [f"  - {r.text}" + (f"  [{r.rule}]" if r.rule else "") for r in plan.reasons] \
         or ["  (none)"]
-    if plan.device == "cuda":
-        lines.append(f"GPUs left free: {gpu_list(plan.left_free)}")
+    lines += _placement(plan)
     lines.append("environment added to workers:")
     lines += [f"  {e.name}={e.value}  ({e.source})" for e in plan.env] or ["  (nothing)"]
     lines.append("NUMA binding:")
-    lines += [f"  local rank {b.local_rank} → GPU{b.gpu}, NUMA node {b.numa_node}, CPUs "
+    lines += [f"  {_bound(plan, b)}, NUMA node {b.numa_node}, CPUs "
               f"{cpu_ranges(b.cpus)} ({b.mode} via {b.mechanism})" + (f": {b.note}" if b.note else "")
               for b in plan.numa] or ["  (none)"]
     if plan.variants:
@@ -43,6 +42,36 @@ def render_text(plan: Plan) -> str:
     if plan.timings:
         lines.append(_timings(plan.timings))
     return "\n".join(lines) + "\n"
+
+
+def _placement(plan: Plan) -> list[str]:
+    """Where the processes go and what happens when another launch holds the GPUs."""
+    if plan.strategy == Strategy.INDEPENDENT:
+        at_once = (", ".join(f"GPU{g} {plan.jobs_on(g)}" for g in plan.gpus) if plan.gpus
+                   else f"{plan.nproc_per_node} on the CPU")
+        lines = [f"jobs at once: {at_once}"]
+    else:
+        lines = []
+    if plan.device != "cuda":
+        return lines
+    lines.append(f"GPUs left free: {gpu_list(plan.left_free)}")
+    if plan.strategy == Strategy.SINGLE:
+        lines.append(f"fallback GPUs (if {gpu_list(plan.gpus)} is taken before the lease): "
+                     f"{gpu_list(plan.fallback_gpus)}")
+    why = f" ({plan.wait_reason})" if plan.wait_reason else ""
+    lines.append(f"leases: waits up to {plan.wait_timeout_s:g} s for its GPUs"
+                 + (why or " if another launch holds them") if plan.wait_for_lease else
+                 "leases: --no-wait: fails at once, naming the holders, if another launch holds "
+                 f"its GPUs{why}")
+    return lines
+
+
+def _bound(plan: Plan, b) -> str:
+    if b.gpu in plan.fallback_gpus:
+        return f"if moved to GPU{b.gpu}"
+    if plan.strategy == Strategy.INDEPENDENT:
+        return f"jobs on GPU{b.gpu}"
+    return f"local rank {b.local_rank} → GPU{b.gpu}"
 
 
 def _headline(plan: Plan) -> str:

@@ -71,6 +71,27 @@ def screen(topology: Topology, policy: Policy, peak: int | None,
     return usable, excluded
 
 
+def jobs_per_gpu(topology: Topology, policy: Policy, gpus, peak: int | None
+                 ) -> tuple[dict[int, int], str]:
+    """Independent jobs allowed at once per GPU, and a note when jobs.jobs_per_gpu could not
+    be honoured: a GPU takes more than one only when that many profiled peaks fit its free
+    memory times decision.memory_headroom."""
+    want = max(1, int(policy.jobs.jobs_per_gpu))
+    cap = {i: 1 for i in gpus}
+    if want == 1:
+        return cap, ""
+    if not peak:
+        return cap, f"jobs.jobs_per_gpu={want} not used: no profiled peak GPU memory shows two jobs fit"
+    notes = []
+    for i in gpus:
+        usable = free_bytes(topology, i) * policy.decision.memory_headroom
+        cap[i] = max(1, min(want, int(usable // peak)))
+        if cap[i] < want:
+            notes.append(f"GPU {i} takes {cap[i]} job(s): {want} x {peak / GiB:.2f} GiB peak > "
+                         f"{usable / GiB:.2f} GiB usable")
+    return cap, "; ".join(notes)
+
+
 def numa_nodes(topology: Topology, group) -> int:
     return len({topology.gpu(i).numa_node for i in group})
 

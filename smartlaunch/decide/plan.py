@@ -86,10 +86,17 @@ class Plan:
     nproc_per_node: int
     requested_max: int                           # the most the job was allowed
     env: tuple[EnvVar, ...] = ()                 # added to every worker's environment
+    # One per local rank; independent: one per GPU of the pool; single: also one per
+    # fallback GPU (all local rank 0). The worker uses the one whose `gpu` is its GPU.
     numa: tuple[NumaBinding, ...] = ()
     candidates: tuple[Candidate, ...] = ()
     reasons: tuple[Reason, ...] = ()
     left_free: tuple[int, ...] = ()              # allowed GPUs the plan does not hold
+    fallback_gpus: tuple[int, ...] = ()          # single: where it may move if its GPU is taken
+    jobs_per_gpu: dict[int, int] = field(default_factory=dict)   # independent; absent GPU: 1
+    wait_for_lease: bool = True                  # False (--no-wait): fail naming the holders
+    wait_timeout_s: float = 3600.0               # how long a launch waits for its leases
+    wait_reason: str = ""                        # why the plan expects to wait; "": GPUs free
     link_class: str | None = None                # worst link inside the DDP group
     variants: tuple[tuple[str, ...], ...] = ()   # independent jobs: script args per job
     profile: ModelProfile | None = None          # the dry run's, None without one
@@ -108,6 +115,7 @@ class Plan:
         d["strategy"] = self.strategy.value
         d["profile"] = self.profile.to_dict() if self.profile is not None else {}
         d["comm"] = self.comm.to_dict() if self.comm is not None else {}
+        d["jobs_per_gpu"] = {str(g): n for g, n in sorted(self.jobs_per_gpu.items())}
         for c in d["candidates"]:
             c["strategy"] = Strategy(c["strategy"]).value
         return d
@@ -117,3 +125,11 @@ class Plan:
 
     def env_dict(self) -> dict[str, str]:
         return {e.name: e.value for e in self.env}
+
+    def binding(self, gpu: int | None) -> NumaBinding | None:
+        """The NUMA binding of the one process that runs on `gpu` (single or independent)."""
+        return next((b for b in self.numa if b.gpu == gpu), None) if gpu is not None else None
+
+    def jobs_on(self, gpu: int) -> int:
+        """Independent jobs that may run at once on `gpu`."""
+        return self.jobs_per_gpu.get(gpu, 1)

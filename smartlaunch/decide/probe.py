@@ -4,8 +4,9 @@
 GPU, a forbidden strategy) fails here in milliseconds, before the lease directory is touched or a
 dry run starts. When every usable GPU is leased by another launch it plans for a wait instead:
 measuring on GPUs someone else holds would disturb them, so the policy's fallback decides and the
-launcher waits for its lease (or, with --no-wait, fails naming the holders). The caller then runs
-the one real `decide()` with what the probe says.
+launcher waits for its lease (or, with --no-wait, fails naming the holders); the Plan carries the
+reason (`Plan.wait_reason`, shown by --explain). The caller then runs the one real `decide()`
+with what the probe says.
 """
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from smartlaunch.decide.decide import decide
-from smartlaunch.decide.plan import Reason
 from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.policy.api import Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
-WAIT_REASON = Reason("every usable GPU is leased by another launch: no dry run; the launch "
-                     "waits for its GPUs", "jobs.wait_timeout_s")
+WAIT_REASON = "every usable GPU is leased by another launch: no dry run"
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ class Probe:
     unavailable: frozenset[int]        # GPUs the real decision must leave out
     measure: bool                      # False: plan for a wait, without dry run or trials
     profile_gpu: int | None            # where a dry run pays off; None: no dry run
-    reasons: tuple[Reason, ...] = ()   # to add to the plan's
+    wait_reason: str = ""              # for decide(): why the plan expects to wait
 
 
 def probe(request: Request, topology: Topology, policy: Policy, *,
@@ -44,7 +43,7 @@ def probe(request: Request, topology: Topology, policy: Policy, *,
     try:
         cheap(unavailable)
     except NoFreeGPUError:
-        return Probe(frozenset(), False, None, (WAIT_REASON,))
+        return Probe(frozenset(), False, None, WAIT_REASON)
     usable = [g.index for g in topology.gpus
               if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
     return Probe(unavailable, True,

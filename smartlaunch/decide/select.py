@@ -226,6 +226,9 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured = {}
+    planned = getattr(ctx.trial, "planned", None)
+    if planned is not None:       # a runner that numbers its trials ("trial 2 of 3")
+        planned(len(keys))
     for k in keys:
         got = ctx.trial(k[0], k[1])
         if got is not None and got > 0:

@@ -9,7 +9,7 @@ import enum
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,7 +99,6 @@ class LaunchContext:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     # torchrun's parsed options: DDP builds its LaunchConfig with torch's own config_from_args.
     torchrun_args: argparse.Namespace | None = field(default=None, repr=False)
-    no_wait: bool = False
     quiet: bool = False
     status: Any = None         # statusline.StatusLine a waiting launch redraws; None: log lines
     announce: Callable[[Plan], None] = lambda plan: None   # GPUs held, job about to start
@@ -127,13 +126,14 @@ class LaunchContext:
             self._leases = LeaseManager.from_policy(self.policy)
         return self._leases
 
-    def hold(self, candidates: Sequence[int], count: int):
-        """`count` GPUs of candidates as one Lease, waiting as the policy and --no-wait say
-        (drawn on the status line, ended by a terminating signal); NoFreeGPUError otherwise."""
+    def hold(self, plan: Plan, count: int):
+        """`count` GPUs of the plan's (its first choice, then its fallback GPUs) as one Lease,
+        waiting as the plan says (drawn on the status line, ended by a terminating signal);
+        NoFreeGPUError otherwise."""
         status = self.status
         lease = self.leases().acquire(
-            self.topology, list(candidates), count, wait=not self.no_wait,
-            timeout_s=self.policy.jobs.wait_timeout_s, cancel=self.cancelled,
+            self.topology, [*plan.gpus, *plan.fallback_gpus], count, wait=plan.wait_for_lease,
+            timeout_s=plan.wait_timeout_s, cancel=self.cancelled,
             status=self.say if status is None else None,
             progress=status.update if status is not None else None)
         if status is not None:
@@ -153,7 +153,7 @@ def context(request, policy, topology, *, environ: Mapping[str, str] = os.enviro
         from smartlaunch.launch.measured import record_launch
         record_launch(plan, request, policy, topology, run_dir, environ=environ)
     return LaunchContext(policy, topology, environ=environ,
-                         torchrun_args=request.torchrun_args, no_wait=request.no_wait,
+                         torchrun_args=request.torchrun_args,
                          quiet=request.quiet or policy.launch.quiet, status=status,
                          announce=announce or (lambda plan: None), record=record)
 

@@ -58,7 +58,7 @@ class DDPLauncher:
             raise UsageError("DDP launch needs torchrun's parsed arguments (LaunchContext.torchrun_args): "
                              "build the launch through smartlaunch's command line")
         if plan.device == "cuda" and plan.gpus:   # exactly its group: chosen for its links
-            self.lease = ctx.hold(plan.gpus, len(plan.gpus))
+            self.lease = ctx.hold(plan, len(plan.gpus))
         ctx.announce(plan)
         from torch.distributed.run import config_from_args
 

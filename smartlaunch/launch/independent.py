@@ -8,8 +8,8 @@ SMARTLAUNCH_NUM_JOBS, CPU affinity to its GPU's NUMA node, and its own log (stdo
 <launch.log_dir>/<run-id>/job-<i>.log, with summary.json beside them.
 
 Queue: a GPU's lease is taken when a job needs it and kept while jobs remain for it; it is given
-back as soon as the queue no longer needs it. jobs.jobs_per_gpu=2 packs two jobs on a GPU only
-when two profiled peaks fit in its free memory (times decision.memory_headroom). On a machine
+back as soon as the queue no longer needs it. A GPU runs up to plan.jobs_per_gpu jobs at once
+(decide packs two only when two profiled peaks fit its free memory). On a machine
 without GPUs the jobs run as CPU processes, nproc_per_node at a time.
 
 Exit code (the LaunchResult's, run_loop.run returns it): 0 when every job exited 0; 1 (ExitCode.WORKER_FAILED) when any
@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode, UsageError
-from smartlaunch.launch import numa
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState, context, with_command
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease
@@ -69,25 +68,6 @@ def parse_each_file(path: str) -> list[tuple[str, ...]]:
         raise UsageError(f"--each-file {path} has no variants (only comments or blank lines); "
                          "add one line of script args per job")
     return variants
-
-
-def gpu_capacity(plan, policy, topology) -> tuple[dict[int, int], str]:
-    """Jobs allowed at once per GPU, and a note when jobs.jobs_per_gpu could not be honoured."""
-    want = max(1, int(policy.jobs.jobs_per_gpu))
-    cap = {i: 1 for i in plan.gpus}
-    if want == 1:
-        return cap, ""
-    peak = plan.profile.peak_gpu_mem_bytes if plan.profile is not None else None
-    if not peak:
-        return cap, f"jobs.jobs_per_gpu={want} not used: no profiled peak GPU memory shows two jobs fit"
-    notes = []
-    for i in plan.gpus:
-        usable = topology.gpu(i).memory_free_mib * 2**20 * policy.decision.memory_headroom
-        cap[i] = max(1, min(want, int(usable // peak)))
-        if cap[i] < want:
-            notes.append(f"GPU {i} takes {cap[i]} job(s): {want} x {peak / 2**30:.2f} GiB peak > "
-                         f"{usable / 2**30:.2f} GiB usable")
-    return cap, "; ".join(notes)
 
 
 # ---- one job --------------------------------------------------------------------------------
@@ -148,12 +128,6 @@ def _samples_per_s(path: str) -> float | None:
     return float(found[-1]) if found else None
 
 
-def _binding(plan, topology, policy, gpu: int):
-    """The NUMA binding of the job on `gpu`: the plan's (prepare() fills it), else computed."""
-    bindings = plan.numa or numa.plan_bindings(plan, topology, policy.launch.numa_binding)
-    return next((b for b in bindings if b.gpu == gpu), None)
-
-
 # ---- the queue ------------------------------------------------------------------------------
 class IndependentLauncher:
     """start() / poll() / forward() / close(sig) over a queue of single-GPU jobs (launch/api.py)."""
@@ -164,9 +138,7 @@ class IndependentLauncher:
         self.log_dir = os.path.join(ctx.log_dir, self.run_id)
         self.jobs = [Job(i, tuple(v)) for i, v in enumerate(plan.variants or ((),))]
         self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
-        self.capacity, note = gpu_capacity(plan, ctx.policy, ctx.topology) if self.gpu_mode else ({}, "")
-        if note:
-            self.log(note)
+        self.capacity = {i: plan.jobs_on(i) for i in plan.gpus} if self.gpu_mode else {}
         self.cpu_slots = max(1, plan.nproc_per_node)
         self.lease: Lease | None = None
         self.first_failure: Job | None = None
@@ -221,7 +193,7 @@ class IndependentLauncher:
         # have no hang watchdog, and the hook's step counter imports torch up front (~6 s of
         # CPU per job on a 2-core box) even for scripts that never use it.
         ctx = self.ctx
-        binding = _binding(self.plan, ctx.topology, ctx.policy, gpu) if gpu is not None else None
+        binding = self.plan.binding(gpu)
         env = dict(ctx.environ)
         env.update(self.plan.env_dict())
         env.update(single_rank_env(master_port=free_port(), run_id=f"{self.run_id}-{job.index}"))
@@ -253,9 +225,8 @@ class IndependentLauncher:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
                 self.lease = self.ctx.leases().acquire(
-                    self.ctx.topology, self.plan.gpus, 1, wait=not self.ctx.no_wait,
-                    timeout_s=self.ctx.policy.jobs.wait_timeout_s, status=self.log,
-                    cancel=self.ctx.cancelled)
+                    self.ctx.topology, self.plan.gpus, 1, wait=self.plan.wait_for_lease,
+                    timeout_s=self.plan.wait_timeout_s, status=self.log, cancel=self.ctx.cancelled)
                 self._acquire_more(force=True)
         self._start_ready()
 

@@ -58,9 +58,9 @@ class SingleLauncher:
     def start(self) -> None:
         plan, ctx = self.plan, self.ctx
         if plan.device == "cuda" and plan.gpus:
-            # A single job may move to any GPU the decision left free if its first choice
+            # A single job may move to one of the plan's fallback GPUs if its first choice
             # was taken meanwhile.
-            self.lease = ctx.hold(plan.gpus + plan.left_free, 1)
+            self.lease = ctx.hold(plan, 1)
             if self.lease.gpus != plan.gpus[:1]:
                 self.plan = plan = dataclasses.replace(plan, gpus=self.lease.gpus)
             if plan.command[:1] != ("--no-python",):     # the hook counts steps of Python only

@@ -90,10 +90,10 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
-                       announce=None, echo=None) -> ModelProfile:
+                       announce=None, echo=None, progress=None) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
-    announce() is called just before a dry run starts (not on a cache hit); echo: where the
-    dry run's stderr goes (runner.run_dry_run)."""
+    announce() is called just before a dry run starts (not on a cache hit); echo and
+    progress(k, n): as runner.run_dry_run."""
     from filelock import FileLock
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
@@ -111,7 +111,8 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
                     pass  # an older or damaged entry: profile again
         if announce is not None:
             announce()
-        profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
+        profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
+                              progress=progress)
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
             write_json(path, profile.to_dict())
         return profile

@@ -22,6 +22,7 @@ from smartlaunch import proc
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import comm_key, load_comm, read_json, store_comm
+from smartlaunch.profile.tick import TickWatch
 from smartlaunch.worker_env import free_port
 
 MB = 1 << 20
@@ -46,9 +47,11 @@ def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
 
 
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
-                      max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S) -> CommCurve:
+                      max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
+                      progress=None) -> CommCurve:
     """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
-    device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes)."""
+    device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
+    progress(size, k, n): called as rank 0 starts the k-th of the n sizes."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
@@ -61,6 +64,12 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     with tempfile.TemporaryDirectory(prefix="smartlaunch-comm-") as tmp:
         proc.remove_on_exit(tmp)
         out = os.path.join(tmp, "curve.json")
+        ticks = os.path.join(tmp, "sizes.bin")
+
+        def at_size(k: int, of: int) -> None:
+            if progress is not None and k <= len(sizes):
+                progress(sizes[k - 1], k, of)
+        watch = TickWatch(ticks, at_size)
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
         try:
             for rank, gpu in enumerate(gpus):
@@ -72,11 +81,12 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                 # minimum; NCCL on GPUs: the median, as a training step would see it.
                 cmd = [sys.executable, "-m", "smartlaunch.profile.comm_worker", "--backend", backend,
                        "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out,
-                       "--stat", "median" if device == "cuda" else "min"]
+                       "--stat", "median" if device == "cuda" else "min", "--progress", ticks]
                 if device == "cuda":
                     cmd += ["--device-index", str(gpu)]
                 procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
-            failed = _wait_all(procs, time_limit_s)
+            failed = wait_all(procs, time_limit_s, watch)
+            watch.poll()
             if failed is not None:
                 rank, why = failed
                 logs[rank].seek(0)
@@ -99,10 +109,12 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env, gpus=tuple(gpus))
 
 
-def _wait_all(procs, limit: float):
+def wait_all(procs, limit: float, watch: TickWatch | None = None):
     """None when every rank exited 0; else (rank, reason) of the first failure."""
     deadline = time.monotonic() + limit
     while True:
+        if watch is not None:
+            watch.poll()
         codes = [p.returncode for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):
@@ -115,9 +127,11 @@ def _wait_all(procs, limit: float):
         time.sleep(0.05)
 
 
-def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None) -> CommCurve:
+def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
+               progress=None) -> CommCurve:
     """The cached curve for this topology, group and NCCL environment; measured on a miss.
-    Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo."""
+    Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
+    progress: as measure_allreduce's (not called on a cache hit)."""
     gpus = tuple(gpus)
     device = "cuda" if topology is not None and topology.source == "nvml" else "cpu"
     backend = "nccl" if device == "cuda" else "gloo"
@@ -126,6 +140,7 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None) ->
     hit = load_comm(policy, key, environ, need_bytes=need)
     if hit is not None:
         return hit
-    curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes)
+    curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes,
+                              progress=progress)
     store_comm(policy, key, curve, environ)
     return curve

@@ -1,11 +1,13 @@
 """One rank of the all-reduce benchmark (started by smartlaunch.profile.comm, one per GPU).
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
-        --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F
+        --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F \
+        [--progress P]
 
 Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
 per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
-[[bytes, seconds], ...] as JSON to --out.
+[[bytes, seconds], ...] as JSON to --out. Rank 0 keeps "size k of n" in --progress (tick.py) for
+the parent's status line.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--stat", default="median", choices=("median", "min"))
     ap.add_argument("--out", required=True)
+    ap.add_argument("--progress", default=None)
     args = ap.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -41,7 +44,13 @@ def main(argv=None) -> None:
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
         medians = []
-        for nbytes in sizes:
+        tick = None
+        if dist.get_rank() == 0:
+            from smartlaunch.profile.tick import open_writer
+            tick = open_writer(args.progress)
+        for k, nbytes in enumerate(sizes, 1):
+            if tick is not None:
+                tick.set(k, len(sizes))
             buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
             for _ in range(args.warmup):
                 dist.all_reduce(buf)

@@ -1,7 +1,8 @@
 """Child side of the dry run: run the user's entrypoint unchanged, with hooks installed first.
 
-    python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N]
-                                         [--min-seconds S] [--cpu-shim] [--module] SCRIPT [ARGS...]
+    python -m smartlaunch.profile.dryrun [--out PATH] [--progress PATH] [--warmup N]
+                                         [--measure N] [--min-seconds S] [--cpu-shim] [--module]
+                                         SCRIPT [ARGS...]
 
 Hooks (all global, none needs the script's cooperation):
 - an optimizer step post-hook: one step = one `step()` of the first optimizer that steps
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import resource
 import signal
@@ -32,6 +34,7 @@ import time
 from smartlaunch.profile.clock import device_clock, read_window
 from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import WorldSizeWatch, first_grad_tensor, leading_dim
+from smartlaunch.profile.tick import open_writer
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch, micro-batches)
@@ -40,7 +43,7 @@ MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch,
 
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
-                 clock=None):
+                 clock=None, progress: str | None = None):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
@@ -77,6 +80,8 @@ class Recorder:
         self.done = False
         self.written = False
         self.world = WorldSizeWatch(lambda: self.t_first_step is None)
+        # "step k of n" for the parent's status line: one store into a mapped file per step.
+        self.tick = open_writer(progress)
 
     # ---- discovery hooks (until the first step) -----------------------------------------
     def install(self) -> None:
@@ -193,15 +198,28 @@ class Recorder:
             self.cur = []
             if self.steps >= self.warmup + 1:
                 self.open_window()
+            if self.tick is not None:
+                self.tick.set(self.steps, self.warmup + 1 + self.measure)
             return
         self.marks.append(self.clock.mark())
         n = len(self.marks) - 1
         t = self.host()
+        if self.tick is not None:
+            self.tick.set(self.steps, self.goal(n, t - self.t_window))
         if n >= self.measure and (t - self.t_window >= self.min_seconds or n >= MAX_STEPS):
             self.close_window("measured")
             self.done = True
             self.write(reason="measured")
             raise SystemExit(0)
+
+    def goal(self, n: int, spent: float) -> int:
+        """Steps the dry run will have seen when the window closes: warm-up, the window's
+        first step and `measure`, or more while the window is shorter than min_seconds
+        (estimated from host time: for the display only, never for a result)."""
+        want = self.measure
+        if self.min_seconds and spent > 0 and n > 0:
+            want = max(want, n, math.ceil(n * self.min_seconds / spent))
+        return self.warmup + 1 + min(MAX_STEPS, want)
 
     def open_window(self) -> None:
         for h in self.handles:            # nothing but the step hook inside the window
@@ -351,7 +369,8 @@ def _wrapper(modules) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
-    rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"])
+    rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
+                   progress=opts["progress"])
     if opts["cpu_shim"]:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()

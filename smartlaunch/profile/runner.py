@@ -24,6 +24,7 @@ from smartlaunch.errors import DryRunError
 from smartlaunch.worker_env import single_rank_env
 from smartlaunch.profile import undo
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
+from smartlaunch.profile.tick import TickWatch
 from smartlaunch.store import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
@@ -101,9 +102,11 @@ def undo_note(listing: undo.Listing, own) -> str:
     return note
 
 
-def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> ModelProfile:
+def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
+                progress=None) -> ModelProfile:
     """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
-    stream; default the user's stderr)."""
+    stream; default the user's stderr). progress(k, n): called as the child reaches step k
+    of the n it expects (the status line's "dry run step k of n")."""
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
@@ -123,7 +126,9 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
         proc.remove_on_exit(tmp)
         out = os.path.join(tmp, "result", "profile.json")
         os.mkdir(os.path.dirname(out))
+        ticks = os.path.join(tmp, "result", "steps.bin")
         cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", "--out", out,
+               "--progress", ticks,
                "--warmup", str(policy.dryrun.warmup_steps),
                "--measure", str(policy.dryrun.measure_steps),
                "--min-seconds", str(policy.dryrun.measure_seconds)]
@@ -143,8 +148,10 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None) -> Mode
                 pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo),
                                         daemon=True)
                 pump.start()
-                timed_out = _wait(child, out, limit)
+                watch = TickWatch(ticks, progress)
+                timed_out = _wait(child, out, limit, watch)
                 code = child.stop(signal.SIGTERM, TERM_GRACE_S) if timed_out else child.stop()
+                watch.poll()            # the last step's count, had the child ended in between
                 pump.join(timeout=5)
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
@@ -172,13 +179,15 @@ def _prune(logs: Path) -> None:
             pass
 
 
-def _wait(child: proc.Child, out: str, limit: float) -> bool:
+def _wait(child: proc.Child, out: str, limit: float, ticks: TickWatch | None = None) -> bool:
     """Wait for the child; True when it ran past the limit. Once the result file exists the
     script gets EXIT_GRACE_S to unwind (a stuck `finally` must not hold the launch)."""
     deadline = time.monotonic() + limit
     while True:
         if child.wait(0.05) is not None:
             return False
+        if ticks is not None:
+            ticks.poll()
         # Only a result written because the measurement finished bounds the exit: one written
         # at the script's own exit (atexit) must keep the script's real exit code.
         done = read_json(Path(out)) if os.path.exists(out) else None

@@ -1,0 +1,157 @@
+"""The node calibration's measurement: single GPU vs DDP×2 on synthetic models, cached per node.
+
+cost.py's machine-dependent constants (contention per gradient byte, per-step DDP overhead)
+were fitted on one 2x H200 box (issue 15). `smartlaunch-node calibrate` measures them here:
+this module runs the synthetic workers (baseline_worker.py, one per GPU, NCCL; or gloo ranks on
+the CPU for a fake topology) exactly as comm.py runs its benchmark: each in its own session,
+the whole run bounded by a time limit, every worker killed on failure or time-out. The
+derivation of the constants from these times is decide/calibrate.py's (it needs the model).
+
+Cache: <cache_dir>/node/<key>.json, key = topology fingerprint + backend + every NCCL_*
+variable + torch version, like the all-reduce curve's (a different node, transport or NCCL
+build must measure again); entries older than paths.comm_cache_max_age_s are not used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from smartlaunch import proc
+from smartlaunch.profile.cache import torch_version
+from smartlaunch.profile.comm import CommBenchError, wait_all
+from smartlaunch.store import cache_root, private_dir, read_json, write_json
+from smartlaunch.worker_env import free_port
+
+TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing
+FORMAT = 1
+# WIDTHxLAYERSxBATCH (baseline_worker.py). Two gradient sizes far apart, so the difference
+# of their DDP costs is the per-byte term and the rest is per step. On GPUs the large model's
+# backward (~4 x 2 x 2 x 2048 x 4096^2 flops) lasts several times its 256 MiB all-reduce, so
+# contention is measured below its cap (cost.py: at most contention_cap x the overlap).
+GPU_MODELS = ((1024, 1, 2048), (4096, 4, 2048))       # 4 MiB, 256 MiB of gradients
+CPU_MODELS = ((128, 1, 64), (512, 4, 64))             # 64 KiB, 4 MiB: gloo on a shared CPU
+
+
+@dataclass(frozen=True)
+class SyntheticRun:
+    """One model's measured times (seconds per step): rank 0 alone, and DDP over the group."""
+    grad_bytes: int
+    grad_tensors: int
+    batch: int
+    backward_share: float
+    single_s: tuple[float, ...]
+    ddp_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    gpus: tuple[int, ...]
+    backend: str
+    models: tuple[SyntheticRun, ...]
+    elapsed_s: float
+
+
+def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: int = 5,
+                     window_s: float = 0.2, time_limit_s: float = TIME_LIMIT_S,
+                     models=None) -> BaselineRun:
+    """Both synthetic models on `gpus` (CUDA ordinals as this job sees them), single then DDP.
+    device "cuda": NCCL, one process per GPU; "cpu": gloo, len(gpus) processes."""
+    n = len(gpus)
+    if n < 2:
+        raise CommBenchError(f"a node calibration needs at least 2 GPUs, got {list(gpus)}; "
+                             "pass --gpus with two indices")
+    backend = "nccl" if device == "cuda" else "gloo"
+    models = models or (GPU_MODELS if device == "cuda" else CPU_MODELS)
+    spec = ",".join(f"{w}x{l}x{b}" for w, l, b in models)
+    port = free_port()
+    t0 = time.monotonic()
+    procs: list[proc.Child] = []
+    with tempfile.TemporaryDirectory(prefix="smartlaunch-baseline-") as tmp:
+        proc.remove_on_exit(tmp)
+        out = os.path.join(tmp, "baseline.json")
+        logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
+        try:
+            for rank, gpu in enumerate(gpus):
+                env = dict(environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                           LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                if device != "cuda":
+                    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+                cmd = [sys.executable, "-m", "smartlaunch.profile.baseline_worker",
+                       "--backend", backend, "--models", spec, "--windows", str(windows),
+                       "--window-s", str(window_s), "--out", out]
+                if device == "cuda":
+                    cmd += ["--device-index", str(gpu)]
+                procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
+            failed = wait_all(procs, time_limit_s)
+            if failed is not None:
+                rank, why = failed
+                logs[rank].seek(0)
+                tail = logs[rank].read().decode(errors="replace").strip().splitlines()[-5:]
+                raise CommBenchError(
+                    f"node calibration over GPUs {list(gpus)} ({backend}) failed: rank {rank} "
+                    f"{why}; check the GPUs are idle and healthy and the NCCL_* environment. "
+                    "Last lines: " + " | ".join(tail))
+            data = read_json(Path(out))
+        finally:
+            for p in procs:
+                p.stop(signal.SIGKILL)
+            for f in logs:
+                f.close()
+            proc.remove_on_exit(tmp, done=True)
+    try:
+        runs = tuple(SyntheticRun(int(m["grad_bytes"]), int(m["grad_tensors"]), int(m["batch"]),
+                                  float(m["backward_share"]), tuple(map(float, m["single_s"])),
+                                  tuple(map(float, m["ddp_s"]))) for m in data["models"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CommBenchError(f"node calibration over GPUs {list(gpus)} wrote no usable result "
+                             f"({exc!r}); run `smartlaunch-node calibrate --debug`") from exc
+    return BaselineRun(tuple(gpus), backend, runs, time.monotonic() - t0)
+
+
+def baseline_key(topology, backend: str, environ) -> str:
+    key = {"topology": topology.fingerprint(), "backend": backend, "format": FORMAT,
+           "torch": torch_version(),
+           "nccl": {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def backend_for(topology) -> str:
+    return "nccl" if topology is not None and topology.source == "nvml" else "gloo"
+
+
+def _path(policy, key: str, environ) -> Path:
+    return private_dir(private_dir(cache_root(policy, environ)) / "node") / f"{key}.json"
+
+
+def store_constants(policy, topology, environ, record: dict) -> Path:
+    """Keep a calibration record (decide/calibrate.py's) for this node; returns its path."""
+    path = _path(policy, baseline_key(topology, backend_for(topology), environ), environ)
+    write_json(path, {**record, "measured_at": time.time(),
+                      "fingerprint": topology.fingerprint()})
+    return path
+
+
+def load_constants(policy, topology, environ) -> dict | None:
+    """This node's calibration record, or None: never measured, measured on another
+    topology, transport or torch (another key), too old, or damaged."""
+    if topology is None or not topology.gpus:
+        return None
+    data = read_json(_path(policy, baseline_key(topology, backend_for(topology), environ),
+                           environ))
+    if not isinstance(data, dict) or data.get("fingerprint") != topology.fingerprint():
+        return None
+    try:
+        age = time.time() - float(data["measured_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not 0 <= age <= policy.paths.comm_cache_max_age_s:
+        return None
+    return data
