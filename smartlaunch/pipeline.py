@@ -26,18 +26,20 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         return 0
     if request.explain:
         from smartlaunch.decide.explain import render_text
-        print(render_text(plan))
+        from smartlaunch.strategies import REGISTRY
+        print(render_text(plan, REGISTRY))
         return 0
     from smartlaunch.decide.explain import decision_line
     from smartlaunch.launch import execute
     from smartlaunch.launch.api import context
+    from smartlaunch.strategies import REGISTRY
 
     def announce(final_plan) -> None:      # once the GPUs are held, just before the job
         if not (request.quiet or policy.launch.quiet):
-            status.line(decision_line(final_plan))
+            status.line(decision_line(final_plan, REGISTRY))
     ctx = context(request, policy, topology, environ=environ, status=status, announce=announce)
     try:
-        return execute(plan, ctx)
+        return execute(plan, ctx, REGISTRY)
     finally:
         status.close()
 
@@ -47,6 +49,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     from smartlaunch.decide import decide
     from smartlaunch.decide.probe import probe
     from smartlaunch.decide.prepare import prepare
+    from smartlaunch.strategies import REGISTRY
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
@@ -68,7 +71,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     clock.lap("topology")
     # Fails an impossible request in milliseconds, before the lease directory is touched or
     # anything is measured; plans for a wait when another launch leases every usable GPU.
-    first = probe(request, topology, policy, environ=environ,
+    first = probe(request, topology, policy, units=REGISTRY, environ=environ,
                   leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
     clock.lap("leases")
     profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
@@ -78,7 +81,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     model, model_note = _cost_model(policy, topology, environ, profile)
     notes += model_note
     plan = decide(
-        request, topology, policy, profile,
+        request, topology, policy, profile, units=REGISTRY,
         comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
         trial=trial,
         unavailable=first.unavailable,

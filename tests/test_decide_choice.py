@@ -12,6 +12,7 @@ from smartlaunch.decide import Strategy, decide
 from smartlaunch.errors import ExitCode, NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.profile.api import ProfileStatus
 from smartlaunch.topology.api import cpu_only
+from smartlaunch.strategies import REGISTRY
 
 GPT = dict(params=163_000_000, step_ms=21.0)
 RESNET = dict(params=25_600_000, step_ms=17.0)
@@ -20,7 +21,8 @@ RESNET = dict(params=25_600_000, step_ms=17.0)
 def run(topo, prof, pol=None, req=None, **kw):
     kw.setdefault("model", TEST_MODEL)
     comm = kw.pop("comm", None) or FakeComm(topo)
-    plan = decide(req or request(), topo, pol or policy(), prof, comm_for=comm, **kw)
+    plan = decide(req or request(), topo, pol or policy(), prof, units=REGISTRY,
+                  comm_for=comm, **kw)
     return plan, comm
 
 

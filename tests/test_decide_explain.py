@@ -18,6 +18,7 @@ from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.explain import cpu_ranges, render_text
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.topology.api import cpu_only
+from smartlaunch.strategies import REGISTRY
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # Read at import: the clean_env fixture removes SMARTLAUNCH_* variables.
@@ -28,7 +29,7 @@ import functools  # noqa: E402
 
 from helpers_decide import TEST_MODEL  # noqa: E402
 
-decide = functools.partial(_decide, model=TEST_MODEL)
+decide = functools.partial(_decide, model=TEST_MODEL, units=REGISTRY)
 
 
 def _ddp_nvlink():
@@ -72,7 +73,7 @@ CASES = {"ddp-nvlink": _ddp_nvlink, "single-pcie": _single_pcie, "trial": _trial
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_explain_text_matches_golden(clean_env, name):
-    text = render_text(CASES[name]())
+    text = render_text(CASES[name](), REGISTRY)
     path = GOLDEN / f"explain-{name}.txt"
     if REGEN:
         path.parent.mkdir(exist_ok=True)
@@ -82,7 +83,7 @@ def test_explain_text_matches_golden(clean_env, name):
 
 def test_explain_leads_with_the_plan_and_shows_the_numbers(clean_env):
     plan = _ddp_nvlink()
-    text = render_text(plan)
+    text = render_text(plan, REGISTRY)
     first = text.splitlines()[0]
     assert "DDP×2 on GPUs 0,1" in first and "NV18" in first
     win = [c for c in plan.candidates if c.chosen][0]
@@ -98,13 +99,14 @@ def test_cpu_ranges():
 
 def test_explain_shows_where_jobs_go_and_the_lease_wait(clean_env):
     sweep = request(variants=(("a",), ("b",)))
-    cpu = render_text(decide(sweep, cpu_only("no NVML"), policy(), None, comm_for=lambda g: None))
+    cpu = render_text(decide(sweep, cpu_only("no NVML"), policy(), None, comm_for=lambda g: None),
+                      REGISTRY)
     assert "jobs at once: 1 on the CPU" in cpu and "leases:" not in cpu
     packed = dataclasses.replace(_independent(), jobs_per_gpu={0: 2, 1: 1})
-    assert "jobs at once: GPU0 2, GPU1 1" in render_text(packed)
+    assert "jobs at once: GPU0 2, GPU1 1" in render_text(packed, REGISTRY)
     single = decide(request(no_wait=True), pcie_pair("PHB"), policy(), None,
                     comm_for=lambda g: None)
-    text = render_text(single)
+    text = render_text(single, REGISTRY)
     assert "fallback GPUs (if GPU0 is taken before the lease): GPU1" in text
     assert "leases: --no-wait: fails at once, naming the holders, if another launch holds " \
            "its GPUs" in text

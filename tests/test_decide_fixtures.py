@@ -5,6 +5,7 @@ import pytest
 
 from helpers_decide import FakeComm, fixture, policy, profile, request
 from smartlaunch.decide import Strategy, decide
+from smartlaunch.strategies import REGISTRY
 
 RESNET = dict(params=25_600_000, step_ms=17.0)
 NO_SYS = ("NV", "PIX", "PXB", "PHB", "NODE")
@@ -20,7 +21,7 @@ def run(name, req=None, pol=None, **kw):
     topo = load(name)
     comm = FakeComm(topo)
     return decide(req or request(), topo, pol or policy(), profile(**kw or RESNET),
-                  comm_for=comm), comm, topo
+                  units=REGISTRY, comm_for=comm), comm, topo
 
 
 def test_nvswitch_asked_for_two_gets_an_nv_pair_on_one_numa_node(clean_env):

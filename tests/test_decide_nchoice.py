@@ -9,6 +9,7 @@ from helpers_decide import (
     TEST_MODEL, FakeComm, FakeTrial, curve, fixture, gpu, machine, policy, profile, request,
 )
 from smartlaunch.decide import Strategy, decide
+from smartlaunch.strategies import REGISTRY
 
 GPT = dict(params=163_000_000, step_ms=21.0)
 RESNET = dict(params=25_600_000, step_ms=17.0)
@@ -16,7 +17,8 @@ RESNET = dict(params=25_600_000, step_ms=17.0)
 
 def run(topo, prof, pol=None, req=None, **kw):
     comm = kw.pop("comm", None) or FakeComm(topo)
-    plan = decide(req or request(), topo, pol or policy(trials=False), prof, comm_for=comm,
+    plan = decide(req or request(), topo, pol or policy(trials=False), prof,
+                  units=REGISTRY, comm_for=comm,
                   model=kw.pop("model", TEST_MODEL), **kw)
     return plan, comm
 

@@ -12,6 +12,7 @@ from helpers_decide import FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, pol
 from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.plan import SCHEMA_VERSION
 from smartlaunch.topology.api import cpu_only
+from smartlaunch.strategies import REGISTRY
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "plan-schema.md"
 
@@ -19,7 +20,7 @@ import functools  # noqa: E402
 
 from helpers_decide import TEST_MODEL  # noqa: E402
 
-decide = functools.partial(_decide, model=TEST_MODEL)
+decide = functools.partial(_decide, model=TEST_MODEL, units=REGISTRY)
 
 
 def documented() -> dict[str, set[str]]:

@@ -19,6 +19,7 @@ LAYERS = (
     ("smartlaunch.profile",),
     ("smartlaunch.decide",),
     ("smartlaunch.launch",),
+    ("smartlaunch.strategies",),
     ("smartlaunch.scheduler",),
     ("smartlaunch.slurm",),
     ("smartlaunch.pipeline",),

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
-from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp, predict_single
+from smartlaunch.decide.api import Units
+from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.plan import Candidate, Plan, Reason, Strategy
 from smartlaunch.decide.select import Choice, choose_auto, comm_summary
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
@@ -27,11 +28,12 @@ Trial = Callable[[Strategy, "tuple[int, ...]"], "float | None"]   # profile.tria
 
 
 def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,
-           *, comm_for: CommFor, trial: Trial | None = None,
+           *, units: Units, comm_for: CommFor, trial: Trial | None = None,
            unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel(),
            launched: Mapping[str, MeasuredRate] | None = None,
            environ: Mapping[str, str] | None = None, wait_reason: str = "") -> Plan:
     """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError.
+    units: the strategy units by name (strategies.REGISTRY), in candidate order, single first.
     launched: measured rates of earlier launches of this job (profile.feedback), preferred
     over predictions. environ: the job's environment, quoted in errors (None: not known).
     wait_reason: why this plan expects to wait for its leases (probe.py), "" when it does not."""
@@ -89,35 +91,23 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
         reasons.append(Reason(e.text + " → not used",
                               policy.rule(rule) if rule else "lease: another launch holds it"))
 
+    ctx = _Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons)
+    ctx.launched, ctx.units, ctx.excluded = dict(launched or {}), units, excluded
     if request.multi_node:
         choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons)
-    elif request.strategy == "ddp":
-        choice = _forced_ddp(request, topology, policy, usable, excluded, cap)
-    elif request.variants:
-        choice = None
+    elif forced:
+        choice = units[request.strategy].forced(ctx)
     else:
-        choice = Choice(Strategy.SINGLE, (usable[0],)) if request.strategy == "single" else None
-    ctx = _Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons)
-    ctx.launched = dict(launched or {})
+        choice = None
     cands = ctx.candidates(choice)
     if choice is None:
         choice = choose_auto(ctx, cands)
     plan_cands, comm = ctx.finish(choice, cands)
-    left = tuple(g for g in usable if g not in choice.gpus)
-    link = G.family_link(topology, choice.gpus) if choice.strategy == Strategy.DDP else None
-    nproc = len(choice.gpus) if choice.strategy == Strategy.DDP else 1
-    # DDP needs exactly its group (chosen for its links); a single job may move to any GPU
-    # left free if its own is taken before its lease (another launch planned at once).
-    fallback = left if choice.strategy == Strategy.SINGLE else ()
-    per_gpu: dict[int, int] = {}
-    if choice.strategy == Strategy.INDEPENDENT:
-        per_gpu, note = G.jobs_per_gpu(topology, policy, choice.gpus, peak)
-        if note:
-            reasons.append(Reason(note, policy.rule("jobs.jobs_per_gpu")))
-    return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, nproc_per_node=nproc,
-                requested_max=cap, candidates=plan_cands, reasons=tuple(reasons),
-                left_free=left, fallback_gpus=fallback, jobs_per_gpu=per_gpu, link_class=link,
-                comm=comm, **base)
+    ctx.left = tuple(g for g in usable if g not in choice.gpus)
+    fields = units[choice.strategy].placement(ctx, choice)
+    return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, requested_max=cap,
+                candidates=plan_cands, reasons=tuple(reasons), left_free=ctx.left, comm=comm,
+                **fields, **base)
 
 
 def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict) -> Plan:
@@ -164,7 +154,7 @@ def _screen(topology, policy, peak, unavailable, forced, reasons):
     return usable, excluded
 
 
-def _short(topology, usable, excluded, n, what) -> None:
+def short_of(topology, usable, excluded, n, what) -> None:
     waitable = [e for e in excluded if e.why in ("busy", "leased")]
     detail = "; ".join(e.text for e in excluded) or "no other GPUs"
     msg = (f"{what} needs {n} GPUs but only {len(usable)} are usable ({detail}); "
@@ -172,27 +162,11 @@ def _short(topology, usable, excluded, n, what) -> None:
     raise (NoFreeGPUError if waitable else PlanError)(msg)
 
 
-def _forced_ddp(request, topology, policy, usable, excluded, cap) -> Choice:
-    n = cap if request.max_gpus is not None else min(cap, len(usable))
-    if n < 2:
-        raise PlanError(f"--strategy ddp needs at least 2 usable GPUs; this job may use {n} "
-                        f"({G.gpu_list_short(usable)} usable): use --strategy single, "
-                        f"or free a GPU")
-    if len(usable) < n:
-        _short(topology, usable, excluded, n, "--strategy ddp")
-    group = G.best_group(topology, usable, n, policy.decision.ddp_link_classes)
-    if group is None:
-        raise PolicyError(f"no {n} usable GPUs are linked by a class the policy allows for DDP "
-                          f"({policy.rule('decision.ddp_link_classes')}); use --strategy "
-                          f"single or fewer GPUs")
-    return Choice(Strategy.DDP, group)
-
-
 def _multi_node(request, topology, policy, usable, excluded, cap, reasons) -> Choice:
     if request.strategy == "single":
         return Choice(Strategy.SINGLE, (usable[0],))
     if len(usable) < cap:
-        _short(topology, usable, excluded, cap, f"a {request.nnodes}-node launch")
+        short_of(topology, usable, excluded, cap, f"a {request.nnodes}-node launch")
     group = G.best_group(topology, usable, cap, policy.decision.ddp_link_classes) \
         if cap > 1 else (usable[0],)
     if group is None:
@@ -216,46 +190,19 @@ class _Ctx:
         self.curves: dict[tuple[int, ...], CommCurve] = {}
         self.launched: dict[str, MeasuredRate] = {}
         self.ddp_keys: list = []        # every DDP candidate, for naming those not tried
+        self.units: Units = {}
+        self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
+        self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
 
     @property
     def predictable(self) -> bool:
         return self.profile is not None and self.profile.usable
 
     def candidates(self, forced: Choice | None) -> dict[tuple, tuple[Candidate, Prediction | None]]:
-        """(strategy, gpus) -> (candidate, prediction or None), single first."""
+        """(strategy, gpus) -> (candidate, prediction or None), in the units' order."""
         out: dict = {}
-        d = self.policy.decision
-        single = (self.usable[0],)
-        pred = predict_single(self.profile, self.model) if self.predictable else None
-        out[(Strategy.SINGLE, single)] = (Candidate(Strategy.SINGLE, single), pred)
-        if self.request.multi_node and forced is not None:
-            return out
-        top = min(self.cap, len(self.usable))
-        ddp_ok = "ddp" in d.allowed_strategies or (forced and forced.strategy == Strategy.DDP)
-        if top >= 2 and not ddp_ok:
-            self.reasons.append(Reason("DDP is not considered: the policy does not allow it",
-                                       self.policy.rule("decision.allowed_strategies")))
-        for n in range(2, top + 1) if ddp_ok else ():
-            group = G.best_group(self.topology, self.usable, n, d.ddp_link_classes)
-            if forced and forced.strategy == Strategy.DDP and len(forced.gpus) == n:
-                group = forced.gpus
-            if group is None:
-                any_group = G.best_group(self.topology, self.usable, n, G.ALL_FAMILIES)
-                self.reasons.append(Reason(
-                    f"DDP×{n} is not considered: every group of {n} usable GPUs has a link the "
-                    f"policy forbids for DDP (best is {G.family_link(self.topology, any_group)} "
-                    f"on {G.gpu_list_short(any_group)})",
-                    self.policy.rule("decision.ddp_link_classes")))
-                continue
-            out[(Strategy.DDP, group)] = (Candidate(Strategy.DDP, group), self.predict(group))
-        if self.request.variants:
-            k = min(len(self.request.variants), top)
-            pool = tuple(self.usable[:k])   # more GPUs than jobs would sit idle
-            ipred = None
-            if pred is not None:
-                ipred = Prediction(k, pred.step_s, float(k), 1.0, 0.0, 0.0, 0,
-                                   pred.backward_share, pred.backward_share_known)
-            out[(Strategy.INDEPENDENT, pool)] = (Candidate(Strategy.INDEPENDENT, pool), ipred)
+        for unit in self.units.values():
+            out.update(unit.candidates(self, forced))
         return out
 
     def predict(self, group: tuple[int, ...]) -> Prediction | None:

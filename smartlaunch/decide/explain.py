@@ -5,14 +5,16 @@ people. Nothing here decides anything.
 """
 from __future__ import annotations
 
-from smartlaunch.decide.plan import Candidate, CommSummary, Plan, Strategy
+from smartlaunch.decide.api import Units
+from smartlaunch.decide.plan import Candidate, CommSummary, Plan, Strategy, strategy_name
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.vocab import format_ranges
 
 
-def render_text(plan: Plan) -> str:
-    lines = [_headline(plan)]
+def render_text(plan: Plan, units: Units) -> str:
+    """units: the strategy units by name (strategies.REGISTRY)."""
+    lines = [_headline(plan, units)]
     lines += _profile(plan.profile)
     lines += _comm(plan.comm)
     t = plan.topology
@@ -21,7 +23,7 @@ def render_text(plan: Plan) -> str:
                      + (f" ({t['note']})" if t.get("note") else ""))
     if plan.candidates:
         lines.append("")
-        lines += _table(plan.candidates)
+        lines += _table(plan.candidates, units)
         lines.append("")
         lines.append("why each candidate won or lost:")
         lines += [f"  - {c.reason}" for c in plan.candidates if c.reason]
@@ -74,17 +76,8 @@ def _bound(plan: Plan, b) -> str:
     return f"local rank {b.local_rank} → GPU{b.gpu}"
 
 
-def _headline(plan: Plan) -> str:
-    where = gpu_list(plan.gpus) if plan.gpus else "the CPU"
-    if plan.strategy == Strategy.DDP:
-        what = f"DDP×{plan.nproc_per_node} on {where}"
-        if plan.link_class:
-            what += f" (worst link {plan.link_class})"
-    elif plan.strategy == Strategy.INDEPENDENT:
-        what = f"{len(plan.variants)} independent single-GPU jobs on {where}" if plan.gpus else \
-            f"{len(plan.variants)} independent CPU jobs"
-    else:
-        what = f"single process on {where}"
+def _headline(plan: Plan, units: Units) -> str:
+    what = units[plan.strategy].headline(plan)
     extra = f"nproc-per-node {plan.nproc_per_node}, nnodes {plan.nnodes}, device {plan.device}, " \
             f"up to {plan.requested_max} allowed"
     return f"smartlaunch: {what} [{extra}]" + (" (strategy forced)" if plan.forced else "")
@@ -148,12 +141,11 @@ def _comm(c: CommSummary | None) -> list[str]:
             + f", latency {c.latency_us:.0f} µs"]
 
 
-def _table(cands: tuple[Candidate, ...]) -> list[str]:
+def _table(cands: tuple[Candidate, ...], units: Units) -> list[str]:
     head = ("", "candidate", "GPUs", "step", "samples/s", "speedup", "eff", "all-reduce", "from")
     rows = [head]
     for c in cands:
-        name = {Strategy.SINGLE: "single", Strategy.INDEPENDENT: "independent"}.get(
-            c.strategy, f"DDP×{len(c.gpus)}")
+        name = units[c.strategy].table_name(c)
         rows.append(("*" if c.chosen else "", name, ",".join(map(str, c.gpus)) or "-",
                      ms(c.predicted_step_s) if c.predicted_step_s else "-",
                      rate(c.predicted_samples_per_s).split()[0] if c.predicted_samples_per_s
@@ -181,26 +173,15 @@ def _timings(t: dict) -> str:
     return head
 
 
-def decision_line(plan: Plan) -> str:
+def decision_line(plan: Plan, units: Units) -> str:
     """The one line every launch prints before the job's output (without `smartlaunch: `):
     what runs, where, and the number that decided it."""
-    where = gpu_list(plan.gpus) if plan.gpus else "the CPU"
-    if plan.strategy == Strategy.DDP:
-        what = f"DDP×{plan.nproc_per_node} on {where}"
-        if plan.link_class:
-            what += f" ({plan.link_class})"
-        if plan.nnodes not in ("1", "1:1"):
-            what += f" per node, nnodes {plan.nnodes}"
-    elif plan.strategy == Strategy.INDEPENDENT:
-        what = f"{len(plan.variants)} independent single-GPU jobs on {where}" if plan.gpus else \
-            f"{len(plan.variants)} independent jobs on the CPU"
-    else:
-        what = f"single process on {where}"
+    what = units[plan.strategy].line(plan)
     chosen = next((c for c in plan.candidates if c.chosen), None)
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
                   and c.strategy == Strategy.DDP), None)
     if plan.forced:
-        why = f"forced by --strategy {plan.strategy.value}"
+        why = f"forced by --strategy {strategy_name(plan.strategy)}"
     elif plan.strategy == Strategy.DDP and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU"
     elif rival is not None:

@@ -112,12 +112,12 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["schema_version"] = SCHEMA_VERSION
-        d["strategy"] = self.strategy.value
+        d["strategy"] = strategy_name(self.strategy)
         d["profile"] = self.profile.to_dict() if self.profile is not None else {}
         d["comm"] = self.comm.to_dict() if self.comm is not None else {}
         d["jobs_per_gpu"] = {str(g): n for g, n in sorted(self.jobs_per_gpu.items())}
         for c in d["candidates"]:
-            c["strategy"] = Strategy(c["strategy"]).value
+            c["strategy"] = strategy_name(c["strategy"])
         return d
 
     def to_json(self) -> str:
@@ -133,3 +133,8 @@ class Plan:
     def jobs_on(self, gpu: int) -> int:
         """Independent jobs that may run at once on `gpu`."""
         return self.jobs_per_gpu.get(gpu, 1)
+
+
+def strategy_name(strategy) -> str:
+    """A vocab.Strategy member's name; a strategy unit not (yet) in vocab may use a plain str."""
+    return strategy.value if isinstance(strategy, Strategy) else str(strategy)

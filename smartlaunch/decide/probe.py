@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from smartlaunch.decide.api import Units
 from smartlaunch.decide.decide import decide
 from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.policy.api import Policy
@@ -30,13 +31,13 @@ class Probe:
     wait_reason: str = ""              # for decide(): why the plan expects to wait
 
 
-def probe(request: Request, topology: Topology, policy: Policy, *,
+def probe(request: Request, topology: Topology, policy: Policy, *, units: Units,
           leased: Callable[[], frozenset[int]],
           environ: Mapping[str, str] | None = None) -> Probe:
     """leased() is read only once the request is known possible (it touches the lease
     directory)."""
     def cheap(unavailable):
-        decide(request, topology, policy, None, comm_for=lambda g: None,
+        decide(request, topology, policy, None, units=units, comm_for=lambda g: None,
                unavailable=unavailable, environ=environ)
     cheap(frozenset())
     unavailable = frozenset(leased())

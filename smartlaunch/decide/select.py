@@ -9,7 +9,7 @@ from typing import Any
 
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy
-from smartlaunch.decide.words import gbps, gpu_list, ms, pct, rate, times
+from smartlaunch.decide.words import gbps, gpu_list, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
@@ -297,11 +297,8 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []
     for key, (c, pred) in rows.items():
-        text = _sentence(c, pred, win, choice, floor, uncertainty(ctx))
-        if key[0] == Strategy.DDP:
-            text = text.replace(f"DDP×{len(c.gpus)} on {gpu_list(c.gpus)}",
-                                f"DDP×{len(c.gpus)} on {gpu_list(c.gpus)} ({group_note(ctx, key[1])})",
-                                1)
+        head = ctx.units[c.strategy].sentence(ctx, c, pred, uncertainty(ctx))
+        text = head + _tail(ctx, c, win, choice, floor)
         out.append(dataclasses.replace(c, reason=text))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
         out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
@@ -325,36 +322,13 @@ def group_note(ctx, gpus: tuple[int, ...]) -> str:
     return text
 
 
-def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: float,
-              error: tuple[float, str]) -> str:
-    how = "measured" if c.measured else "predicted"
-    if c.strategy == Strategy.SINGLE:
-        head = f"single {gpu_list(c.gpus)}"
-        head += f": {how} {rate(c.predicted_samples_per_s)}" if c.speedup is not None else \
-            ": no prediction (no usable profile)"
-        if c.predicted_step_s is not None:
-            head += f", {ms(c.predicted_step_s)} per step"
-    elif c.strategy == Strategy.INDEPENDENT:
-        head = f"independent jobs on {gpu_list(c.gpus)}"
-        if c.speedup is not None:
-            head += f": {how} {times(c.speedup)} one job's rate ({rate(c.predicted_samples_per_s)})"
-    else:
-        n = len(c.gpus)
-        if c.speedup is None:
-            head = f"DDP×{n} on {gpu_list(c.gpus)}: no prediction"
-        elif c.measured:
-            head = (f"DDP×{n} on {gpu_list(c.gpus)} measured {times(c.speedup)} "
-                    f"({pct(c.efficiency)} efficiency, {rate(c.predicted_samples_per_s)})")
-        else:
-            head = (f"DDP×{n} on {gpu_list(c.gpus)} predicted {times(c.speedup)} "
-                    f"({error[1]} ±{pct(error[0])}; "
-                    f"{pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
-                    f"{ms(pred.comm_cost_s)} of {ms(c.predicted_step_s)} per step)")
+def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float) -> str:
+    """Why the candidate won or lost, after its unit's head (StrategyUnit.sentence)."""
     if c.chosen:
-        return head + (f" → chosen ({choice.basis})" if choice.basis != "forced" else
-                       " → chosen (as asked)")
+        return f" → chosen ({choice.basis})" if choice.basis != "forced" else " → chosen (as asked)"
     if win is None:
-        return head
+        return ""
+    name = ctx.units[win.strategy].short_name(win)
     if choice.basis == "forced":
         tail = ": not asked for"
     elif c.strategy == Strategy.DDP and c.efficiency is not None and c.efficiency < floor:
@@ -363,23 +337,17 @@ def _sentence(c: Candidate, pred, win: Candidate | None, choice: Choice, floor: 
         tail = f": not tried ({TRIED})"
     elif c.strategy == Strategy.SINGLE and win.speedup is not None:
         verb = "give" if win.strategy == Strategy.INDEPENDENT else "gives"
-        tail = f": {_name(win)} {verb} {times(win.speedup)} its samples/s"
+        tail = f": {name} {verb} {times(win.speedup)} its samples/s"
     elif c.speedup is not None and win.speedup is not None:
-        tail = f": {times(c.speedup)} is less than {_name(win)}'s {times(win.speedup)}"
+        tail = f": {times(c.speedup)} is less than {name}'s {times(win.speedup)}"
     else:
         tail = ": not chosen"
     if win.strategy == Strategy.SINGLE:
         free = [g for g in c.gpus if g not in win.gpus]
         tail += f" → single GPU{win.gpus[0]}" + (f"; {gpu_list(free)} left free" if free else "")
     else:
-        tail += f" → {_name(win)}"
-    return head + tail
-
-
-def _name(c: Candidate) -> str:
-    if c.strategy == Strategy.DDP:
-        return f"DDP×{len(c.gpus)}"
-    return "independent jobs" if c.strategy == Strategy.INDEPENDENT else "single GPU"
+        tail += f" → {name}"
+    return tail
 
 
 def comm_summary(curve, profile) -> CommSummary | None:

@@ -1,23 +1,11 @@
 """Launch layer: runs a Plan. The CLI builds a LaunchContext with `api.context()` and calls
-`execute(plan, ctx)`; run_loop.run drives the strategy's launcher (launch/api.py)."""
+`execute(plan, ctx, units)`; run_loop.run drives the launcher the plan's strategy unit builds
+(launch/api.py's Launcher protocol; the units live in smartlaunch/strategies/)."""
 from __future__ import annotations
 
 
-
-def launcher(plan, ctx):
-    """The Launcher of the plan's strategy (step 7 of issue 16 moves this into a registry)."""
-    from smartlaunch.vocab import Strategy
-    if plan.strategy == Strategy.INDEPENDENT:
-        from smartlaunch.launch.independent import IndependentLauncher
-        return IndependentLauncher(plan, ctx)
-    if plan.strategy == Strategy.DDP:
-        from smartlaunch.launch.ddp import DDPLauncher
-        return DDPLauncher(plan, ctx)
-    from smartlaunch.launch.single import SingleLauncher
-    return SingleLauncher(plan, ctx)
-
-
-def execute(plan, ctx) -> int:
-    """Run the plan to completion, holding GPU leases while it runs; return the exit code."""
+def execute(plan, ctx, units) -> int:
+    """Run the plan to completion, holding GPU leases while it runs; return the exit code.
+    units: the strategy units by name (strategies.REGISTRY); launch names no strategy."""
     from smartlaunch.launch.run_loop import run
-    return run(launcher(plan, ctx), ctx)
+    return run(units[plan.strategy].launcher(plan, ctx), ctx)

@@ -1,0 +1,44 @@
+"""The decide half of a strategy unit (smartlaunch/strategies/): what decide() and --explain
+ask of a strategy. decide/ names no strategy where a unit can answer; the caller passes the
+units (pipeline: strategies.REGISTRY), keyed by their NAME."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from smartlaunch.decide.cost import Prediction
+from smartlaunch.decide.plan import Candidate, Plan
+
+
+class StrategyUnit(Protocol):
+    NAME: str          # a vocab.Strategy member; the Plan's and the candidates' `strategy`
+
+    def forced(self, ctx) -> Any:
+        """The Choice (select.Choice) when --strategy names this unit, or None to let the
+        candidates decide. ctx: decide's _Ctx (request, topology, policy, usable GPUs...)."""
+
+    def candidates(self, ctx, forced) -> dict[tuple, tuple[Candidate, Prediction | None]]:
+        """(NAME, gpus) -> (candidate, prediction or None); reasons for those not considered
+        go to ctx.reasons. forced: the forced Choice or None."""
+
+    def placement(self, ctx, choice) -> dict[str, Any]:
+        """The chosen plan's fields this strategy fills: nproc_per_node, and any of
+        link_class, fallback_gpus, jobs_per_gpu."""
+
+    def sentence(self, ctx, c: Candidate, pred: Prediction | None, error: tuple[float, str]) -> str:
+        """The head of the candidate's why-it-won-or-lost sentence: what it is and its numbers."""
+
+    def short_name(self, c: Candidate) -> str:
+        """How other candidates' sentences name it: "DDP×2", "single GPU"."""
+
+    def table_name(self, c: Candidate) -> str:
+        """Its row name in --explain's candidate table."""
+
+    def headline(self, plan: Plan) -> str:
+        """What runs, for --explain's first line: "DDP×2 on GPUs 0,1 (worst link NV18)"."""
+
+    def line(self, plan: Plan) -> str:
+        """What runs, for the line every launch prints before the job's output."""
+
+
+Units = Mapping[str, StrategyUnit]

@@ -1,0 +1,101 @@
+"""DDP with torchrun's semantics: one rank per GPU on the best-linked group, for every group
+size the caps and the policy's link classes allow."""
+from __future__ import annotations
+
+from smartlaunch.decide import groups as G
+from smartlaunch.decide.decide import short_of
+from smartlaunch.decide.plan import Candidate, Plan, Reason
+from smartlaunch.decide.select import Choice, group_note
+from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
+from smartlaunch.errors import PlanError, PolicyError
+from smartlaunch.vocab import Strategy
+
+NAME = Strategy.DDP
+
+
+def forced(ctx) -> Choice:
+    request, usable, policy = ctx.request, ctx.usable, ctx.policy
+    n = ctx.cap if request.max_gpus is not None else min(ctx.cap, len(usable))
+    if n < 2:
+        raise PlanError(f"--strategy ddp needs at least 2 usable GPUs; this job may use {n} "
+                        f"({G.gpu_list_short(usable)} usable): use --strategy single, "
+                        f"or free a GPU")
+    if len(usable) < n:
+        short_of(ctx.topology, usable, ctx.excluded, n, "--strategy ddp")
+    group = G.best_group(ctx.topology, usable, n, policy.decision.ddp_link_classes)
+    if group is None:
+        raise PolicyError(f"no {n} usable GPUs are linked by a class the policy allows for DDP "
+                          f"({policy.rule('decision.ddp_link_classes')}); use --strategy "
+                          f"single or fewer GPUs")
+    return Choice(NAME, group)
+
+
+def candidates(ctx, forced) -> dict:
+    if ctx.request.multi_node and forced is not None:
+        return {}
+    out: dict = {}
+    d = ctx.policy.decision
+    top = min(ctx.cap, len(ctx.usable))
+    ddp_ok = NAME in d.allowed_strategies or (forced and forced.strategy == NAME)
+    if top >= 2 and not ddp_ok:
+        ctx.reasons.append(Reason("DDP is not considered: the policy does not allow it",
+                                  ctx.policy.rule("decision.allowed_strategies")))
+    for n in range(2, top + 1) if ddp_ok else ():
+        group = G.best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
+        if forced and forced.strategy == NAME and len(forced.gpus) == n:
+            group = forced.gpus
+        if group is None:
+            any_group = G.best_group(ctx.topology, ctx.usable, n, G.ALL_FAMILIES)
+            ctx.reasons.append(Reason(
+                f"DDP×{n} is not considered: every group of {n} usable GPUs has a link the "
+                f"policy forbids for DDP (best is {G.family_link(ctx.topology, any_group)} "
+                f"on {G.gpu_list_short(any_group)})",
+                ctx.policy.rule("decision.ddp_link_classes")))
+            continue
+        out[(NAME, group)] = (Candidate(NAME, group), ctx.predict(group))
+    return out
+
+
+def placement(ctx, choice) -> dict:
+    # DDP needs exactly its group (chosen for its links): no fallback GPUs.
+    return dict(nproc_per_node=len(choice.gpus),
+                link_class=G.family_link(ctx.topology, choice.gpus))
+
+
+def sentence(ctx, c: Candidate, pred, error) -> str:
+    n = len(c.gpus)
+    head = f"DDP×{n} on {gpu_list(c.gpus)} ({group_note(ctx, c.gpus)})"
+    if c.speedup is None:
+        return head + ": no prediction"
+    if c.measured:
+        return (head + f" measured {times(c.speedup)} "
+                f"({pct(c.efficiency)} efficiency, {rate(c.predicted_samples_per_s)})")
+    return (head + f" predicted {times(c.speedup)} ({error[1]} ±{pct(error[0])}; "
+            f"{pct(c.efficiency)} efficiency, all-reduce {ms(c.allreduce_s)} costing "
+            f"{ms(pred.comm_cost_s)} of {ms(c.predicted_step_s)} per step)")
+
+
+def short_name(c: Candidate) -> str:
+    return f"DDP×{len(c.gpus)}"
+
+
+table_name = short_name
+
+
+def headline(plan: Plan) -> str:
+    what = f"DDP×{plan.nproc_per_node} on {gpu_list(plan.gpus) if plan.gpus else 'the CPU'}"
+    return what + (f" (worst link {plan.link_class})" if plan.link_class else "")
+
+
+def line(plan: Plan) -> str:
+    what = f"DDP×{plan.nproc_per_node} on {gpu_list(plan.gpus) if plan.gpus else 'the CPU'}"
+    if plan.link_class:
+        what += f" ({plan.link_class})"
+    if plan.nnodes not in ("1", "1:1"):
+        what += f" per node, nnodes {plan.nnodes}"
+    return what
+
+
+def launcher(plan, ctx):
+    from smartlaunch.launch.ddp import DDPLauncher
+    return DDPLauncher(plan, ctx)

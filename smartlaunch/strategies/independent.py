@@ -1,0 +1,68 @@
+"""One single-GPU job per variant (--each), queued onto the free GPUs."""
+from __future__ import annotations
+
+from smartlaunch.decide import groups as G
+from smartlaunch.decide.cost import Prediction, predict_single
+from smartlaunch.decide.plan import Candidate, Plan, Reason
+from smartlaunch.decide.words import gpu_list, rate, times
+from smartlaunch.vocab import Strategy
+
+NAME = Strategy.INDEPENDENT
+
+
+def forced(ctx):
+    return None        # the variants' candidate below; choose_auto weighs it
+
+
+def candidates(ctx, forced) -> dict:
+    if ctx.request.multi_node and forced is not None or not ctx.request.variants:
+        return {}
+    k = min(len(ctx.request.variants), ctx.cap, len(ctx.usable))
+    pool = tuple(ctx.usable[:k])   # more GPUs than jobs would sit idle
+    pred = None
+    if ctx.predictable:
+        one = predict_single(ctx.profile, ctx.model)
+        pred = Prediction(k, one.step_s, float(k), 1.0, 0.0, 0.0, 0, one.backward_share,
+                          one.backward_share_known)
+    return {(NAME, pool): (Candidate(NAME, pool), pred)}
+
+
+def placement(ctx, choice) -> dict:
+    peak = ctx.profile.peak_gpu_mem_bytes if ctx.profile is not None else None
+    per_gpu, note = G.jobs_per_gpu(ctx.topology, ctx.policy, choice.gpus, peak)
+    if note:
+        ctx.reasons.append(Reason(note, ctx.policy.rule("jobs.jobs_per_gpu")))
+    return dict(nproc_per_node=1, jobs_per_gpu=per_gpu)
+
+
+def sentence(ctx, c: Candidate, pred, error) -> str:
+    how = "measured" if c.measured else "predicted"
+    head = f"independent jobs on {gpu_list(c.gpus)}"
+    if c.speedup is not None:
+        head += f": {how} {times(c.speedup)} one job's rate ({rate(c.predicted_samples_per_s)})"
+    return head
+
+
+def short_name(c: Candidate) -> str:
+    return "independent jobs"
+
+
+def table_name(c: Candidate) -> str:
+    return "independent"
+
+
+def headline(plan: Plan) -> str:
+    n = len(plan.variants)
+    return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
+        f"{n} independent CPU jobs"
+
+
+def line(plan: Plan) -> str:
+    n = len(plan.variants)
+    return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
+        f"{n} independent jobs on the CPU"
+
+
+def launcher(plan, ctx):
+    from smartlaunch.launch.independent import IndependentLauncher
+    return IndependentLauncher(plan, ctx)

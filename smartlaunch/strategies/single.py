@@ -1,0 +1,56 @@
+"""One process on one GPU (or the CPU): the baseline every other candidate is measured against."""
+from __future__ import annotations
+
+from smartlaunch.decide.cost import predict_single
+from smartlaunch.decide.plan import Candidate, Plan
+from smartlaunch.decide.select import Choice
+from smartlaunch.decide.words import gpu_list, ms, rate
+from smartlaunch.vocab import Strategy
+
+NAME = Strategy.SINGLE
+
+
+def forced(ctx) -> Choice:
+    return Choice(NAME, (ctx.usable[0],))
+
+
+def candidates(ctx, forced) -> dict:
+    gpus = (ctx.usable[0],)
+    pred = predict_single(ctx.profile, ctx.model) if ctx.predictable else None
+    return {(NAME, gpus): (Candidate(NAME, gpus), pred)}
+
+
+def placement(ctx, choice) -> dict:
+    # A single job may move to any GPU left free if its own is taken before its lease
+    # (another launch planned at the same time).
+    return dict(nproc_per_node=1, fallback_gpus=ctx.left)
+
+
+def sentence(ctx, c: Candidate, pred, error) -> str:
+    how = "measured" if c.measured else "predicted"
+    head = f"single {gpu_list(c.gpus)}"
+    head += f": {how} {rate(c.predicted_samples_per_s)}" if c.speedup is not None else \
+        ": no prediction (no usable profile)"
+    if c.predicted_step_s is not None:
+        head += f", {ms(c.predicted_step_s)} per step"
+    return head
+
+
+def short_name(c: Candidate) -> str:
+    return "single GPU"
+
+
+def table_name(c: Candidate) -> str:
+    return "single"
+
+
+def headline(plan: Plan) -> str:
+    return f"single process on {gpu_list(plan.gpus) if plan.gpus else 'the CPU'}"
+
+
+line = headline
+
+
+def launcher(plan, ctx):
+    from smartlaunch.launch.single import SingleLauncher
+    return SingleLauncher(plan, ctx)
