@@ -276,7 +276,7 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     base_rate = choice.measured.get(single_key)
     rows = {}
     for key, (cand, pred) in cands.items():
-        n = _key_n(key) if key[0] != Strategy.INDEPENDENT else len(key[1])
+        n = len(key[1])
         f: dict[str, Any] = {}
         if key in choice.measured and base_rate:
             sp = choice.measured[key] / base_rate
@@ -289,10 +289,7 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
         elif pred is not None:
             f = dict(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
                      speedup=pred.speedup, efficiency=pred.efficiency,
-                     allreduce_s=pred.allreduce_s if key[0] == Strategy.DDP else None,
-                     comm_cost_s=pred.comm_cost_s if key[0] == Strategy.DDP else None)
-            if key[0] == Strategy.INDEPENDENT:
-                f["predicted_samples_per_s"] = pred.speedup * batch / pred.step_s if batch else None
+                     allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None)
         rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []

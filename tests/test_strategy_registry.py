@@ -1,0 +1,140 @@
+"""The strategy registry: what adding a strategy touches.
+
+A throwaway fourth unit, "ddp-accum" (DDP with k accumulated micro-steps per all-reduce),
+is registered here and nowhere else, and runs through decide, --explain and the run loop:
+decide/, launch/ and the three built-in units stay as they are. The real thing would also
+add its name to vocab.Strategy (so the policy and --strategy accept it), which a test cannot
+do to an enum; the policy here is built directly."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+
+from helpers_decide import TEST_MODEL, FakeComm, nvswitch8, policy, profile, request
+from smartlaunch import vocab
+from smartlaunch.decide import Plan, decide, groups as G
+from smartlaunch.decide.cost import predict_ddp
+from smartlaunch.decide.explain import decision_line, render_text
+from smartlaunch.decide.plan import Candidate, strategy_name
+from smartlaunch.decide.select import Choice
+from smartlaunch.decide.words import gpu_list, times
+from smartlaunch.launch import execute
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
+from smartlaunch.strategies import REGISTRY
+
+ACCUM = 4
+
+
+class DDPAccum:
+    """What strategies/ddp_accum.py would hold."""
+    NAME = "ddp-accum"
+
+    @staticmethod
+    def forced(ctx) -> Choice:
+        group = G.best_group(ctx.topology, ctx.usable, min(ctx.cap, len(ctx.usable)),
+                             ctx.policy.decision.ddp_link_classes)
+        return Choice(DDPAccum.NAME, group)
+
+    @staticmethod
+    def candidates(ctx, forced) -> dict:
+        out = {}
+        for n in range(2, min(ctx.cap, len(ctx.usable)) + 1):
+            group = G.best_group(ctx.topology, ctx.usable, n, ctx.policy.decision.ddp_link_classes)
+            curve = ctx.comm_for(group)
+            # One all-reduce every ACCUM micro-steps: ACCUM times the work per reduction.
+            prof = dataclasses.replace(ctx.profile, step_time_s=ctx.profile.step_time_s * ACCUM,
+                                       batch_size=ctx.profile.batch_size * ACCUM)
+            pred = predict_ddp(prof, curve, n, ctx.model)
+            out[(DDPAccum.NAME, group)] = (Candidate(DDPAccum.NAME, group), pred)
+        return out
+
+    @staticmethod
+    def placement(ctx, choice) -> dict:
+        return dict(nproc_per_node=len(choice.gpus),
+                    link_class=G.family_link(ctx.topology, choice.gpus))
+
+    @staticmethod
+    def sentence(ctx, c, pred, error) -> str:
+        return f"DDP×{len(c.gpus)}, {ACCUM} steps per all-reduce, predicted {times(c.speedup)}"
+
+    @staticmethod
+    def short_name(c) -> str:
+        return f"DDP-accum×{len(c.gpus)}"
+
+    table_name = short_name
+
+    @staticmethod
+    def headline(plan) -> str:
+        return f"DDP×{plan.nproc_per_node} with {ACCUM}-step accumulation on {gpu_list(plan.gpus)}"
+
+    line = headline
+
+    @staticmethod
+    def launcher(plan, ctx):
+        return FakeLauncher(plan, ctx)
+
+
+class FakeLauncher:
+    """Starts nothing; ends with exit code 3 after two polls, so the loop's result is its own."""
+
+    def __init__(self, plan, ctx):
+        self.plan, self.ctx, self.calls = plan, ctx, []
+        LAUNCHED.append(self)
+
+    def start(self):
+        self.calls.append("start")
+        self.ctx.announce(self.plan)
+
+    def poll(self):
+        self.calls.append("poll")
+        polls = self.calls.count("poll")
+        return LaunchResult(RunState.FAILED, 3, "fake: done") if polls >= 2 else None
+
+    def forward(self, sig):
+        self.calls.append(f"forward {sig}")
+
+    def close(self, sig):
+        self.calls.append(f"close {signal.Signals(sig).name}")
+
+
+LAUNCHED: list[FakeLauncher] = []
+
+
+def test_registry_names_the_strategies_of_the_vocabulary():
+    assert sorted(strategy_name(k) for k in REGISTRY) == sorted(vocab.STRATEGIES)
+    assert all(unit.NAME == name for name, unit in REGISTRY.items())
+    # single first: every speedup is relative to it
+    assert next(iter(REGISTRY)) == vocab.Strategy.SINGLE
+
+
+def test_a_fourth_unit_runs_through_decide_explain_and_the_run_loop(capsys):
+    units = {**REGISTRY, DDPAccum.NAME: DDPAccum}
+    topo = nvswitch8()
+    pol = policy(allowed_strategies=(*vocab.STRATEGIES, DDPAccum.NAME))
+    plan = decide(request(strategy=DDPAccum.NAME, max_gpus=4), topo, pol,
+                  profile(params=163_000_000, step_ms=21.0), units=units,
+                  comm_for=FakeComm(topo), model=TEST_MODEL)
+    assert (plan.strategy, plan.gpus, plan.nproc_per_node, plan.link_class) == \
+        ("ddp-accum", (0, 1, 2, 3), 4, "NV18")
+    names = [(strategy_name(c.strategy), len(c.gpus)) for c in plan.candidates]
+    assert names[0] == ("single", 1) and ("ddp", 4) in names and ("ddp-accum", 2) in names
+    mine = [c for c in plan.candidates if c.strategy == "ddp-accum"]
+    assert [c.chosen for c in mine] == [False, False, True]
+    assert all(c.speedup and c.reason.startswith("DDP×") for c in mine)
+    # accumulation reduces less often: a better predicted efficiency than plain DDP×4
+    ddp4 = next(c for c in plan.candidates if c.strategy == "ddp" and len(c.gpus) == 4)
+    assert mine[-1].efficiency > ddp4.efficiency
+    assert plan.to_dict()["strategy"] == "ddp-accum"
+
+    text = render_text(plan, units)
+    assert text.startswith("smartlaunch: DDP×4 with 4-step accumulation on GPUs 0,1,2,3 [")
+    assert "(strategy forced)" in text.splitlines()[0]
+    assert "DDP-accum×4" in text and "→ chosen (as asked)" in text
+    assert decision_line(plan, units).endswith("forced by --strategy ddp-accum; --explain for why")
+
+    announced: list[Plan] = []
+    ctx = LaunchContext(pol, topo, environ={}, announce=announced.append)
+    assert execute(plan, ctx, units) == 3
+    assert LAUNCHED[-1].calls == ["start", "poll", "poll", "close SIGTERM"]
+    assert announced == [plan]
+    assert "fake: done" in capsys.readouterr().err
