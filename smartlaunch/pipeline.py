@@ -91,7 +91,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     )
     status.clear()
     clock.lap("decide")
-    plan = prepare(plan, topology, policy, environ,
+    plan = prepare(plan, topology, policy, environ, units=REGISTRY,
                    torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
     clock.lap("prepare")
     if slurm is not None and slurm.gpus and len(plan.gpus) < len(slurm.gpus):

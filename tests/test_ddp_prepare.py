@@ -3,6 +3,7 @@ plus the pure parts of the watchdog (progress records, stack parsing, stragglers
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from smartlaunch.decide.plan import Plan, Strategy
 from smartlaunch.errors import PolicyError
 from smartlaunch.decide import numa as plan_numa
 from smartlaunch.decide.nccl import nccl_env
-from smartlaunch.decide.prepare import prepare
+from smartlaunch.decide.prepare import prepare as _prepare
 from smartlaunch.launch import numa, stacks
 from smartlaunch.proc import proc_state
 from smartlaunch.launch.progress import ProgressWriter, read_progress
@@ -24,7 +25,10 @@ from smartlaunch.policy.api import LaunchPolicy, Policy
 from smartlaunch.request import Request
 from smartlaunch.topology.api import GPU, Link, Topology
 from smartlaunch.topology.fake import from_json
+from smartlaunch.strategies import REGISTRY
 from tests.conftest import fixture_path
+
+prepare = functools.partial(_prepare, units=REGISTRY)
 
 
 def topo(name: str) -> Topology:

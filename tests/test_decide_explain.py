@@ -43,7 +43,7 @@ def _ddp_nvlink():
 def _single_pcie():
     topo = pcie_pair("PHB")
     plan = decide(request(), topo, policy(), profile(**GPT, peak_gib=9.8), comm_for=FakeComm(topo))
-    return prepare(plan, topo, policy(), {}, numactl="")     # the fallback GPU's binding too
+    return prepare(plan, topo, policy(), {}, units=REGISTRY, numactl="")  # the fallback GPU's binding too
 
 
 def _trial():
@@ -55,7 +55,7 @@ def _trial():
 def _independent():
     plan = decide(request(variants=(("--lr", "0.1"), ("--lr", "0.01"))), pcie4(), policy(),
                   profile(), comm_for=FakeComm(pcie4()))
-    return prepare(plan, pcie4(), policy(), {}, numactl="")   # one binding per GPU
+    return prepare(plan, pcie4(), policy(), {}, units=REGISTRY, numactl="")  # a binding per GPU
 
 
 def _fallback_cpu():

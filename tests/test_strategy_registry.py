@@ -14,8 +14,9 @@ from helpers_decide import TEST_MODEL, FakeComm, nvswitch8, policy, profile, req
 from smartlaunch import vocab
 from smartlaunch.decide import Plan, decide, groups as G
 from smartlaunch.decide.cost import predict_ddp
-from smartlaunch.decide.explain import decision_line, render_text
+from smartlaunch.decide.explain import decision_line, placement, render_text
 from smartlaunch.decide.plan import Candidate, strategy_name
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, times
 from smartlaunch.launch import execute
@@ -28,6 +29,7 @@ ACCUM = 4
 class DDPAccum:
     """What strategies/ddp_accum.py would hold."""
     NAME = "ddp-accum"
+    COLLECTIVE = True
 
     @staticmethod
     def forced(ctx) -> Choice:
@@ -49,7 +51,7 @@ class DDPAccum:
         return out
 
     @staticmethod
-    def placement(ctx, choice) -> dict:
+    def plan_fields(ctx, choice) -> dict:
         return dict(nproc_per_node=len(choice.gpus),
                     link_class=G.family_link(ctx.topology, choice.gpus))
 
@@ -68,6 +70,14 @@ class DDPAccum:
         return f"DDP×{plan.nproc_per_node} with {ACCUM}-step accumulation on {gpu_list(plan.gpus)}"
 
     line = headline
+
+    @staticmethod
+    def placement_lines(plan) -> list[str]:
+        return [f"accumulation: {ACCUM} micro-steps per all-reduce", *placement(plan)]
+
+    @staticmethod
+    def binding_label(b) -> str:
+        return f"rank {b.local_rank} → GPU{b.gpu}"
 
     @staticmethod
     def launcher(plan, ctx):
@@ -125,11 +135,19 @@ def test_a_fourth_unit_runs_through_decide_explain_and_the_run_loop(capsys):
     ddp4 = next(c for c in plan.candidates if c.strategy == "ddp" and len(c.gpus) == 4)
     assert mine[-1].efficiency > ddp4.efficiency
     assert plan.to_dict()["strategy"] == "ddp-accum"
+    # prepare: a collective unit's ranks get the NCCL table of their group's link class
+    table = dataclasses.replace(pol.launch, nccl={"NV": {"NCCL_MIN_NCHANNELS": "8"}})
+    plan = prepare(plan, topo, dataclasses.replace(pol, launch=table), {}, units=units,
+                   numactl="")
+    assert [(e.name, e.value) for e in plan.env] == [("NCCL_MIN_NCHANNELS", "8")]
+    assert [b.gpu for b in plan.numa] == [0, 1, 2, 3]
 
     text = render_text(plan, units)
     assert text.startswith("smartlaunch: DDP×4 with 4-step accumulation on GPUs 0,1,2,3 [")
     assert "(strategy forced)" in text.splitlines()[0]
     assert "DDP-accum×4" in text and "→ chosen (as asked)" in text
+    assert "accumulation: 4 micro-steps per all-reduce\nGPUs left free: GPUs 4,5,6,7\n" in text
+    assert "  rank 3 → GPU3, NUMA node 0" in text
     assert decision_line(plan, units).endswith("forced by --strategy ddp-accum; --explain for why")
 
     announced: list[Plan] = []

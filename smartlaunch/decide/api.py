@@ -7,11 +7,14 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from smartlaunch.decide.cost import Prediction
-from smartlaunch.decide.plan import Candidate, Plan
+from smartlaunch.decide.plan import Candidate, NumaBinding, Plan
 
 
 class StrategyUnit(Protocol):
     NAME: str          # a vocab.Strategy member; the Plan's and the candidates' `strategy`
+    # Ranks that torch's agent starts and that talk through NCCL: they get the NCCL table of
+    # their group's link class, and torchrun's own --numa-binding replaces smartlaunch's.
+    COLLECTIVE: bool
 
     def forced(self, ctx) -> Any:
         """The Choice (select.Choice) when --strategy names this unit, or None to let the
@@ -21,7 +24,7 @@ class StrategyUnit(Protocol):
         """(NAME, gpus) -> (candidate, prediction or None); reasons for those not considered
         go to ctx.reasons. forced: the forced Choice or None."""
 
-    def placement(self, ctx, choice) -> dict[str, Any]:
+    def plan_fields(self, ctx, choice) -> dict[str, Any]:
         """The chosen plan's fields this strategy fills: nproc_per_node, and any of
         link_class, fallback_gpus, jobs_per_gpu."""
 
@@ -39,6 +42,13 @@ class StrategyUnit(Protocol):
 
     def line(self, plan: Plan) -> str:
         """What runs, for the line every launch prints before the job's output."""
+
+    def placement_lines(self, plan: Plan) -> list[str]:
+        """--explain's lines on where the processes go (explain.placement builds the common
+        part: GPUs left free, fallback GPUs, leases)."""
+
+    def binding_label(self, b: NumaBinding) -> str:
+        """Whose NUMA binding this is, in --explain: "local rank 0 → GPU1"."""
 
 
 Units = Mapping[str, StrategyUnit]

@@ -104,7 +104,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
         choice = choose_auto(ctx, cands)
     plan_cands, comm = ctx.finish(choice, cands)
     ctx.left = tuple(g for g in usable if g not in choice.gpus)
-    fields = units[choice.strategy].placement(ctx, choice)
+    fields = units[choice.strategy].plan_fields(ctx, choice)
     return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, requested_max=cap,
                 candidates=plan_cands, reasons=tuple(reasons), left_free=ctx.left, comm=comm,
                 **fields, **base)

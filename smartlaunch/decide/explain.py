@@ -6,7 +6,7 @@ people. Nothing here decides anything.
 from __future__ import annotations
 
 from smartlaunch.decide.api import Units
-from smartlaunch.decide.plan import Candidate, CommSummary, Plan, Strategy, strategy_name
+from smartlaunch.decide.plan import Candidate, CommSummary, Plan, strategy_name
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.vocab import format_ranges
@@ -31,11 +31,11 @@ def render_text(plan: Plan, units: Units) -> str:
     lines.append("reasons:")
     lines += [f"  - {r.text}" + (f"  [{r.rule}]" if r.rule else "") for r in plan.reasons] \
         or ["  (none)"]
-    lines += _placement(plan)
+    lines += units[plan.strategy].placement_lines(plan)
     lines.append("environment added to workers:")
     lines += [f"  {e.name}={e.value}  ({e.source})" for e in plan.env] or ["  (nothing)"]
     lines.append("NUMA binding:")
-    lines += [f"  {_bound(plan, b)}, NUMA node {b.numa_node}, CPUs "
+    lines += [f"  {_bound(plan, b, units)}, NUMA node {b.numa_node}, CPUs "
               f"{cpu_ranges(b.cpus)} ({b.mode} via {b.mechanism})" + (f": {b.note}" if b.note else "")
               for b in plan.numa] or ["  (none)"]
     if plan.variants:
@@ -46,18 +46,13 @@ def render_text(plan: Plan, units: Units) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _placement(plan: Plan) -> list[str]:
-    """Where the processes go and what happens when another launch holds the GPUs."""
-    if plan.strategy == Strategy.INDEPENDENT:
-        at_once = (", ".join(f"GPU{g} {plan.jobs_on(g)}" for g in plan.gpus) if plan.gpus
-                   else f"{plan.nproc_per_node} on the CPU")
-        lines = [f"jobs at once: {at_once}"]
-    else:
-        lines = []
+def placement(plan: Plan, moves: bool = False) -> list[str]:
+    """The GPUs left free and what happens when another launch holds the GPUs; moves: the
+    job may move to plan.fallback_gpus (StrategyUnit.placement_lines)."""
     if plan.device != "cuda":
-        return lines
-    lines.append(f"GPUs left free: {gpu_list(plan.left_free)}")
-    if plan.strategy == Strategy.SINGLE:
+        return []
+    lines = [f"GPUs left free: {gpu_list(plan.left_free)}"]
+    if moves:
         lines.append(f"fallback GPUs (if {gpu_list(plan.gpus)} is taken before the lease): "
                      f"{gpu_list(plan.fallback_gpus)}")
     why = f" ({plan.wait_reason})" if plan.wait_reason else ""
@@ -68,12 +63,10 @@ def _placement(plan: Plan) -> list[str]:
     return lines
 
 
-def _bound(plan: Plan, b) -> str:
+def _bound(plan: Plan, b, units: Units) -> str:
     if b.gpu in plan.fallback_gpus:
         return f"if moved to GPU{b.gpu}"
-    if plan.strategy == Strategy.INDEPENDENT:
-        return f"jobs on GPU{b.gpu}"
-    return f"local rank {b.local_rank} → GPU{b.gpu}"
+    return units[plan.strategy].binding_label(b)
 
 
 def _headline(plan: Plan, units: Units) -> str:
@@ -179,13 +172,14 @@ def decision_line(plan: Plan, units: Units) -> str:
     what = units[plan.strategy].line(plan)
     chosen = next((c for c in plan.candidates if c.chosen), None)
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
-                  and c.strategy == Strategy.DDP), None)
+                  and units[c.strategy].COLLECTIVE), None)
     if plan.forced:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
-    elif plan.strategy == Strategy.DDP and chosen is not None and chosen.speedup is not None:
+    elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU"
     elif rival is not None:
-        why = (f"DDP×{len(rival.gpus)} {'measured' if rival.measured else 'predicted'} "
+        why = (f"{units[rival.strategy].short_name(rival)} "
+               f"{'measured' if rival.measured else 'predicted'} "
                f"{times(rival.speedup)} one GPU")
     elif plan.device != "cuda":
         why = "no GPU visible"

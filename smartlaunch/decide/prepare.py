@@ -8,7 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 
 from smartlaunch.decide import nccl, numa
-from smartlaunch.decide.plan import NumaBinding, Plan, Reason, Strategy
+from smartlaunch.decide.api import Units
+from smartlaunch.decide.plan import NumaBinding, Plan, Reason
 from smartlaunch.errors import PolicyError
 from smartlaunch.policy.api import Policy
 from smartlaunch.topology.api import Topology
@@ -16,15 +17,15 @@ from smartlaunch.vocab import NUMA_MODES
 
 
 def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str], *,
-            numactl: str | None = None, torchrun_numa: str | None = None) -> Plan:
-    """numactl: its path ("" when absent); None looks it up on PATH. torchrun_numa: the
+            units: Units, numactl: str | None = None, torchrun_numa: str | None = None) -> Plan:
+    """units: the strategy units by name (strategies.REGISTRY). numactl: its path ("" when absent); None looks it up on PATH. torchrun_numa: the
     user's own torchrun --numa-binding, which torch's agent applies to DDP ranks instead."""
     mode = policy.launch.numa_binding
     if mode not in NUMA_MODES:
         raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(NUMA_MODES)}: "
                           "fix it in the policy file")
     env = _merge(plan.env, nccl.policy_env(policy, environ))
-    if plan.strategy == Strategy.DDP:
+    if units[plan.strategy].COLLECTIVE:
         env = _merge(env, nccl.nccl_env(plan, topology, policy, environ))
         if torchrun_numa is not None:
             why = Reason(f"torchrun --numa-binding {torchrun_numa} given: torch's agent binds "

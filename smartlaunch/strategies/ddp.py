@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from smartlaunch.decide import groups as G
 from smartlaunch.decide.decide import short_of
+from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice, group_note
 from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
@@ -11,6 +12,7 @@ from smartlaunch.errors import PlanError, PolicyError
 from smartlaunch.vocab import Strategy
 
 NAME = Strategy.DDP
+COLLECTIVE = True
 
 
 def forced(ctx) -> Choice:
@@ -56,7 +58,7 @@ def candidates(ctx, forced) -> dict:
     return out
 
 
-def placement(ctx, choice) -> dict:
+def plan_fields(ctx, choice) -> dict:
     # DDP needs exactly its group (chosen for its links): no fallback GPUs.
     return dict(nproc_per_node=len(choice.gpus),
                 link_class=G.family_link(ctx.topology, choice.gpus))
@@ -94,6 +96,14 @@ def line(plan: Plan) -> str:
     if plan.nnodes not in ("1", "1:1"):
         what += f" per node, nnodes {plan.nnodes}"
     return what
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    return placement(plan)
+
+
+def binding_label(b) -> str:
+    return f"local rank {b.local_rank} → GPU{b.gpu}"
 
 
 def launcher(plan, ctx):

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from smartlaunch.decide import groups as G
 from smartlaunch.decide.cost import Prediction, predict_single
+from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.words import gpu_list, rate, times
 from smartlaunch.vocab import Strategy
 
 NAME = Strategy.INDEPENDENT
+COLLECTIVE = False
 
 
 def forced(ctx):
@@ -27,7 +29,7 @@ def candidates(ctx, forced) -> dict:
     return {(NAME, pool): (Candidate(NAME, pool), pred)}
 
 
-def placement(ctx, choice) -> dict:
+def plan_fields(ctx, choice) -> dict:
     peak = ctx.profile.peak_gpu_mem_bytes if ctx.profile is not None else None
     per_gpu, note = G.jobs_per_gpu(ctx.topology, ctx.policy, choice.gpus, peak)
     if note:
@@ -61,6 +63,16 @@ def line(plan: Plan) -> str:
     n = len(plan.variants)
     return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
         f"{n} independent jobs on the CPU"
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    at_once = (", ".join(f"GPU{g} {plan.jobs_on(g)}" for g in plan.gpus) if plan.gpus
+               else f"{plan.nproc_per_node} on the CPU")
+    return [f"jobs at once: {at_once}", *placement(plan)]
+
+
+def binding_label(b) -> str:
+    return f"jobs on GPU{b.gpu}"
 
 
 def launcher(plan, ctx):

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from smartlaunch.decide.cost import predict_single
+from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, ms, rate
 from smartlaunch.vocab import Strategy
 
 NAME = Strategy.SINGLE
+COLLECTIVE = False
 
 
 def forced(ctx) -> Choice:
@@ -20,7 +22,7 @@ def candidates(ctx, forced) -> dict:
     return {(NAME, gpus): (Candidate(NAME, gpus), pred)}
 
 
-def placement(ctx, choice) -> dict:
+def plan_fields(ctx, choice) -> dict:
     # A single job may move to any GPU left free if its own is taken before its lease
     # (another launch planned at the same time).
     return dict(nproc_per_node=1, fallback_gpus=ctx.left)
@@ -49,6 +51,14 @@ def headline(plan: Plan) -> str:
 
 
 line = headline
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    return placement(plan, moves=True)
+
+
+def binding_label(b) -> str:
+    return f"local rank {b.local_rank} → GPU{b.gpu}"
 
 
 def launcher(plan, ctx):
