@@ -45,14 +45,6 @@ def sentence(ctx, c: Candidate, pred, error) -> str:
     return head
 
 
-def short_name(c: Candidate) -> str:
-    return "independent jobs"
-
-
-def table_name(c: Candidate) -> str:
-    return "independent"
-
-
 def headline(plan: Plan) -> str:
     n = len(plan.variants)
     return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
@@ -63,6 +55,14 @@ def line(plan: Plan) -> str:
     n = len(plan.variants)
     return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
         f"{n} independent jobs on the CPU"
+
+
+def short_name(c: Candidate) -> str:
+    return "independent jobs"
+
+
+def table_name(c: Candidate) -> str:
+    return "independent"
 
 
 def placement_lines(plan: Plan) -> list[str]:
