@@ -29,7 +29,8 @@ class Choice:
 
 
 def _key_n(key) -> int:
-    return len(key[1]) if key[0] == Strategy.DDP else 1
+    """GPUs of a (strategy, gpus) key: a single job's key holds its one GPU."""
+    return len(key[1])
 
 
 def _pick(ctx, scores: dict) -> tuple:
