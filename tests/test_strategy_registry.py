@@ -15,13 +15,14 @@ from smartlaunch import vocab
 from smartlaunch.decide import Plan, decide, groups as G
 from smartlaunch.decide.cost import predict_ddp
 from smartlaunch.decide.explain import decision_line, placement, render_text
-from smartlaunch.decide.plan import Candidate, strategy_name
+from smartlaunch.decide.plan import Candidate, Reason, strategy_name
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, times
 from smartlaunch.launch import execute
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.strategies import REGISTRY
+from smartlaunch.topology.api import cpu_only
 
 ACCUM = 4
 
@@ -49,6 +50,12 @@ class DDPAccum:
             pred = predict_ddp(prof, curve, n, ctx.model)
             out[(DDPAccum.NAME, group)] = (Candidate(DDPAccum.NAME, group), pred)
         return out
+
+    @staticmethod
+    def cpu_plan(request, policy, why, reasons, base) -> Plan:
+        n = request.max_gpus or 1
+        reasons.append(Reason(f"{why}: {n} gloo ranks, {ACCUM} steps per all-reduce", None))
+        return Plan(DDPAccum.NAME, "cpu", (), n, n, reasons=tuple(reasons), **base)
 
     @staticmethod
     def plan_fields(ctx, choice) -> dict:
@@ -156,3 +163,13 @@ def test_a_fourth_unit_runs_through_decide_explain_and_the_run_loop(capsys):
     assert LAUNCHED[-1].calls == ["start", "poll", "poll", "close SIGTERM"]
     assert announced == [plan]
     assert "fake: done" in capsys.readouterr().err
+
+
+def test_a_fourth_unit_plans_without_gpus():
+    units = {**REGISTRY, DDPAccum.NAME: DDPAccum}
+    pol = policy(allowed_strategies=(*vocab.STRATEGIES, DDPAccum.NAME))
+    plan = decide(request(strategy=DDPAccum.NAME, max_gpus=3), cpu_only("no NVML"), pol, None,
+                  units=units, comm_for=lambda g: None)
+    assert (plan.strategy, plan.device, plan.nproc_per_node) == ("ddp-accum", "cpu", 3)
+    assert "no GPUs visible (no NVML): 3 gloo ranks, 4 steps per all-reduce" in \
+        render_text(plan, units)

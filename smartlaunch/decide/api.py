@@ -24,6 +24,10 @@ class StrategyUnit(Protocol):
         """(NAME, gpus) -> (candidate, prediction or None); reasons for those not considered
         go to ctx.reasons. forced: the forced Choice or None."""
 
+    def cpu_plan(self, request, policy, why: str, reasons: list, base: dict) -> Plan:
+        """The plan on a machine without GPUs (why: what NVML said); reasons: those so far,
+        base: the Plan fields every plan shares."""
+
     def plan_fields(self, ctx, choice) -> dict[str, Any]:
         """The chosen plan's fields this strategy fills: nproc_per_node, and any of
         link_class, fallback_gpus, jobs_per_gpu."""

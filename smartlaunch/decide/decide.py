@@ -65,7 +65,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
                 wait_timeout_s=policy.jobs.wait_timeout_s, wait_reason=wait_reason,
                 command=request.worker_command())
     if not topology.gpus:
-        return _cpu_plan(request, policy, reasons, base)
+        return _cpu_plan(request, policy, reasons, base, units)
 
     visible = len(topology.gpus)
     cap = visible
@@ -110,25 +110,14 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
                 **fields, **base)
 
 
-def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict) -> Plan:
+def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict,
+              units: Units) -> Plan:
+    """Without GPUs auto runs variants as independent jobs and anything else as one process;
+    a forced strategy runs as asked."""
     why = f"no GPUs visible ({base['topology']['note'] or 'NVML found none'})"
-    if request.strategy == "ddp":
-        n = request.max_gpus or 1
-        reasons.append(Reason(f"{why}: DDP with {n} CPU rank(s) over gloo, as asked",
-                              "user: --strategy ddp"))
-        return Plan(Strategy.DDP, "cpu", (), n, n, reasons=tuple(reasons), **base)
-    if request.variants:
-        reasons.append(Reason(f"{why}: {len(request.variants)} independent CPU jobs",
-                              "user: --each" if request.strategy == "auto" else
-                              "user: --strategy independent"))
-        return Plan(Strategy.INDEPENDENT, "cpu", (), 1, 1, reasons=tuple(reasons), **base)
-    text = f"{why}: one CPU process"
-    if request.max_gpus and request.max_gpus > 1:
-        text += (f"; --nproc-per-node {request.max_gpus} is not used without --strategy ddp "
-                 f"(which runs {request.max_gpus} gloo ranks)")
-    reasons.append(Reason(text, policy.rule("decision.fallback_strategy")
-                          if request.strategy == "auto" else f"user: --strategy {request.strategy}"))
-    return Plan(Strategy.SINGLE, "cpu", (), 1, request.max_gpus or 1, reasons=tuple(reasons), **base)
+    name = request.strategy if request.strategy != "auto" else \
+        Strategy.INDEPENDENT if request.variants else Strategy.SINGLE
+    return units[name].cpu_plan(request, policy, why, reasons, base)
 
 
 def _screen(topology, policy, peak, unavailable, forced, reasons):

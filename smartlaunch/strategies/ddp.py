@@ -58,6 +58,13 @@ def candidates(ctx, forced) -> dict:
     return out
 
 
+def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
+    n = request.max_gpus or 1
+    reasons.append(Reason(f"{why}: DDP with {n} CPU rank(s) over gloo, as asked",
+                          "user: --strategy ddp"))
+    return Plan(NAME, "cpu", (), n, n, reasons=tuple(reasons), **base)
+
+
 def plan_fields(ctx, choice) -> dict:
     # DDP needs exactly its group (chosen for its links): no fallback GPUs.
     return dict(nproc_per_node=len(choice.gpus),

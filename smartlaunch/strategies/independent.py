@@ -29,6 +29,13 @@ def candidates(ctx, forced) -> dict:
     return {(NAME, pool): (Candidate(NAME, pool), pred)}
 
 
+def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
+    reasons.append(Reason(f"{why}: {len(request.variants)} independent CPU jobs",
+                          "user: --each" if request.strategy == "auto" else
+                          "user: --strategy independent"))
+    return Plan(NAME, "cpu", (), 1, 1, reasons=tuple(reasons), **base)
+
+
 def plan_fields(ctx, choice) -> dict:
     peak = ctx.profile.peak_gpu_mem_bytes if ctx.profile is not None else None
     per_gpu, note = G.jobs_per_gpu(ctx.topology, ctx.policy, choice.gpus, peak)

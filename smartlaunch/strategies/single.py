@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from smartlaunch.decide.cost import predict_single
 from smartlaunch.decide.explain import placement
-from smartlaunch.decide.plan import Candidate, Plan
+from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, ms, rate
 from smartlaunch.vocab import Strategy
@@ -20,6 +20,16 @@ def candidates(ctx, forced) -> dict:
     gpus = (ctx.usable[0],)
     pred = predict_single(ctx.profile, ctx.model) if ctx.predictable else None
     return {(NAME, gpus): (Candidate(NAME, gpus), pred)}
+
+
+def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
+    text = f"{why}: one CPU process"
+    if request.max_gpus and request.max_gpus > 1:
+        text += (f"; --nproc-per-node {request.max_gpus} is not used without --strategy ddp "
+                 f"(which runs {request.max_gpus} gloo ranks)")
+    reasons.append(Reason(text, policy.rule("decision.fallback_strategy")
+                          if request.strategy == "auto" else f"user: --strategy {request.strategy}"))
+    return Plan(NAME, "cpu", (), 1, request.max_gpus or 1, reasons=tuple(reasons), **base)
 
 
 def plan_fields(ctx, choice) -> dict:
