@@ -19,6 +19,7 @@ that left the group (setsid) as well.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,7 +34,7 @@ import psutil
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"
 GUARD_VAR = "SMARTLAUNCH_GUARD"         # tag of every process spawn() started, for the guard's sweep
 OUTPUT_COPIER = "sl-output-copy"   # process name of a rank's stdout/stderr copier (15 bytes max)
-_PR_SET_NAME = 15
+_PR_SET_NAME, _PR_GET_NAME = 15, 16
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,33 @@ def run_processes(run_id: str, exclude: Iterable[int] = ()) -> list[psutil.Proce
     return out
 
 
-def name_output_copier() -> None:
-    """Called by a rank's output copier (launch/worker.py) so that kill_run can spare it."""
+@contextlib.contextmanager
+def naming_output_copiers():
+    """Processes forked inside this block are named OUTPUT_COPIER from their first instant
+    (a fork copies the thread's name), so kill_run's drain never sees an unnamed copier: under
+    load a trivial script could print, exit and be swept before its copier had run at all."""
+    old, me = _thread_name(), os.getpid()
+    _set_thread_name(OUTPUT_COPIER.encode())
+    try:
+        yield
+    finally:
+        if old is not None and os.getpid() == me:     # the child leaves the block named
+            _set_thread_name(old)
+
+
+def _thread_name() -> bytes | None:
     try:
         import ctypes
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, OUTPUT_COPIER.encode(), 0, 0, 0)
+        buf = ctypes.create_string_buffer(16)
+        return buf.value if ctypes.CDLL(None).prctl(_PR_GET_NAME, buf, 0, 0, 0) == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def _set_thread_name(name: bytes) -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

@@ -15,6 +15,7 @@ rank and its children form one process group the launcher can signal as a whole.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from smartlaunch.entry import run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
-from smartlaunch.proc import name_output_copier
+from smartlaunch.proc import naming_output_copiers
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag kill_run finds stray processes by
@@ -128,12 +129,14 @@ def _tee_output(log_dir: str) -> None:
     for fd, name in ((1, "stdout"), (2, "stderr")):
         path = os.path.join(log_dir, f"{name}.log")
         r, w = os.pipe()
-        if os.fork() == 0:
+        # Its own process group and name, both set before the rank can run on: the launcher's
+        # end-of-run kill spares it until it has written what the rank left in the pipe
+        # (proc.kill_run drain_s), and the agent's group kill of a failed rank misses it.
+        with naming_output_copiers():
+            pid = os.fork()
+        if pid == 0:
             os.close(w)
-            # Its own process group and name: the launcher's end-of-run kill spares it until it
-            # has written everything the rank left in the pipe (proc.kill_run drain_s).
             os.setpgid(0, 0)
-            name_output_copier()
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(s, signal.SIG_IGN)
             # The launcher's steps/s line sits on the terminal's last line; a new output line
@@ -150,6 +153,8 @@ def _tee_output(log_dir: str) -> None:
                         pass              # terminal gone: keep the log complete anyway
                     at_line_start = data.endswith(b"\n")
             os._exit(0)
+        with contextlib.suppress(OSError):   # the child may have done it already
+            os.setpgid(pid, pid)
         os.close(r)
         os.dup2(w, fd)
         os.close(w)
