@@ -14,11 +14,11 @@ from smartlaunch.proc import RUN_ID_VAR, kill_run, run_processes
 # A stand-in copier: named as the worker's copier is, it sleeps, then writes what it "drained".
 COPIER = """
 import sys, time
-from smartlaunch.proc import naming_output_copiers
-with naming_output_copiers():        # named for the whole of its life, as a forked copier is
-    print("named", flush=True)
-    time.sleep(float(sys.argv[2]))
-    open(sys.argv[1], "w").write("drained")
+from smartlaunch import proc
+proc._set_thread_name(proc.OUTPUT_COPIER.encode())   # named to its end, as a forked copier is
+print("named", flush=True)
+time.sleep(float(sys.argv[2]))
+open(sys.argv[1], "w").write("drained")
 """
 OTHER = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
 
