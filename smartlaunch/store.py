@@ -81,3 +81,16 @@ def write_json(path: Path, data: dict) -> None:
         except OSError:
             pass
         raise
+
+
+def mapped_record(path, size: int, mode: int = 0o644):
+    """A new zero-filled file of `size` bytes mapped into memory: the fixed-size records a
+    process updates with plain stores on a hot path (step counters, work time, dry-run ticks)
+    and another process reads without any call into the writer."""
+    import mmap
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)

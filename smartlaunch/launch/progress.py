@@ -8,12 +8,13 @@ system-wide on Linux, so launcher and workers compare them directly.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from smartlaunch.store import mapped_record
 
 _FMT = "<4siiiqdddi"        # magic, pid, local_rank, rank, steps, t_start, t_first, t_last, exit
 _SIZE = struct.calcsize(_FMT)
@@ -50,12 +51,7 @@ class ProgressWriter:
 
     def __init__(self, path: str | os.PathLike, local_rank: int, rank: int):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, _SIZE)
-            self._mm = mmap.mmap(fd, _SIZE)
-        finally:
-            os.close(fd)
+        self._mm = mapped_record(path, _SIZE)
         self.steps = 0
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, os.getpid(), local_rank, rank, 0,
                          time.monotonic(), 0.0, 0.0, RUNNING)

@@ -16,7 +16,6 @@ progress.py); the launcher's watchdog differentiates them over its window.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import sys
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smartlaunch.launch.progress import read_record
+from smartlaunch.store import mapped_record
 
 _FMT = "<4s4xqdq"           # magic, pad, timed steps, work seconds (sum), device kind (0 cpu, 1 cuda)
 _SIZE = struct.calcsize(_FMT)
@@ -48,12 +48,7 @@ class WorkRecord:
 class WorkWriter:
     def __init__(self, path: str | os.PathLike):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, _SIZE)
-            self._mm = mmap.mmap(fd, _SIZE)
-        finally:
-            os.close(fd)
+        self._mm = mapped_record(path, _SIZE)
         self.steps, self.total = 0, 0.0
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, 0, 0.0, 0)
 

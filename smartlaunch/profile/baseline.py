@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from smartlaunch import proc
 from smartlaunch.profile.cache import torch_version
-from smartlaunch.profile.comm import CommBenchError, wait_all
+from smartlaunch.profile.comm import CommBenchError, run_ranks
 from smartlaunch.store import cache_root, private_dir, read_json, write_json
-from smartlaunch.worker_env import free_port
 
 TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing
 FORMAT = 1
@@ -71,41 +64,12 @@ def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: in
     backend = "nccl" if device == "cuda" else "gloo"
     models = models or (GPU_MODELS if device == "cuda" else CPU_MODELS)
     spec = ",".join(f"{w}x{l}x{b}" for w, l, b in models)
-    port = free_port()
     t0 = time.monotonic()
-    procs: list[proc.Child] = []
-    with tempfile.TemporaryDirectory(prefix="smartlaunch-baseline-") as tmp:
-        proc.remove_on_exit(tmp)
-        out = os.path.join(tmp, "baseline.json")
-        logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
-        try:
-            for rank, gpu in enumerate(gpus):
-                env = dict(environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                           LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                if device != "cuda":
-                    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-                cmd = [sys.executable, "-m", "smartlaunch.profile.baseline_worker",
-                       "--backend", backend, "--models", spec, "--windows", str(windows),
-                       "--window-s", str(window_s), "--out", out]
-                if device == "cuda":
-                    cmd += ["--device-index", str(gpu)]
-                procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
-            failed = wait_all(procs, time_limit_s)
-            if failed is not None:
-                rank, why = failed
-                logs[rank].seek(0)
-                tail = logs[rank].read().decode(errors="replace").strip().splitlines()[-5:]
-                raise CommBenchError(
-                    f"node calibration over GPUs {list(gpus)} ({backend}) failed: rank {rank} "
-                    f"{why}; check the GPUs are idle and healthy and the NCCL_* environment. "
-                    "Last lines: " + " | ".join(tail))
-            data = read_json(Path(out))
-        finally:
-            for p in procs:
-                p.stop(signal.SIGKILL)
-            for f in logs:
-                f.close()
-            proc.remove_on_exit(tmp, done=True)
+    data = run_ranks("smartlaunch.profile.baseline_worker", gpus, device, environ,
+                     lambda tmp: ["--models", spec, "--windows", str(windows),
+                                  "--window-s", str(window_s)],
+                     time_limit_s=time_limit_s, what="node calibration",
+                     hint="check the GPUs are idle and healthy and the NCCL_* environment.")
     try:
         runs = tuple(SyntheticRun(int(m["grad_bytes"]), int(m["grad_tensors"]), int(m["batch"]),
                                   float(m["backward_share"]), tuple(map(float, m["single_s"])),

@@ -23,6 +23,8 @@ import math
 import os
 import time
 
+from smartlaunch.profile.comm_worker import join_group
+
 WARMUP_STEPS = 3
 
 
@@ -46,14 +48,7 @@ def main(argv=None) -> None:
     import torch
     import torch.distributed as dist
 
-    if args.backend == "nccl":
-        device = torch.device("cuda", args.device_index)
-        torch.cuda.set_device(device)
-        sync = torch.cuda.synchronize
-    else:
-        device = torch.device("cpu")
-        sync = lambda: None  # noqa: E731  CPU work is done when the call returns
-    dist.init_process_group(args.backend, **({"device_id": device} if args.backend == "nccl" else {}))
+    device, sync = join_group(args.backend, args.device_index)
     rank = dist.get_rank()
     try:
         results = [_measure(torch, dist, device, sync, spec, args, rank)

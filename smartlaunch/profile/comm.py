@@ -59,17 +59,44 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     backend = "nccl" if device == "cuda" else "gloo"
     sizes = sizes_for(device, max_bytes)
     iters = 5 if device == "cuda" else 7
-    port = free_port()
-    procs: list[proc.Child] = []
-    with tempfile.TemporaryDirectory(prefix="smartlaunch-comm-") as tmp:
-        proc.remove_on_exit(tmp)
-        out = os.path.join(tmp, "curve.json")
-        ticks = os.path.join(tmp, "sizes.bin")
 
+    def watch(tmp: str) -> TickWatch:
         def at_size(k: int, of: int) -> None:
             if progress is not None and k <= len(sizes):
                 progress(sizes[k - 1], k, of)
-        watch = TickWatch(ticks, at_size)
+        return TickWatch(os.path.join(tmp, "sizes.bin"), at_size)
+
+    # gloo emulates a group on a shared CPU, where noise only adds time: take the minimum;
+    # NCCL on GPUs: the median, as a training step would see it.
+    points = run_ranks(
+        "smartlaunch.profile.comm_worker", gpus, device, environ,
+        lambda tmp: ["--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
+                     "--stat", "median" if device == "cuda" else "min",
+                     "--progress", os.path.join(tmp, "sizes.bin")],
+        time_limit_s=time_limit_s, what="all-reduce benchmark",
+        hint="check the NCCL_* environment and the GPUs' health.", watch=watch)
+    if not points:
+        raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
+                             "run `smartlaunch-node bench-comm --debug` to see why")
+    nccl_env = {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
+    return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env, gpus=tuple(gpus))
+
+
+def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
+              hint: str, watch=None):
+    """One `python -m module` per rank over `gpus` (NCCL, one per GPU; or gloo ranks on the
+    CPU), each in its own session with the job's environment, bounded by time_limit_s; every
+    rank is killed on failure, time-out or success. Returns the JSON rank 0 wrote to --out.
+    args(tmp) -> the module's own arguments; watch(tmp) -> a TickWatch polled meanwhile.
+    Used by the all-reduce benchmark and the node calibration (baseline.py)."""
+    n = len(gpus)
+    backend = "nccl" if device == "cuda" else "gloo"
+    port = free_port()
+    procs: list[proc.Child] = []
+    with tempfile.TemporaryDirectory(prefix="smartlaunch-ranks-") as tmp:
+        proc.remove_on_exit(tmp)
+        out = os.path.join(tmp, "result.json")
+        ticks = watch(tmp) if watch is not None else None
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
         try:
             for rank, gpu in enumerate(gpus):
@@ -77,36 +104,26 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                            LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
                 if device != "cuda":
                     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-                # gloo emulates a group on a shared CPU, where noise only adds time: take the
-                # minimum; NCCL on GPUs: the median, as a training step would see it.
-                cmd = [sys.executable, "-m", "smartlaunch.profile.comm_worker", "--backend", backend,
-                       "--sizes", ",".join(map(str, sizes)), "--iters", str(iters), "--out", out,
-                       "--stat", "median" if device == "cuda" else "min", "--progress", ticks]
+                cmd = [sys.executable, "-m", module, "--backend", backend, "--out", out, *args(tmp)]
                 if device == "cuda":
                     cmd += ["--device-index", str(gpu)]
                 procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
-            failed = wait_all(procs, time_limit_s, watch)
-            watch.poll()
+            failed = wait_all(procs, time_limit_s, ticks)
+            if ticks is not None:
+                ticks.poll()
             if failed is not None:
                 rank, why = failed
                 logs[rank].seek(0)
                 tail = logs[rank].read().decode(errors="replace").strip().splitlines()[-5:]
-                raise CommBenchError(
-                    f"all-reduce benchmark over GPUs {list(gpus)} ({backend}) failed: rank {rank} "
-                    f"{why}; check the NCCL_* environment and the GPUs' health. Last lines: "
-                    + " | ".join(tail))
-            points = read_json(Path(out))
+                raise CommBenchError(f"{what} over GPUs {list(gpus)} ({backend}) failed: rank "
+                                     f"{rank} {why}; {hint} Last lines: " + " | ".join(tail))
+            return read_json(Path(out))
         finally:
             for p in procs:
                 p.stop(signal.SIGKILL)
             for f in logs:
                 f.close()
             proc.remove_on_exit(tmp, done=True)
-    if not points:
-        raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
-                             "run `smartlaunch-node bench-comm --debug` to see why")
-    nccl_env = {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
-    return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env, gpus=tuple(gpus))
 
 
 def wait_all(procs, limit: float, watch: TickWatch | None = None):

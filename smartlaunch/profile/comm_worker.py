@@ -18,6 +18,23 @@ import statistics
 import time
 
 
+def join_group(backend: str, device_index: int | None):
+    """This rank's device and a device sync, with the process group initialised: one NCCL rank
+    per GPU, or a gloo rank on the CPU (CPU work is done when the call returns: no sync).
+    Shared with the node calibration's worker (baseline_worker.py)."""
+    import torch
+    import torch.distributed as dist
+    if backend == "nccl":
+        device = torch.device("cuda", device_index)
+        torch.cuda.set_device(device)
+        sync = torch.cuda.synchronize
+    else:
+        device = torch.device("cpu")
+        sync = lambda: None  # noqa: E731
+    dist.init_process_group(backend, **({"device_id": device} if backend == "nccl" else {}))
+    return device, sync
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", required=True, choices=("nccl", "gloo"))
@@ -32,15 +49,7 @@ def main(argv=None) -> None:
     import torch
     import torch.distributed as dist
 
-    if args.backend == "nccl":
-        device = torch.device("cuda", args.device_index)
-        torch.cuda.set_device(device)
-        sync = torch.cuda.synchronize
-    else:
-        device = torch.device("cpu")
-        sync = lambda: None  # noqa: E731  gloo's all_reduce returns when done
-    kw = {"device_id": device} if args.backend == "nccl" else {}
-    dist.init_process_group(args.backend, **kw)
+    device, sync = join_group(args.backend, args.device_index)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
         medians = []

@@ -8,9 +8,10 @@ foreign file reads as None: the status line just keeps its stage text.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import struct
+
+from smartlaunch.store import mapped_record
 
 _FMT = "<4sqq"            # magic, done (k), goal (n)
 _SIZE = struct.calcsize(_FMT)
@@ -21,12 +22,7 @@ class TickWriter:
     """The child side. `set(k, n)` is the hot path: one store into the mapping."""
 
     def __init__(self, path: str | os.PathLike):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, _SIZE)
-            self._mm = mmap.mmap(fd, _SIZE)
-        finally:
-            os.close(fd)
+        self._mm = mapped_record(path, _SIZE, 0o600)
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, 0, 0)
 
     def set(self, done: int, goal: int) -> None:
