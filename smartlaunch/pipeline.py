@@ -271,7 +271,6 @@ class _CountedTrials:
     def __init__(self, runner, status, seconds: float):
         self.runner, self.status, self.seconds = runner, status, seconds
         self.k, self.n = 0, 0
-        self.run = runner         # _trial_runner puts the cache and the clock around it
 
     def planned(self, n: int) -> None:
         self.k, self.n = 0, n

@@ -138,21 +138,23 @@ def naming_output_copiers():
             _set_thread_name(old)
 
 
-def _thread_name() -> bytes | None:
+def prctl(option: int, arg) -> int:
+    """Linux prctl(2) with one argument; -1 where libc or the call is not available."""
     try:
         import ctypes
-        buf = ctypes.create_string_buffer(16)
-        return buf.value if ctypes.CDLL(None).prctl(_PR_GET_NAME, buf, 0, 0, 0) == 0 else None
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
     except (OSError, AttributeError):
-        return None
+        return -1
+
+
+def _thread_name() -> bytes | None:
+    import ctypes
+    buf = ctypes.create_string_buffer(16)
+    return buf.value if prctl(_PR_GET_NAME, buf) == 0 else None
 
 
 def _set_thread_name(name: bytes) -> None:
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, name, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    prctl(_PR_SET_NAME, name)
 
 
 def _is_output_copier(p: psutil.Process) -> bool:

@@ -190,7 +190,10 @@ class _Ctx:
     def candidates(self, forced: Choice | None) -> dict[tuple, tuple[Candidate, Prediction | None]]:
         """(strategy, gpus) -> (candidate, prediction or None), in the units' order."""
         out: dict = {}
-        for unit in self.units.values():
+        units = self.units.values()
+        if self.request.multi_node and forced is not None:
+            units = [self.units[Strategy.SINGLE]]   # the node group is _multi_node's choice
+        for unit in units:
             out.update(unit.candidates(self, forced))
         return out
 

@@ -5,6 +5,7 @@ before any launcher runs, and `--explain` shows exactly what the workers will ge
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Mapping
 
 from smartlaunch.decide import nccl, numa
@@ -39,6 +40,8 @@ def bindings(plan: Plan, topology: Topology, mode: str, numactl: str | None = No
     """One per local rank (independent: one per GPU of the pool). A single job's fallback GPUs
     get theirs too, each as if it were the job's only GPU, so a job that moves is bound to the
     node of the GPU it really runs on."""
+    if numactl is None:                   # one PATH lookup, not one per fallback GPU
+        numactl = shutil.which("numactl") or ""
     own = numa.plan_bindings(plan, topology, mode, numactl=numactl)
     spare = (numa.plan_bindings(dataclasses.replace(plan, gpus=(g,)), topology, mode,
                                 numactl=numactl) for g in plan.fallback_gpus)

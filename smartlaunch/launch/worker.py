@@ -16,7 +16,6 @@ rank and its children form one process group the launcher can signal as a whole.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import os
 import signal
@@ -27,7 +26,7 @@ from collections.abc import Sequence
 from smartlaunch.entry import run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
-from smartlaunch.proc import naming_output_copiers
+from smartlaunch.proc import naming_output_copiers, prctl
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag kill_run finds stray processes by
@@ -162,11 +161,7 @@ def _tee_output(log_dir: str) -> None:
 
 def _die_with_parent() -> None:
     expected = int(os.environ.get(LAUNCHER_PID_VAR, "0") or 0)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass                              # not Linux: the watcher thread below still works
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)   # not Linux: the watcher thread below still works
     parent = os.getppid()
     if expected and parent != expected:
         os._exit(128 + signal.SIGKILL)    # the launcher died before PDEATHSIG was armed

@@ -33,8 +33,6 @@ def forced(ctx) -> Choice:
 
 
 def candidates(ctx, forced) -> dict:
-    if ctx.request.multi_node and forced is not None:
-        return {}
     out: dict = {}
     d = ctx.policy.decision
     top = min(ctx.cap, len(ctx.usable))

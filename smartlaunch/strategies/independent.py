@@ -17,7 +17,7 @@ def forced(ctx):
 
 
 def candidates(ctx, forced) -> dict:
-    if ctx.request.multi_node and forced is not None or not ctx.request.variants:
+    if not ctx.request.variants:
         return {}
     k = min(len(ctx.request.variants), ctx.cap, len(ctx.usable))
     pool = tuple(ctx.usable[:k])   # more GPUs than jobs would sit idle
