@@ -16,7 +16,7 @@ SUBCOMMAND_MODULES = (
     "smartlaunch.topology.cli",     # topo
     "smartlaunch.policy.cli",       # policy check | show
     "smartlaunch.profile.cli",      # bench-comm, profile
-    "smartlaunch.decide.calibrate",  # calibrate (the cost model's per-node constants)
+    "smartlaunch.node_calibrate",   # calibrate (the cost model's per-node constants)
     "smartlaunch.slurm.cli",        # prolog | epilog | baseline
 )
 
