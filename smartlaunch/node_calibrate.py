@@ -71,8 +71,10 @@ def calibrate(args) -> int:
     print(f"  {text}")
     print(f"  shipped: {shipped.split(' (')[0]} (fitted on 2x H200)")
     for row in record["models"]:
-        print(f"  synthetic {row['grad_bytes'] / 2 ** 20:.2f} MiB of gradients in "
-              f"{row['grad_tensors']} tensors: single {row['single_ms']:.2f} ms, DDP×2 "
+        size = (f"{row['grad_bytes'] / 2 ** 20:.0f} MiB" if row["grad_bytes"] >= 2 ** 20 else
+                f"{row['grad_bytes'] / 2 ** 10:.0f} KiB")
+        print(f"  synthetic {size} of gradients in {row['grad_tensors']} "
+              f"tensor{'s' if row['grad_tensors'] > 1 else ''}: single {row['single_ms']:.2f} ms, DDP×2 "
               f"{row['ddp_ms']:.2f} ms measured, {row['predicted_ddp_ms']:.2f} ms predicted "
               f"with these constants")
     if record["clamped_to_zero"]:

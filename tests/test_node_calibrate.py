@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import EXAMPLES, fixture_path, own_lines
+from helpers_jobs import LEASE_HOLDER, PY, python_env, wait_for, write_script, write_topology
 from smartlaunch.decide.calibrate import derive
 from smartlaunch.decide.cost import CostModel, calibrated, predict_ddp
 from smartlaunch.policy.api import Policy
@@ -163,11 +164,12 @@ def _explain(cwd) -> tuple[str, dict]:
 def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(clean_env):
     (clean_env / "smartlaunch.yaml").write_text(NO_TRIALS)
     before, _ = _explain(clean_env)
-    assert "κ 12 ms/GB, DDP overhead 0.40 ms per step (shipped, fitted on 2x H200" in before
+    assert ("κ 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient tensor (shipped, "
+            "fitted on 2x H200") in before
     assert "[decide/cost.py]" in before
 
     t0 = time.monotonic()
-    r = run("smartlaunch.node_cli", ["calibrate"], clean_env, PAIR)
+    r = run("smartlaunch.node_cli", ["calibrate", "--out", "rec.json"], clean_env, PAIR)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-2000:]
     shown = MEASURED.search(r.stdout)
@@ -178,6 +180,11 @@ def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(cle
     record = json.loads(cached[0].read_text())
     assert record["gpus"] == [0, 1] and record["backend"] == "gloo"
     assert record["fingerprint"] == from_json("h200-nv18-pair", {}).fingerprint()
+    assert [m["grad_tensors"] for m in record["models"]] == [1, 4, 256]
+    assert "64 KiB of gradients in 256 tensors" in r.stdout
+    assert set(record["constants"]) == {"contention_s_per_byte", "ddp_overhead_s", "per_tensor_s"}
+    written = json.loads((clean_env / "rec.json").read_text())
+    assert written["constants"] == record["constants"] and written["nccl"] == {}
     assert not _workers_left(clean_env)
     assert took < 120, took            # the goal (30 s) is a bench figure, not an assertion
 
@@ -190,6 +197,16 @@ def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(cle
     cached[0].write_text(json.dumps(record))
     note, r = _explain(clean_env)
     assert "DDP overhead 10000.00" in note
+    assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
+    # and so is the per-tensor cost: free DDP picks DDP; 1 s per gradient tensor does not
+    record["constants"] = dict.fromkeys(record["constants"], 0.0)
+    cached[0].write_text(json.dumps(record))
+    _, r = _explain(clean_env)
+    assert r.stdout.startswith("smartlaunch: DDP×2 on GPUs 0,1"), r.stdout[:300]
+    record["constants"]["per_tensor_s"] = 1.0
+    cached[0].write_text(json.dumps(record))
+    note, r = _explain(clean_env)
+    assert "1000000 ± " in note and "µs per gradient tensor" in note
     assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
 
 
@@ -217,4 +234,34 @@ def test_a_calibration_past_its_time_limit_is_stopped_and_leaves_no_worker(clean
     with pytest.raises(CommBenchError, match=r"rank \d did not finish within 1 s"):
         measure_baseline((0, 1), device="cpu", environ=dict(os.environ), time_limit_s=1.0)
     assert time.monotonic() - t0 < 15
+    assert not _workers_left(clean_env)
+
+
+@pytest.mark.parametrize("how", ["no-wait", "wait times out"])
+def test_calibrate_never_measures_on_gpus_another_job_leases(clean_env, how):
+    """Another smartlaunch job holds GPU 1: calibrate measures nothing, says who holds it, and
+    exits 6 (no free GPU), at once with --no-wait, after jobs.wait_timeout_s otherwise."""
+    topo = write_topology(clean_env / "topo.json", from_json("h200-nv18-pair", {}))
+    holder_py = write_script(clean_env, "holder.py", LEASE_HOLDER)
+    ready = clean_env / "ready"
+    holder = subprocess.Popen([PY, holder_py, topo, str(ready), "1"], env=python_env())
+    try:
+        wait_for(ready)
+        args = ["calibrate", "--no-wait"] if how == "no-wait" else ["calibrate"]
+        (clean_env / "smartlaunch.yaml").write_text("jobs: {wait_timeout_s: 1}\n")
+        t0 = time.monotonic()
+        r = run("smartlaunch.node_cli", args, clean_env, PAIR, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    errors = [line for line in own_lines(r.stderr) if "error:" in line]
+    assert r.returncode == 6, r.stderr
+    assert len(errors) == 1 and f"pid {holder.pid}" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    if how == "no-wait":
+        assert "drop --no-wait" in errors[0] and took < 20
+    else:
+        assert "waited 1 s" in errors[0] and "waiting for 2 free GPU(s)" in r.stderr
+    assert not (clean_env / "home" / ".cache" / "smartlaunch" / "node").exists()
     assert not _workers_left(clean_env)
