@@ -79,7 +79,8 @@ def main() -> int:
                   f"- per gradient tensor per run (µs, measured median): "
                   f"{', '.join(f'{x:.1f}' for x in per)}; median {statistics.median(per):.1f}, "
                   f"within-run sd {', '.join(f'{x:.1f}' for x in per_sd)}"
-                  f"; kept as 0 (within noise) in {sum(bool(r['within_noise']) for r in records)}"
+                  f"; kept as 0 (below 0, or within its sd of 0) in "
+                  f"{sum('per_tensor_s' in r['clamped_to_zero'] + r['within_noise'] for r in records)}"
                   f" of {len(records)} runs"]
     lines += [f"- TickWriter.set (the dry run's per-step counter): {tick_s * 1e9:.0f} ns per "
               f"step, best of 5 x {n:,}"]
