@@ -57,7 +57,7 @@ class BaselineRun:
 
 
 def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: int = 5,
-                     window_s: float = 0.2, time_limit_s: float = TIME_LIMIT_S,
+                     window_s: float | None = None, time_limit_s: float = TIME_LIMIT_S,
                      models=None) -> BaselineRun:
     """The synthetic models on `gpus` (CUDA ordinals as this job sees them), single then DDP.
     device "cuda": NCCL, one process per GPU; "cpu": gloo, len(gpus) processes."""
@@ -67,6 +67,9 @@ def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: in
                              "pass --gpus with two indices")
     backend = backend_for(device)
     models = models or (GPU_MODELS if device == "cuda" else CPU_MODELS)
+    # 0.1 s windows on the CPU: with 0.2 s the three models' run reached 60 s (its limit) once
+    # at load average 22 on the 2-core workstation; the CPU figures describe gloo, not a GPU.
+    window_s = window_s or (0.2 if device == "cuda" else 0.1)
     spec = ",".join(f"{w}x{l}x{b}" for w, l, b in models)
     t0 = time.monotonic()
     data = run_ranks("smartlaunch.profile.baseline_worker", gpus, device, environ,
