@@ -110,13 +110,16 @@ def main() -> int:
                                 "floor_s": floor, **res})
                 lines.append(row(entry_id, condition, which, res, floor))
                 print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
+                write(args, lines, records)      # after every row: a budget may cut the rest
+    print("\n".join(lines))
+    return 0
+
+
+def write(args, lines: list[str], records: list[dict]) -> None:
     if args.out:
-        Path(args.out).write_text(text)
+        Path(args.out).write_text("\n".join(lines) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

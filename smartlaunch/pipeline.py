@@ -212,7 +212,8 @@ def _profile(request, policy, topology, environ, gpu, status):
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
                               gpu_model=topology.gpu(gpu).name, environ=environ,
                               announce=announce, progress=progress,
-                              echo=status.echo(binary) if binary is not None else None)
+                              echo=status.echo(binary) if binary is not None else None,
+                              real_gpu=topology.source == "nvml")
 
 
 def _comm_for(topology, policy, environ, profile, status):
