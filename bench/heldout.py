@@ -61,7 +61,10 @@ def node_models(paths: list[Path]) -> dict[str, tuple[CostModel, str]]:
     out = {}
     for path in paths:
         record = json.loads(path.read_text())
-        env = record.get("nccl")
+        # The machine's own settings (NVLS off on the lent machines, NCCL's version) are in
+        # every record; only the variables that make a link condition tell them apart.
+        env = {k: v for k, v in (record.get("nccl") or {}).items()
+               if k not in common.REQUIRED_ENV and k != "NCCL_VERSION"}
         cond = next((c for c, e in common.CONDITIONS.items() if e == env), None)
         if cond is None:
             raise SystemExit(f"{path}: its NCCL_* variables {env} match no link condition of "
