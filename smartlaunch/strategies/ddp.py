@@ -3,6 +3,7 @@ size the caps and the policy's link classes allow."""
 from __future__ import annotations
 
 from smartlaunch.decide import groups as G
+from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.decide import short_of
 from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan, Reason
@@ -13,6 +14,11 @@ from smartlaunch.vocab import Strategy
 
 NAME = Strategy.DDP
 COLLECTIVE = True
+ROLE = Role.SCALED
+VARIANTS = Variants.FORBIDDEN      # auto may still run variants one after another with DDP
+TORCHRUN = True
+TRIAL = True
+WORD = "DDP"
 
 
 def forced(ctx) -> Choice:
@@ -87,6 +93,10 @@ def short_name(c: Candidate) -> str:
 
 
 table_name = short_name
+
+
+def named(c: Candidate) -> str:
+    return f"DDP×{len(c.gpus)} on {gpu_list(c.gpus)}"
 
 
 def headline(plan: Plan) -> str:

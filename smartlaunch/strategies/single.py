@@ -1,6 +1,7 @@
 """One process on one GPU (or the CPU): the baseline every other candidate is measured against."""
 from __future__ import annotations
 
+from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.cost import predict_single
 from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan, Reason
@@ -10,6 +11,11 @@ from smartlaunch.vocab import Strategy
 
 NAME = Strategy.SINGLE
 COLLECTIVE = False
+ROLE = Role.BASELINE
+VARIANTS = Variants.FORBIDDEN
+TORCHRUN = False
+TRIAL = True
+WORD = "single GPU"
 
 
 def forced(ctx) -> Choice:
@@ -50,6 +56,10 @@ def sentence(ctx, c: Candidate, pred, error) -> str:
 
 def short_name(c: Candidate) -> str:
     return "single GPU"
+
+
+def named(c: Candidate) -> str:
+    return f"single GPU{c.gpus[0]}"
 
 
 def table_name(c: Candidate) -> str:
