@@ -77,16 +77,18 @@ def sentence(ctx, c: Candidate, pred, error) -> str:
     return head
 
 
-def headline(plan: Plan) -> str:
+def _what(plan: Plan, on_cpu: str) -> str:
     n = len(plan.variants)
     return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
-        f"{n} independent CPU jobs"
+        f"{n} independent {on_cpu}"
+
+
+def headline(plan: Plan) -> str:
+    return _what(plan, "CPU jobs")
 
 
 def line(plan: Plan) -> str:
-    n = len(plan.variants)
-    return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
-        f"{n} independent jobs on the CPU"
+    return _what(plan, "jobs on the CPU")
 
 
 def short_name(c: Candidate) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.cost import predict_single
-from smartlaunch.decide.explain import placement
+from smartlaunch.decide.explain import placement, rank_binding
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, ms, rate
@@ -77,8 +77,7 @@ def placement_lines(plan: Plan) -> list[str]:
     return placement(plan, moves=True)
 
 
-def binding_label(b) -> str:
-    return f"local rank {b.local_rank} → GPU{b.gpu}"
+binding_label = rank_binding
 
 
 def launcher(plan, ctx):
