@@ -164,7 +164,7 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
 
 
 def _forbids_variants(strategy: str) -> bool:
-    """The strategy unit --strategy names declares it cannot run variants (StrategyUnit.VARIANTS)."""
+    """The unit --strategy names declares it cannot run variants (StrategyUnit.VARIANTS)."""
     from smartlaunch.decide.api import Variants
     from smartlaunch.strategies import REGISTRY
     unit = REGISTRY.get(strategy)

@@ -137,7 +137,8 @@ def choose_auto(ctx, cands: dict) -> Choice:
     floor = d.min_efficiency
     band, source = uncertainty(ctx)
     reach = math.log1p(band)
-    close = [k for k in trialable if abs(math.log(max(preds[k].efficiency, 1e-9) / floor)) <= reach]
+    close = [k for k in trialable
+             if abs(math.log(max(preds[k].efficiency, 1e-9) / floor)) <= reach]
     if close and d.trials:
         why = ("the prediction is within its error of the policy's " + pct(floor) + " (±" +
                pct(band) + ", " + source + "): " +

@@ -43,8 +43,8 @@ def prefer(ctx, key, pred, rival) -> bool:
     rule = ctx.policy.rule("decision.prefer_independent_for_sweeps")
     if prefers or best is None or pred.speedup >= best:
         why = ("the policy prefers independent jobs for sweeps" if prefers else
-               f"{min(k, len(key[1]))} concurrent jobs give {times(pred.speedup if pred else None)} "
-               f"one job's samples/s, {rival[0]} at best {times(best)}")
+               f"{min(k, len(key[1]))} concurrent jobs give "
+               f"{times(pred.speedup if pred else None)} one job's samples/s, {rival[0]} at best {times(best)}")
         ctx.reasons.append(Reason(f"{k} variants → {k} independent single-GPU jobs on "
                                   f"{gpu_list(key[1])}: {why}", rule))
         return True
