@@ -90,7 +90,8 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
-                       announce=None, echo=None, progress=None) -> ModelProfile:
+                       announce=None, echo=None, progress=None,
+                       real_gpu: bool = False) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
     announce() is called just before a dry run starts (not on a cache hit); echo and
     progress(k, n): as runner.run_dry_run."""
@@ -112,7 +113,7 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if announce is not None:
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
-                              progress=progress)
+                              progress=progress, real_gpu=real_gpu)
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
             write_json(path, profile.to_dict())
         return profile
