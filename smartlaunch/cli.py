@@ -157,10 +157,18 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
     )
     _check_nnodes(request.nnodes)
     _check_entrypoint(request)
-    if request.variants and request.strategy not in ("auto", "independent"):
+    if request.variants and _forbids_variants(request.strategy):
         raise UsageError(f"--each/--each-file run independent jobs; they cannot be combined "
                          f"with --strategy {request.strategy} (drop one of them)")
     return request, given
+
+
+def _forbids_variants(strategy: str) -> bool:
+    """The unit --strategy names declares it cannot run variants (StrategyUnit.VARIANTS)."""
+    from smartlaunch.decide.api import Variants
+    from smartlaunch.strategies import REGISTRY
+    unit = REGISTRY.get(strategy)
+    return unit is not None and unit.VARIANTS == Variants.FORBIDDEN
 
 
 def _max_gpus(value: str) -> int | None:

@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from pathlib import Path
 
-from smartlaunch.decide.plan import Candidate
+from smartlaunch.decide.plan import Candidate, strategy_name
 from smartlaunch.policy.api import DecisionPolicy, Policy
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
 from smartlaunch.request import Request
@@ -133,15 +133,20 @@ class FakeComm:
 
 
 class FakeTrial:
-    """trial: samples/s per (strategy, n) from a table; records the candidates tried."""
+    """A decide.api.Trial: samples/s per (strategy name, n) from a table; records the
+    candidates tried and the size of each round decide announced."""
 
     def __init__(self, rates: dict):
         self.rates = rates
         self.calls = []
+        self.rounds = []
+
+    def planned(self, n: int) -> None:
+        self.rounds.append(n)
 
     def __call__(self, strategy, gpus):
         self.calls.append(Candidate(strategy, tuple(gpus)))
-        return self.rates.get((strategy.value, len(gpus)))
+        return self.rates.get((strategy_name(strategy), len(gpus)))
 
 
 def policy(**decision) -> Policy:

@@ -1,8 +1,9 @@
 """The strategy registry: what adding a strategy touches.
 
 A throwaway fourth unit, "ddp-accum" (DDP with k accumulated micro-steps per all-reduce),
-is registered here and nowhere else, and runs through decide, --explain and the run loop:
-decide/, launch/ and the three built-in units stay as they are. The real thing would also
+is registered here and nowhere else, and runs through decide (forced and automatic, model and
+trial), --explain and the run loop: decide/, launch/ and the three built-in units stay as
+they are. The real thing would also
 add its name to vocab.Strategy (so the policy and --strategy accept it), which a test cannot
 do to an enum; the policy here is built directly."""
 from __future__ import annotations
@@ -10,15 +11,19 @@ from __future__ import annotations
 import dataclasses
 import signal
 
-from helpers_decide import TEST_MODEL, FakeComm, nvswitch8, policy, profile, request
+import pytest
+
+from helpers_decide import TEST_MODEL, FakeComm, FakeTrial, nvswitch8, policy, profile, request
 from smartlaunch import vocab
 from smartlaunch.decide import Plan, decide, groups as G
+from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.cost import predict_ddp
 from smartlaunch.decide.explain import decision_line, placement, render_text
 from smartlaunch.decide.plan import Candidate, Reason, strategy_name
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, times
+from smartlaunch.errors import UsageError
 from smartlaunch.launch import execute
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.strategies import REGISTRY
@@ -31,6 +36,12 @@ class DDPAccum:
     """What strategies/ddp_accum.py would hold."""
     NAME = "ddp-accum"
     COLLECTIVE = True
+    ROLE = Role.SCALED          # weighed like DDP: by samples/s, speedup / N against the floor
+    VARIANTS = Variants.FORBIDDEN
+    TORCHRUN = False            # torchrun itself would launch plain DDP
+    TRIAL = True
+    WORD = "DDP-accum"
+    SLOW = 1.0                  # a test dial: divides the predicted speedup
 
     @staticmethod
     def forced(ctx) -> Choice:
@@ -38,8 +49,8 @@ class DDPAccum:
                              ctx.policy.decision.ddp_link_classes)
         return Choice(DDPAccum.NAME, group)
 
-    @staticmethod
-    def candidates(ctx, forced) -> dict:
+    @classmethod
+    def candidates(cls, ctx, forced) -> dict:
         out = {}
         for n in range(2, min(ctx.cap, len(ctx.usable)) + 1):
             group = G.best_group(ctx.topology, ctx.usable, n, ctx.policy.decision.ddp_link_classes)
@@ -48,6 +59,9 @@ class DDPAccum:
             prof = dataclasses.replace(ctx.profile, step_time_s=ctx.profile.step_time_s * ACCUM,
                                        batch_size=ctx.profile.batch_size * ACCUM)
             pred = predict_ddp(prof, curve, n, ctx.model)
+            pred = dataclasses.replace(pred, step_s=pred.step_s * cls.SLOW / ACCUM,
+                                       speedup=pred.speedup / cls.SLOW,
+                                       efficiency=pred.efficiency / cls.SLOW)
             out[(DDPAccum.NAME, group)] = (Candidate(DDPAccum.NAME, group), pred)
         return out
 
@@ -71,6 +85,10 @@ class DDPAccum:
         return f"DDP-accum×{len(c.gpus)}"
 
     table_name = short_name
+
+    @staticmethod
+    def named(c) -> str:
+        return f"DDP-accum×{len(c.gpus)} on {gpu_list(c.gpus)}"
 
     @staticmethod
     def headline(plan) -> str:
@@ -173,3 +191,74 @@ def test_a_fourth_unit_plans_without_gpus():
     assert (plan.strategy, plan.device, plan.nproc_per_node) == ("ddp-accum", "cpu", 3)
     assert "no GPUs visible (no NVML): 3 gloo ranks, 4 steps per all-reduce" in \
         render_text(plan, units)
+
+
+def auto_plan(unit, trial=None, **decision):
+    """--strategy auto with ddp-accum registered beside the three built-in units."""
+    units = {**REGISTRY, unit.NAME: unit}
+    topo = nvswitch8()
+    pol = policy(allowed_strategies=(*vocab.STRATEGIES, unit.NAME), **decision)
+    plan = decide(request(max_gpus=4), topo, pol, profile(params=163_000_000, step_ms=21.0),
+                  units=units, comm_for=FakeComm(topo), model=TEST_MODEL, trial=trial)
+    return plan, render_text(plan, units)
+
+
+def test_a_fourth_unit_predicted_best_wins_the_automatic_choice():
+    # One all-reduce per 4 micro-steps: 99% predicted efficiency against plain DDP×4's 96%.
+    plan, text = auto_plan(DDPAccum, uncertainty_band=0.05)
+    assert (plan.strategy, plan.gpus, plan.nproc_per_node, plan.link_class) == \
+        ("ddp-accum", (0, 1, 2, 3), 4, "NV18")
+    assert text.startswith("smartlaunch: DDP×4 with 4-step accumulation on GPUs 0,1,2,3 [")
+    assert "  - DDP×4, 4 steps per all-reduce, predicted 3.96× → chosen (model)\n" in text
+    assert ": 3.84× is less than DDP-accum×4's 3.96× → DDP-accum×4\n" in text
+    assert "single GPU0: predicted 3,048 samples/s, 21.0 ms per step: DDP-accum×4 gives " \
+           "3.96× its samples/s → DDP-accum×4\n" in text
+    assert "DDP-accum×4 on GPUs 0,1,2,3: predicted 3.96× (99% efficiency), at or above the " \
+           "policy's 70%, the most samples/s" in text
+    # samples/s per micro-step, comparable with the table's other rows: speedup × single's
+    single, mine = plan.candidates[0], next(c for c in plan.candidates if c.chosen)
+    assert abs(mine.predicted_samples_per_s / single.predicted_samples_per_s - mine.speedup) < 1e-6
+
+
+class SlowAccum(DDPAccum):
+    SLOW = 2.0
+
+
+def test_a_fourth_unit_predicted_worse_loses_with_its_reason():
+    plan, text = auto_plan(SlowAccum, uncertainty_band=0.05)
+    assert (plan.strategy, plan.gpus) == ("ddp", (0, 1, 2, 3))
+    assert "  - DDP×4, 4 steps per all-reduce, predicted 1.98×: below the policy's 70% → " \
+           "DDP×4\n" in text
+    assert "DDP×4 on GPUs 0,1,2,3: predicted 3.84× (96% efficiency), at or above" in text
+    slow = [c for c in plan.candidates if c.strategy == "ddp-accum"]
+    assert [c.chosen for c in slow] == [False] * 3 and all(c.efficiency < 0.7 for c in slow)
+
+
+def test_a_fourth_unit_within_the_band_is_measured_by_a_trial():
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 4): 3700.0, ("ddp-accum", 4): 3900.0})
+    plan, text = auto_plan(DDPAccum, trial, min_efficiency=0.97, uncertainty_band=0.05)
+    # the model's pick (DDP-accum×4) and the fastest other (DDP×4), after the baseline
+    assert [(c.strategy, c.gpus) for c in trial.calls] == \
+        [("single", (0,)), ("ddp-accum", (0, 1, 2, 3)), ("ddp", (0, 1, 2, 3))]
+    assert trial.rounds == [3]
+    assert (plan.strategy, plan.gpus) == ("ddp-accum", (0, 1, 2, 3))
+    assert "→ measured trials: single 1,000 samples/s, DDP-accum×4 3,900 samples/s, DDP×4 " \
+           "3,700 samples/s; not tried: DDP×2, DDP×3, DDP-accum×2, DDP-accum×3" in text
+    assert "→ DDP-accum×4 on GPUs 0,1,2,3  [decision.uncertainty_band" in text
+    assert "  - DDP×4, 4 steps per all-reduce measured" not in text   # its own sentence
+    mine = next(c for c in plan.candidates if c.chosen)
+    assert mine.measured and mine.speedup == 3.9
+
+
+def test_a_fourth_unit_declares_what_it_does_with_variants():
+    units = {**REGISTRY, DDPAccum.NAME: DDPAccum}
+    pol = policy(allowed_strategies=(*vocab.STRATEGIES, DDPAccum.NAME))
+    with pytest.raises(UsageError, match=r"^--strategy ddp-accum cannot run 2 variants; use "
+                                         r"--strategy independent \(or auto\) with --each$"):
+        decide(request(strategy=DDPAccum.NAME, variants=(("a",), ("b",))), nvswitch8(), pol,
+               None, units=units, comm_for=lambda g: None)
+    takes = type("TakesVariants", (DDPAccum,), {"VARIANTS": Variants.OPTIONAL})
+    units[DDPAccum.NAME] = takes
+    plan = decide(request(strategy=DDPAccum.NAME, variants=(("a",), ("b",))), nvswitch8(), pol,
+                  profile(), units=units, comm_for=FakeComm(nvswitch8()), model=TEST_MODEL)
+    assert plan.strategy == "ddp-accum" and len(plan.variants) == 2

@@ -3,6 +3,7 @@ ask of a strategy. decide/ names no strategy where a unit can answer; the caller
 units (pipeline: strategies.REGISTRY), keyed by their NAME."""
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -10,11 +11,44 @@ from smartlaunch.decide.cost import Prediction
 from smartlaunch.decide.plan import Candidate, NumaBinding, Plan
 
 
+class Role(str, enum.Enum):
+    """What a unit's candidates are to the automatic choice (select.choose_auto)."""
+    BASELINE = "baseline"  # one process on one GPU: every speedup is relative to it (single)
+    SCALED = "scaled"      # one job on N GPUs: wins by samples/s when speedup / N meets the
+    #                        policy's decision.min_efficiency (ddp)
+    SWEEP = "sweep"        # the request's variants side by side, weighed against the best
+    #                        SCALED candidate by its own prefer() (independent)
+
+
+class Variants(str, enum.Enum):
+    """What a unit needs of the request's variants (--each) when --strategy names it."""
+    REQUIRED = "required"
+    FORBIDDEN = "forbidden"
+    OPTIONAL = "optional"
+
+
+class Trial(Protocol):
+    """Measures one candidate by a few real steps (profile.trial; pipeline numbers them)."""
+
+    def __call__(self, strategy: str, gpus: tuple[int, ...]) -> float | None:
+        """samples/s of `strategy` on `gpus`, or None when the trial could not measure."""
+
+    def planned(self, n: int) -> None:
+        """A round of n trials starts (the status line says "trial 2 of n")."""
+
+
 class StrategyUnit(Protocol):
     NAME: str          # a vocab.Strategy member; the Plan's and the candidates' `strategy`
     # Ranks that torch's agent starts and that talk through NCCL: they get the NCCL table of
     # their group's link class, and torchrun's own --numa-binding replaces smartlaunch's.
     COLLECTIVE: bool
+    ROLE: Role
+    VARIANTS: Variants
+    # What torchrun itself would launch: the choice for a profile that cannot be measured,
+    # and for a multi-node launch (largest group).
+    TORCHRUN: bool
+    TRIAL: bool        # a Trial can measure its candidates (profile.trial runs it)
+    WORD: str          # its family in sentences: "DDP", "independent jobs"
 
     def forced(self, ctx) -> Any:
         """The Choice (select.Choice) when --strategy names this unit, or None to let the
@@ -37,6 +71,16 @@ class StrategyUnit(Protocol):
 
     def short_name(self, c: Candidate) -> str:
         """How other candidates' sentences name it: "DDP×2", "single GPU"."""
+
+    def named(self, c: Candidate) -> str:
+        """It with its GPUs, where a reason names the winner: "DDP×2 on GPUs 0,1", "single
+        GPU0"."""
+
+    def prefer(self, ctx, key: tuple, pred: Prediction | None,
+               rival: tuple[str, float] | None) -> bool:
+        """SWEEP units only: whether the variants run this way rather than one after another
+        with the best SCALED candidate (rival: its WORD and predicted speedup, or None); adds
+        the reason to ctx.reasons."""
 
     def table_name(self, c: Candidate) -> str:
         """Its row name in --explain's candidate table."""

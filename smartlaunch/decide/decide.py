@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
-from smartlaunch.decide.api import Units
+from smartlaunch.decide.api import Role, Trial, Units, Variants
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
-from smartlaunch.decide.plan import Candidate, Plan, Reason, Strategy
+from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.select import Choice, choose_auto, comm_summary
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.policy.api import Policy
@@ -24,7 +24,6 @@ from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
 CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
-Trial = Callable[[Strategy, "tuple[int, ...]"], "float | None"]   # profile.trial
 
 
 def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,
@@ -48,16 +47,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
                 f"{', '.join(d.allowed_strategies)} or --strategy auto")
         reasons.append(Reason(f"strategy {request.strategy} was asked for; the model only "
                               f"informs", f"user: --strategy {request.strategy}"))
-    if request.variants and request.strategy in ("single", "ddp"):
-        raise UsageError(f"--strategy {request.strategy} cannot run {len(request.variants)} "
-                         f"variants; use --strategy independent (or auto) with --each")
-    if request.strategy == "independent" and not request.variants:
-        raise UsageError("--strategy independent needs variants: give --each or --each-file, "
-                         "or use --strategy single")
-    if request.variants and "independent" not in d.allowed_strategies:
-        raise PolicyError(f"the policy forbids independent jobs "
-                          f"({policy.rule('decision.allowed_strategies')}); run the "
-                          f"{len(request.variants)} variants one at a time without --each")
+    _check_variants(request, policy, units)
     topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
             "note": topology.note, "hostname": topology.hostname}
     base = dict(profile=profile, topology=topo, nnodes=request.nnodes, forced=forced,
@@ -94,7 +84,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     ctx = _Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons)
     ctx.launched, ctx.units, ctx.excluded = dict(launched or {}), units, excluded
     if request.multi_node:
-        choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons)
+        choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons,
+                             units)
     elif forced:
         choice = units[request.strategy].forced(ctx)
     else:
@@ -116,8 +107,32 @@ def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dic
     a forced strategy runs as asked."""
     why = f"no GPUs visible ({base['topology']['note'] or 'NVML found none'})"
     name = request.strategy if request.strategy != "auto" else \
-        Strategy.INDEPENDENT if request.variants else Strategy.SINGLE
+        _by_role(units, Role.SWEEP if request.variants else Role.BASELINE).NAME
     return units[name].cpu_plan(request, policy, why, reasons, base)
+
+
+def _by_role(units: Units, role: Role):
+    return next(u for u in units.values() if u.ROLE == role)
+
+
+def _check_variants(request: Request, policy: Policy, units: Units) -> None:
+    """What the units declare of variants (StrategyUnit.VARIANTS), against the request."""
+    takers = [u for u in units.values() if u.VARIANTS != Variants.FORBIDDEN]
+    n = len(request.variants)
+    unit = units.get(request.strategy)
+    if unit is not None and n and unit.VARIANTS == Variants.FORBIDDEN:
+        names = " or ".join(f"--strategy {strategy_name(u.NAME)}" for u in takers)
+        raise UsageError(f"--strategy {request.strategy} cannot run {n} variants; use "
+                         f"{names} (or auto) with --each")
+    if unit is not None and not n and unit.VARIANTS == Variants.REQUIRED:
+        base = strategy_name(_by_role(units, Role.BASELINE).NAME)
+        raise UsageError(f"--strategy {request.strategy} needs variants: give --each or "
+                         f"--each-file, or use --strategy {base}")
+    allowed = policy.decision.allowed_strategies
+    if n and not any(strategy_name(u.NAME) in allowed for u in takers):
+        raise PolicyError(f"the policy forbids {' and '.join(u.WORD for u in takers)} "
+                          f"({policy.rule('decision.allowed_strategies')}); run the "
+                          f"{n} variants one at a time without --each")
 
 
 def _screen(topology, policy, peak, unavailable, forced, reasons):
@@ -151,9 +166,14 @@ def short_of(topology, usable, excluded, n, what) -> None:
     raise (NoFreeGPUError if waitable else PlanError)(msg)
 
 
-def _multi_node(request, topology, policy, usable, excluded, cap, reasons) -> Choice:
-    if request.strategy == "single":
-        return Choice(Strategy.SINGLE, (usable[0],))
+def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units) -> Choice:
+    """Every node decides the same without measuring: the forced unit, or what torchrun would
+    launch (the TORCHRUN unit), on all the local GPUs allowed."""
+    unit = units.get(request.strategy)
+    if unit is None or unit.ROLE == Role.SWEEP:
+        unit = next(u for u in units.values() if u.TORCHRUN)
+    if unit.ROLE == Role.BASELINE:
+        return Choice(unit.NAME, (usable[0],))
     if len(usable) < cap:
         short_of(topology, usable, excluded, cap, f"a {request.nnodes}-node launch")
     group = G.best_group(topology, usable, cap, policy.decision.ddp_link_classes) \
@@ -162,10 +182,11 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons) -> Ch
         raise PolicyError(f"no {cap} usable GPUs are linked by a class the policy allows for DDP "
                           f"({policy.rule('decision.ddp_link_classes')}); lower --nproc-per-node")
     reasons.append(Reason(
-        f"multi-node launch (--nnodes {request.nnodes}): DDP on all {cap} allowed local GPU(s), "
+        f"multi-node launch (--nnodes {request.nnodes}): {unit.WORD} on all {cap} allowed "
+        f"local GPU(s), "
         f"no dry run or trial, so every node decides the same from the same request and policy",
         f"user: --nnodes {request.nnodes}"))
-    return Choice(Strategy.DDP, group)
+    return Choice(unit.NAME, group)
 
 
 class _Ctx:
@@ -178,7 +199,7 @@ class _Ctx:
         self.usable, self.cap, self.reasons = usable, cap, reasons
         self.curves: dict[tuple[int, ...], CommCurve] = {}
         self.launched: dict[str, MeasuredRate] = {}
-        self.ddp_keys: list = []        # every DDP candidate, for naming those not tried
+        self.scaled_keys: list = []     # every SCALED candidate, for naming those not tried
         self.units: Units = {}
         self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
         self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
@@ -192,7 +213,7 @@ class _Ctx:
         out: dict = {}
         units = self.units.values()
         if self.request.multi_node and forced is not None:
-            units = [self.units[Strategy.SINGLE]]   # the node group is _multi_node's choice
+            units = [_by_role(self.units, Role.BASELINE)]   # the node group: _multi_node's
         for unit in units:
             out.update(unit.candidates(self, forced))
         return out

@@ -63,6 +63,11 @@ def placement(plan: Plan, moves: bool = False) -> list[str]:
     return lines
 
 
+def rank_binding(b) -> str:
+    """A rank's NUMA binding label (StrategyUnit.binding_label of units with ranks)."""
+    return f"local rank {b.local_rank} → GPU{b.gpu}"
+
+
 def _bound(plan: Plan, b, units: Units) -> str:
     if b.gpu in plan.fallback_gpus:
         return f"if moved to GPU{b.gpu}"

@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.decide.api import Role
 from smartlaunch.decide.cost import MODEL_ERROR
-from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy
+from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy, strategy_name
 from smartlaunch.decide.words import gbps, gpu_list, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
@@ -33,64 +34,75 @@ def _key_n(key) -> int:
     return len(key[1])
 
 
+def _role(ctx, key) -> Role:
+    return ctx.units[key[0]].ROLE
+
+
+def _name(ctx, key) -> str:
+    """The candidate with its GPUs, as reasons name a winner: "DDP×2 on GPUs 0,1"."""
+    return ctx.units[key[0]].named(Candidate(key[0], key[1]))
+
+
+def _short(ctx, key) -> str:
+    return ctx.units[key[0]].short_name(Candidate(key[0], key[1]))
+
+
+def _scaled_word(ctx) -> str:
+    """The SCALED units' family words ("DDP"), for sentences about all of them."""
+    return " or ".join(u.WORD for u in ctx.units.values() if u.ROLE == Role.SCALED)
+
+
 def _pick(ctx, scores: dict) -> tuple:
-    """scores: key -> speedup over single. The most samples/s among DDP candidates that meet
-    the policy's efficiency and beat single; otherwise single. Ties go to fewer GPUs."""
+    """scores: key -> speedup over the baseline. The most samples/s among SCALED candidates
+    that meet the policy's efficiency and beat the baseline; otherwise the baseline. Ties go
+    to fewer GPUs."""
     floor = ctx.policy.decision.min_efficiency
-    single = next(k for k in scores if k[0] == Strategy.SINGLE)
-    ok = [k for k, s in scores.items() if k[0] == Strategy.DDP and s is not None
+    base = next(k for k in scores if _role(ctx, k) == Role.BASELINE)
+    ok = [k for k, s in scores.items() if _role(ctx, k) == Role.SCALED and s is not None
           and s / _key_n(k) >= floor and s > 1.0]
-    return max(ok, key=lambda k: (scores[k], -_key_n(k))) if ok else single
+    return max(ok, key=lambda k: (scores[k], -_key_n(k))) if ok else base
 
 
 def choose_auto(ctx, cands: dict) -> Choice:
     d, rule = ctx.policy.decision, ctx.policy.rule
     keys = list(cands)
-    single = keys[0]
-    ddp = [k for k in keys if k[0] == Strategy.DDP]
-    ctx.ddp_keys = ddp
-    indep = next((k for k in keys if k[0] == Strategy.INDEPENDENT), None)
+    single = next(k for k in keys if _role(ctx, k) == Role.BASELINE)
+    scaled = [k for k in keys if _role(ctx, k) == Role.SCALED]
+    ctx.scaled_keys = scaled
+    trialable = [k for k in scaled if ctx.units[k[0]].TRIAL]
+    sweep = next((k for k in keys if _role(ctx, k) == Role.SWEEP), None)
     preds = {k: cands[k][1] for k in keys}
 
-    if indep is not None:
-        k = len(ctx.request.variants)
-        best_ddp = max((preds[x].speedup for x in ddp if preds[x]), default=None)
-        if d.prefer_independent_for_sweeps or best_ddp is None or preds[indep].speedup >= best_ddp:
-            why = ("the policy prefers independent jobs for sweeps"
-                   if d.prefer_independent_for_sweeps else
-                   f"{min(k, len(indep[1]))} concurrent jobs give {times(preds[indep].speedup if preds[indep] else None)} "
-                   f"one job's samples/s, DDP at best {times(best_ddp)}")
-            ctx.reasons.append(Reason(f"{k} variants → {k} independent single-GPU jobs on "
-                                      f"{gpu_list(indep[1])}: {why}",
-                                      rule("decision.prefer_independent_for_sweeps")))
-            return Choice(Strategy.INDEPENDENT, indep[1], "model")
-        ctx.reasons.append(Reason(f"{k} variants run one after another with DDP: predicted "
-                                  f"{times(best_ddp)} beats {times(preds[indep].speedup)} from "
-                                  f"independent jobs", rule("decision.prefer_independent_for_sweeps")))
+    if sweep is not None:
+        best = max((k for k in scaled if preds[k]), key=lambda k: preds[k].speedup, default=None)
+        rival = (ctx.units[best[0]].WORD, preds[best].speedup) if best else \
+            (_scaled_word(ctx), None)
+        if ctx.units[sweep[0]].prefer(ctx, sweep, preds[sweep], rival):
+            return Choice(sweep[0], sweep[1], "model")
 
-    if not ddp:
+    if not scaled:
         why = (f"only {ctx.cap} GPU allowed" if ctx.cap < 2 else
                f"only {len(ctx.usable)} usable GPU" if len(ctx.usable) < 2 else
-               "no DDP group is allowed")
-        ctx.reasons.append(Reason(f"single GPU{single[1][0]}: {why}",
+               f"no {_scaled_word(ctx)} group is allowed")
+        ctx.reasons.append(Reason(f"{_name(ctx, single)}: {why}",
                                   rule("decision.max_gpus") if ctx.cap < 2 and ctx.request.max_gpus
                                   is None else None))
-        return Choice(Strategy.SINGLE, single[1], "only")
+        return Choice(single[0], single[1], "only")
 
     p = ctx.profile
     if p is not None and p.status == ProfileStatus.UNMEASURABLE:
-        k = max(ddp, key=_key_n)
+        k = max([k for k in scaled if ctx.units[k[0]].TORCHRUN] or scaled, key=_key_n)
         ctx.reasons.append(Reason(
-            f"could not measure: {p.note} → DDP×{_key_n(k)} on {gpu_list(k[1])}, as torchrun "
+            f"could not measure: {p.note} → {_name(ctx, k)}, as torchrun "
             f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
-        return Choice(Strategy.DDP, k[1], "torchrun")
+        return Choice(k[0], k[1], "torchrun")
 
     if ctx.launched:
-        got = _from_launches(ctx, single, ddp, preds)
+        got = _from_launches(ctx, single, scaled, preds)
         if got is not None:
             return got
 
-    missing = [k for k in ddp if preds[k] is None]
+    missing = [k for k in scaled if preds[k] is None]
     if not ctx.predictable or missing:
         if not ctx.predictable:
             p = ctx.profile
@@ -99,16 +111,16 @@ def choose_auto(ctx, cands: dict) -> Choice:
         else:
             why = "the all-reduce over " + "; ".join(gpu_list(k[1]) for k in missing) + \
                   " could not be measured"
-        measured, note = _trials(ctx, [single, *ddp], why, "decision.trials") if d.trials else \
-            (None, f"{why}, and trials are off")
+        measured, note = _trials(ctx, [single, *trialable], why, "decision.trials") \
+            if d.trials else (None, f"{why}, and trials are off")
         if measured:
             return measured
-        known = {k: preds[k].speedup for k in [single, *ddp] if preds[k] is not None}
+        known = {k: preds[k].speedup for k in [single, *scaled] if preds[k] is not None}
         if ctx.predictable and len(known) > 1:
             return _by_model(ctx, known, f"{note}; decided among the predicted candidates")
-        return _fallback(ctx, ddp, note)
+        return _fallback(ctx, scaled, note)
 
-    scores = {k: preds[k].speedup for k in [single, *ddp]}
+    scores = {k: preds[k].speedup for k in [single, *scaled]}
     if ctx.profile.work_depends_on_world_size and d.trials:
         # The model assumes torchrun's semantics (each rank does the profiled work); a
         # script that sizes its work by the world size (nanoGPT's accumulation) breaks that.
@@ -116,7 +128,8 @@ def choose_auto(ctx, cands: dict) -> Choice:
                f"({ctx.profile.reads_world_size}) and accumulates {ctx.profile.micro_batches} "
                f"micro-batches per step, so its work per rank under DDP may differ from the "
                f"profiled run (nanoGPT divides its accumulation by WORLD_SIZE)")
-        measured, note = _trials(ctx, [single, *_top(ctx, ddp, scores)], why, "decision.trials")
+        measured, note = _trials(ctx, [single, *_top(ctx, trialable, scores)], why,
+                                 "decision.trials")
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides, assuming each rank "
@@ -124,12 +137,13 @@ def choose_auto(ctx, cands: dict) -> Choice:
     floor = d.min_efficiency
     band, source = uncertainty(ctx)
     reach = math.log1p(band)
-    close = [k for k in ddp if abs(math.log(max(preds[k].efficiency, 1e-9) / floor)) <= reach]
+    close = [k for k in trialable
+             if abs(math.log(max(preds[k].efficiency, 1e-9) / floor)) <= reach]
     if close and d.trials:
         why = ("the prediction is within its error of the policy's " + pct(floor) + " (±" +
                pct(band) + ", " + source + "): " +
-               ", ".join(f"DDP×{_key_n(k)} {pct(preds[k].efficiency)}" for k in close))
-        remaining = [k for k in ddp if preds[k].efficiency * (1 + band) >= floor]
+               ", ".join(f"{_short(ctx, k)} {pct(preds[k].efficiency)}" for k in close))
+        remaining = [k for k in trialable if preds[k].efficiency * (1 + band) >= floor]
         measured, note = _trials(ctx, [single, *_top(ctx, remaining, scores)], why,
                                  "decision.uncertainty_band")
         if measured:
@@ -138,16 +152,16 @@ def choose_auto(ctx, cands: dict) -> Choice:
     return _by_model(ctx, scores, None)
 
 
-def _top(ctx, ddp: list, scores: dict) -> list:
-    """The MAX_DDP_TRIALS DDP candidates to try, in N order: the model's own pick (the most
+def _top(ctx, scaled: list, scores: dict) -> list:
+    """The MAX_DDP_TRIALS SCALED candidates to try, in N order: the model's own pick (the most
     samples/s among those predicted to meet the policy), then the most predicted samples/s
     among the rest, which a trial may show meeting it. By samples/s alone, DDP×3 and ×4 at
     59% and 41% were tried and ×2 at 82% was not (examples/train.py on pcie-4gpu-x8, CPU,
     2026-11-22)."""
-    single = next(k for k in scores if k[0] == Strategy.SINGLE)
-    pick = _pick(ctx, {single: 1.0, **{k: scores[k] for k in ddp}})
-    first = [pick] if pick in ddp else []
-    rest = sorted((k for k in ddp if k not in first), key=lambda k: (-scores[k], _key_n(k)))
+    base = next(k for k in scores if _role(ctx, k) == Role.BASELINE)
+    pick = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
+    first = [pick] if pick in scaled else []
+    rest = sorted((k for k in scaled if k not in first), key=lambda k: (-scores[k], _key_n(k)))
     return sorted((first + rest)[:MAX_DDP_TRIALS], key=_key_n)
 
 
@@ -165,19 +179,19 @@ def uncertainty(ctx) -> tuple[float, str]:
     return math.expm1(p90), source
 
 
-def _from_launches(ctx, single, ddp: list, preds: dict) -> Choice | None:
+def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
     """Earlier launches of this job measured what DDP×N really gave: those candidates are
     scored by measurement, the rest by the model (issue 15: predictions were off by up to 4×
     on workloads the model was not fitted to)."""
     from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
-    runs = {k: ctx.launched.get(candidate_name(k[0].value, k[1])) for k in ddp}
+    runs = {k: ctx.launched.get(candidate_name(strategy_name(k[0]), k[1])) for k in scaled}
     runs = {k: r for k, r in runs.items() if r is not None}
     prof = ctx.profile.to_dict() if ctx.profile is not None else {}
     base, source = one_gpu_rate(ctx.launched, prof)
     if not runs or not base:
         return None
     scores = {single: 1.0}
-    for k in ddp:
+    for k in scaled:
         if k in runs:
             scores[k] = runs[k].rank_steps_per_s / base
         elif preds[k] is not None:
@@ -186,14 +200,12 @@ def _from_launches(ctx, single, ddp: list, preds: dict) -> Choice | None:
     ran = []
     for k, r in runs.items():
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.measured_at))
-        ran.append(f"DDP×{_key_n(k)} on {gpu_list(k[1])} ran at {times(scores[k])} of one GPU "
+        ran.append(f"{_name(ctx, k)} ran at {times(scores[k])} of one GPU "
                    f"({pct(scores[k] / _key_n(k))} efficiency, {r.steps} steps, {when}"
                    + (f"; {r.assumed}" if r.assumed else "") + ")")
-    win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
-        else f"single GPU{win[1][0]}"
     text = ("measured by earlier launches of this job, preferred over predictions: "
             + "; ".join(ran) + f"; one GPU from {source}; the policy asks "
-            f"{pct(ctx.policy.decision.min_efficiency)} → {win_name}")
+            f"{pct(ctx.policy.decision.min_efficiency)} → {_name(ctx, win)}")
     ctx.reasons.append(Reason(text, ctx.policy.rule("decision.min_efficiency")))
     batch = ctx.profile.batch_size if ctx.profile is not None and ctx.profile.batch_size else 1
     measured = {single: base * batch, **{k: scores[k] * base * batch for k in runs}}
@@ -203,18 +215,18 @@ def _from_launches(ctx, single, ddp: list, preds: dict) -> Choice | None:
 def _by_model(ctx, scores: dict, note: str | None) -> Choice:
     win = _pick(ctx, scores)
     rule = ctx.policy.rule("decision.min_efficiency")
-    if win[0] == Strategy.DDP:
+    if _role(ctx, win) == Role.SCALED:
         n = _key_n(win)
-        text = (f"DDP×{n} on {gpu_list(win[1])}: predicted {times(scores[win])} "
+        text = (f"{_name(ctx, win)}: predicted {times(scores[win])} "
                 f"({pct(scores[win] / n)} efficiency), at or above the policy's "
                 f"{pct(ctx.policy.decision.min_efficiency)}, the most samples/s")
     else:
-        best = max((k for k in scores if k[0] == Strategy.DDP and scores[k] is not None),
+        best = max((k for k in scores if _role(ctx, k) == Role.SCALED and scores[k] is not None),
                    key=lambda k: scores[k] / _key_n(k), default=None)
-        text = f"single GPU{win[1][0]}: no DDP candidate reaches the policy's " \
+        text = f"{_name(ctx, win)}: no {_scaled_word(ctx)} candidate reaches the policy's " \
                f"{pct(ctx.policy.decision.min_efficiency)}"
         if best is not None:
-            text += f" (best DDP×{_key_n(best)} {pct(scores[best] / _key_n(best))})"
+            text += f" (best {_short(ctx, best)} {pct(scores[best] / _key_n(best))})"
     if note:
         text = f"{note}: {text}"
     ctx.reasons.append(Reason(text, rule))
@@ -222,50 +234,50 @@ def _by_model(ctx, scores: dict, note: str | None) -> Choice:
 
 
 def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, str]:
-    """(the choice by measurement, or None and why not)."""
+    """(the choice by measurement, or None and why not). keys: the baseline first."""
     rule = ctx.policy.rule
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured = {}
-    planned = getattr(ctx.trial, "planned", None)
-    if planned is not None:       # a runner that numbers its trials ("trial 2 of 3")
-        planned(len(keys))
+    ctx.trial.planned(len(keys))
     for k in keys:
         got = ctx.trial(k[0], k[1])
         if got is not None and got > 0:
             measured[k] = float(got)
     single = keys[0]
     if single not in measured:
-        return None, f"{why}; the trial of single GPU{single[1][0]} gave no measurement"
+        return None, f"{why}; the trial of {_name(ctx, single)} gave no measurement"
     scores = {k: v / measured[single] for k, v in measured.items()}
     win = _pick(ctx, scores)
-    names = ", ".join(("single" if k[0] == Strategy.SINGLE else f"DDP×{_key_n(k)}") +
-                      f" {rate(v)}" for k, v in measured.items())
+    names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}"
+                      for k, v in measured.items())
     lost = [k for k in keys if k not in measured]
     text = f"{why} → measured trials: {names}"
-    untried = [k for k in ctx.ddp_keys if k not in keys]
+    untried = [k for k in ctx.scaled_keys if k not in keys]
     if untried:
-        text += ("; not tried: " + ", ".join(f"DDP×{_key_n(k)}" for k in untried) +
+        text += ("; not tried: " + ", ".join(_short(ctx, k) for k in untried) +
                  f" ({TRIED}, or out of the policy's reach even at the band's edge)")
     if lost:
-        text += "; no measurement for " + ", ".join(f"DDP×{_key_n(k)}" for k in lost)
-    win_name = f"DDP×{_key_n(win)} on {gpu_list(win[1])}" if win[0] == Strategy.DDP \
-        else f"single GPU{win[1][0]}"
-    ctx.reasons.append(Reason(f"{text} → {win_name}", rule(rule_key)))
+        text += "; no measurement for " + ", ".join(_short(ctx, k) for k in lost)
+    ctx.reasons.append(Reason(f"{text} → {_name(ctx, win)}", rule(rule_key)))
     return Choice(win[0], win[1], "trial", measured), text
 
 
-def _fallback(ctx, ddp: list, why: str) -> Choice:
+def _fallback(ctx, scaled: list, why: str) -> Choice:
+    """The policy's decision.fallback_strategy names a unit: its largest group when it has
+    candidates here, else the baseline on the first usable GPU."""
     fb = ctx.policy.decision.fallback_strategy
     rule = ctx.policy.rule("decision.fallback_strategy")
-    if fb == "ddp" and ddp:
-        k = max(ddp, key=_key_n)
-        ctx.reasons.append(Reason(f"{why} → fallback DDP×{_key_n(k)} on {gpu_list(k[1])}", rule))
-        return Choice(Strategy.DDP, k[1], "fallback")
-    gpu = ctx.usable[0]
-    extra = "" if fb == "single" else f" (fallback {fb} does not apply to one job)"
-    ctx.reasons.append(Reason(f"{why} → fallback single GPU{gpu}{extra}", rule))
-    return Choice(Strategy.SINGLE, (gpu,), "fallback")
+    mine = [k for k in scaled if strategy_name(k[0]) == fb]
+    if mine:
+        k = max(mine, key=_key_n)
+        ctx.reasons.append(Reason(f"{why} → fallback {_name(ctx, k)}", rule))
+        return Choice(k[0], k[1], "fallback")
+    base = next(u for u in ctx.units.values() if u.ROLE == Role.BASELINE)
+    key = (base.NAME, (ctx.usable[0],))
+    extra = "" if fb == strategy_name(base.NAME) else f" (fallback {fb} does not apply to one job)"
+    ctx.reasons.append(Reason(f"{why} → fallback {_name(ctx, key)}{extra}", rule))
+    return Choice(*key, "fallback")
 
 
 def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
@@ -327,22 +339,24 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
     if win is None:
         return ""
     name = ctx.units[win.strategy].short_name(win)
+    role, win_role = ctx.units[c.strategy].ROLE, ctx.units[win.strategy].ROLE
     if choice.basis == "forced":
         tail = ": not asked for"
-    elif c.strategy == Strategy.DDP and c.efficiency is not None and c.efficiency < floor:
+    elif role == Role.SCALED and c.efficiency is not None and c.efficiency < floor:
         tail = f": below the policy's {pct(floor)}"
-    elif c.strategy == Strategy.DDP and choice.basis == "trial" and not c.measured:
+    elif role == Role.SCALED and choice.basis == "trial" and not c.measured:
         tail = f": not tried ({TRIED})"
-    elif c.strategy == Strategy.SINGLE and win.speedup is not None:
-        verb = "give" if win.strategy == Strategy.INDEPENDENT else "gives"
+    elif role == Role.BASELINE and win.speedup is not None:
+        verb = "give" if win_role == Role.SWEEP else "gives"    # "independent jobs give"
         tail = f": {name} {verb} {times(win.speedup)} its samples/s"
     elif c.speedup is not None and win.speedup is not None:
         tail = f": {times(c.speedup)} is less than {name}'s {times(win.speedup)}"
     else:
         tail = ": not chosen"
-    if win.strategy == Strategy.SINGLE:
+    if win_role == Role.BASELINE:
         free = [g for g in c.gpus if g not in win.gpus]
-        tail += f" → single GPU{win.gpus[0]}" + (f"; {gpu_list(free)} left free" if free else "")
+        tail += f" → {ctx.units[win.strategy].named(win)}" + \
+            (f"; {gpu_list(free)} left free" if free else "")
     else:
         tail += f" → {name}"
     return tail

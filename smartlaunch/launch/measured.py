@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from smartlaunch.decide.plan import strategy_name
 from smartlaunch.errors import SmartlaunchError
 from smartlaunch.launch.progress import progress_path, read_progress
 from smartlaunch.profile import feedback
@@ -51,14 +52,14 @@ def _record(plan, request, policy, topology, run_dir, environ, out):
         from smartlaunch.profile.cache import cached_profile
         cached = cached_profile(request, policy, gpu_model=topology.gpus[0].name, environ=environ)
         profile = cached.to_dict() if cached is not None else {}
-    strategy = "ddp" if n > 1 else "single"
+    strategy = strategy_name(plan.strategy) if n > 1 else feedback.ONE_RANK
     rate = feedback.measured_rate(strategy, plan.gpus[:n], seen[0], seen[1], profile)
     if rate is None:
         return None
     key = feedback.job_key(request, policy, topology, environ)
     rates = feedback.load_rates(policy, key, environ)
     feedback.store_rate(policy, key, rate, environ)
-    if strategy == "ddp":
+    if n > 1:
         line = advice(rate, rates, profile, policy.decision.min_efficiency, plan.requested_max)
         if line:
             print(line, file=out or sys.stderr, flush=True)

@@ -11,7 +11,8 @@ script that sizes its work by the world size (profile.work_depends_on_world_size
 that; the record says so (`assumed`) and the text that uses it repeats it.
 
 Layout: <cache_dir>/launches/<key>.json = {"runs": {"single": {...}, "ddp:0,1": {...}}}, the
-latest launch of each candidate.
+latest launch of each candidate: "single" for a one-rank launch, "<strategy>:<gpus>" for one
+rank per GPU (DDP, or any other unit of that shape).
 """
 from __future__ import annotations
 
@@ -28,13 +29,14 @@ from smartlaunch.store import cache_root, private_dir, read_json, write_json
 # first checkpoint): not recorded.
 MIN_STEPS = 20
 MIN_SECONDS = 1.0
+ONE_RANK = "single"     # the record of a one-process launch (single, or one independent job)
 ASSUMED_PER_RANK = ("each rank doing the profiled single-GPU work (torchrun's semantics); the "
                     "script reads the world size and accumulates, so it may do less")
 
 
 @dataclass(frozen=True)
 class MeasuredRate:
-    strategy: str                  # "single" | "ddp"
+    strategy: str                  # ONE_RANK, or the strategy that ran one rank per GPU
     gpus: tuple[int, ...]
     steps: int                     # optimizer steps of the slowest rank
     seconds: float                 # from its first step's end to its last step's end
@@ -46,7 +48,7 @@ class MeasuredRate:
 
     @property
     def nproc(self) -> int:
-        return len(self.gpus) if self.strategy == "ddp" else 1
+        return 1 if self.strategy == ONE_RANK else len(self.gpus)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -60,7 +62,7 @@ class MeasuredRate:
 
 
 def candidate_name(strategy: str, gpus) -> str:
-    return "single" if strategy != "ddp" else "ddp:" + ",".join(str(g) for g in gpus)
+    return ONE_RANK if strategy == ONE_RANK else f"{strategy}:" + ",".join(str(g) for g in gpus)
 
 
 def measured_rate(strategy: str, gpus, steps: int, seconds: float, profile: dict,
@@ -70,11 +72,11 @@ def measured_rate(strategy: str, gpus, steps: int, seconds: float, profile: dict
     if steps < MIN_STEPS or seconds < MIN_SECONDS:
         return None
     gpus = tuple(gpus)
-    n = len(gpus) if strategy == "ddp" else 1
+    n = 1 if strategy == ONE_RANK else len(gpus)
     per_rank = (steps - 1) / seconds          # intervals between the first and last step end
     batch = profile.get("batch_size") if profile else None
     sizes = profile.get("reads_world_size") and (profile.get("micro_batches") or 1) > 1
-    assumed = ASSUMED_PER_RANK if strategy == "ddp" and sizes else ""
+    assumed = ASSUMED_PER_RANK if n > 1 and sizes else ""
     return MeasuredRate(strategy, gpus, steps, seconds, per_rank, n * per_rank,
                         n * per_rank * batch if batch else None, assumed,
                         time.time() if now is None else now)
@@ -113,7 +115,7 @@ def store_rate(policy, key: str, rate: MeasuredRate, environ) -> None:
 def one_gpu_rate(rates: dict[str, MeasuredRate], profile: dict) -> tuple[float | None, str]:
     """Rank-steps/s of one GPU, and where it comes from: a measured single launch of this job,
     else the dry run's step (train steps only, so a launch with evaluations looks slower)."""
-    single = rates.get("single")
+    single = rates.get(ONE_RANK)
     if single is not None:
         return single.rank_steps_per_s, "a single-GPU launch"
     step = profile.get("step_time_s") if profile else None

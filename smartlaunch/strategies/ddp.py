@@ -3,8 +3,9 @@ size the caps and the policy's link classes allow."""
 from __future__ import annotations
 
 from smartlaunch.decide import groups as G
+from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.decide import short_of
-from smartlaunch.decide.explain import placement
+from smartlaunch.decide.explain import placement, rank_binding
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice, group_note
 from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
@@ -13,6 +14,11 @@ from smartlaunch.vocab import Strategy
 
 NAME = Strategy.DDP
 COLLECTIVE = True
+ROLE = Role.SCALED
+VARIANTS = Variants.FORBIDDEN      # auto may still run variants one after another with DDP
+TORCHRUN = True
+TRIAL = True
+WORD = "DDP"
 
 
 def forced(ctx) -> Choice:
@@ -89,13 +95,20 @@ def short_name(c: Candidate) -> str:
 table_name = short_name
 
 
+def named(c: Candidate) -> str:
+    return f"DDP×{len(c.gpus)} on {gpu_list(c.gpus)}"
+
+
+def _what(plan: Plan) -> str:
+    return f"DDP×{plan.nproc_per_node} on {gpu_list(plan.gpus) if plan.gpus else 'the CPU'}"
+
+
 def headline(plan: Plan) -> str:
-    what = f"DDP×{plan.nproc_per_node} on {gpu_list(plan.gpus) if plan.gpus else 'the CPU'}"
-    return what + (f" (worst link {plan.link_class})" if plan.link_class else "")
+    return _what(plan) + (f" (worst link {plan.link_class})" if plan.link_class else "")
 
 
 def line(plan: Plan) -> str:
-    what = f"DDP×{plan.nproc_per_node} on {gpu_list(plan.gpus) if plan.gpus else 'the CPU'}"
+    what = _what(plan)
     if plan.link_class:
         what += f" ({plan.link_class})"
     if plan.nnodes not in ("1", "1:1"):
@@ -107,8 +120,7 @@ def placement_lines(plan: Plan) -> list[str]:
     return placement(plan)
 
 
-def binding_label(b) -> str:
-    return f"local rank {b.local_rank} → GPU{b.gpu}"
+binding_label = rank_binding
 
 
 def launcher(plan, ctx):

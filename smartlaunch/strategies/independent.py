@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from smartlaunch.decide import groups as G
+from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.cost import Prediction, predict_single
 from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan, Reason
@@ -10,6 +11,11 @@ from smartlaunch.vocab import Strategy
 
 NAME = Strategy.INDEPENDENT
 COLLECTIVE = False
+ROLE = Role.SWEEP
+VARIANTS = Variants.REQUIRED
+TORCHRUN = False
+TRIAL = False      # a trial of one job is the single GPU's
+WORD = "independent jobs"
 
 
 def forced(ctx):
@@ -27,6 +33,25 @@ def candidates(ctx, forced) -> dict:
         pred = Prediction(k, one.step_s, float(k), 1.0, 0.0, 0.0, 0, one.backward_share,
                           one.backward_share_known)
     return {(NAME, pool): (Candidate(NAME, pool), pred)}
+
+
+def prefer(ctx, key, pred, rival) -> bool:
+    """The variants run side by side unless one job on the rival's GPUs is predicted faster
+    than k jobs at once (or the policy prefers independent jobs for sweeps outright)."""
+    k, best = len(ctx.request.variants), rival[1]
+    prefers = ctx.policy.decision.prefer_independent_for_sweeps
+    rule = ctx.policy.rule("decision.prefer_independent_for_sweeps")
+    if prefers or best is None or pred.speedup >= best:
+        why = ("the policy prefers independent jobs for sweeps" if prefers else
+               f"{min(k, len(key[1]))} concurrent jobs give "
+               f"{times(pred.speedup if pred else None)} one job's samples/s, {rival[0]} at best {times(best)}")
+        ctx.reasons.append(Reason(f"{k} variants → {k} independent single-GPU jobs on "
+                                  f"{gpu_list(key[1])}: {why}", rule))
+        return True
+    ctx.reasons.append(Reason(f"{k} variants run one after another with {rival[0]}: predicted "
+                              f"{times(best)} beats {times(pred.speedup)} from independent jobs",
+                              rule))
+    return False
 
 
 def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
@@ -52,20 +77,26 @@ def sentence(ctx, c: Candidate, pred, error) -> str:
     return head
 
 
-def headline(plan: Plan) -> str:
+def _what(plan: Plan, on_cpu: str) -> str:
     n = len(plan.variants)
     return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
-        f"{n} independent CPU jobs"
+        f"{n} independent {on_cpu}"
+
+
+def headline(plan: Plan) -> str:
+    return _what(plan, "CPU jobs")
 
 
 def line(plan: Plan) -> str:
-    n = len(plan.variants)
-    return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
-        f"{n} independent jobs on the CPU"
+    return _what(plan, "jobs on the CPU")
 
 
 def short_name(c: Candidate) -> str:
     return "independent jobs"
+
+
+def named(c: Candidate) -> str:
+    return f"independent jobs on {gpu_list(c.gpus)}"
 
 
 def table_name(c: Candidate) -> str:

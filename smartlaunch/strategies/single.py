@@ -1,8 +1,9 @@
 """One process on one GPU (or the CPU): the baseline every other candidate is measured against."""
 from __future__ import annotations
 
+from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.cost import predict_single
-from smartlaunch.decide.explain import placement
+from smartlaunch.decide.explain import placement, rank_binding
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, ms, rate
@@ -10,6 +11,11 @@ from smartlaunch.vocab import Strategy
 
 NAME = Strategy.SINGLE
 COLLECTIVE = False
+ROLE = Role.BASELINE
+VARIANTS = Variants.FORBIDDEN
+TORCHRUN = False
+TRIAL = True
+WORD = "single GPU"
 
 
 def forced(ctx) -> Choice:
@@ -52,6 +58,10 @@ def short_name(c: Candidate) -> str:
     return "single GPU"
 
 
+def named(c: Candidate) -> str:
+    return f"single GPU{c.gpus[0]}"
+
+
 def table_name(c: Candidate) -> str:
     return "single"
 
@@ -67,8 +77,7 @@ def placement_lines(plan: Plan) -> list[str]:
     return placement(plan, moves=True)
 
 
-def binding_label(b) -> str:
-    return f"local rank {b.local_rank} → GPU{b.gpu}"
+binding_label = rank_binding
 
 
 def launcher(plan, ctx):
