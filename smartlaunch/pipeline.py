@@ -76,7 +76,7 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     clock.lap("leases")
     profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
     clock.lap("profile")
-    trial = _trial_runner(request, policy, environ, topology, profile, status, clock) \
+    trial = _trial_runner(request, policy, environ, topology, profile, status, clock, REGISTRY) \
         if first.measure else None
     model, model_note = _cost_model(policy, topology, environ, profile)
     notes += model_note
@@ -258,7 +258,7 @@ def _launched(request, policy, topology, environ):
     return load_rates(policy, job_key(request, policy, topology, environ), environ)
 
 
-def _trial_runner(request, policy, environ, topology, profile, status, clock):
+def _trial_runner(request, policy, environ, topology, profile, status, clock, units):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.profile.trial import make_trial_runner
@@ -266,7 +266,7 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock):
     step = profile.step_time_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, expected_step_s=step,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}))
-    trials = _CountedTrials(runner, status, policy.decision.trial_seconds, profile)
+    trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units, profile)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
                                                      topology=topology, environ=environ))
     return trials
@@ -281,8 +281,8 @@ class _CountedTrials:
     single-GPU trial would measure it again, at the cost of a second start of the script
     (7.8 s of a 28 s cold decision for examples/train.py on the CPU box, 2026-11-23)."""
 
-    def __init__(self, runner, status, seconds: float, profile=None):
-        self.runner, self.status, self.seconds = runner, status, seconds
+    def __init__(self, runner, status, seconds: float, units, profile=None):
+        self.runner, self.status, self.seconds, self.units = runner, status, seconds, units
         self.k, self.n = 0, 0
         self.dry_run_rate = _dry_run_rate(profile)
         self.used_dry_run: str | None = None    # the reason line saying so, once used
@@ -291,8 +291,8 @@ class _CountedTrials:
         self.k, self.n = 0, n
 
     def __call__(self, strategy, gpus):
-        from smartlaunch.vocab import Strategy
-        if strategy == Strategy.SINGLE and self.dry_run_rate is not None:
+        from smartlaunch.decide.api import Role
+        if self.units[strategy].ROLE == Role.BASELINE and self.dry_run_rate is not None:
             self.n = max(0, self.n - 1)
             rate, steps = self.dry_run_rate
             from smartlaunch.decide.words import rate as fmt
@@ -304,7 +304,9 @@ class _CountedTrials:
 
     def announced(self, strategy, gpus):
         from smartlaunch.decide.words import gpu_list
-        what = f"DDP×{len(gpus)}" if strategy.value == "ddp" else strategy.value
+        from smartlaunch.decide.api import Role
+        unit = self.units[strategy]
+        what = f"{unit.WORD}×{len(gpus)}" if unit.ROLE == Role.SCALED else unit.WORD
         of = f" of {max(self.n, self.k)}" if self.n else ""
         self.status.ticking(f"trial {self.k}{of}: {what} on {gpu_list(gpus)} (measured steps, "
                             f"at least {self.seconds:g} s)")

@@ -40,7 +40,8 @@ def test_one_gpu_is_answered_by_the_dry_run_not_a_second_start():
     from smartlaunch.statusline import StatusLine
     calls = []
     prof = ModelProfile(ProfileStatus.OK, batch_size=32, step_time_s=0.004, steps_measured=120)
-    trials = _CountedTrials(lambda s, g: 99.0, StatusLine(tty=False), 1.0, prof)
+    from smartlaunch.strategies import REGISTRY
+    trials = _CountedTrials(lambda s, g: 99.0, StatusLine(tty=False), 1.0, REGISTRY, prof)
     trials.run = lambda s, g: calls.append((s, g)) or 99.0
     trials.planned(2)
     assert trials(Strategy.SINGLE, (0,)) == pytest.approx(32 / 0.004)
@@ -50,7 +51,7 @@ def test_one_gpu_is_answered_by_the_dry_run_not_a_second_start():
     # Without a measured window (no profile, or it never stepped) one GPU is a real trial.
     for none in (None, ModelProfile(ProfileStatus.NO_STEP, note="x")):
         calls.clear()
-        bare = _CountedTrials(None, StatusLine(tty=False), 1.0, none)
+        bare = _CountedTrials(None, StatusLine(tty=False), 1.0, REGISTRY, none)
         bare.run = lambda s, g: calls.append((s, g)) or 5.0
         assert bare(Strategy.SINGLE, (0,)) == 5.0 and calls == [(Strategy.SINGLE, (0,))]
 
