@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode, UsageError
-from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState, context, with_command
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease
 from smartlaunch.launch.signals import TERMINATING
@@ -134,8 +134,7 @@ class IndependentLauncher:
 
     def __init__(self, plan, ctx: LaunchContext):
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
-        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        self.log_dir = os.path.join(ctx.log_dir, self.run_id)
+        self.run_id = self.log_dir = ""        # start(): the run directory, its name
         self.jobs = [Job(i, tuple(v)) for i, v in enumerate(plan.variants or ((),))]
         self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
         self.capacity = {i: plan.jobs_on(i) for i in plan.gpus} if self.gpu_mode else {}
@@ -176,7 +175,7 @@ class IndependentLauncher:
                 return
             if self.lease and i in self.lease.gpus:
                 continue
-            more = self.ctx.leases().try_acquire(self.ctx.topology, [i], 1)
+            more = self.ctx.try_hold((i,), 1)
             if more is not None and self.lease is None:
                 self.lease = more
             elif more is not None:
@@ -219,14 +218,13 @@ class IndependentLauncher:
             self._start(self._in(JobState.PENDING)[0], slot)
 
     def start(self) -> None:
-        self.ctx.announce(self.plan)
-        os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        self.ctx.begin(self.plan)
+        self.log_dir = self.ctx.new_run_dir()
+        self.run_id = os.path.basename(self.log_dir)
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
-                self.lease = self.ctx.leases().acquire(
-                    self.ctx.topology, self.plan.gpus, 1, wait=self.plan.wait_for_lease,
-                    timeout_s=self.plan.wait_timeout_s, status=self.log, cancel=self.ctx.cancelled)
+                self.lease = self.ctx.hold(self.plan, 1)
                 self._acquire_more(force=True)
         self._start_ready()
 
@@ -280,7 +278,7 @@ class IndependentLauncher:
 
     def close(self, sig: int = signal.SIGTERM) -> None:
         """Stop every job now (pending ones skipped, running ones `sig`, SIGKILL after
-        launch.signal_grace_s) and give every lease back. Idempotent."""
+        launch.signal_grace_s); run_loop then gives every lease back. Idempotent."""
         if self._result is None:
             self._stop(sig, "interrupted")
             for job in self._in(JobState.RUNNING):
@@ -289,7 +287,6 @@ class IndependentLauncher:
                     job.child.send(signal.SIGKILL)
                     code = job.child.wait()
                 job.finish(code)
-        self._release_idle_gpus()
 
     def _final(self) -> LaunchResult:
         """The result, printed by run_loop: the summary table, the first failure."""
@@ -324,9 +321,3 @@ class IndependentLauncher:
         head = f"independent jobs: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})"
         return [head] + lines
 
-
-def run_independent(plan, request, policy, topology) -> int:
-    """Run every variant, print the summary to stderr, return the exit code (module docstring)."""
-    from smartlaunch.launch.run_loop import run
-    ctx = context(request, policy, topology)
-    return run(IndependentLauncher(with_command(plan, request), ctx), ctx)

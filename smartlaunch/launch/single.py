@@ -50,7 +50,6 @@ class SingleLauncher:
         self.plan, self.ctx = plan, ctx
         self.child: proc.Child | None = None
         self.run_dir: str | None = None
-        self.lease = None
         self._stop_deadline: float | None = None
         self._signal: int | None = None
         self._result: LaunchResult | None = None
@@ -60,15 +59,12 @@ class SingleLauncher:
         if plan.device == "cuda" and plan.gpus:
             # A single job may move to one of the plan's fallback GPUs if its first choice
             # was taken meanwhile.
-            self.lease = ctx.hold(plan, 1)
-            if self.lease.gpus != plan.gpus[:1]:
-                self.plan = plan = dataclasses.replace(plan, gpus=self.lease.gpus)
+            lease = ctx.hold(plan, 1)
+            if lease.gpus != plan.gpus[:1]:
+                self.plan = plan = dataclasses.replace(plan, gpus=lease.gpus)
             if plan.command[:1] != ("--no-python",):     # the hook counts steps of Python only
-                self.run_dir = os.path.join(ctx.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-                os.makedirs(self.run_dir, exist_ok=True)
-        if ctx.cancelled():         # a signal came while the GPU was being leased
-            return
-        ctx.announce(plan)
+                self.run_dir = ctx.new_run_dir()
+        ctx.begin(plan)
         # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
         # can end the whole group, DataLoader workers included; the guard ends it when we
         # are SIGKILLed (its DataLoader workers lived on 5-10 s with PDEATHSIG alone).
@@ -83,9 +79,6 @@ class SingleLauncher:
             self._stop_deadline = time.monotonic() + self.ctx.signal_grace_s
 
     def poll(self) -> LaunchResult | None:
-        if self._result is None and self.child is None and self.ctx.signals:
-            self._result = LaunchResult.not_started(self.ctx.signals[0])
-            self._release()
         if self._result is not None or self.child is None:
             return self._result
         rc = self.child.returncode
@@ -98,7 +91,6 @@ class SingleLauncher:
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
         self._result = LaunchResult(state, code)
-        self._release()
         if self.run_dir:
             self.ctx.record(self.plan, self.run_dir)
         return self._result
@@ -108,9 +100,3 @@ class SingleLauncher:
             self._signal = self._signal or sig
             self.child.stop(sig, self.ctx.signal_grace_s)
             self.poll()
-        self._release()
-
-    def _release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
