@@ -26,6 +26,7 @@ from smartlaunch.launch import flightrec
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
 from smartlaunch.launch.signals import TERMINATING as _TERMINATING
 from smartlaunch.launch.straggler import summary_text
+from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
 from smartlaunch.topology.api import Topology
@@ -158,8 +159,7 @@ class DDPLauncher:
         watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
         result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir)
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
-        with contextlib.suppress(OSError):
-            Path(run_dir, "summary.txt").write_text(summary + "\n")
+        path = write_summary(run_dir, summary) or os.path.join(run_dir, SUMMARY_FILE)
         # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
         # with its first line and where the rest is (issue 18: a summary on success too), one
         # line after the job's output as the decision line was one before it; --quiet /
@@ -169,7 +169,7 @@ class DDPLauncher:
         elif self.ctx.quiet:
             msg = result.message
         else:
-            head = f"{summary.splitlines()[0]} (all of it: {Path(run_dir, 'summary.txt')})"
+            head = f"{summary.splitlines()[0]} (all of it: {path})"
             msg = f"{result.message}\n{head}" if result.message else head
         if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
             self.ctx.record(plan, run_dir)

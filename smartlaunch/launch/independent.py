@@ -5,7 +5,7 @@ the samples/s of one GPU, issue #8). Each job runs the script with its own args 
 args, CUDA_VISIBLE_DEVICES=<its GPU's UUID>, torchrun's single-rank environment (its own
 MASTER_PORT, so scripts that init a process group do not collide), SMARTLAUNCH_JOB_INDEX /
 SMARTLAUNCH_NUM_JOBS, CPU affinity to its GPU's NUMA node, and its own log (stdout+stderr):
-<launch.log_dir>/<run-id>/job-<i>.log, with summary.json beside them.
+<launch.log_dir>/<run-id>/job-<i>.log, with summary.json and summary.txt beside them.
 
 Queue: a GPU's lease is taken when a job needs it and kept while jobs remain for it; it is given
 back as soon as the queue no longer needs it. A GPU runs up to plan.jobs_per_gpu jobs at once
@@ -36,6 +36,7 @@ from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease
 from smartlaunch.launch.signals import TERMINATING
+from smartlaunch.launch.summary import write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 _ACQUIRE_MORE_EVERY_S = 1.0
@@ -135,6 +136,7 @@ class IndependentLauncher:
     def __init__(self, plan, ctx: LaunchContext):
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
         self.run_id = self.log_dir = ""        # start(): the run directory, its name
+        self._started = 0.0
         self.jobs = [Job(i, tuple(v)) for i, v in enumerate(plan.variants or ((),))]
         self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
         self.capacity = {i: plan.jobs_on(i) for i in plan.gpus} if self.gpu_mode else {}
@@ -221,6 +223,7 @@ class IndependentLauncher:
         self.ctx.begin(self.plan)
         self.log_dir = self.ctx.new_run_dir()
         self.run_id = os.path.basename(self.log_dir)
+        self._started = time.monotonic()
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
@@ -293,19 +296,24 @@ class IndependentLauncher:
         bad = [j for j in self.jobs if j.state != JobState.SUCCEEDED]
         first = self.first_failure or (bad[0] if bad else None)
         sig = self.ctx.signals[0] if self.ctx.signals else None
-        lines = [f"smartlaunch: {line}" for line in self.summary()]
+        lines = self.summary()
         if first is not None:
-            lines.append(f"smartlaunch: job {first.index} ({shlex.join(first.args)}) "
-                         f"{first.state.value}: {first.exit_text()}; log {first.log_path or '(none)'}")
+            lines.append(f"job {first.index} ({shlex.join(first.args)}) {first.state.value}: "
+                         f"{first.exit_text()}; log {first.log_path or '(none)'}")
         jobs_code = ExitCode.WORKER_FAILED if bad else ExitCode.OK
         state = RunState.INTERRUPTED if sig else RunState.FAILED if bad else RunState.SUCCEEDED
         details = {"run_id": self.run_id, "log_dir": self.log_dir, "jobs": [j.to_dict() for j in self.jobs]}
+        code = 128 + sig if sig else int(jobs_code)
         try:
             with open(os.path.join(self.log_dir, "summary.json"), "w") as f:
                 json.dump({"exit_code": int(jobs_code), "signal": sig, **details}, f, indent=2)
         except OSError:
             pass
-        self._result = LaunchResult(state, 128 + sig if sig else int(jobs_code), "\n".join(lines), details=details)
+        write_summary(self.log_dir, "\n".join(
+            [f"smartlaunch: summary ({state.value}): exit code {code} after "
+             f"{time.monotonic() - self._started:.1f} s", *lines]))
+        message = "\n".join(f"smartlaunch: {line}" for line in lines)
+        self._result = LaunchResult(state, code, message, details=details)
         return self._result
 
     def summary(self) -> list[str]:

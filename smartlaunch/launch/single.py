@@ -2,6 +2,8 @@
 
 The script's exit code is smartlaunch's (128+N when a signal killed it). Signals reach the
 script; after a terminating one, the script gets the policy's grace period before SIGKILL.
+Its run directory, <launch.log_dir>/<run id>/, keeps summary.txt (summary.py): exit code, wall
+time, and the step rate when the hook counted steps.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for
+from smartlaunch.launch.summary import single_summary, write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 
@@ -32,8 +35,8 @@ def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None 
     gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
     binding = next((b for b in plan.numa if b.gpu == gpu), None)
     env.update(worker_env("", rank_env["TORCHELASTIC_RUN_ID"], [binding] if binding else []))
-    # One process has no peer to hang on: no watchdog. A run dir only for a GPU launch, whose
-    # step counter gives the measured rate the next plan of this job prefers (measured.py).
+    # One process has no peer to hang on: no watchdog. The hook's step counter only where
+    # run_dir is given (SingleLauncher.start says when).
     env.pop(RUN_DIR_VAR, None)
     if run_dir:
         env[RUN_DIR_VAR] = run_dir
@@ -50,6 +53,8 @@ class SingleLauncher:
         self.plan, self.ctx = plan, ctx
         self.child: proc.Child | None = None
         self.run_dir: str | None = None
+        self.counted = False                   # the worker hook counts its steps
+        self._started = 0.0
         self._stop_deadline: float | None = None
         self._signal: int | None = None
         self._result: LaunchResult | None = None
@@ -62,13 +67,17 @@ class SingleLauncher:
             lease = ctx.hold(plan, 1)
             if lease.gpus != plan.gpus[:1]:
                 self.plan = plan = dataclasses.replace(plan, gpus=lease.gpus)
-            if plan.command[:1] != ("--no-python",):     # the hook counts steps of Python only
-                self.run_dir = ctx.new_run_dir()
+            # The hook counts steps (the measured rate the next plan of this job prefers,
+            # measured.py) of a GPU launch of Python only: counting imports torch up front.
+            self.counted = plan.command[:1] != ("--no-python",)
         ctx.begin(plan)
+        self.run_dir = ctx.new_run_dir()       # its summary.txt, its step counter
         # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
         # can end the whole group, DataLoader workers included; the guard ends it when we
         # are SIGKILLed (its DataLoader workers lived on 5-10 s with PDEATHSIG alone).
-        env = single_env(plan, ctx.topology, ctx.environ, run_dir=self.run_dir)
+        env = single_env(plan, ctx.topology, ctx.environ,
+                         run_dir=self.run_dir if self.counted else None)
+        self._started = time.monotonic()
         self.child = proc.spawn(worker_argv(plan), env=env, stdin=None)
 
     def forward(self, signum: int) -> None:
@@ -91,7 +100,11 @@ class SingleLauncher:
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
         self._result = LaunchResult(state, code)
-        if self.run_dir:
+        profile = self.plan.profile
+        write_summary(self.run_dir, single_summary(
+            state.value, code, time.monotonic() - self._started, self.run_dir,
+            batch=profile.batch_size if profile is not None else None))
+        if self.counted:
             self.ctx.record(self.plan, self.run_dir)
         return self._result
 
