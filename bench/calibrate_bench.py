@@ -1,5 +1,6 @@
-"""How long `smartlaunch-node calibrate` takes and how steady its constants are, and what
-the status line's per-step counter costs the dry run.
+"""How long `smartlaunch-node calibrate` takes and how steady its constants (κ, per-step
+overhead, per gradient tensor) are, and what the status line's per-step counter costs the dry
+run.
 
 Runs the command N times (each a fresh measurement: the node record is overwritten, the
 all-reduce curve is cached after the first), reports wall time against the 30 s goal as a
@@ -56,6 +57,9 @@ def main() -> int:
 
     kappa = [r["constants"]["contention_s_per_byte"] * 1e12 for r in records]
     ovh = [r["constants"]["ddp_overhead_s"] * 1e3 for r in records]
+    # the per-tensor median as measured (before a value within its spread is kept as 0)
+    per = [r["measured_median"]["per_tensor_s"] * 1e6 for r in records]
+    per_sd = [r["spread"]["per_tensor_s"] * 1e6 for r in records]
     med = statistics.median(walls)
     lines = [f"# smartlaunch-node calibrate ({args.fake or 'this node'}), "
              f"{time.strftime('%Y-%m-%d')}", "",
@@ -71,7 +75,13 @@ def main() -> int:
                   f"{statistics.median(kappa):.0f}, within-run sd "
                   f"{', '.join(f'{x:.0f}' for x in sd)}",
                   f"- DDP overhead per run (ms/step): {', '.join(f'{x:.2f}' for x in ovh)}; "
-                  f"median {statistics.median(ovh):.2f}"]
+                  f"median {statistics.median(ovh):.2f}",
+                  f"- per gradient tensor per run (µs, measured median): "
+                  f"{', '.join(f'{x:.1f}' for x in per)}; median {statistics.median(per):.1f}, "
+                  f"within-run sd {', '.join(f'{x:.1f}' for x in per_sd)}"
+                  f"; kept as 0 (below 0, or within its sd of 0) in "
+                  f"{sum('per_tensor_s' in r['clamped_to_zero'] + r['within_noise'] for r in records)}"
+                  f" of {len(records)} runs"]
     lines += [f"- TickWriter.set (the dry run's per-step counter): {tick_s * 1e9:.0f} ns per "
               f"step, best of 5 x {n:,}"]
     text = "\n".join(lines) + "\n"

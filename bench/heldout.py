@@ -11,6 +11,13 @@ counted as "trial, not run"). Error figures are |ln(predicted / measured)| and t
 old suite (bench/results/cost-fit-old-suite.json, written by fit_cost.py --json).
 
     python bench/heldout.py OUT.md records.jsonl [records.jsonl ...] [--floor 0.5]
+        [--constants calibration.json ...]
+
+--constants: calibration records (`smartlaunch-node calibrate --out FILE`, one per link
+condition, matched to a row by the record's NCCL_* variables, bench/common.CONDITIONS) replace
+the shipped κ, per-step overhead and per-tensor cost for the rows of their condition; the
+report then gives the speedup error of both sets of constants on the same rows. Nothing is
+fitted: the records come from synthetic models, so the held-out rows stay held out.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import multi_n  # noqa: E402
 import fit_cost  # noqa: E402
-from smartlaunch.decide.cost import MODEL_ERROR, CostModel, predict_ddp  # noqa: E402
+from smartlaunch.decide.cost import MODEL_ERROR, CostModel, calibrated, predict_ddp  # noqa: E402
 
 FIT = Path(__file__).parent / "results" / "cost-fit-old-suite.json"
 
@@ -49,6 +56,28 @@ def trial_speedup(sl: dict | None, n: int = 2) -> float | None:
     return None
 
 
+def node_models(paths: list[Path]) -> dict[str, tuple[CostModel, str]]:
+    """Link condition -> (the cost model with that record's constants, its --explain text)."""
+    out = {}
+    for path in paths:
+        record = json.loads(path.read_text())
+        # The machine's own settings (NVLS off on the lent machines, NCCL's version) are in
+        # every record; only the variables that make a link condition tell them apart.
+        env = {k: v for k, v in (record.get("nccl") or {}).items()
+               if k not in common.REQUIRED_ENV and k != "NCCL_VERSION"}
+        cond = next((c for c, e in common.CONDITIONS.items() if e == env), None)
+        if cond is None:
+            raise SystemExit(f"{path}: its NCCL_* variables {env} match no link condition of "
+                             f"bench/common.py ({', '.join(common.CONDITIONS)}); a record "
+                             "written by `smartlaunch-node calibrate --out` names them")
+        if cond in out:
+            raise SystemExit(f"{path}: a second record for the {cond} condition")
+        model, text = calibrated(CostModel(), record)
+        out[cond] = (model, f"{text}, {record.get('gpu_name', '?')} "
+                            f"({record.get('backend', '?')}), {path.name}")
+    return out
+
+
 def pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
@@ -61,7 +90,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--band-p90", type=float, default=MODEL_ERROR.p90_log,
                     help="|ln error| inside which a trial decides (default: MODEL_ERROR's; give "
                          "the figure that was in force when the records were measured)")
+    ap.add_argument("--constants", nargs="+", type=Path, default=[],
+                    help="calibration records (smartlaunch-node calibrate --out), one per link "
+                         "condition: replay with them too and compare with the shipped constants")
     args = ap.parse_args(argv)
+    node = node_models(args.constants)
+    node_errs, shipped_errs = [], []
     records = fit_cost.load(args.records)
     by = common.latest(records)
     rows = fit_cost.rows_from(records)
@@ -78,6 +112,10 @@ def main(argv: list[str]) -> int:
         n, meas = rep["curve"].world_size, rep["measured"]
         pred = predict_ddp(rep["profile"], rep["curve"], n, model).speedup
         errs.append(math.log(pred / meas))
+        if r["condition"] in node:
+            shipped_errs.append(errs[-1])
+            node_pred = predict_ddp(rep["profile"], rep["curve"], n, node[r["condition"]][0])
+            node_errs.append(math.log(node_pred.speedup / meas))
         choice = band_choice(pred, trial_speedup(sl, n), args.floor, args.band_p90, n)
         rates = {1: r["single_sps"], **{k: v for k, v in r["ddp_sps_by_n"].items() if v}}
         mb = (multi_n.regret(n if choice.endswith("ddp") else 1, rates)
@@ -115,7 +153,14 @@ def main(argv: list[str]) -> int:
         lines.append(erow("old suite, frozen constants (in the fit)", fit["current"]["error"]))
     if fit.get("leave_one_script_out"):
         lines.append(erow("old suite, leave-one-script-out", fit["leave_one_script_out"]))
-    lines += [erow("**held-out scripts (new)**", s), "", "## Regret", "",
+    lines.append(erow("**held-out scripts (new)**", s))
+    if node_errs:
+        lines += [erow("held-out rows with a calibration record, shipped constants",
+                       fit_cost.stats(shipped_errs)),
+                  erow("the same rows, node-measured constants", fit_cost.stats(node_errs)),
+                  "", "Node-measured constants (from calibration records, not fitted on any "
+                  "row):", *(f"- {c}: {t}" for c, (_, t) in node.items())]
+    lines += ["", "## Regret", "",
               "| policy | rows | mean | max |", "|---|---|---|---|"]
     for k, v in regrets.items():
         if v:

@@ -16,7 +16,7 @@ SUBCOMMAND_MODULES = (
     "smartlaunch.topology.cli",     # topo
     "smartlaunch.policy.cli",       # policy check | show
     "smartlaunch.profile.cli",      # bench-comm, profile
-    "smartlaunch.decide.calibrate",  # calibrate (the cost model's per-node constants)
+    "smartlaunch.node_calibrate",   # calibrate (the cost model's per-node constants)
     "smartlaunch.slurm.cli",        # prolog | epilog | baseline
 )
 
@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"smartlaunch-node: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
+    except KeyboardInterrupt:
+        # Ctrl-C in a measurement or a lease wait: its workers are killed and its leases
+        # released on the way out (finally blocks); one line, 128 + SIGINT as the README says.
+        if args.debug:
+            raise
+        print("smartlaunch-node: interrupted", file=sys.stderr)
+        return 130
 
 
 def console_main() -> None:

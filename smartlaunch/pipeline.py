@@ -91,6 +91,8 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     )
     status.clear()
     clock.lap("decide")
+    if trial is not None and trial.used_dry_run and trial.k:
+        notes.append((trial.used_dry_run, "dry run"))
     plan = prepare(plan, topology, policy, environ, units=REGISTRY,
                    torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
     clock.lap("prepare")
@@ -161,6 +163,11 @@ class _Clock:
                 self.nested += spent
         return wrapper
 
+    def add(self, seconds: dict[str, float]) -> None:
+        """Parts of a timed stage (a trial's start-up, set-up, steps, exit): shown, not laps."""
+        for k, v in seconds.items():
+            self.laps[k] = self.laps.get(k, 0.0) + v
+
     def result(self) -> dict[str, float]:
         out = {k: round(v, 4) for k, v in self.laps.items()}
         out["total"] = round(time.perf_counter() - self.t0, 4)
@@ -205,7 +212,8 @@ def _profile(request, policy, topology, environ, gpu, status):
     return profile_entrypoint(request, policy, gpu=narrow_visible([gpu], environ, topology),
                               gpu_model=topology.gpu(gpu).name, environ=environ,
                               announce=announce, progress=progress,
-                              echo=status.echo(binary) if binary is not None else None)
+                              echo=status.echo(binary) if binary is not None else None,
+                              real_gpu=topology.source == "nvml")
 
 
 def _comm_for(topology, policy, environ, profile, status):
@@ -256,8 +264,9 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock):
     from smartlaunch.profile.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
-    runner = make_trial_runner(request, policy, environ, expected_step_s=step)
-    trials = _CountedTrials(runner, status, policy.decision.trial_seconds)
+    runner = make_trial_runner(request, policy, environ, expected_step_s=step,
+                               phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}))
+    trials = _CountedTrials(runner, status, policy.decision.trial_seconds, profile)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
                                                      topology=topology, environ=environ))
     return trials
@@ -266,16 +275,30 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock):
 class _CountedTrials:
     """The trial runner decide() calls, numbering trials for the status line ("trial 2 of
     3: DDP×2 on GPUs 0,1"). decide tells `planned(n)` before a round of n trials; a trial
-    answered from the cache shows nothing, but still counts."""
+    answered from the cache shows nothing, but still counts.
 
-    def __init__(self, runner, status, seconds: float):
+    One GPU is answered by the dry run: it ran the same hooks on one GPU of this model, so a
+    single-GPU trial would measure it again, at the cost of a second start of the script
+    (7.8 s of a 28 s cold decision for examples/train.py on the CPU box, 2026-11-23)."""
+
+    def __init__(self, runner, status, seconds: float, profile=None):
         self.runner, self.status, self.seconds = runner, status, seconds
         self.k, self.n = 0, 0
+        self.dry_run_rate = _dry_run_rate(profile)
+        self.used_dry_run: str | None = None    # the reason line saying so, once used
 
     def planned(self, n: int) -> None:
         self.k, self.n = 0, n
 
     def __call__(self, strategy, gpus):
+        from smartlaunch.vocab import Strategy
+        if strategy == Strategy.SINGLE and self.dry_run_rate is not None:
+            self.n = max(0, self.n - 1)
+            rate, steps = self.dry_run_rate
+            from smartlaunch.decide.words import rate as fmt
+            self.used_dry_run = (f"single GPU's measured rate is its dry run's ({fmt(rate)} over "
+                                 f"{steps} steps), so one GPU needed no trial of its own")
+            return rate
         self.k += 1
         return self.run(strategy, gpus)
 
@@ -286,3 +309,11 @@ class _CountedTrials:
         self.status.ticking(f"trial {self.k}{of}: {what} on {gpu_list(gpus)} (measured steps, "
                             f"at least {self.seconds:g} s)")
         return self.runner(strategy, gpus)
+
+
+def _dry_run_rate(profile) -> tuple[float, int] | None:
+    """(samples/s, steps) of the profile's device-time window, as a trial would compute it
+    (profile.trial.samples_per_s: batch unknown counts 1), or None without a measured window."""
+    if profile is None or not profile.usable or not profile.steps_measured:
+        return None
+    return (profile.batch_size or 1) / profile.step_time_s, profile.steps_measured

@@ -105,6 +105,30 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
+def _opened_any(path: str, fds: list[int]) -> str:
+    """An O_PATH handle on a file or directory, as a path that outlives the overlays."""
+    fd = os.open(path, os.O_PATH)
+    fds.append(fd)
+    return f"/proc/self/fd/{fd}"
+
+
+def _restore(libc, hidden: dict[str, str], covered: list[str]) -> list[str]:
+    """Bind every mount an overlay hid back onto its own path (recursively, with the flags
+    it had: a read-only driver library stays read-only), outermost first. They stay shared
+    with the real system, as /dev and /proc are: they are what the job reads (drivers,
+    datasets on their own filesystems), and a writable one the overlays cannot copy up."""
+    restored: list[str] = []
+    for path in sorted(hidden, key=lambda p: (p.count("/"), p)):
+        if path in covered or not any(path.startswith(c + "/") for c in covered):
+            continue
+        if any(path.startswith(r + "/") for r in restored):
+            continue                      # came back with its parent (MS_REC)
+        _check(libc.mount(hidden[path].encode(), path.encode(), None, MS_BIND | MS_REC, None),
+               f"restoring the mount at {path}")
+        restored.append(path)
+    return restored
+
+
 def isolate(scratch: str, keep: list[str]) -> list[str]:
     """Enter the namespace and mount the overlays (module docstring); returns what is covered.
     Raises IsolationError naming the first step the kernel refused."""
@@ -132,6 +156,20 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
 
     kept = [(os.path.realpath(k), opened(k)) for k in keep]
     below = [m for m in _mount_points() if m != "/"]
+    # Every layer and every mount below a target is opened before the first overlay: an
+    # overlay shows its lower filesystem without the mounts on it, so once /usr is covered
+    # the path /usr/lib/.../libcuda.so.1 no longer reaches the driver library a container
+    # runtime bind-mounted there (2x H200, 2026-11-23: every isolated dry run ran on the CPU,
+    # 4.2 s steps for a 31 ms GPU step), and a nested target opened late would get the empty
+    # directory under its own mount.
+    lower = {t: opened(t) for t in targets}
+    hidden = {}
+    for m in below:
+        if m not in lower and any(m.startswith(t + "/") for t in targets):
+            try:
+                hidden[m] = _opened_any(m, fds)
+            except OSError:
+                pass                      # gone or unreadable: nothing to restore
     queue, covered = list(targets), []
     os.makedirs(scratch, exist_ok=True)
     root_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
@@ -149,7 +187,7 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
         target = queue.pop(0)
         n = len(fds)
         upper, work = scratch_dir(f"{n}-upper"), scratch_dir(f"{n}-work")
-        opts = f"lowerdir={opened(target)},upperdir={upper},workdir={work}"
+        opts = f"lowerdir={lower.get(target) or opened(target)},upperdir={upper},workdir={work}"
         if libc.mount(b"overlay", target.encode(), b"overlay", 0, opts.encode()) == 0:
             covered.append(target)
             continue
@@ -164,6 +202,7 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
             child = os.path.join(target, name)
             if child not in below and os.path.isdir(child) and not os.path.islink(child):
                 queue.append(child)
+    _restore(libc, hidden, covered)
     for path, fd_path in kept:
         _check(libc.mount(fd_path.encode(), path.encode(), None, MS_BIND, None),
                f"keeping {path} shared")

@@ -147,13 +147,35 @@ def test_buffers_are_broadcast_every_forward_at_the_links_cost():
 
 
 def test_node_calibration_replaces_only_machine_constants():
-    m, where = calibrated(CostModel(), {"contention_s_per_byte": 3e-12, "ddp_overhead_s": 1e-4,
-                                        "compute_slowdown": 9.0, "bogus": 1.0})
-    assert (m.contention_s_per_byte, m.ddp_overhead_s) == (3e-12, 1e-4)
+    m, where = calibrated(CostModel(), {"constants": {
+        "contention_s_per_byte": 3e-12, "ddp_overhead_s": 1e-4, "per_tensor_s": 30e-6,
+        "compute_slowdown": 9.0, "bogus": 1.0}})
+    assert (m.contention_s_per_byte, m.ddp_overhead_s, m.per_tensor_s) == (3e-12, 1e-4, 30e-6)
     assert m.compute_slowdown == CostModel().compute_slowdown
-    assert "measured on this node" in where
-    same, where = calibrated(CostModel(), {"contention_s_per_byte": float("nan")})
+    assert "30 µs per gradient tensor (measured on this node" in where
+    same, where = calibrated(CostModel(), {"constants": {"contention_s_per_byte": float("nan"),
+                                                         "per_tensor_s": -1e-6}})
     assert same == CostModel() and "fitted" in where
+    # one format: the calibration record; bare constants are not a record
+    same, _ = calibrated(CostModel(), {"contention_s_per_byte": 3e-12})
+    assert same == CostModel()
+
+
+def test_a_measured_per_tensor_cost_makes_the_prediction_depend_on_the_tensor_count():
+    c = curve(2, 284e9)
+    few = dataclasses.replace(profile(step_ms=70.0), grad_bytes=5 * MiB, num_grad_tensors=2)
+    many = dataclasses.replace(few, num_grad_tensors=1202)
+    shipped = CostModel()
+    assert predict_ddp(many, c, 2, shipped).speedup == predict_ddp(few, c, 2, shipped).speedup
+    node, _ = calibrated(shipped, {"constants": {"per_tensor_s": 30e-6}})
+    p_few, p_many = predict_ddp(few, c, 2, node), predict_ddp(many, c, 2, node)
+    assert p_many.tensors_s == pytest.approx(1202 * 30e-6)
+    assert p_many.step_s - p_few.step_s == pytest.approx(1200 * 30e-6)
+    # issue 15's held-out model: 1,202 tensors, ~72 ms step; the shipped 0 µs said ~1.9x
+    assert predict_ddp(many, c, 2, shipped).speedup > 1.8 > 1.45 > p_many.speedup
+    # never negative in the model, whatever a CostModel is built with
+    neg = dataclasses.replace(shipped, per_tensor_s=-30e-6)
+    assert predict_ddp(many, c, 2, neg).tensors_s == 0.0
 
 
 def test_default_model_charges_compute_bound_models_for_contention():

@@ -23,7 +23,7 @@ LAYERS = (
     ("smartlaunch.scheduler",),
     ("smartlaunch.slurm",),
     ("smartlaunch.pipeline",),
-    ("smartlaunch.cli", "smartlaunch.node_cli"),
+    ("smartlaunch.cli", "smartlaunch.node_cli", "smartlaunch.node_calibrate"),
 )
 
 

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import EXAMPLES, fixture_path, own_lines
+from helpers_jobs import LEASE_HOLDER, PY, python_env, wait_for, write_script, write_topology
 from smartlaunch.decide.calibrate import derive
 from smartlaunch.decide.cost import CostModel, calibrated, predict_ddp
 from smartlaunch.policy.api import Policy
@@ -28,8 +29,9 @@ from smartlaunch.topology.fake import from_json
 PAIR = {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}
 TRAIN = [str(EXAMPLES / "train.py"), "--steps", "60", "--warmup", "1"]
 NO_TRIALS = "decision: {trials: false}\n"
-MEASURED = re.compile(r"κ [\d.]+ ± [\d.]+ ms/GB, DDP overhead [\d.]+ ± [\d.]+ ms per step "
-                      r"\(measured on this node \d{4}-\d\d-\d\d\)")
+MEASURED = re.compile(r"κ [\d.]+ ± [\d.]+ ms/GB, DDP overhead [\d.]+ ± [\d.]+ ms per step, "
+                      r"[\d.]+ ± [\d.]+ µs per gradient tensor "
+                      r"\(measured on this node \d{4}-\d\d-\d\d(; [a-z_]+ shipped)?\)")
 
 
 def run(module, args, cwd, env_extra=None, timeout=240):
@@ -42,35 +44,41 @@ def curve() -> CommCurve:
     return CommCurve.from_points(2, "nccl", [(1 << 20, 40e-6), (1 << 30, 40e-6 + (1 << 30) / 150e9)])
 
 
-def synthetic(kappa: float, overhead: float, noise: list[float]) -> BaselineRun:
+def synthetic(kappa: float, overhead: float, noise: list[float], per_tensor: float = 0.0,
+              many_noise: list[float] | None = None) -> BaselineRun:
     """Times a node with these constants would measure (the model's own prediction), each
-    DDP window moved by `noise` seconds."""
-    truth = dataclasses.replace(CostModel(), contention_s_per_byte=kappa, ddp_overhead_s=overhead)
+    DDP window moved by `noise` seconds (the many-tensor model's by `many_noise`)."""
+    truth = dataclasses.replace(CostModel(), contention_s_per_byte=kappa, ddp_overhead_s=overhead,
+                                per_tensor_s=per_tensor)
     runs = []
-    for grad_bytes, t1 in ((4 << 20, 2e-3), (256 << 20, 40e-3)):
-        prof = ModelProfile(ProfileStatus.OK, grad_bytes=grad_bytes, num_grad_tensors=4,
+    for grad_bytes, tensors, t1, moved in ((4 << 20, 1, 2e-3, noise), (256 << 20, 4, 40e-3, noise),
+                                           (4 << 20, 1024, 15e-3, many_noise or noise)):
+        prof = ModelProfile(ProfileStatus.OK, grad_bytes=grad_bytes, num_grad_tensors=tensors,
                             step_time_s=t1, backward_s=0.6 * t1)
         t2 = predict_ddp(prof, curve(), 2, truth).step_s
-        runs.append(SyntheticRun(grad_bytes, 4, 2048, 0.6, (t1,) * len(noise),
-                                 tuple(t2 + e for e in noise)))
+        runs.append(SyntheticRun(grad_bytes, tensors, 2048, 0.6, (t1,) * len(noise),
+                                 tuple(t2 + e for e in moved)))
     return BaselineRun((0, 1), "nccl", tuple(runs), 12.0)
 
 
 def test_derivation_recovers_the_constants_a_node_was_made_with():
-    rec = derive(synthetic(9.1e-12, 0.31e-3, [0.0, 20e-6, -20e-6, 10e-6, -10e-6]), curve())
+    rec = derive(synthetic(9.1e-12, 0.31e-3, [0.0, 20e-6, -20e-6, 10e-6, -10e-6], 30e-6), curve())
     c = rec["constants"]
     assert c["contention_s_per_byte"] == pytest.approx(9.1e-12, rel=1e-6)
     assert c["ddp_overhead_s"] == pytest.approx(0.31e-3, rel=1e-6)
-    # the same noise on both models moves the overhead, not κ
+    assert c["per_tensor_s"] == pytest.approx(30e-6, rel=1e-6)
+    # the same noise on every model moves the overhead, not κ or the per-tensor cost
     assert rec["spread"]["ddp_overhead_s"] == pytest.approx(15.8e-6, rel=0.01)
     assert rec["spread"]["contention_s_per_byte"] == pytest.approx(0.0, abs=1e-18)
-    assert rec["clamped_to_zero"] == [] and rec["windows"] == 5
+    assert rec["spread"]["per_tensor_s"] == pytest.approx(0.0, abs=1e-12)
+    assert rec["clamped_to_zero"] == [] and rec["within_noise"] == [] and rec["windows"] == 5
+    assert [r["grad_tensors"] for r in rec["models"]] == [1, 4, 1024]
     for row in rec["models"]:
         assert row["predicted_ddp_ms"] == pytest.approx(row["ddp_ms"], rel=1e-6)
     model, text = calibrated(CostModel(), rec)
-    assert (model.contention_s_per_byte, model.ddp_overhead_s) == (c["contention_s_per_byte"],
-                                                                   c["ddp_overhead_s"])
-    assert MEASURED.fullmatch(text), text
+    assert (model.contention_s_per_byte, model.ddp_overhead_s, model.per_tensor_s) == (
+        c["contention_s_per_byte"], c["ddp_overhead_s"], c["per_tensor_s"])
+    assert MEASURED.fullmatch(text), text and "30 ± 0 µs per gradient tensor" in text
 
 
 def test_a_constant_below_zero_is_kept_as_zero_and_said():
@@ -78,6 +86,40 @@ def test_a_constant_below_zero_is_kept_as_zero_and_said():
     assert rec["constants"]["ddp_overhead_s"] == 0.0
     assert rec["clamped_to_zero"] == ["ddp_overhead_s"]
     assert rec["constants"]["contention_s_per_byte"] == pytest.approx(5e-12, rel=1e-6)
+
+
+def test_a_per_tensor_cost_within_its_noise_is_kept_as_zero_with_its_spread():
+    # 2 µs per tensor, but the many-tensor model's windows scatter by ±4 ms (±4 µs per tensor)
+    rec = derive(synthetic(5e-12, 0.2e-3, [0.0] * 5, 2e-6, [4e-3, -4e-3, 0.0, 3e-3, -3e-3]),
+                 curve())
+    assert rec["within_noise"] == ["per_tensor_s"] and rec["constants"]["per_tensor_s"] == 0.0
+    assert rec["measured_median"]["per_tensor_s"] == pytest.approx(2e-6, rel=1e-3)
+    assert rec["spread"]["per_tensor_s"] > 2e-6
+    assert rec["constants"]["contention_s_per_byte"] == pytest.approx(5e-12, rel=1e-6)
+
+
+def test_the_node_record_is_keyed_like_the_all_reduce_curve(clean_env):
+    """One key function: the node's record and the pair's curve change together with the
+    topology and NCCL_*; only the record depends on the torch version and its format."""
+    from smartlaunch.profile import baseline
+    from smartlaunch.profile.cache import comm_key, node_key
+    pair, other = from_json("h200-nv18-pair", {}), from_json("pcie-phb-4070ti-pair", {})
+    env, p2p = {}, {"NCCL_P2P_DISABLE": "1", "PATH": "/x"}
+    assert comm_key(pair, (0, 1), "gloo", env) == node_key(pair, env, gpus=[0, 1], backend="gloo")
+    for a, b in ((pair, other), (pair, pair)):
+        for e in (env, p2p):
+            same = a is b and e is env
+            assert (baseline.baseline_key(a, env) == baseline.baseline_key(b, e)) == same
+            assert (comm_key(a, (0, 1), "gloo", env) == comm_key(b, (0, 1), "gloo", e)) == same
+    assert baseline.baseline_key(pair, {"PATH": "/y"}) == baseline.baseline_key(pair, env)
+    old = baseline.baseline_key(pair, env)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(baseline, "FORMAT", 1)
+        assert baseline.baseline_key(pair, env) != old          # a format-1 record is not read
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(baseline, "torch_version", lambda: "2.11.0")
+        assert baseline.baseline_key(pair, env) != old
+    assert baseline.baseline_key(pair, env) == old
 
 
 def test_a_foreign_stale_or_other_transport_record_is_ignored(clean_env):
@@ -89,7 +131,7 @@ def test_a_foreign_stale_or_other_transport_record_is_ignored(clean_env):
     assert load_constants(policy, other, env) is None                   # another topology
     assert load_constants(policy, pair, {**env, "NCCL_P2P_DISABLE": "1"}) is None
     # a record copied under the other topology's key still names the topology it was made on
-    foreign = path.parent / f"{baseline_key(other, 'gloo', env)}.json"
+    foreign = path.parent / f"{baseline_key(other, env)}.json"
     foreign.write_text(path.read_text())
     assert load_constants(policy, other, env) is None
     data = json.loads(path.read_text())
@@ -122,11 +164,12 @@ def _explain(cwd) -> tuple[str, dict]:
 def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(clean_env):
     (clean_env / "smartlaunch.yaml").write_text(NO_TRIALS)
     before, _ = _explain(clean_env)
-    assert "κ 12 ms/GB, DDP overhead 0.40 ms per step (shipped, fitted on 2x H200" in before
+    assert ("κ 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient tensor (shipped, "
+            "fitted on 2x H200") in before
     assert "[decide/cost.py]" in before
 
     t0 = time.monotonic()
-    r = run("smartlaunch.node_cli", ["calibrate"], clean_env, PAIR)
+    r = run("smartlaunch.node_cli", ["calibrate", "--out", "rec.json"], clean_env, PAIR)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-2000:]
     shown = MEASURED.search(r.stdout)
@@ -137,6 +180,11 @@ def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(cle
     record = json.loads(cached[0].read_text())
     assert record["gpus"] == [0, 1] and record["backend"] == "gloo"
     assert record["fingerprint"] == from_json("h200-nv18-pair", {}).fingerprint()
+    assert [m["grad_tensors"] for m in record["models"]] == [1, 4, 256]
+    assert "64 KiB of gradients in 256 tensors" in r.stdout
+    assert set(record["constants"]) == {"contention_s_per_byte", "ddp_overhead_s", "per_tensor_s"}
+    written = json.loads((clean_env / "rec.json").read_text())
+    assert written["constants"] == record["constants"] and written["nccl"] == {}
     assert not _workers_left(clean_env)
     assert took < 120, took            # the goal (30 s) is a bench figure, not an assertion
 
@@ -149,6 +197,16 @@ def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(cle
     cached[0].write_text(json.dumps(record))
     note, r = _explain(clean_env)
     assert "DDP overhead 10000.00" in note
+    assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
+    # and so is the per-tensor cost: free DDP picks DDP; 1 s per gradient tensor does not
+    record["constants"] = dict.fromkeys(record["constants"], 0.0)
+    cached[0].write_text(json.dumps(record))
+    _, r = _explain(clean_env)
+    assert r.stdout.startswith("smartlaunch: DDP×2 on GPUs 0,1"), r.stdout[:300]
+    record["constants"]["per_tensor_s"] = 1.0
+    cached[0].write_text(json.dumps(record))
+    note, r = _explain(clean_env)
+    assert "1000000 ± " in note and "µs per gradient tensor" in note
     assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
 
 
@@ -176,4 +234,34 @@ def test_a_calibration_past_its_time_limit_is_stopped_and_leaves_no_worker(clean
     with pytest.raises(CommBenchError, match=r"rank \d did not finish within 1 s"):
         measure_baseline((0, 1), device="cpu", environ=dict(os.environ), time_limit_s=1.0)
     assert time.monotonic() - t0 < 15
+    assert not _workers_left(clean_env)
+
+
+@pytest.mark.parametrize("how", ["no-wait", "wait times out"])
+def test_calibrate_never_measures_on_gpus_another_job_leases(clean_env, how):
+    """Another smartlaunch job holds GPU 1: calibrate measures nothing, says who holds it, and
+    exits 6 (no free GPU), at once with --no-wait, after jobs.wait_timeout_s otherwise."""
+    topo = write_topology(clean_env / "topo.json", from_json("h200-nv18-pair", {}))
+    holder_py = write_script(clean_env, "holder.py", LEASE_HOLDER)
+    ready = clean_env / "ready"
+    holder = subprocess.Popen([PY, holder_py, topo, str(ready), "1"], env=python_env())
+    try:
+        wait_for(ready)
+        args = ["calibrate", "--no-wait"] if how == "no-wait" else ["calibrate"]
+        (clean_env / "smartlaunch.yaml").write_text("jobs: {wait_timeout_s: 1}\n")
+        t0 = time.monotonic()
+        r = run("smartlaunch.node_cli", args, clean_env, PAIR, timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    errors = [line for line in own_lines(r.stderr) if "error:" in line]
+    assert r.returncode == 6, r.stderr
+    assert len(errors) == 1 and f"pid {holder.pid}" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    if how == "no-wait":
+        assert "drop --no-wait" in errors[0] and took < 20
+    else:
+        assert "waited 1 s" in errors[0] and "waiting for 2 free GPU(s)" in r.stderr
+    assert not (clean_env / "home" / ".cache" / "smartlaunch" / "node").exists()
     assert not _workers_left(clean_env)

@@ -82,6 +82,16 @@ def test_frozen_layers_count_as_params_but_not_gradients(clean_env):
     assert prof.backward_s is not None and prof.forward_s is not None
 
 
+def test_a_script_given_a_real_gpu_that_runs_on_the_cpu_is_not_a_gpu_profile(clean_env):
+    # No CUDA here: the script falls back to the CPU as it would where the driver is hidden.
+    req = Request(script=str(SCRIPTS / "frozen.py"))
+    prof = run_dry_run(req, POLICY, gpu="0", environ=dict(os.environ), real_gpu=True)
+    assert prof.status == ProfileStatus.UNMEASURABLE and not prof.usable
+    assert "given GPU 0 but the script ran on the CPU" in prof.note, prof.note
+    # A fixture's GPU (tests, CPU machines) is not a finding: the CPU profile stands.
+    assert run_dry_run(req, POLICY, gpu="0", environ=dict(os.environ)).status == ProfileStatus.OK
+
+
 def test_package_run_with_dash_m(clean_env):
     sys.path.insert(0, str(SCRIPTS))
     try:

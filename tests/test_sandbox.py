@@ -62,3 +62,44 @@ def test_require_without_isolation_runs_no_dry_run_and_says_why(clean_env, monke
     assert not (clean_env / "lightning_logs").exists()
     assert "removed the 2 files and directories it created" in prof.note
     assert "cannot be restored: " + str(clean_env / "kept.txt") in prof.note
+
+
+# A container runtime bind-mounts the driver's libcuda.so.1 (read-only) as a file below /usr;
+# an overlay over /usr shows /usr's own filesystem without mounts on it. Set up in a private
+# mount namespace of its own, so the machine's mounts are never touched.
+MOUNTED_BELOW = r'''
+import ctypes, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.unshare(0x00020000) == 0, "unshare"
+assert libc.mount(b"none", b"/", None, (1 << 14) | (1 << 18), None) == 0, "private"
+src, spot, ro = sys.argv[1:4]
+assert libc.mount(src.encode(), spot.encode(), None, 4096, None) == 0, "bind"
+assert libc.mount(b"none", spot.encode(), None, 4096 | 32 | 1, None) == 0, "remount ro"
+cmd = [sys.executable, "-m", "smartlaunch.sandbox", "--scratch", sys.argv[4], "--",
+       sys.executable, "-c",
+       "import sys; spot, ro = sys.argv[1:3]; print(open(spot).read());"
+       "open(ro + '/new.txt', 'w').write('x'); print('wrote below', ro)", spot, ro]
+sys.exit(subprocess.run(cmd).returncode)
+'''
+
+
+def test_a_read_only_mount_below_an_overlay_is_still_there(tmp_path, shared_dir):
+    import subprocess
+    import sys
+    why = sandbox.unavailable()
+    assert why is None or os.getuid() != 0, why      # root here: isolation must work
+    if why is not None:
+        import pytest
+        pytest.skip(f"isolation unavailable for uid {os.getuid()}: {why}")
+    lib = shared_dir / "libfake-driver.so.1"
+    lib.write_text("driver code\n")
+    spot = tmp_path / "usr-lib" / "libcuda.so.1"       # tmp_path lies below a covered dir
+    spot.parent.mkdir()
+    spot.write_text("")                                 # the runtime's empty placeholder
+    r = subprocess.run([sys.executable, "-c", MOUNTED_BELOW, str(lib), str(spot),
+                        str(tmp_path), str(shared_dir / "scratch")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("driver code"), r.stdout + r.stderr
+    assert not (tmp_path / "new.txt").exists()          # the directory itself stays covered
+    assert spot.read_text() == ""                       # nothing leaked into the real tree

@@ -16,16 +16,21 @@ Every term is a physical cost with a bound (the README copies this table):
     end_k     = max(ready_k, end_{k-1}) + comm(bytes_k) + per_bucket_s   one NCCL stream
     exposed   = max(0, end_last - (s*B + contend))    the tail the optimizer waits for
     tensors   = per_tensor_s * gradient tensors        a hook, a copy into the bucket and a
-              copy back per tensor (a model of 1,200 small tensors pays for each)
+              copy back per tensor (a model of 1,200 small tensors pays for each); never below
+              0, charged in full: it is host work in backward, measured by the node calibration
+              on a launch-bound model where nothing hides it (on a device-bound step some of it
+              hides behind kernels; the profile holds no host time to say how much, so this is
+              the term's upper end and the trial band covers the rest)
     buffers   = comm(buffer bytes)                     broadcast_buffers=True: rank 0's buffers
               (BatchNorm statistics) are broadcast at every forward, before any compute
     t_N       = t1 + (s-1)*B + contend + exposed + tensors + buffers + ddp_overhead_s
     speedup   = N * t1 / t_N       (per-GPU batch is the script's own: torchrun semantics)
 
 comm() is the all-reduce curve measured in the job's own environment, so link speed is never a
-constant. kappa and ddp_overhead_s depend on the machine (how NCCL's kernels share the GPU, how
-fast the host runs the reducer); `calibrated()` replaces them with values measured on the node
-when a calibration record exists, and the defaults below are the 2x H200 fit.
+constant. kappa, ddp_overhead_s and per_tensor_s depend on the machine (how NCCL's kernels share
+the GPU, how fast the host runs the reducer); `calibrated()` replaces them with values measured
+on the node when a calibration record exists, and the defaults below are the 2x H200 fit
+(per_tensor_s 0: the old suite could not identify it; the calibration measures it).
 
 Why contention at all: on 2x H200 (2026-11-22) compute-bound models lost far more than their
 standalone all-reduce although it fits inside backward: ResNet-50 2.0 ms for a 0.36 ms
@@ -89,23 +94,22 @@ class CostModel:
 
 
 # The machine-dependent constants a node calibration may replace.
-NODE_CONSTANTS = ("contention_s_per_byte", "ddp_overhead_s")
+NODE_CONSTANTS = ("contention_s_per_byte", "ddp_overhead_s", "per_tensor_s")
 
 
-def calibrated(model: CostModel, measured: dict | None) -> tuple[CostModel, str]:
+def calibrated(model: CostModel, record: dict | None) -> tuple[CostModel, str]:
     """The model with the node's measured constants where there are some, and a sentence
-    for --explain saying which values decide and where they came from. measured: a node
-    calibration record (decide/calibrate.py: "constants", "spread", "date", ...) or a plain
-    {name: value} of constants."""
-    measured = measured or {}
-    values = measured.get("constants", measured)
+    for --explain saying which values decide and where they came from. record: a node
+    calibration record (decide/calibrate.py's: "constants", "spread", "date", ...) or None.
+    A constant missing, negative or not finite in it stays the shipped one."""
+    values = (record or {}).get("constants")
     got = {k: float(v) for k, v in (values if isinstance(values, dict) else {}).items()
            if k in NODE_CONSTANTS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
     if not got:
         return model, (f"{constants_text(model)} (shipped, fitted on 2x H200 by "
                        f"bench/fit_cost.py; `smartlaunch-node calibrate` measures this node's)")
-    spread = measured.get("spread") if isinstance(measured.get("spread"), dict) else {}
-    where = "measured on this node" + (f" {measured['date']}" if measured.get("date") else "")
+    spread = record.get("spread") if isinstance(record.get("spread"), dict) else {}
+    where = "measured on this node" + (f" {record['date']}" if record.get("date") else "")
     shipped = sorted(set(NODE_CONSTANTS) - set(got))
     tail = f"; {', '.join(shipped)} shipped" if shipped else ""
     new = dataclasses.replace(model, **got)
@@ -113,7 +117,8 @@ def calibrated(model: CostModel, measured: dict | None) -> tuple[CostModel, str]
 
 
 def constants_text(model: CostModel, spread: dict | None = None) -> str:
-    """"κ 12 ms/GB, DDP overhead 0.40 ms per step", with "± spread" where it is known."""
+    """"κ 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient tensor", with "± spread"
+    where it is known."""
     spread = spread or {}
 
     def pm(key: str, scale: float, digits: int) -> str:
@@ -123,7 +128,8 @@ def constants_text(model: CostModel, spread: dict | None = None) -> str:
     # s/byte -> ms/GB: x 1e9 bytes x 1e3 ms
     return (f"κ {_g(model.contention_s_per_byte * 1e12, 3)}{pm('contention_s_per_byte', 1e12, 2)} "
             f"ms/GB, DDP overhead {model.ddp_overhead_s * 1e3:.2f}"
-            f"{pm('ddp_overhead_s', 1e3, 2)} ms per step")
+            f"{pm('ddp_overhead_s', 1e3, 2)} ms per step, "
+            f"{_g(model.per_tensor_s * 1e6, 2)}{pm('per_tensor_s', 1e6, 2)} µs per gradient tensor")
 
 
 def _g(v: float, digits: int) -> str:
@@ -215,7 +221,7 @@ def predict_ddp(profile: ModelProfile, curve: CommCurve, n: int,
         comm_total += t
         end = max(ready, end) + t
     exposed = max(0.0, end - stretched)
-    tensors = model.per_tensor_s * (profile.num_grad_tensors or 0)
+    tensors = max(0.0, model.per_tensor_s) * (profile.num_grad_tensors or 0)
     buffers = curve.time(getattr(profile, "buffer_bytes", 0) or 0)
     step = (t1 + (s - 1.0) * share * t1 + contention + exposed + tensors + buffers
             + model.ddp_overhead_s)

@@ -158,12 +158,23 @@ def cpu_ranges(cpus) -> str:
 TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")
 
 
+TRIAL_PHASES = (("start", "start-up"), ("setup", "script set-up"), ("steps", "steps"),
+                ("exit", "exit"))
+
+
 def _timings(t: dict) -> str:
-    parts = ", ".join(f"{k} {t[k]:.2f}" for k in TIMED_STAGES if t.get(k, 0) >= 0.005)
+    parts = ", ".join(f"{k} {t[k]:.2f}" + (_trial_split(t) if k == "trials" else "")
+                      for k in TIMED_STAGES if t.get(k, 0) >= 0.005)
     head = f"decided in {t.get('total', 0):.2f} s" + (f" ({parts})" if parts else "")
     if t.get("since_process_start") is not None:
         head += f"; {t['since_process_start']:.2f} s since the command started (Python, torch import)"
     return head
+
+
+def _trial_split(t: dict) -> str:
+    """Where the trials' seconds went (profile.trial.trial_phases), for the cold-decision goal."""
+    parts = [f"{name} {t[f'trials_{k}']:.2f}" for k, name in TRIAL_PHASES if f"trials_{k}" in t]
+    return f" [{', '.join(parts)}]" if parts else ""
 
 
 def decision_line(plan: Plan, units: Units) -> str:

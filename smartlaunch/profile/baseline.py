@@ -1,37 +1,41 @@
 """The node calibration's measurement: single GPU vs DDP×2 on synthetic models, cached per node.
 
-cost.py's machine-dependent constants (contention per gradient byte, per-step DDP overhead)
-were fitted on one 2x H200 box (issue 15). `smartlaunch-node calibrate` measures them here:
-this module runs the synthetic workers (baseline_worker.py, one per GPU, NCCL; or gloo ranks on
+cost.py's machine-dependent constants (contention per gradient byte, per-step DDP overhead,
+per gradient tensor) were fitted on one 2x H200 box, the last at 0 (issue 15).
+`smartlaunch-node calibrate` measures them here: this module runs the synthetic workers (baseline_worker.py, one per GPU, NCCL; or gloo ranks on
 the CPU for a fake topology) exactly as comm.py runs its benchmark: each in its own session,
 the whole run bounded by a time limit, every worker killed on failure or time-out. The
 derivation of the constants from these times is decide/calibrate.py's (it needs the model).
 
-Cache: <cache_dir>/node/<key>.json, key = topology fingerprint + backend + every NCCL_*
-variable + torch version, like the all-reduce curve's (a different node, transport or NCCL
-build must measure again); entries older than paths.comm_cache_max_age_s are not used.
+Cache: <cache_dir>/node/<key>.json, key = cache.node_key (topology fingerprint + every NCCL_*
+variable, as the all-reduce curve's) + backend + format + torch version (a different node,
+transport or NCCL build must measure again); entries older than paths.comm_cache_max_age_s are
+not used.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from smartlaunch.profile.cache import torch_version
-from smartlaunch.profile.comm import CommBenchError, run_ranks
+from smartlaunch.profile.cache import node_key, torch_version
+from smartlaunch.profile.comm import CommBenchError, backend_for, device_for, run_ranks
 from smartlaunch.store import cache_root, private_dir, read_json, write_json
 
 TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing
-FORMAT = 1
+FORMAT = 2                # 2: a third model, many small tensors (per_tensor_s); 1 is not read
 # WIDTHxLAYERSxBATCH (baseline_worker.py). Two gradient sizes far apart, so the difference
 # of their DDP costs is the per-byte term and the rest is per step. On GPUs the large model's
 # backward (~4 x 2 x 2 x 2048 x 4096^2 flops) lasts several times its 256 MiB all-reduce, so
 # contention is measured below its cap (cost.py: at most contention_cap x the overlap).
-GPU_MODELS = ((1024, 1, 2048), (4096, 4, 2048))       # 4 MiB, 256 MiB of gradients
-CPU_MODELS = ((128, 1, 64), (512, 4, 64))             # 64 KiB, 4 MiB: gloo on a shared CPU
-
+# The third model has the small one's gradient bytes in many tensors instead of 1 (32^2 x
+# 1024 = 1024^2), so what DDP adds to it beyond the small model is per gradient tensor: the
+# held-out model with 1,202 small tensors paid ~30 µs each on 2x H200 (issue 15), which the old
+# suite could not tell from 0. Its step is launch-bound, as that model's was: nothing hides
+# the reducer's per-tensor host work there. On the CPU 256 tensors (8^2 x 256 = 128^2): with
+# 1,024 the calibration took 26 s of its 30 s goal on the loaded 2-core machine.
+GPU_MODELS = ((1024, 1, 2048), (4096, 4, 2048), (32, 1024, 2048))  # 4 MiB, 256 MiB, 4 MiB/1024
+CPU_MODELS = ((128, 1, 64), (512, 4, 64), (8, 256, 64))            # 64 KiB, 4 MiB, 64 KiB/256
 
 @dataclass(frozen=True)
 class SyntheticRun:
@@ -53,16 +57,19 @@ class BaselineRun:
 
 
 def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: int = 5,
-                     window_s: float = 0.2, time_limit_s: float = TIME_LIMIT_S,
+                     window_s: float | None = None, time_limit_s: float = TIME_LIMIT_S,
                      models=None) -> BaselineRun:
-    """Both synthetic models on `gpus` (CUDA ordinals as this job sees them), single then DDP.
+    """The synthetic models on `gpus` (CUDA ordinals as this job sees them), single then DDP.
     device "cuda": NCCL, one process per GPU; "cpu": gloo, len(gpus) processes."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"a node calibration needs at least 2 GPUs, got {list(gpus)}; "
                              "pass --gpus with two indices")
-    backend = "nccl" if device == "cuda" else "gloo"
+    backend = backend_for(device)
     models = models or (GPU_MODELS if device == "cuda" else CPU_MODELS)
+    # 0.1 s windows on the CPU: with 0.2 s the three models' run reached 60 s (its limit) once
+    # at load average 22 on the 2-core workstation; the CPU figures describe gloo, not a GPU.
+    window_s = window_s or (0.2 if device == "cuda" else 0.1)
     spec = ",".join(f"{w}x{l}x{b}" for w, l, b in models)
     t0 = time.monotonic()
     data = run_ranks("smartlaunch.profile.baseline_worker", gpus, device, environ,
@@ -80,15 +87,9 @@ def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: in
     return BaselineRun(tuple(gpus), backend, runs, time.monotonic() - t0)
 
 
-def baseline_key(topology, backend: str, environ) -> str:
-    key = {"topology": topology.fingerprint(), "backend": backend, "format": FORMAT,
-           "torch": torch_version(),
-           "nccl": {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def backend_for(topology) -> str:
-    return "nccl" if topology is not None and topology.source == "nvml" else "gloo"
+def baseline_key(topology, environ) -> str:
+    return node_key(topology, environ, backend=backend_for(device_for(topology)), format=FORMAT,
+                    torch=torch_version())
 
 
 def _path(policy, key: str, environ) -> Path:
@@ -97,7 +98,7 @@ def _path(policy, key: str, environ) -> Path:
 
 def store_constants(policy, topology, environ, record: dict) -> Path:
     """Keep a calibration record (decide/calibrate.py's) for this node; returns its path."""
-    path = _path(policy, baseline_key(topology, backend_for(topology), environ), environ)
+    path = _path(policy, baseline_key(topology, environ), environ)
     write_json(path, {**record, "measured_at": time.time(),
                       "fingerprint": topology.fingerprint()})
     return path
@@ -108,8 +109,7 @@ def load_constants(policy, topology, environ) -> dict | None:
     topology, transport or torch (another key), too old, or damaged."""
     if topology is None or not topology.gpus:
         return None
-    data = read_json(_path(policy, baseline_key(topology, backend_for(topology), environ),
-                           environ))
+    data = read_json(_path(policy, baseline_key(topology, environ), environ))
     if not isinstance(data, dict) or data.get("fingerprint") != topology.fingerprint():
         return None
     try:

@@ -90,7 +90,8 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
-                       announce=None, echo=None, progress=None) -> ModelProfile:
+                       announce=None, echo=None, progress=None,
+                       real_gpu: bool = False) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
     announce() is called just before a dry run starts (not on a cache hit); echo and
     progress(k, n): as runner.run_dry_run."""
@@ -112,7 +113,7 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if announce is not None:
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
-                              progress=progress)
+                              progress=progress, real_gpu=real_gpu)
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
             write_json(path, profile.to_dict())
         return profile
@@ -129,13 +130,21 @@ def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile 
         return None
 
 
-def comm_key(topology, gpus, backend: str, environ) -> str:
-    key = {
-        "topology": topology.fingerprint() if topology is not None else "none",
-        "gpus": list(gpus), "backend": backend,
-        "nccl": {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")},
-    }
+def nccl_env(environ) -> dict[str, str]:
+    """Every NCCL_* variable: what shapes a measurement of the link besides the topology."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
+
+
+def node_key(topology, environ, **parts) -> str:
+    """The key of a measurement of this node's links: topology fingerprint + every NCCL_*
+    variable + what the caller adds (GPU group, backend, format, torch version)."""
+    key = {"topology": topology.fingerprint() if topology is not None else "none",
+           "nccl": nccl_env(environ), **parts}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def comm_key(topology, gpus, backend: str, environ) -> str:
+    return node_key(topology, environ, gpus=list(gpus), backend=backend)
 
 
 def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None:
@@ -163,8 +172,8 @@ def _replace(obj, **kw):
     return dataclasses.replace(obj, **kw)
 
 
-__all__ = ["profile_entrypoint", "profile_key", "comm_key", "cache_root", "private_dir",
-           "load_comm", "store_comm"]
+__all__ = ["profile_entrypoint", "profile_key", "comm_key", "node_key", "nccl_env", "cache_root",
+           "private_dir", "load_comm", "store_comm"]
 
 
 def cached_trials(runner, request, policy, *, topology, environ):

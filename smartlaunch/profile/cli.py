@@ -71,7 +71,8 @@ def bench_comm(args) -> int:
         row = "".join(f"{c.bus_bandwidth_Bps(s) / 1e9:>12.2f}" for s in shown)
         src = " (cached)" if c.cached else ""
         print(f"{','.join(map(str, c.gpus)):<16}{c.backend:<8}{c.latency_s * 1e6:>8.0f}us  {row}{src}")
-    nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    from smartlaunch.profile.cache import nccl_env
+    nccl = nccl_env(os.environ)
     if nccl:
         print("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl.items())))
     return 0

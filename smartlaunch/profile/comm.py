@@ -21,7 +21,7 @@ from pathlib import Path
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
-from smartlaunch.profile.cache import comm_key, load_comm, read_json, store_comm
+from smartlaunch.profile.cache import comm_key, load_comm, nccl_env, read_json, store_comm
 from smartlaunch.profile.tick import TickWatch
 from smartlaunch.worker_env import free_port
 
@@ -34,6 +34,16 @@ TIME_LIMIT_S = 120.0   # NCCL init on 8 GPUs takes seconds; the sweep itself ~1-
 class CommBenchError(SmartlaunchError):
     """The all-reduce benchmark could not run (exit code: as a failed dry run)."""
     exit_code = ExitCode.DRY_RUN
+
+
+def device_for(topology) -> str:
+    """"cuda" where NVML read the GPUs; "cpu" for a fake topology (CI, a replayed node) or none:
+    gloo ranks on the CPU then emulate the group."""
+    return "cuda" if topology is not None and topology.source == "nvml" else "cpu"
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
 
 
 def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
@@ -56,7 +66,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     if n < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
                              "pass --gpus with two or more indices")
-    backend = "nccl" if device == "cuda" else "gloo"
+    backend = backend_for(device)
     sizes = sizes_for(device, max_bytes)
     iters = 5 if device == "cuda" else 7
 
@@ -78,8 +88,8 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     if not points:
         raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
                              "run `smartlaunch-node bench-comm --debug` to see why")
-    nccl_env = {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
-    return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env, gpus=tuple(gpus))
+    return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env(environ),
+                                 gpus=tuple(gpus))
 
 
 def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
@@ -90,7 +100,7 @@ def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: fl
     args(tmp) -> the module's own arguments; watch(tmp) -> a TickWatch polled meanwhile.
     Used by the all-reduce benchmark and the node calibration (baseline.py)."""
     n = len(gpus)
-    backend = "nccl" if device == "cuda" else "gloo"
+    backend = backend_for(device)
     port = free_port()
     procs: list[proc.Child] = []
     with tempfile.TemporaryDirectory(prefix="smartlaunch-ranks-") as tmp:
@@ -150,8 +160,8 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
     Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
     progress: as measure_allreduce's (not called on a cache hit)."""
     gpus = tuple(gpus)
-    device = "cuda" if topology is not None and topology.source == "nvml" else "cpu"
-    backend = "nccl" if device == "cuda" else "gloo"
+    device = device_for(topology)
+    backend = backend_for(device)
     key = comm_key(topology, gpus, backend, environ)
     need = sizes_for(device, max_bytes)[-1]
     hit = load_comm(policy, key, environ, need_bytes=need)

@@ -135,3 +135,24 @@ class WorldSizeWatch:
             return orig(*args, **kwargs)
 
         dist.get_world_size = get_world_size
+
+
+def unique(params) -> list:
+    """Tensors counted once: tied weights appear under two modules."""
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def wrapper_name(modules) -> str | None:
+    """The data-parallel wrapper the script put around its model, if any."""
+    for m in modules:
+        names = {c.__name__ for c in type(m).__mro__}
+        if "DistributedDataParallel" in names:
+            return "DDP"
+        if "FullyShardedDataParallel" in names or "FSDPModule" in names:
+            return "FSDP"
+    return None

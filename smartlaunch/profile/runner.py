@@ -103,10 +103,11 @@ def undo_note(listing: undo.Listing, own) -> str:
 
 
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
-                progress=None) -> ModelProfile:
+                progress=None, real_gpu: bool = False) -> ModelProfile:
     """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
     stream; default the user's stderr). progress(k, n): called as the child reaches step k
-    of the n it expects (the status line's "dry run step k of n")."""
+    of the n it expects (the status line's "dry run step k of n"). real_gpu: `gpu` is a GPU
+    NVML found (not a fixture's), so a script that never initialised CUDA is a finding."""
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
@@ -165,6 +166,15 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         if policy.dryrun.isolation == "require":
             return ModelProfile(ProfileStatus.SKIPPED, note=note)
     prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed)
+    if real_gpu and gpu and prof.usable and prof.device == "cpu":
+        # Given a GPU, the script never initialised CUDA: its times say nothing about a GPU
+        # run (an isolation bug once hid the driver library this way: 4.2 s "steps" of a
+        # 31 ms GPU step, and DDP predicted 1.87x where it ran at 0.83x). Launched as
+        # torchrun would launch it, which is what a script that ignores GPUs gets anyway.
+        prof = dataclasses.replace(prof, status=ProfileStatus.UNMEASURABLE, note=(
+            f"the dry run was given GPU {gpu} but the script ran on the CPU (it never "
+            f"initialised CUDA), so its step times say nothing about a GPU run; check that "
+            f"torch.cuda.is_available() is True for it (script output: {log_path})"))
     if iso_note:
         prof = dataclasses.replace(prof, note=f"{prof.note}; {iso_note}")
     return prof

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -40,10 +41,12 @@ KILL_GRACE_S = 5.0
 
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
                       *, expected_step_s: float | None = None, python: str = sys.executable,
-                      log: Callable[[str], None] | None = None
+                      log: Callable[[str], None] | None = None,
+                      phases: Callable[[dict[str, float]], None] | None = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(). None: the trial could not
-    measure (script failed, no step within policy.dryrun.time_limit_s, --no-python)."""
+    measure (script failed, no step within policy.dryrun.time_limit_s, --no-python).
+    phases(seconds by phase): told after each trial where its seconds went (trial_phases)."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
 
     def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
@@ -72,12 +75,16 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             env["SMARTLAUNCH_TRIAL"] = "1"
             logfile = Path(tmp) / "trial.log"
             listing = undo_roots(request, policy, isolated, (tmp,))
+            t_spawn = time.time()
             rc = run_limited(cmd, env, policy.dryrun.time_limit_s, logfile)
+            t_end = time.time()
             if listing is not None:
                 undone = undo_note(listing, (tmp,))
                 if log is not None:
                     log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
             result = read_rank0(out)
+            if phases is not None:
+                phases(trial_phases(result, t_spawn, t_end))
             proc.remove_on_exit(tmp, done=True)
             if log is not None and (rc != 0 or result is None):
                 tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
@@ -87,6 +94,21 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         return samples_per_s(result, n)
 
     return trial
+
+
+def trial_phases(result: dict | None, t_spawn: float, t_end: float) -> dict[str, float]:
+    """Where a trial's wall seconds went, from rank 0's wall-clock stamps: `start` (the
+    interpreter, the launcher and the torch import up to the hooks), `setup` (the script's
+    own imports, model and data up to its first step), `steps` (warm-up and the window) and
+    `exit` (from the result to the last process gone). Without stamps, all of it is `start`."""
+    total = max(0.0, t_end - t_spawn)
+    r = result or {}
+    stamps = [r.get("wall_start"), r.get("wall_first_step"), r.get("wall_written")]
+    if not all(isinstance(x, (int, float)) for x in stamps):
+        return {"start": total}
+    a, b, c = (min(max(x, t_spawn), t_end) for x in stamps)
+    return {"start": a - t_spawn, "setup": max(0.0, b - a), "steps": max(0.0, c - b),
+            "exit": max(0.0, t_end - c)}
 
 
 def trial_steps(policy: Policy, step_s: float | None) -> int:

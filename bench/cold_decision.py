@@ -1,0 +1,126 @@
+"""How long a cold decision takes, and where the seconds go (issue 15, item 7).
+
+For each suite script x link condition, with empty caches (a fresh cache directory per call):
+`smartlaunch --explain=json --policy P <script>`, once under the benchmark's throughput policy
+(trials only where the prediction is within its error) and once with trials forced (a band wide
+enough that DDP is always tried). The plan's own clock gives profile, all-reduce and trial
+seconds, the trials split into start-up, script set-up, steps and exit; the script's own
+start-up is `import torch` (timed in this invocation) plus the dry run's time to its first
+step. The goal: at most 15 s beyond that start-up.
+
+    python bench/cold_decision.py --scripts embbag-b4096,hf-style-b32 --conditions nvlink \\
+        [--fake h200-nv18-pair] [--out FILE.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+REPO = Path(__file__).resolve().parent.parent
+GOAL_S = 15.0
+POLICIES = {
+    "throughput": "decision:\n  min_efficiency: 0.5\n",
+    "trials": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n",
+}
+
+
+def import_floor(env) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], env=env, check=True)
+    return time.perf_counter() - t0
+
+
+def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float) -> dict:
+    home = tempfile.mkdtemp(prefix="sl-cold-")
+    policy = Path(home) / "policy.yaml"
+    policy.write_text(policy_text)
+    env = common.child_env(base_env, condition)
+    env.update(HOME=home, XDG_CACHE_HOME=f"{home}/cache", SMARTLAUNCH_LEASE_DIR=f"{home}/leases")
+    argv = [sys.executable, "-m", "smartlaunch.cli", "--explain=json", "--policy", str(policy),
+            str(REPO / entry.script), *entry.args, "--steps", str(entry.steps),
+            "--warmup", str(entry.warmup)]
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=home)
+    wall = time.perf_counter() - t0
+    out = {"wall_s": round(wall, 2), "rc": r.returncode}
+    try:
+        plan = json.loads(r.stdout)
+    except ValueError:
+        out["error"] = r.stderr[-800:]
+        return out
+    t, prof = plan.get("timings") or {}, plan.get("profile") or {}
+    chosen = next((c for c in plan.get("candidates", []) if c.get("chosen")), {})
+    out.update(timings=t, startup_s=prof.get("startup_s"), dry_run_s=prof.get("dry_run_s"),
+               strategy=plan.get("strategy"), nproc=plan.get("nproc_per_node"),
+               measured=bool(chosen.get("measured")))
+    return out
+
+
+def row(entry_id, condition, which, res, floor) -> str:
+    t = res.get("timings") or {}
+    if "error" in res or not t:
+        return f"| {entry_id} | {condition} | {which} | failed (rc {res.get('rc')}) |" + " |" * 8
+    total = t.get("since_process_start") or res["wall_s"]
+    start = floor + (res.get("startup_s") or 0.0)
+    beyond = total - start
+    split = "/".join(f"{t.get(f'trials_{k}', 0):.1f}" for k in ("start", "setup", "steps", "exit"))
+    what = f"{res['strategy']}×{res['nproc']}" + (" (trial)" if res.get("measured") else "")
+    return (f"| {entry_id} | {condition} | {which} | {what} | {total:.1f} | {start:.1f} | "
+            f"{t.get('profile', 0):.1f} | {t.get('allreduce', 0):.1f} | {t.get('trials', 0):.1f} "
+            f"({split}) | {beyond:.1f} | {'yes' if beyond <= GOAL_S else 'no'} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scripts", default="embbag-b4096,wide-mlp-b16,hf-style-b32")
+    ap.add_argument("--conditions", default="nvlink")
+    ap.add_argument("--which", default="throughput,trials", help="policies: throughput,trials")
+    ap.add_argument("--fake", help="topology fixture name (CPU machines)")
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--out")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    base = dict(os.environ, PYTHONPATH=str(REPO))
+    if args.fake:
+        base["SMARTLAUNCH_FAKE_TOPOLOGY"] = args.fake
+    floors = [import_floor(common.child_env(base, None)) for _ in range(3)]
+    floor = statistics.median(floors)
+    lines = [f"# Cold decisions ({time.strftime('%Y-%m-%d')}, {args.fake or 'real topology'})", "",
+             f"`import torch` floor: median {floor:.2f} s of {len(floors)}. Goal: ≤ {GOAL_S:.0f} s "
+             "beyond the script's own start-up (the floor + the dry run's time to its first step).",
+             "", "| script | link | policy | decision | command s | script start-up s | profile s | "
+             "all-reduce s | trials s (start-up/set-up/steps/exit) | beyond start-up s | ≤ goal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    records = []
+    for entry_id in args.scripts.split(","):
+        entry = common.entry(entry_id)
+        for condition in args.conditions.split(","):
+            for which in args.which.split(","):
+                res = cold_call(entry, condition, POLICIES[which], base, args.timeout)
+                records.append({"script": entry_id, "condition": condition, "policy": which,
+                                "floor_s": floor, **res})
+                lines.append(row(entry_id, condition, which, res, floor))
+                print(lines[-1], flush=True)
+                write(args, lines, records)      # after every row: a budget may cut the rest
+    print("\n".join(lines))
+    return 0
+
+
+def write(args, lines: list[str], records: list[dict]) -> None:
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

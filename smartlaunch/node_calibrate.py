@@ -1,0 +1,109 @@
+"""`smartlaunch-node calibrate`: measure this node's cost-model constants and cache them.
+
+The measurement is profile/baseline.py's, the derivation decide/calibrate.py's; this command
+sits in the entry layer because it takes GPU leases (launch/leases.py, a layer above both)
+for the two GPUs it measures, as a launch does: a calibration next to another smartlaunch job
+would measure that job's load, not the node. With the GPUs leased or busy it waits up to the
+policy's jobs.wait_timeout_s, or with --no-wait fails at once naming the holders (exit 6, as a
+launch; the README's exit-code table).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from smartlaunch.errors import UsageError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure this node's DDP overhead, contention "
+                              "(κ) and cost per gradient tensor for the cost model, and cache "
+                              "them with the topology")
+    p.add_argument("--gpus", default=None, help="two comma-separated GPU indices (default: the "
+                   "first two)")
+    p.add_argument("--windows", type=int, default=5, help="measured windows per model (the "
+                   "spread is over these); default 5")
+    p.add_argument("--policy", default=None, help="policy file (paths.cache_dir, lease_dir, "
+                   "jobs.wait_timeout_s)")
+    p.add_argument("--no-wait", action="store_true", help="fail at once when another job "
+                   "holds the GPUs instead of waiting for them")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("--out", default=None, help="also write the record (JSON) to this file "
+                   "(bench/heldout.py --constants replays held-out rows with it)")
+    p.set_defaults(func=calibrate)
+
+
+def calibrate(args) -> int:
+    from smartlaunch.decide.calibrate import derive
+    from smartlaunch.decide.cost import CostModel, calibrated
+    from smartlaunch.launch.leases import LeaseManager
+    from smartlaunch.policy.load import load_policy
+    from smartlaunch.profile.baseline import measure_baseline, store_constants
+    from smartlaunch.profile.cache import nccl_env, torch_version
+    from smartlaunch.profile.comm import comm_curve, device_for
+    from smartlaunch.topology import discover
+    environ = os.environ
+    topo = discover(environ)
+    policy = load_policy(args.policy, environ=environ)
+    gpus = _gpus(args, [g.index for g in topo.gpus])
+    with LeaseManager.from_policy(policy) as leases:
+        lease = leases.acquire(topo, gpus, 2, wait=not args.no_wait,
+                               timeout_s=policy.jobs.wait_timeout_s, status=_say)
+        with lease:
+            run = measure_baseline(tuple(gpus), device=device_for(topo), environ=environ,
+                                   windows=args.windows)
+            largest = max(m.grad_bytes for m in run.models)
+            curve = comm_curve(topo, tuple(gpus), policy, environ, max_bytes=largest)
+    record = derive(run, curve)
+    record.update(gpu_name=topo.gpu(gpus[0]).name, nccl=nccl_env(environ), torch=torch_version())
+    path = store_constants(policy, topo, environ, record)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+    if args.json:
+        print(json.dumps(record, indent=1, sort_keys=True))
+        return 0
+    _, text = calibrated(CostModel(), record)
+    _, shipped = calibrated(CostModel(), None)
+    print(f"node calibration on GPUs {','.join(map(str, gpus))} ({record['gpu_name']}, "
+          f"{run.backend}), {record['windows']} windows per model, {run.elapsed_s:.1f} s:")
+    print(f"  {text}")
+    print(f"  shipped: {shipped.split(' (')[0]} (fitted on 2x H200)")
+    for row in record["models"]:
+        size = (f"{row['grad_bytes'] / 2 ** 20:.0f} MiB" if row["grad_bytes"] >= 2 ** 20 else
+                f"{row['grad_bytes'] / 2 ** 10:.0f} KiB")
+        print(f"  synthetic {size} of gradients in {row['grad_tensors']} "
+              f"tensor{'s' if row['grad_tensors'] > 1 else ''}: single {row['single_ms']:.2f} ms, DDP×2 "
+              f"{row['ddp_ms']:.2f} ms measured, {row['predicted_ddp_ms']:.2f} ms predicted "
+              f"with these constants")
+    if record["clamped_to_zero"]:
+        print(f"  note: {', '.join(record['clamped_to_zero'])} measured below 0 (noise larger "
+              f"than the effect): kept as 0")
+    if record["within_noise"]:
+        m, sd = record["measured_median"]["per_tensor_s"], record["spread"]["per_tensor_s"]
+        print(f"  note: per_tensor_s measured {m * 1e6:.2g} ± {sd * 1e6:.2g} µs, within its "
+              f"spread of 0: kept as 0")
+    print(f"  cached in {path}; decisions on this node use it (--explain says so)")
+    return 0
+
+
+def _gpus(args, known: list[int]) -> list[int]:
+    try:
+        gpus = known[:2] if args.gpus is None else [int(x) for x in args.gpus.split(",")
+                                                     if x.strip()]
+    except ValueError:
+        raise UsageError(f"--gpus {args.gpus!r} is not a list of GPU indices; e.g. --gpus 0,1")
+    if sorted(set(gpus) - set(known)):
+        raise UsageError(f"GPUs {sorted(set(gpus) - set(known))} are not visible (visible: "
+                         f"{known}); fix --gpus")
+    if len(set(gpus)) != 2:
+        raise UsageError(f"calibrate measures DDP×2 and needs 2 distinct GPUs; this node shows "
+                         f"{known} and --gpus gave {gpus or 'none'}")
+    if not 2 <= args.windows <= 50:
+        raise UsageError(f"--windows {args.windows}: use 2 to 50 (the spread needs two)")
+    return gpus
+
+
+def _say(line: str) -> None:
+    print(f"smartlaunch-node: {line}", file=sys.stderr, flush=True)
