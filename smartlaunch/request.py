@@ -35,11 +35,3 @@ class Request:
         `[-m | --no-python] SCRIPT ARGS`, spelt `--module` for -m."""
         flags = ("--no-python",) if self.no_python else ("--module",) if self.module else ()
         return (*flags, self.script, *self.script_args)
-
-    def command(self, python: str) -> list[str]:
-        """argv of one worker, as torchrun would build it (without script args)."""
-        if self.no_python:
-            return [self.script]
-        if self.module:
-            return [python, "-u", "-m", self.script]
-        return [python, "-u", self.script]

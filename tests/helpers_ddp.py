@@ -87,7 +87,7 @@ def descendants_of_test(out_dir) -> list[int]:
 def main() -> int:
     spec = json.loads(sys.argv[1])
     script, args = sys.argv[2], tuple(sys.argv[3:])
-    from smartlaunch.launch.ddp import run_ddp
+    from helpers_launch import run_ddp
     from smartlaunch.topology.api import cpu_only
     policy = make_policy(spec["log_dir"], **spec.get("launch", {}))
     return run_ddp(cpu_plan(spec["nproc"]), make_request(spec["nproc"], script, args), policy,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from smartlaunch.launch.ddp import launch_ddp
+from helpers_launch import launch_ddp
 from smartlaunch.launch.api import RunState
 from smartlaunch.topology.api import cpu_only
 from tests.helpers_ddp import (FAST, SCRIPT, alive, cpu_plan, launcher_argv, make_policy,

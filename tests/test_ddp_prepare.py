@@ -206,7 +206,7 @@ def test_proc_state_reads_zombie_status():
     assert proc_state(p.pid).state == "gone"
 
 
-def test_worker_command_wraps_like_request_command():
+def test_worker_command_wraps_what_the_request_asked():
     req = Request(script="pkg.train", module=True)
     assert worker_command(req.worker_command(), "py") == ["py", "-u", "-m", "smartlaunch.launch.worker", "--module", "pkg.train"]
-    assert dataclasses.replace(req, module=False, no_python=True).command("py") == ["pkg.train"]
+    assert dataclasses.replace(req, module=False, no_python=True).worker_command() == ("--no-python", "pkg.train")

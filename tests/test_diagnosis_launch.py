@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from smartlaunch.launch.api import RunState
-from smartlaunch.launch.ddp import launch_ddp
+from helpers_launch import launch_ddp
 from smartlaunch.topology.api import cpu_only
 from tests.helpers_ddp import alive, cpu_plan, make_policy, make_request, marker_pids
 

@@ -73,7 +73,7 @@ def test_bench_reads_the_job_logs_smartlaunch_names(clean_env, capsys):
         import independent_bench as ib
     finally:
         sys.path.remove(str(H.REPO / "bench"))
-    from smartlaunch.launch.independent import run_independent
+    from helpers_launch import run_independent
     out = clean_env / "out dir"
     out.mkdir()
     script = H.write_script(clean_env, "job.py", H.JOB_SCRIPT)

@@ -15,7 +15,7 @@ import pytest
 import helpers_jobs as H
 from smartlaunch.decide.plan import NumaBinding
 from smartlaunch.errors import NoFreeGPUError
-from smartlaunch.launch.independent import run_independent
+from helpers_launch import run_independent
 from smartlaunch.launch.leases import LeaseManager
 
 
@@ -154,7 +154,7 @@ DRIVER = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from pathlib import Path
     import helpers_jobs as H
-    from smartlaunch.launch.independent import run_independent
+    from helpers_launch import run_independent
     tmp, script = Path(sys.argv[2]), sys.argv[3]
     variants = [["--sleep", "60"]] * 3
     sys.exit(run_independent(H.plan(variants), H.request(script, "--out", str(tmp / "out")),

@@ -93,3 +93,47 @@ def test_a_signal_while_waiting_for_gpus_exits_128_plus_n_and_starts_nothing(cle
     assert "waiting for 1 free GPU(s) of 0,1" in err and "got SIGINT while waiting for GPUs" in err
     assert not marker.exists()
     assert LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).taken(topo) == set()
+
+
+class Holding:
+    """A launcher that leases GPU 0 through the context, then does what `then` says."""
+
+    def __init__(self, ctx, then):
+        self.ctx, self.then, self.calls = ctx, then, []
+        self.plan = Plan(Strategy.SINGLE, "cuda", (0,), 1, 2)
+
+    def start(self):
+        self.ctx.hold(self.plan, 1)
+        self.then()
+        self.ctx.begin(self.plan)
+        self.calls.append("begun")
+
+    def poll(self):
+        raise RuntimeError("launcher bug")
+
+    def forward(self, signum):
+        pass
+
+    def close(self, sig):
+        self.calls.append("close")
+
+
+def test_the_lease_is_given_back_once_on_an_exception_and_on_a_signal_before_start(clean_env, capsys):
+    topo = H.fake_topology(2)
+    taken = lambda: LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).taken(topo)  # noqa: E731
+    ctx = _ctx(clean_env, topo)
+    held = []
+    launcher = Holding(ctx, lambda: held.append(taken()))
+    with pytest.raises(RuntimeError, match="launcher bug"):
+        run_result(launcher, ctx)
+    assert held == [{0}] and launcher.calls == ["begun", "close"] and taken() == set()
+
+    # a signal after the GPU was leased, before the workers start: nothing starts, 128+N
+    ctx = _ctx(clean_env, topo)
+    announced = []
+    ctx.announce = announced.append
+    launcher = Holding(ctx, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert run(launcher, ctx) == 128 + signal.SIGTERM
+    assert launcher.calls == ["close"] and announced == [] and taken() == set()
+    assert capsys.readouterr().err == ("smartlaunch: got SIGTERM while waiting for GPUs; nothing "
+                                       "was started (exit 143)\n")

@@ -118,7 +118,7 @@ class FakeLauncher:
 
     def start(self):
         self.calls.append("start")
-        self.ctx.announce(self.plan)
+        self.ctx.begin(self.plan)
 
     def poll(self):
         self.calls.append("poll")

@@ -4,16 +4,17 @@ failed (`RankFailure`), the `Launcher` protocol every strategy's launcher implem
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from smartlaunch.decide.plan import Plan
+from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.policy.api import Policy
 from smartlaunch.topology.api import Topology
 
@@ -65,16 +66,18 @@ class LaunchResult:
 class Launcher(Protocol):
     """One strategy's launcher, built from `(plan, ctx)` only; `run_loop.run` drives it.
 
-    start()        take what the run needs (GPU leases through `ctx.hold`, log directories),
-                   call `ctx.announce(plan)` once the GPUs are held, start the workers.
+    start()        take what the run needs (GPU leases through `ctx.hold`, its run directory
+                   through `ctx.new_run_dir`), call `ctx.begin(plan)` once the GPUs are held,
+                   start the workers. A signal before that ends the launch in run_loop.
     poll()         None while workers run; the LaunchResult (exit code included) once every
                    worker is gone. It may block: DDP's runs torch's agent to its end on the
                    main thread, where a signal's handler can interrupt it as in torchrun.
     forward(sig)   called from the signal handler for every forwarded signal: pass it on now,
                    never block. A terminating one (signals.TERMINATING) also ends the run.
     close(sig)     stop: `sig` to every worker still running, SIGKILL after
-                   ctx.signal_grace_s, leases given back; idempotent, blocks until no worker
-                   is left; poll() then returns the final result.
+                   ctx.signal_grace_s; idempotent, blocks until no worker is left; poll()
+                   then returns the final result. The leases are the context's: run_loop
+                   gives them back (ctx.close) after close(), on every path.
     """
 
     def start(self) -> None: ...
@@ -107,6 +110,7 @@ class LaunchContext:
     # Terminating signals received, appended by run_loop's handler; a lease wait ends on one.
     signals: list[int] = field(default_factory=list)
     _leases: Any = field(default=None, repr=False)
+    _held: list = field(default_factory=list, repr=False)   # every Lease taken, for close()
 
     @property
     def signal_grace_s(self) -> float:
@@ -129,18 +133,44 @@ class LaunchContext:
     def hold(self, plan: Plan, count: int):
         """`count` GPUs of the plan's (its first choice, then its fallback GPUs) as one Lease,
         waiting as the plan says (drawn on the status line, ended by a terminating signal);
-        NoFreeGPUError otherwise."""
+        NoFreeGPUError otherwise. The lease is given back by close()."""
         status = self.status
         lease = self.leases().acquire(
             self.topology, [*plan.gpus, *plan.fallback_gpus], count, wait=plan.wait_for_lease,
             timeout_s=plan.wait_timeout_s, cancel=self.cancelled,
             status=self.say if status is None else None,
             progress=status.update if status is not None else None)
+        self._held.append(lease)
         if status is not None:
             status.clear()
         return lease
 
+    def try_hold(self, gpus: tuple[int, ...], count: int):
+        """`count` of `gpus` as one Lease if free now, else None; given back by close()."""
+        lease = self.leases().try_acquire(self.topology, gpus, count)
+        if lease is not None:
+            self._held.append(lease)
+        return lease
+
+    def begin(self, plan: Plan) -> None:
+        """The GPUs are held, the workers about to start: announce the plan, unless a
+        terminating signal came meanwhile; then nothing starts (run_loop: 128+N)."""
+        if self.cancelled():
+            raise NoFreeGPUError(f"got {signal.Signals(self.signals[0]).name} before the "
+                                 "workers started")
+        self.announce(plan)
+
+    def new_run_dir(self) -> str:
+        """<launch.log_dir>/<time>-<pid>, the launch's own directory (its basename is the run
+        id). Private (0o700): the workers' logs may hold secrets (tokens a script prints)."""
+        path = os.path.join(self.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
     def close(self) -> None:
+        """Give back every lease this launch took, once, then the lease directory."""
+        while self._held:
+            self._held.pop().release()
         if self._leases is not None:
             self._leases.close()
             self._leases = None
@@ -156,8 +186,3 @@ def context(request, policy, topology, *, environ: Mapping[str, str] = os.enviro
                          torchrun_args=request.torchrun_args,
                          quiet=request.quiet or policy.launch.quiet, status=status,
                          announce=announce or (lambda plan: None), record=record)
-
-
-def with_command(plan: Plan, request) -> Plan:
-    """A plan made without decide (tests, benchmarks) gets the request's worker command."""
-    return plan if plan.command else dataclasses.replace(plan, command=request.worker_command())

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -24,13 +23,12 @@ from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec
-from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState, context, with_command
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
 from smartlaunch.launch.signals import TERMINATING as _TERMINATING
 from smartlaunch.launch.straggler import summary_text
+from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
-from smartlaunch.policy.api import Policy
-from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
 WORKER_MODULE = "smartlaunch.launch.worker"
@@ -46,7 +44,6 @@ class DDPLauncher:
     def __init__(self, plan: Plan, ctx: LaunchContext):
         self.plan, self.ctx = plan, ctx
         self.got: list[int] = []            # every forwarded signal, warnings included
-        self.lease = None
         self.watchdog: Watchdog | None = None
         self._ended = False                 # every process of the run is gone
         self._in_agent = False
@@ -58,17 +55,16 @@ class DDPLauncher:
             raise UsageError("DDP launch needs torchrun's parsed arguments (LaunchContext.torchrun_args): "
                              "build the launch through smartlaunch's command line")
         if plan.device == "cuda" and plan.gpus:   # exactly its group: chosen for its links
-            self.lease = ctx.hold(plan, len(plan.gpus))
-        ctx.announce(plan)
+            ctx.hold(plan, len(plan.gpus))
+        ctx.begin(plan)
         from torch.distributed.run import config_from_args
 
         environ = dict(ctx.environ)
         args = argparse.Namespace(**vars(ctx.torchrun_args))
         _torchrun_preprocess(args)
         args.nproc_per_node = str(plan.nproc_per_node)
-        self.run_id = run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        self.run_dir = run_dir = os.path.join(ctx.log_dir, run_id)
-        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir = ctx.new_run_dir()
+        self.run_id = run_id = os.path.basename(run_dir)
         user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
         overrides = _worker_overrides(plan, ctx.topology, environ, run_dir, run_id,
                                       numa=args.numa_binding is None)
@@ -132,9 +128,6 @@ class DDPLauncher:
         if self._result is None and self.watchdog is not None:
             self.watchdog.stop(sig, self.ctx.signal_grace_s)
             self._end_processes()
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
 
     def _run_agent(self) -> dict:
         from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -166,8 +159,7 @@ class DDPLauncher:
         watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
         result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir)
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
-        with contextlib.suppress(OSError):
-            Path(run_dir, "summary.txt").write_text(summary + "\n")
+        path = write_summary(run_dir, summary) or os.path.join(run_dir, SUMMARY_FILE)
         # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
         # with its first line and where the rest is (issue 18: a summary on success too), one
         # line after the job's output as the decision line was one before it; --quiet /
@@ -177,29 +169,11 @@ class DDPLauncher:
         elif self.ctx.quiet:
             msg = result.message
         else:
-            head = f"{summary.splitlines()[0]} (all of it: {Path(run_dir, 'summary.txt')})"
+            head = f"{summary.splitlines()[0]} (all of it: {path})"
             msg = f"{result.message}\n{head}" if result.message else head
         if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
             self.ctx.record(plan, run_dir)
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
         return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
-
-
-def run_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology) -> int:
-    """run_loop.run for a caller holding a Request rather than a context (tests)."""
-    from smartlaunch.launch.run_loop import run
-    ctx = context(request, policy, topology)
-    return run(DDPLauncher(with_command(plan, request), ctx), ctx)
-
-
-def launch_ddp(plan: Plan, request: Request, policy: Policy, topology: Topology, *,
-               environ: Mapping[str, str] | None = None) -> LaunchResult:
-    """The DDP launch's LaunchResult, not printed (tests read its message and details)."""
-    from smartlaunch.launch.run_loop import run_result
-    ctx = context(request, policy, topology, environ=os.environ if environ is None else environ)
-    return run_result(DDPLauncher(with_command(plan, request), ctx), ctx)
 
 
 def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str, run_dir: str) -> str:

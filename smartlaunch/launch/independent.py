@@ -5,7 +5,7 @@ the samples/s of one GPU, issue #8). Each job runs the script with its own args 
 args, CUDA_VISIBLE_DEVICES=<its GPU's UUID>, torchrun's single-rank environment (its own
 MASTER_PORT, so scripts that init a process group do not collide), SMARTLAUNCH_JOB_INDEX /
 SMARTLAUNCH_NUM_JOBS, CPU affinity to its GPU's NUMA node, and its own log (stdout+stderr):
-<launch.log_dir>/<run-id>/job-<i>.log, with summary.json beside them.
+<launch.log_dir>/<run-id>/job-<i>.log, with summary.json and summary.txt beside them.
 
 Queue: a GPU's lease is taken when a job needs it and kept while jobs remain for it; it is given
 back as soon as the queue no longer needs it. A GPU runs up to plan.jobs_per_gpu jobs at once
@@ -32,10 +32,11 @@ from dataclasses import dataclass
 
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode, UsageError
-from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState, context, with_command
+from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease
 from smartlaunch.launch.signals import TERMINATING
+from smartlaunch.launch.summary import write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 _ACQUIRE_MORE_EVERY_S = 1.0
@@ -134,8 +135,8 @@ class IndependentLauncher:
 
     def __init__(self, plan, ctx: LaunchContext):
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
-        self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        self.log_dir = os.path.join(ctx.log_dir, self.run_id)
+        self.run_id = self.log_dir = ""        # start(): the run directory, its name
+        self._started = 0.0
         self.jobs = [Job(i, tuple(v)) for i, v in enumerate(plan.variants or ((),))]
         self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
         self.capacity = {i: plan.jobs_on(i) for i in plan.gpus} if self.gpu_mode else {}
@@ -176,7 +177,7 @@ class IndependentLauncher:
                 return
             if self.lease and i in self.lease.gpus:
                 continue
-            more = self.ctx.leases().try_acquire(self.ctx.topology, [i], 1)
+            more = self.ctx.try_hold((i,), 1)
             if more is not None and self.lease is None:
                 self.lease = more
             elif more is not None:
@@ -219,14 +220,14 @@ class IndependentLauncher:
             self._start(self._in(JobState.PENDING)[0], slot)
 
     def start(self) -> None:
-        self.ctx.announce(self.plan)
-        os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        self.ctx.begin(self.plan)
+        self.log_dir = self.ctx.new_run_dir()
+        self.run_id = os.path.basename(self.log_dir)
+        self._started = time.monotonic()
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
-                self.lease = self.ctx.leases().acquire(
-                    self.ctx.topology, self.plan.gpus, 1, wait=self.plan.wait_for_lease,
-                    timeout_s=self.plan.wait_timeout_s, status=self.log, cancel=self.ctx.cancelled)
+                self.lease = self.ctx.hold(self.plan, 1)
                 self._acquire_more(force=True)
         self._start_ready()
 
@@ -280,7 +281,7 @@ class IndependentLauncher:
 
     def close(self, sig: int = signal.SIGTERM) -> None:
         """Stop every job now (pending ones skipped, running ones `sig`, SIGKILL after
-        launch.signal_grace_s) and give every lease back. Idempotent."""
+        launch.signal_grace_s); run_loop then gives every lease back. Idempotent."""
         if self._result is None:
             self._stop(sig, "interrupted")
             for job in self._in(JobState.RUNNING):
@@ -289,26 +290,30 @@ class IndependentLauncher:
                     job.child.send(signal.SIGKILL)
                     code = job.child.wait()
                 job.finish(code)
-        self._release_idle_gpus()
 
     def _final(self) -> LaunchResult:
         """The result, printed by run_loop: the summary table, the first failure."""
         bad = [j for j in self.jobs if j.state != JobState.SUCCEEDED]
         first = self.first_failure or (bad[0] if bad else None)
         sig = self.ctx.signals[0] if self.ctx.signals else None
-        lines = [f"smartlaunch: {line}" for line in self.summary()]
+        lines = self.summary()
         if first is not None:
-            lines.append(f"smartlaunch: job {first.index} ({shlex.join(first.args)}) "
-                         f"{first.state.value}: {first.exit_text()}; log {first.log_path or '(none)'}")
+            lines.append(f"job {first.index} ({shlex.join(first.args)}) {first.state.value}: "
+                         f"{first.exit_text()}; log {first.log_path or '(none)'}")
         jobs_code = ExitCode.WORKER_FAILED if bad else ExitCode.OK
         state = RunState.INTERRUPTED if sig else RunState.FAILED if bad else RunState.SUCCEEDED
         details = {"run_id": self.run_id, "log_dir": self.log_dir, "jobs": [j.to_dict() for j in self.jobs]}
+        code = 128 + sig if sig else int(jobs_code)
         try:
             with open(os.path.join(self.log_dir, "summary.json"), "w") as f:
                 json.dump({"exit_code": int(jobs_code), "signal": sig, **details}, f, indent=2)
         except OSError:
             pass
-        self._result = LaunchResult(state, 128 + sig if sig else int(jobs_code), "\n".join(lines), details=details)
+        write_summary(self.log_dir, "\n".join(
+            [f"smartlaunch: summary ({state.value}): exit code {code} after "
+             f"{time.monotonic() - self._started:.1f} s", *lines]))
+        message = "\n".join(f"smartlaunch: {line}" for line in lines)
+        self._result = LaunchResult(state, code, message, details=details)
         return self._result
 
     def summary(self) -> list[str]:
@@ -324,9 +329,3 @@ class IndependentLauncher:
         head = f"independent jobs: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})"
         return [head] + lines
 
-
-def run_independent(plan, request, policy, topology) -> int:
-    """Run every variant, print the summary to stderr, return the exit code (module docstring)."""
-    from smartlaunch.launch.run_loop import run
-    ctx = context(request, policy, topology)
-    return run(IndependentLauncher(with_command(plan, request), ctx), ctx)

@@ -2,6 +2,8 @@
 
 The script's exit code is smartlaunch's (128+N when a signal killed it). Signals reach the
 script; after a terminating one, the script gets the policy's grace period before SIGKILL.
+Its run directory, <launch.log_dir>/<run id>/, keeps summary.txt (summary.py): exit code, wall
+time, and the step rate when the hook counted steps.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for
+from smartlaunch.launch.summary import single_summary, write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 
@@ -32,8 +35,8 @@ def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None 
     gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
     binding = next((b for b in plan.numa if b.gpu == gpu), None)
     env.update(worker_env("", rank_env["TORCHELASTIC_RUN_ID"], [binding] if binding else []))
-    # One process has no peer to hang on: no watchdog. A run dir only for a GPU launch, whose
-    # step counter gives the measured rate the next plan of this job prefers (measured.py).
+    # One process has no peer to hang on: no watchdog. The hook's step counter only where
+    # run_dir is given (SingleLauncher.start says when).
     env.pop(RUN_DIR_VAR, None)
     if run_dir:
         env[RUN_DIR_VAR] = run_dir
@@ -50,7 +53,8 @@ class SingleLauncher:
         self.plan, self.ctx = plan, ctx
         self.child: proc.Child | None = None
         self.run_dir: str | None = None
-        self.lease = None
+        self.counted = False                   # the worker hook counts its steps
+        self._started = 0.0
         self._stop_deadline: float | None = None
         self._signal: int | None = None
         self._result: LaunchResult | None = None
@@ -60,19 +64,20 @@ class SingleLauncher:
         if plan.device == "cuda" and plan.gpus:
             # A single job may move to one of the plan's fallback GPUs if its first choice
             # was taken meanwhile.
-            self.lease = ctx.hold(plan, 1)
-            if self.lease.gpus != plan.gpus[:1]:
-                self.plan = plan = dataclasses.replace(plan, gpus=self.lease.gpus)
-            if plan.command[:1] != ("--no-python",):     # the hook counts steps of Python only
-                self.run_dir = os.path.join(ctx.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-                os.makedirs(self.run_dir, exist_ok=True)
-        if ctx.cancelled():         # a signal came while the GPU was being leased
-            return
-        ctx.announce(plan)
+            lease = ctx.hold(plan, 1)
+            if lease.gpus != plan.gpus[:1]:
+                self.plan = plan = dataclasses.replace(plan, gpus=lease.gpus)
+            # The hook counts steps (the measured rate the next plan of this job prefers,
+            # measured.py) of a GPU launch of Python only: counting imports torch up front.
+            self.counted = plan.command[:1] != ("--no-python",)
+        ctx.begin(plan)
+        self.run_dir = ctx.new_run_dir()       # its summary.txt, its step counter
         # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
         # can end the whole group, DataLoader workers included; the guard ends it when we
         # are SIGKILLed (its DataLoader workers lived on 5-10 s with PDEATHSIG alone).
-        env = single_env(plan, ctx.topology, ctx.environ, run_dir=self.run_dir)
+        env = single_env(plan, ctx.topology, ctx.environ,
+                         run_dir=self.run_dir if self.counted else None)
+        self._started = time.monotonic()
         self.child = proc.spawn(worker_argv(plan), env=env, stdin=None)
 
     def forward(self, signum: int) -> None:
@@ -83,9 +88,6 @@ class SingleLauncher:
             self._stop_deadline = time.monotonic() + self.ctx.signal_grace_s
 
     def poll(self) -> LaunchResult | None:
-        if self._result is None and self.child is None and self.ctx.signals:
-            self._result = LaunchResult.not_started(self.ctx.signals[0])
-            self._release()
         if self._result is not None or self.child is None:
             return self._result
         rc = self.child.returncode
@@ -98,8 +100,11 @@ class SingleLauncher:
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
         self._result = LaunchResult(state, code)
-        self._release()
-        if self.run_dir:
+        profile = self.plan.profile
+        write_summary(self.run_dir, single_summary(
+            state.value, code, time.monotonic() - self._started, self.run_dir,
+            batch=profile.batch_size if profile is not None else None))
+        if self.counted:
             self.ctx.record(self.plan, self.run_dir)
         return self._result
 
@@ -108,9 +113,3 @@ class SingleLauncher:
             self._signal = self._signal or sig
             self.child.stop(sig, self.ctx.signal_grace_s)
             self.poll()
-        self._release()
-
-    def _release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None

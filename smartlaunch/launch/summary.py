@@ -1,0 +1,37 @@
+"""<run dir>/summary.txt, the end-of-run summary every launch leaves beside its logs (issue 18):
+DDP's comes from its watchdog's figures (straggler.summary_text), a single job's and an
+independent queue's from what they measured themselves (single_summary, the queue's table)."""
+from __future__ import annotations
+
+import os
+
+from smartlaunch.launch.measured import slowest_rank
+
+SUMMARY_FILE = "summary.txt"
+
+
+def write_summary(run_dir: str, text: str) -> str | None:
+    """Write <run_dir>/summary.txt; its path, or None when it cannot be written: the job has
+    ended, so a full disk costs the file, not the job's exit code."""
+    path = os.path.join(run_dir, SUMMARY_FILE)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.rstrip("\n") + "\n")
+    except OSError:
+        return None
+    return path
+
+
+def single_summary(state: str, exit_code: int, wall_s: float, run_dir: str,
+                   batch: int | None = None) -> str:
+    """One job's summary: its exit code and wall time, and its step rate when the worker hook
+    counted steps (a GPU launch of a Python script: launch/single.py)."""
+    head = f"smartlaunch: summary ({state}): exit code {exit_code} after {wall_s:.1f} s"
+    seen = slowest_rank(run_dir, 1)
+    if seen is not None:
+        steps, seconds = seen
+        rate = (steps - 1) / seconds
+        head += f"; {steps:,} steps, {rate:.2f} steps/s"
+        if batch:
+            head += f" ({rate * batch:,.1f} samples/s)"
+    return f"{head}\n  run files: {run_dir}"
