@@ -91,8 +91,6 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     )
     status.clear()
     clock.lap("decide")
-    if trial is not None and trial.used_dry_run and trial.k:
-        notes.append((trial.used_dry_run, "dry run"))
     plan = prepare(plan, topology, policy, environ, units=REGISTRY,
                    torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
     clock.lap("prepare")
@@ -266,7 +264,7 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
     step = profile.step_time_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, expected_step_s=step,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}))
-    trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units, profile)
+    trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
                                                      topology=topology, environ=environ))
     return trials
@@ -275,47 +273,25 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
 class _CountedTrials:
     """The trial runner decide() calls, numbering trials for the status line ("trial 2 of
     3: DDP×2 on GPUs 0,1"). decide tells `planned(n)` before a round of n trials; a trial
-    answered from the cache shows nothing, but still counts.
+    answered from the cache shows nothing, but still counts."""
 
-    One GPU is answered by the dry run: it ran the same hooks on one GPU of this model, so a
-    single-GPU trial would measure it again, at the cost of a second start of the script
-    (7.8 s of a 28 s cold decision for examples/train.py on the CPU box, 2026-11-23)."""
-
-    def __init__(self, runner, status, seconds: float, units, profile=None):
+    def __init__(self, runner, status, seconds: float, units):
         self.runner, self.status, self.seconds, self.units = runner, status, seconds, units
         self.k, self.n = 0, 0
-        self.dry_run_rate = _dry_run_rate(profile)
-        self.used_dry_run: str | None = None    # the reason line saying so, once used
 
     def planned(self, n: int) -> None:
         self.k, self.n = 0, n
 
     def __call__(self, strategy, gpus):
-        from smartlaunch.decide.api import Role
-        if self.units[strategy].ROLE == Role.BASELINE and self.dry_run_rate is not None:
-            self.n = max(0, self.n - 1)
-            rate, steps = self.dry_run_rate
-            from smartlaunch.decide.words import rate as fmt
-            self.used_dry_run = (f"single GPU's measured rate is its dry run's ({fmt(rate)} over "
-                                 f"{steps} steps), so one GPU needed no trial of its own")
-            return rate
         self.k += 1
         return self.run(strategy, gpus)
 
     def announced(self, strategy, gpus):
-        from smartlaunch.decide.words import gpu_list
         from smartlaunch.decide.api import Role
+        from smartlaunch.decide.words import gpu_list
         unit = self.units[strategy]
         what = f"{unit.WORD}×{len(gpus)}" if unit.ROLE == Role.SCALED else unit.WORD
         of = f" of {max(self.n, self.k)}" if self.n else ""
         self.status.ticking(f"trial {self.k}{of}: {what} on {gpu_list(gpus)} (measured steps, "
                             f"at least {self.seconds:g} s)")
         return self.runner(strategy, gpus)
-
-
-def _dry_run_rate(profile) -> tuple[float, int] | None:
-    """(samples/s, steps) of the profile's device-time window, as a trial would compute it
-    (profile.trial.samples_per_s: batch unknown counts 1), or None without a measured window."""
-    if profile is None or not profile.usable or not profile.steps_measured:
-        return None
-    return (profile.batch_size or 1) / profile.step_time_s, profile.steps_measured

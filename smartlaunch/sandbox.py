@@ -8,6 +8,8 @@ our own uid/gid only), make every mount private, then mount an overlayfs over
   - every writable mount of a real filesystem (NFS, ext4, xfs, tmpfs /tmp, ...), and
   - each top-level directory of the root filesystem (/home, /root, /tmp, /work, /opt, ...),
 except /proc, /sys, /dev (GPU device nodes, /dev/shm for DataLoader and NCCL) and /run.
+Mounts below a covered directory (a container's driver libraries, a dataset) are bound back
+read-only on top of it, outermost first (_restore).
 Writes land in <scratch>/<n>/upper, which the parent deletes afterwards; the real files are
 never written. The --keep directories (where the child reports its result) are bind-mounted
 back on top, so they alone are shared. The namespace, and the overlays with it, vanish with
@@ -30,7 +32,7 @@ import os
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-MS_RDONLY, MS_BIND, MS_REC, MS_PRIVATE = 1, 4096, 16384, 1 << 18
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 SHARED_TOP = ("proc", "sys", "dev", "run")
 PSEUDO_FS = {"proc", "sysfs", "devtmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "securityfs",
              "debugfs", "tracefs", "bpf", "pstore", "hugetlbfs", "autofs", "fusectl", "configfs",
@@ -105,6 +107,10 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
+def _depth(path: str) -> tuple[int, str]:
+    return path.count("/"), path
+
+
 def _opened_any(path: str, fds: list[int]) -> str:
     """An O_PATH handle on a file or directory, as a path that outlives the overlays."""
     fd = os.open(path, os.O_PATH)
@@ -112,21 +118,16 @@ def _opened_any(path: str, fds: list[int]) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def _restore(libc, hidden: dict[str, str], covered: list[str]) -> list[str]:
-    """Bind every mount an overlay hid back onto its own path (recursively, with the flags
-    it had: a read-only driver library stays read-only), outermost first. They stay shared
-    with the real system, as /dev and /proc are: they are what the job reads (drivers,
-    datasets on their own filesystems), and a writable one the overlays cannot copy up."""
-    restored: list[str] = []
-    for path in sorted(hidden, key=lambda p: (p.count("/"), p)):
-        if path in covered or not any(path.startswith(c + "/") for c in covered):
-            continue
-        if any(path.startswith(r + "/") for r in restored):
-            continue                      # came back with its parent (MS_REC)
-        _check(libc.mount(hidden[path].encode(), path.encode(), None, MS_BIND | MS_REC, None),
-               f"restoring the mount at {path}")
-        restored.append(path)
-    return restored
+def _restore(libc, path: str, handle: str) -> None:
+    """Bind one mount an overlay hid back onto its own path, read-only: shared with the real
+    system as /dev and /proc are (drivers, datasets on their own filesystems are what the job
+    reads), and never written (a writable one, such as a container's /etc/hosts or a FUSE
+    home, cannot be covered by an overlay). Not recursive: each hidden mount is bound in its
+    own turn, so a target below it is covered after it."""
+    _check(libc.mount(handle.encode(), path.encode(), None, MS_BIND, None),
+           f"restoring the mount at {path}")
+    _check(libc.mount(None, path.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None),
+           f"making the restored mount at {path} read-only")
 
 
 def isolate(scratch: str, keep: list[str]) -> list[str]:
@@ -170,7 +171,9 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
                 hidden[m] = _opened_any(m, fds)
             except OSError:
                 pass                      # gone or unreadable: nothing to restore
-    queue, covered = list(targets), []
+    # Targets and hidden mounts in one pass, outermost first: an overlay covers its mounts,
+    # each is bound back after it, and a target below a restored mount is covered after that.
+    queue, covered = sorted([*targets, *hidden], key=_depth), []
     os.makedirs(scratch, exist_ok=True)
     root_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
     fds.append(root_fd)
@@ -185,6 +188,10 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
 
     while queue:
         target = queue.pop(0)
+        if target in hidden:
+            if any(target.startswith(c + "/") for c in covered):
+                _restore(libc, target, hidden[target])
+            continue
         n = len(fds)
         upper, work = scratch_dir(f"{n}-upper"), scratch_dir(f"{n}-work")
         opts = f"lowerdir={lower.get(target) or opened(target)},upperdir={upper},workdir={work}"
@@ -202,7 +209,7 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
             child = os.path.join(target, name)
             if child not in below and os.path.isdir(child) and not os.path.islink(child):
                 queue.append(child)
-    _restore(libc, hidden, covered)
+        queue.sort(key=_depth)
     for path, fd_path in kept:
         _check(libc.mount(fd_path.encode(), path.encode(), None, MS_BIND, None),
                f"keeping {path} shared")

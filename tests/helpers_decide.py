@@ -92,14 +92,14 @@ def fixture(name: str) -> Topology | None:
 
 
 def profile(*, params=6_900_000, step_ms=2.4, batch=64, backward_share=0.6, peak_gib=4.0,
-            status=ProfileStatus.OK, **kw) -> ModelProfile:
+            status=ProfileStatus.OK, steps_measured=20, **kw) -> ModelProfile:
     step = step_ms / 1e3 if step_ms is not None else None
     return ModelProfile(
         status=status, total_params=params, trainable_params=params,
         param_dtypes={"float32": params}, grad_bytes=4 * params, num_grad_tensors=12,
         batch_size=batch, step_time_s=step, step_time_p90_s=step and step * 1.05,
         backward_s=step * backward_share if step and backward_share else None,
-        forward_s=step * 0.3 if step else None, steps_measured=20,
+        forward_s=step * 0.3 if step else None, steps_measured=steps_measured,
         peak_gpu_mem_bytes=int(peak_gib * GiB) if peak_gib else None, dry_run_s=7.5,
         device="cuda:0 (NVIDIA H200)", **kw)
 

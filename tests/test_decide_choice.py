@@ -197,6 +197,21 @@ def test_trial_decides_near_the_threshold(clean_env):
         assert any(r.rule.startswith("decision.uncertainty_band") for r in plan.reasons)
 
 
+def test_a_dry_run_window_as_long_as_a_trial_answers_the_one_gpu_trial(clean_env):
+    trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1500.0})
+    long = profile(steps_measured=500, window_s=1.2)          # 2.4 ms steps over 1.2 s
+    plan, _ = run(dual_socket(), long, req=request(max_gpus=2), trial=trial)
+    assert [c.strategy for c in trial.calls] == [Strategy.DDP] and trial.rounds == [1]
+    assert any("single 26,667 samples/s (its dry run, 500 steps), DDP×2 1,500 samples/s"
+               in r.text for r in plan.reasons), [r.text for r in plan.reasons]
+    # A window shorter than decision.trial_seconds, cut short or incomplete: a real trial.
+    for short in (profile(), profile(steps_measured=500, window_s=1.2, window_cut_short=True),
+                  profile(steps_measured=500, window_s=1.2, status=ProfileStatus.INCOMPLETE)):
+        trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1500.0})
+        run(dual_socket(), short, req=request(max_gpus=2), trial=trial)
+        assert [c.strategy for c in trial.calls] == [Strategy.SINGLE, Strategy.DDP]
+
+
 def test_trial_unavailable_falls_back_to_the_prediction_or_the_policy(clean_env):
     plan, _ = run(dual_socket(), profile(), req=request(max_gpus=2),
                   trial=FakeTrial({}))          # every trial returns None

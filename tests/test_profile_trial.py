@@ -34,28 +34,6 @@ def test_a_ddp_trial_measures_samples_per_second(clean_env):
     assert sum(split.values()) <= wall, (split, wall)          # inside the call
 
 
-def test_one_gpu_is_answered_by_the_dry_run_not_a_second_start():
-    from smartlaunch.pipeline import _CountedTrials
-    from smartlaunch.profile.api import ModelProfile, ProfileStatus
-    from smartlaunch.statusline import StatusLine
-    calls = []
-    prof = ModelProfile(ProfileStatus.OK, batch_size=32, step_time_s=0.004, steps_measured=120)
-    from smartlaunch.strategies import REGISTRY
-    trials = _CountedTrials(lambda s, g: 99.0, StatusLine(tty=False), 1.0, REGISTRY, prof)
-    trials.run = lambda s, g: calls.append((s, g)) or 99.0
-    trials.planned(2)
-    assert trials(Strategy.SINGLE, (0,)) == pytest.approx(32 / 0.004)
-    assert trials(Strategy.DDP, (0, 1)) == 99.0
-    assert calls == [(Strategy.DDP, (0, 1))] and (trials.k, trials.n) == (1, 1)
-    assert "8,000 samples/s over 120 steps" in trials.used_dry_run
-    # Without a measured window (no profile, or it never stepped) one GPU is a real trial.
-    for none in (None, ModelProfile(ProfileStatus.NO_STEP, note="x")):
-        calls.clear()
-        bare = _CountedTrials(None, StatusLine(tty=False), 1.0, REGISTRY, none)
-        bare.run = lambda s, g: calls.append((s, g)) or 5.0
-        assert bare(Strategy.SINGLE, (0,)) == 5.0 and calls == [(Strategy.SINGLE, (0,))]
-
-
 def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     tmp_path = shared_dir                 # the trial's own writes are thrown away
     # Generous: on a loaded 2-core CI box torch's import alone can take seconds.

@@ -103,3 +103,51 @@ def test_a_read_only_mount_below_an_overlay_is_still_there(tmp_path, shared_dir)
     assert r.stdout.startswith("driver code"), r.stdout + r.stderr
     assert not (tmp_path / "new.txt").exists()          # the directory itself stays covered
     assert spot.read_text() == ""                       # nothing leaked into the real tree
+
+
+# A writable mount that is not a directory tree of its own (a container's /etc/hosts, a FUSE
+# home) cannot be covered; bound back, it must be read-only, and a writable filesystem mounted
+# below a restored one must still be covered.
+NESTED = r'''
+import ctypes, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.unshare(0x00020000) == 0, "unshare"
+assert libc.mount(b"none", b"/", None, (1 << 14) | (1 << 18), None) == 0, "private"
+hosts_src, hosts, data_src, data, scratch = sys.argv[1:6]
+assert libc.mount(hosts_src.encode(), hosts.encode(), None, 4096, None) == 0, "bind hosts (rw)"
+assert libc.mount(data_src.encode(), data.encode(), None, 4096, None) == 0, "bind data"
+assert libc.mount(b"none", data.encode(), None, 4096 | 32 | 1, None) == 0, "data ro"
+assert libc.mount(b"tmpfs", (data + "/scratch").encode(), b"tmpfs", 0, None) == 0, "tmpfs"
+probe = ("import sys\nhosts, data = sys.argv[1:3]\n"
+         "for p in (hosts, data + '/scratch/ckpt.pt'):\n"
+         "    try:\n        open(p, 'a').write('x'); print('wrote', p)\n"
+         "    except OSError as e:\n        print('refused', p, e.errno)\n")
+r = subprocess.run([sys.executable, "-m", "smartlaunch.sandbox", "--scratch", scratch, "--",
+                    sys.executable, "-c", probe, hosts, data], capture_output=True, text=True)
+print(r.stdout + r.stderr)
+print("real hosts:", open(hosts).read().strip())
+print("real scratch:", sorted(os.listdir(data + "/scratch")))
+'''
+
+
+def test_restored_mounts_are_read_only_and_covered_below(tmp_path, shared_dir):
+    import subprocess
+    import sys
+    if sandbox.unavailable() is not None and os.getuid() != 0:
+        import pytest
+        pytest.skip("isolation unavailable for this uid")
+    hosts_src = shared_dir / "hosts"
+    hosts_src.write_text("127.0.0.1 localhost\n")
+    hosts = tmp_path / "etc-hosts"
+    hosts.write_text("")
+    data_src = shared_dir / "dataset"
+    (data_src / "scratch").mkdir(parents=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    r = subprocess.run([sys.executable, "-c", NESTED, str(hosts_src), str(hosts), str(data_src),
+                        str(data), str(shared_dir / "scratch")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"refused {hosts} 30" in r.stdout, r.stdout          # EROFS: shared, read-only
+    assert f"wrote {data}/scratch/ckpt.pt" in r.stdout, r.stdout  # the overlay took it
+    assert "real hosts: 127.0.0.1 localhost" in r.stdout and "real scratch: []" in r.stdout, r.stdout

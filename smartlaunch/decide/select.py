@@ -238,18 +238,25 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     rule = ctx.policy.rule
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
-    measured = {}
-    ctx.trial.planned(len(keys))
+    measured, single, d = {}, keys[0], ctx.policy.decision
+    by_dry_run = ctx.profile.trial_rate(d.trial_steps, d.trial_seconds) \
+        if ctx.profile is not None else None
+    if by_dry_run is not None:
+        measured[single] = by_dry_run
+    ctx.trial.planned(len(keys) - len(measured))
     for k in keys:
+        if k in measured:
+            continue
         got = ctx.trial(k[0], k[1])
         if got is not None and got > 0:
             measured[k] = float(got)
-    single = keys[0]
     if single not in measured:
         return None, f"{why}; the trial of {_name(ctx, single)} gave no measurement"
     scores = {k: v / measured[single] for k, v in measured.items()}
     win = _pick(ctx, scores)
-    names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}"
+    names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}" +
+                      (f" (its dry run, {ctx.profile.steps_measured} steps)"
+                       if k == single and by_dry_run is not None else "")
                       for k, v in measured.items())
     lost = [k for k in keys if k not in measured]
     text = f"{why} → measured trials: {names}"

@@ -60,13 +60,15 @@ def _record(plan, request, policy, topology, run_dir, environ, out):
     rates = feedback.load_rates(policy, key, environ)
     feedback.store_rate(policy, key, rate, environ)
     if n > 1:
-        line = advice(rate, rates, profile, policy.decision.min_efficiency, plan.requested_max)
+        line = advice(rate, rates, profile, policy.decision.min_efficiency, plan.requested_max,
+                      name=strategy_name(plan.strategy).upper())
         if line:
             print(line, file=out or sys.stderr, flush=True)
     return rate
 
 
-def advice(rate, rates, profile, floor: float, allowed: int) -> str | None:
+def advice(rate, rates, profile, floor: float, allowed: int, name: str = "DDP") -> str | None:
+    """name: what ran, as --explain writes a multi-rank strategy ("DDP" for ddp)."""
     base, source = feedback.one_gpu_rate(rates, profile)
     if not base:
         return None
@@ -74,8 +76,8 @@ def advice(rate, rates, profile, floor: float, allowed: int) -> str | None:
     speedup = rate.rank_steps_per_s / base
     if speedup / n >= floor:
         return None
-    nxt = "run on one GPU" if allowed <= n else f"not use DDP×{n}"
+    nxt = "run on one GPU" if allowed <= n else f"not use {name}×{n}"
     assumed = ", assuming each rank did the profiled work" if rate.assumed else ""
-    return (f"smartlaunch: DDP×{n} ran at {speedup:.2f}× of one GPU ({speedup / n:.0%} "
+    return (f"smartlaunch: {name}×{n} ran at {speedup:.2f}× of one GPU ({speedup / n:.0%} "
             f"efficiency, below the policy's {floor:.0%}; one GPU from {source}{assumed}); "
             f"the next launch of this job will {nxt}")

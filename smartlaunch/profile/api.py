@@ -82,6 +82,19 @@ class ModelProfile:
         the held-out run of 2026-11-22 sent every suite script to a trial on reading alone."""
         return bool(self.reads_world_size) and (self.micro_batches or 1) > 1
 
+    def trial_rate(self, min_steps: int, min_seconds: float) -> float | None:
+        """samples/s of the window, counted as a trial counts it (batch unknown: 1), when the
+        window is as good as a trial's (complete, at least min_steps and min_seconds): the dry
+        run ran the same hooks on one GPU of this model, so a trial of one GPU would measure
+        it again at the cost of a second start of the script (13.5-15.8 s on 2x H200,
+        2026-11-23). None: a trial must measure it."""
+        if self.status != ProfileStatus.OK or self.window_cut_short or not self.step_time_s:
+            return None
+        window = self.window_s or self.steps_measured * self.step_time_s
+        if self.steps_measured < min_steps or window < min_seconds:
+            return None
+        return (self.batch_size or 1) / self.step_time_s
+
     @property
     def backward_share(self) -> float | None:
         if self.backward_s and self.step_time_s:

@@ -210,12 +210,7 @@ class Recorder:
         if n >= self.measure and (t - self.t_window >= self.min_seconds or n >= MAX_STEPS):
             self.close_window("measured")
             self.write(reason="measured")
-            self.end_now()
-
-    def end_now(self) -> None:
-        """The window is written: end the script (self.exit, main(): the process at once)."""
-        self.write()
-        self.exit()
+            self.exit()                   # main(): the process at once (exit_now)
 
     def goal(self, n: int, spent: float) -> int:
         """Steps the dry run will have seen when the window closes: warm-up, the window's

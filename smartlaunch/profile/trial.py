@@ -58,7 +58,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             if log is not None:
                 log(f"no trial: {note}")
             return None
-        n = len(gpus) if strategy == Strategy.DDP else 1
+        n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
         with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
             proc.remove_on_exit(tmp)
