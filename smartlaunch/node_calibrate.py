@@ -59,8 +59,12 @@ def calibrate(args) -> int:
     record.update(gpu_name=topo.gpu(gpus[0]).name, nccl=nccl_env(environ), torch=torch_version())
     path = store_constants(policy, topo, environ, record)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True)
+        try:
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
+        except OSError as e:     # the measurement is cached already: say where it is
+            raise UsageError(f"--out {args.out}: {e.strerror}; the record is cached in {path}; "
+                             f"give a writable path to copy it") from None
     if args.json:
         print(json.dumps(record, indent=1, sort_keys=True))
         return 0

@@ -108,15 +108,15 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
 
 def _check_paths(request: Request, policy, environ) -> None:
     """Directories this launch will write, checked before anything is written: the cache for
-    a decision that may measure, the log directory for a launch that may run DDP or
-    independent jobs (issue 13: a file there gave a traceback after the leases were taken)."""
+    a decision that may measure, the log directory every launch writes its run directory in
+    (issue 13: a file there gave a traceback after the leases were taken)."""
     if request.explain:
         return
     if request.strategy == "auto":
         from smartlaunch.profile.cache import cache_root
         _check_dir_usable(str(cache_root(policy, environ)), "paths.cache_dir", policy)
-    if request.strategy in ("auto", "ddp", "independent"):
-        _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
+    # Every launch writes its run directory there (summary.txt, logs).
+    _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
 
 
 def _check_dir_usable(path: str, key: str, policy) -> None:

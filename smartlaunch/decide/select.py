@@ -292,7 +292,7 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     floor = ctx.policy.decision.min_efficiency
     batch = ctx.profile.batch_size if ctx.profile is not None else None
     chosen_key = (choice.strategy, choice.gpus)
-    single_key = next(iter(cands))
+    single_key = next(k for k in cands if _role(ctx, k) == Role.BASELINE)
     base_rate = choice.measured.get(single_key)
     rows = {}
     for key, (cand, pred) in cands.items():

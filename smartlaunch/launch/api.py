@@ -164,7 +164,13 @@ class LaunchContext:
         """<launch.log_dir>/<time>-<pid>, the launch's own directory (its basename is the run
         id). Private (0o700): the workers' logs may hold secrets (tokens a script prints)."""
         path = os.path.join(self.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as e:      # changed since the pipeline checked it
+            from smartlaunch.errors import PolicyError
+            raise PolicyError(f"launch.log_dir={self.log_dir}: cannot create {path} "
+                              f"({e.strerror}); set launch.log_dir to a directory you can "
+                              f"write") from None
         return path
 
     def close(self) -> None:

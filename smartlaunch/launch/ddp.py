@@ -159,7 +159,7 @@ class DDPLauncher:
         watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
         result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir)
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
-        path = write_summary(run_dir, summary) or os.path.join(run_dir, SUMMARY_FILE)
+        path = write_summary(run_dir, summary) or f"{SUMMARY_FILE} could not be written in {run_dir}"
         # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
         # with its first line and where the rest is (issue 18: a summary on success too), one
         # line after the job's output as the decision line was one before it; --quiet /

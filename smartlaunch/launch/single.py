@@ -79,6 +79,8 @@ class SingleLauncher:
                          run_dir=self.run_dir if self.counted else None)
         self._started = time.monotonic()
         self.child = proc.spawn(worker_argv(plan), env=env, stdin=None)
+        if self._signal is not None:       # it arrived between begin() and the spawn
+            self.child.send(self._signal)
 
     def forward(self, signum: int) -> None:
         if self.child and self.child.returncode is None:

@@ -14,8 +14,8 @@ Hooks (all global, none needs the script's cooperation):
   warm-up steps after it only the model's roots keep two hooks that count micro-batches and
   mark forward and backward (device time too); inside the window, only the step hook runs.
 The window is closed by a device sync however the script ends: measured (then the process
-ends at once with os._exit(0) after writing: see Recorder.end_now), the script returning, sys.exit, an exception, or SIGTERM (the parent's time limit; there only the
-marks already finished are read). Step time is always the window's device time; a window that
+ends at once after writing: exit_now), the script returning, sys.exit, an exception, or
+SIGTERM (the parent's time limit; there only the marks already finished are read). Step time is always the window's device time; a window that
 closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ def prefer(ctx, key, pred, rival) -> bool:
     k, best = len(ctx.request.variants), rival[1]
     prefers = ctx.policy.decision.prefer_independent_for_sweeps
     rule = ctx.policy.rule("decision.prefer_independent_for_sweeps")
-    if prefers or best is None or pred.speedup >= best:
+    if prefers or best is None or pred is None or pred.speedup >= best:
         why = ("the policy prefers independent jobs for sweeps" if prefers else
                f"{min(k, len(key[1]))} concurrent jobs give "
                f"{times(pred.speedup if pred else None)} one job's samples/s, {rival[0]} at best {times(best)}")
