@@ -240,8 +240,7 @@ def test_a_waiting_launch_shows_its_place_and_the_holder(clean_env, terminal):
 
 
 # A band wide enough that every cold decision measures DDP×2 by trial (issue 15, item 7: the
-# trials must be visible too), each trial short; one GPU's rate is the dry run's, so there is
-# one trial, not two.
+# trials must be visible too), each trial short.
 TRIALS = "decision: {uncertainty_band: 2.0, trial_seconds: 0.2, trial_steps: 5}\n"
 
 
@@ -256,8 +255,10 @@ def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_en
     assert steps == sorted(steps)                       # it counts up, redrawn in place
     sizes = re.findall(r"all-reduce ([\d.]+ [KMG]?B) \((\d) of (\d) sizes\)", text)
     assert sizes and all(1 <= int(k) <= int(n) for _, k, n in sizes), text
-    assert re.search(r"trial 1 of 1: DDP×2 on GPUs 0,1", text), text
-    assert not re.search(r"trial \d+ of \d+: single", text), text     # the dry run answers it
+    # One GPU is answered by the dry run when its window was as long as a trial's; on a slow
+    # machine the 300-step script cuts it short, and then one GPU is a trial of its own.
+    k, n = map(int, re.search(r"trial (\d) of (\d): DDP×2 on GPUs 0,1", text).groups())
+    assert k == n and (n == 1 or re.search(r"trial 1 of 2: single GPU on GPU0", text)), text
     # All of it gone from the screen: only the decision line, then the job's output.
     ours = [line for line in shown if line.startswith("smartlaunch:") and not run_end(line)]
     assert len(ours) == 1 and "measured" in ours[0], shown
@@ -273,7 +274,8 @@ def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_e
     assert "dry run step" not in r.stderr and "sizes)" not in r.stderr, r.stderr
     ours = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
     want = ("smartlaunch: profiling ", "smartlaunch: measuring all-reduce over GPUs 0,1 up to ",
-            "smartlaunch: trial 1 of 1: DDP×2 on ")
+            *(("smartlaunch: trial 1 of 2: single GPU on GPU0 ", "smartlaunch: trial 2 of 2: DDP×2 on ")
+              if "trial 1 of 2" in r.stderr else ("smartlaunch: trial 1 of 1: DDP×2 on ",)))
     assert len(ours) > len(want) and all(a.startswith(b) for a, b in zip(ours, want)), ours
     assert re.match(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU0 — "
                     r"DDP×2 )measured ",

@@ -239,7 +239,13 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured, single, d = {}, keys[0], ctx.policy.decision
-    by_dry_run = ctx.profile.trial_rate(d.trial_steps, d.trial_seconds) \
+    # The dry run's own complete window stands for the one-GPU trial: at least trial_steps
+    # and dryrun.measure_seconds (0.5 s; a trial's 1 s window is for the DDP side, whose
+    # first all-reduces and clock ramp a short window over-weights). Lengthening every dry
+    # run to a trial's window would cut short the ones of scripts that end sooner, and a
+    # cut-short profile widens the band (more trials, not fewer).
+    floor_s = min(d.trial_seconds, ctx.policy.dryrun.measure_seconds)
+    by_dry_run = ctx.profile.trial_rate(d.trial_steps, floor_s) \
         if ctx.profile is not None else None
     if by_dry_run is not None:
         measured[single] = by_dry_run

@@ -132,7 +132,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
                "--progress", ticks,
                "--warmup", str(policy.dryrun.warmup_steps),
                "--measure", str(policy.dryrun.measure_steps),
-               "--min-seconds", str(window_seconds(policy))]
+               "--min-seconds", str(policy.dryrun.measure_seconds)]
         if request.module:
             cmd.append("--module")
         cmd += [request.script, *request.script_args]
@@ -178,14 +178,6 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     if iso_note:
         prof = dataclasses.replace(prof, note=f"{prof.note}; {iso_note}")
     return prof
-
-
-def window_seconds(policy) -> float:
-    """The dry run's window: dryrun.measure_seconds, or a trial's decision.trial_seconds when
-    trials may run, so that its rate can stand for the one-GPU trial (ModelProfile.trial_rate)
-    and a trial round starts the script once, not twice."""
-    d = policy.decision
-    return max(policy.dryrun.measure_seconds, d.trial_seconds if d.trials else 0.0)
 
 
 def _prune(logs: Path) -> None:
