@@ -156,10 +156,11 @@ def test_a_missing_curve_is_said_in_its_row_not_borrowed(clean_env):
 def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
     topo = fixture("pcie-4gpu-x8")
     # 60 ms steps: x2 95%, x3 92%, x4 87% efficient; at a 90% floor the model picks x3 and
-    # x4 (the most samples/s, just under) is the one worth measuring; x2 is not tried.
+    # x4 (the most samples/s, just under) is the one worth measuring; x2 is not tried. A dry
+    # run of 5 steps is shorter than a trial: one GPU is a trial too.
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 190.0, ("ddp", 3): 270.0,
                        ("ddp", 4): 365.0})
-    plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0),
+    plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
                   policy(uncertainty_band=0.2, min_efficiency=0.9), trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]
     assert plan.gpus == (0, 1, 2, 3)                       # measured 91%
@@ -167,6 +168,6 @@ def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
     assert not x2.measured and "not tried (at most 2 DDP trials: the model's pick and the fastest other)" in x2.reason
     # Every DDP candidate short of the floor: the model's pick is single, the two fastest go.
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 150.0, ("ddp", 3): 200.0})
-    plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0),
+    plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
                   policy(uncertainty_band=0.2, min_efficiency=0.97), trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]
