@@ -23,6 +23,8 @@ import time
 import timeit
 from pathlib import Path
 
+from report_md import emit
+
 REPO = Path(__file__).resolve().parent.parent
 GOAL_S = 30.0
 
@@ -84,11 +86,7 @@ def main() -> int:
                   f" of {len(records)} runs"]
     lines += [f"- TickWriter.set (the dry run's per-step counter): {tick_s * 1e9:.0f} ns per "
               f"step, best of 5 x {n:,}"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

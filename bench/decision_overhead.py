@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report_md import emit
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -54,11 +56,7 @@ def main() -> int:
              f"| warm `smartlaunch --explain` | {w:.2f} |",
              f"| `python -c 'import torch, torch.distributed.run'` | {f:.2f} |",
              f"| **decision overhead (warm − floor)** | **{w - f:.2f}** |"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

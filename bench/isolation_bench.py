@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from report_md import emit
+
 from smartlaunch import sandbox
 from smartlaunch.policy.api import DryRunPolicy, Policy
 from smartlaunch.profile.runner import run_dry_run
@@ -61,11 +63,7 @@ def main(argv=None) -> int:
         f"- tiny_train.py dry run, median of {args.rounds}: off {med['off']:.2f} s, require "
         f"{med['require']:.2f} s, ratio {med['require'] / med['off']:.2f}",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,20 @@
-"""The regret report as markdown (bench/regret.py writes it next to the JSON)."""
+"""The regret report as markdown (bench/regret.py writes it next to the JSON), and the way
+every small bench script hands over its report (emit)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import multi_n
+
+
+def emit(lines: list[str], out: str | None = None) -> int:
+    """Print the report and write it to --out when given; the script's exit code (0)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    return 0
 
 
 def _f(x, fmt: str = "{:.2f}", none: str = "–") -> str:

@@ -100,3 +100,12 @@ class StrategyUnit(Protocol):
 
 
 Units = Mapping[str, StrategyUnit]
+
+
+def by_role(units: Units, role: Role) -> StrategyUnit:
+    """The registered unit with this role (the first, in candidate order)."""
+    for unit in units.values():
+        if unit.ROLE == role:
+            return unit
+    from smartlaunch.errors import PlanError
+    raise PlanError(f"no strategy unit has the role {role.value}; register one (strategies/)")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
-from smartlaunch.decide.api import Role, Trial, Units, Variants
+from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.select import Choice, choose_auto, comm_summary
@@ -107,12 +107,8 @@ def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dic
     a forced strategy runs as asked."""
     why = f"no GPUs visible ({base['topology']['note'] or 'NVML found none'})"
     name = request.strategy if request.strategy != "auto" else \
-        _by_role(units, Role.SWEEP if request.variants else Role.BASELINE).NAME
+        by_role(units, Role.SWEEP if request.variants else Role.BASELINE).NAME
     return units[name].cpu_plan(request, policy, why, reasons, base)
-
-
-def _by_role(units: Units, role: Role):
-    return next(u for u in units.values() if u.ROLE == role)
 
 
 def _check_variants(request: Request, policy: Policy, units: Units) -> None:
@@ -125,7 +121,7 @@ def _check_variants(request: Request, policy: Policy, units: Units) -> None:
         raise UsageError(f"--strategy {request.strategy} cannot run {n} variants; use "
                          f"{names} (or auto) with --each")
     if unit is not None and not n and unit.VARIANTS == Variants.REQUIRED:
-        base = strategy_name(_by_role(units, Role.BASELINE).NAME)
+        base = strategy_name(by_role(units, Role.BASELINE).NAME)
         raise UsageError(f"--strategy {request.strategy} needs variants: give --each or "
                          f"--each-file, or use --strategy {base}")
     allowed = policy.decision.allowed_strategies
@@ -213,7 +209,7 @@ class _Ctx:
         out: dict = {}
         units = self.units.values()
         if self.request.multi_node and forced is not None:
-            units = [_by_role(self.units, Role.BASELINE)]   # the node group: _multi_node's
+            units = [by_role(self.units, Role.BASELINE)]   # the node group: _multi_node's
         for unit in units:
             out.update(unit.candidates(self, forced))
         return out

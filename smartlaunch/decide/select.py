@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartlaunch.decide.api import Role
+from smartlaunch.decide.api import Role, by_role
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy, strategy_name
 from smartlaunch.decide.words import gbps, gpu_list, pct, rate, times
@@ -34,6 +34,11 @@ def _key_n(key) -> int:
     return len(key[1])
 
 
+def _baseline(ctx, keys):
+    """The baseline's key among candidate keys (every speedup is relative to it)."""
+    return next(k for k in keys if _role(ctx, k) == Role.BASELINE)
+
+
 def _role(ctx, key) -> Role:
     return ctx.units[key[0]].ROLE
 
@@ -57,7 +62,7 @@ def _pick(ctx, scores: dict) -> tuple:
     that meet the policy's efficiency and beat the baseline; otherwise the baseline. Ties go
     to fewer GPUs."""
     floor = ctx.policy.decision.min_efficiency
-    base = next(k for k in scores if _role(ctx, k) == Role.BASELINE)
+    base = _baseline(ctx, scores)
     ok = [k for k, s in scores.items() if _role(ctx, k) == Role.SCALED and s is not None
           and s / _key_n(k) >= floor and s > 1.0]
     return max(ok, key=lambda k: (scores[k], -_key_n(k))) if ok else base
@@ -66,7 +71,7 @@ def _pick(ctx, scores: dict) -> tuple:
 def choose_auto(ctx, cands: dict) -> Choice:
     d, rule = ctx.policy.decision, ctx.policy.rule
     keys = list(cands)
-    single = next(k for k in keys if _role(ctx, k) == Role.BASELINE)
+    single = _baseline(ctx, keys)
     scaled = [k for k in keys if _role(ctx, k) == Role.SCALED]
     ctx.scaled_keys = scaled
     trialable = [k for k in scaled if ctx.units[k[0]].TRIAL]
@@ -158,7 +163,7 @@ def _top(ctx, scaled: list, scores: dict) -> list:
     among the rest, which a trial may show meeting it. By samples/s alone, DDP×3 and ×4 at
     59% and 41% were tried and ×2 at 82% was not (examples/train.py on pcie-4gpu-x8, CPU,
     2026-11-22)."""
-    base = next(k for k in scores if _role(ctx, k) == Role.BASELINE)
+    base = _baseline(ctx, scores)
     pick = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
     first = [pick] if pick in scaled else []
     rest = sorted((k for k in scaled if k not in first), key=lambda k: (-scores[k], _key_n(k)))
@@ -286,7 +291,7 @@ def _fallback(ctx, scaled: list, why: str) -> Choice:
         k = max(mine, key=_key_n)
         ctx.reasons.append(Reason(f"{why} → fallback {_name(ctx, k)}", rule))
         return Choice(k[0], k[1], "fallback")
-    base = next(u for u in ctx.units.values() if u.ROLE == Role.BASELINE)
+    base = by_role(ctx.units, Role.BASELINE)
     key = (base.NAME, (ctx.usable[0],))
     extra = "" if fb == strategy_name(base.NAME) else f" (fallback {fb} does not apply to one job)"
     ctx.reasons.append(Reason(f"{why} → fallback {_name(ctx, key)}{extra}", rule))
@@ -298,7 +303,7 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     floor = ctx.policy.decision.min_efficiency
     batch = ctx.profile.batch_size if ctx.profile is not None else None
     chosen_key = (choice.strategy, choice.gpus)
-    single_key = next(k for k in cands if _role(ctx, k) == Role.BASELINE)
+    single_key = _baseline(ctx, cands)
     base_rate = choice.measured.get(single_key)
     rows = {}
     for key, (cand, pred) in cands.items():
