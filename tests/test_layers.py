@@ -14,7 +14,7 @@ from conftest import REPO
 LAYERS = (
     ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request",
      "smartlaunch.worker_env", "smartlaunch.store", "smartlaunch.proc", "smartlaunch.guard",
-     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation"),
+     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.ranks"),
     ("smartlaunch.topology", "smartlaunch.policy"),
     ("smartlaunch.profile",),
     ("smartlaunch.decide",),

@@ -83,7 +83,7 @@ def test_trial_command_carries_the_step_count(clean_env):
     from smartlaunch.profile.trial import trial_command
     cmd = trial_command(Request(script=SCRIPT), QUICK, 2, "/tmp/x", steps=500)
     assert cmd[cmd.index("--measure") + 1] == "500"
-    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert cmd[cmd.index("--nproc") + 1] == "2"
 
 
 def test_later_trials_size_their_window_from_the_first(clean_env, tmp_path):

@@ -10,8 +10,11 @@ window of a 2 ms step is 40 ms, short enough for one slow all-reduce or clock ra
 ratio by 20% (2x H200, 2026-11-22: a 20-step trial saw 0.98x where 500 steps gave 1.22x). Every
 rank gets the same step count on its command line, so the ranks stop together.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N \
-        -m smartlaunch.profile.trial --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
+    python -m smartlaunch.profile.trial_group --nproc N -- \
+        --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
+
+The spawner (trial_group.py) starts N ranks of this module with torchrun's environment,
+without torchrun's agent (~3 s of start-up saved on 2x H200; see trial_group.py).
 
 Run as a module (`python -m smartlaunch.profile.trial`), this file is the per-rank shim: each
 rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.profile.dryrun.
@@ -33,6 +36,7 @@ from smartlaunch import proc, sandbox
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
+from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
 from smartlaunch.vocab import Strategy
 
@@ -121,13 +125,16 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None) -> list[str]:
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "smartlaunch.profile.trial", "--out-dir", out_dir,
-           "--warmup", str(policy.dryrun.warmup_steps),
-           "--measure", str(steps or policy.decision.trial_steps)]
+    return spawner_command(nproc, shim_args(request, policy, out_dir, steps), python)
+
+
+def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None) -> list[str]:
+    """Each rank's arguments to this module (below, `_shim`)."""
+    args = ["--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
+            "--measure", str(steps or policy.decision.trial_steps)]
     if request.module:
-        cmd.append("--module")
-    return [*cmd, request.script, *request.script_args]
+        args.append("--module")
+    return [*args, request.script, *request.script_args]
 
 
 def visible_devices(environ: Mapping[str, str], gpus) -> str:
