@@ -68,6 +68,7 @@ def test_trial_ranks_see_what_torchrun_gives_them(clean_env, shared_dir):
         assert set(b) - set(a) == {"DUMP_ONLY"}
         assert set(a) == set(b) - {"DUMP_ONLY"}
         assert a["TORCHELASTIC_USE_AGENT_STORE"] == "False"     # no agent store to wait for
+    assert not any("smartlaunch.warm" in d["_cmdline"] for d in ours)     # started cold
     assert ours[0]["TORCHELASTIC_RUN_ID"] == ours[1]["TORCHELASTIC_RUN_ID"]
     assert ours[0]["MASTER_PORT"] == ours[1]["MASTER_PORT"]
 

@@ -55,7 +55,7 @@ def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
 
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                       max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
-                      progress=None) -> CommCurve:
+                      progress=None, pool=None) -> CommCurve:
     """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
     device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
     progress(size, k, n): called as rank 0 starts the k-th of the n sizes."""
@@ -81,7 +81,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                      "--stat", "median" if device == "cuda" else "min",
                      "--progress", os.path.join(tmp, "sizes.bin")],
         time_limit_s=time_limit_s, what="all-reduce benchmark",
-        hint="check the NCCL_* environment and the GPUs' health.", watch=watch)
+        hint="check the NCCL_* environment and the GPUs' health.", watch=watch, pool=pool)
     if not points:
         raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
                              "run `smartlaunch-node bench-comm --debug` to see why")
@@ -140,10 +140,10 @@ def rank_base_env(environ, device: str) -> dict[str, str]:
 
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
-               progress=None) -> CommCurve:
+               progress=None, pool=None) -> CommCurve:
     """The cached curve for this topology, group and NCCL environment; measured on a miss.
     Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
-    progress: as measure_allreduce's (not called on a cache hit)."""
+    progress: as measure_allreduce's (not called on a cache hit). pool: warm ranks (run_ranks)."""
     gpus = tuple(gpus)
     device = device_for(topology)
     backend = backend_for(device)
@@ -153,6 +153,6 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
     if hit is not None:
         return hit
     curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes,
-                              progress=progress)
+                              progress=progress, pool=pool)
     store_comm(policy, key, curve, environ)
     return curve

@@ -1,6 +1,7 @@
 """A trial's ranks, started without torchrun's agent (issue 15, item 7).
 
     python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...
+    python -m smartlaunch.profile.trial_group --warm N      (the trial's go comes on stdin)
 
 runs N ranks of `python -m smartlaunch.profile.trial SHIM_ARGS` with torchrun's environment
 contract (worker_env.rank_env; OMP_NUM_THREADS=1 when unset and N > 1, as run.py sets it) and
@@ -13,9 +14,15 @@ when one fails, and passes SIGTERM/SIGINT/SIGHUP on to every rank (the dry-run h
 what they measured on SIGTERM), SIGKILLing what is left after GRACE_S.
 There is no agent store: TORCHELASTIC_USE_AGENT_STORE=False, so rank 0's
 init_process_group creates the TCPStore at MASTER_PORT, as a single-rank job's does.
+
+With --warm N it starts N warm ranks (smartlaunch.warm: torch imported, waiting) as soon as
+the pipeline starts the dry run, inside the sandbox already, and reads the trial's go (ranks,
+shim arguments, CUDA_VISIBLE_DEVICES) from stdin when decide asks for the first trial; warm
+ranks the trial does not use are killed at once.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -31,6 +38,10 @@ GRACE_S = 4.0      # below trial.KILL_GRACE_S: our ranks are gone before the cal
 def spawner_command(nproc: int, shim_args: list[str], python: str = sys.executable) -> list[str]:
     return [python, "-m", "smartlaunch.profile.trial_group", "--nproc", str(nproc), "--",
             *shim_args]
+
+
+def warm_command(size: int, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "smartlaunch.profile.trial_group", "--warm", str(size)]
 
 
 def omp_env(environ, nproc: int) -> dict[str, str]:
@@ -69,19 +80,42 @@ def run_group(nproc: int, shim_args: list[str], pool=None) -> int:
         ranks.stop_all(group, signal.SIGKILL, 0)
 
 
+def run_warm(size: int) -> int:
+    """Pre-start `size` warm ranks (torch imported), then wait for the go on stdin: one JSON
+    line {"nproc": n <= size, "argv": SHIM_ARGS, "env": {variables to set}}; EOF: exit 0."""
+    from smartlaunch.warm import WarmPool
+    pool = WarmPool(size, {**os.environ, **omp_env(os.environ, size)}, log_files=False)
+    try:
+        line = sys.stdin.buffer.readline()
+        if not line.strip():
+            return 0
+        try:
+            msg = json.loads(line)
+            nproc, args, env = int(msg["nproc"]), [str(a) for a in msg["argv"]], msg["env"]
+            os.environ.update({str(k): str(v) for k, v in env.items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(f"smartlaunch trial: bad go message ({exc}); no trial run", file=sys.stderr)
+            return 2
+        return run_group(nproc, args, pool)
+    finally:
+        pool.close()
+
+
 def _signalled(signum, _frame):
     raise proc.Signalled(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 3 or argv[0] != "--nproc" or argv[2] != "--" or not argv[1].isdigit():
-        print("usage: python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...",
-              file=sys.stderr)
+    warm = len(argv) == 2 and argv[0] == "--warm" and argv[1].isdigit()
+    if not warm and (len(argv) < 3 or argv[0] != "--nproc" or argv[2] != "--"
+                     or not argv[1].isdigit()):
+        print("usage: python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS... | "
+              "--warm N (then the go on stdin)", file=sys.stderr)
         return 2
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _signalled)
-    return run_group(int(argv[1]), argv[3:])
+    return run_warm(int(argv[1])) if warm else run_group(int(argv[1]), argv[3:])
 
 
 if __name__ == "__main__":
