@@ -86,7 +86,8 @@ def _profile(p: ModelProfile | None) -> list[str]:
         return ["profile: none"]
     if p.status not in (ProfileStatus.OK, ProfileStatus.INCOMPLETE):
         note = f": {p.note}" if p.note else ""
-        return [f"profile: {p.status.value}{note}"]
+        cached = " (cached; --reprofile measures again)" if p.cached else ""
+        return [f"profile: {p.status.value}{cached}{note}"]
     params = p.trainable_params or p.total_params or 0
     step, p90, bwd = p.step_time_s, p.step_time_p90_s, p.backward_s
     peak = p.peak_gpu_mem_bytes
