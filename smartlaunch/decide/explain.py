@@ -164,8 +164,9 @@ def cpu_ranges(cpus) -> str:
 TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")
 
 
-TRIAL_PHASES = (("start", "start-up"), ("setup", "script set-up"), ("steps", "steps"),
-                ("exit", "exit"))
+TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),
+                ("steps", "steps {:.2f}"), ("exit", "exit {:.2f}"),
+                ("killed", "killed at the time limit after {:.2f} s"))   # no step, no result
 
 
 def _timings(t: dict) -> str:
@@ -179,7 +180,7 @@ def _timings(t: dict) -> str:
 
 def _trial_split(t: dict) -> str:
     """Where the trials' seconds went (profile.trial.trial_phases), for the cold-decision goal."""
-    parts = [f"{name} {t[f'trials_{k}']:.2f}" for k, name in TRIAL_PHASES if f"trials_{k}" in t]
+    parts = [text.format(t[f"trials_{k}"]) for k, text in TRIAL_PHASES if f"trials_{k}" in t]
     return f" [{', '.join(parts)}]" if parts else ""
 
 
