@@ -345,7 +345,7 @@ class _Held:
 class Lease:
     """GPUs held by this process. Release per GPU (the queue gives back a GPU as soon as no job
     needs it) or all at once; `absorb` adds another lease's GPUs (acquire one more).
-    `on_empty(lease)`, when set, is told once the lease holds no GPU any more."""
+    `on_empty(lease)`, when set, is told whenever a release or an absorb leaves it no GPU."""
 
     def __init__(self, manager: LeaseManager, held: list[_Held]):
         self._manager = manager
