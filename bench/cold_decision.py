@@ -90,6 +90,8 @@ def row(entry_id, condition, which, res, floor) -> str:
     start = floor + (res.get("startup_s") or 0.0)
     beyond = total - start
     split = "/".join(f"{t.get(f'trials_{k}', 0):.1f}" for k in ("start", "setup", "steps", "exit"))
+    if t.get("trials_killed"):     # trials the time limit ended before a step (profile.trial)
+        split += f", {t['trials_killed']:.1f} killed"
     what = f"{res['strategy']}×{res['nproc']}" + (" (trial)" if res.get("measured") else "")
     return (f"| {entry_id} | {condition} | {which} | {what} | {total:.1f} | {start:.1f} | "
             f"{t.get('profile', 0):.1f} | {t.get('allreduce', 0):.1f} | {t.get('trials', 0):.1f} "

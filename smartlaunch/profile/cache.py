@@ -114,7 +114,11 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
                               progress=progress, real_gpu=real_gpu)
-        if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
+        # UNMEASURABLE too (the script fixes its world size, or ran on the CPU though given
+        # a GPU): it is the script's, not the moment's, and the next launch would pay a whole
+        # dry run to learn it again. --reprofile measures again.
+        if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
+                              ProfileStatus.UNMEASURABLE):
             write_json(path, profile.to_dict())
         return profile
 

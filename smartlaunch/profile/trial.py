@@ -76,16 +76,19 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             t_spawn = time.time()
             rc = run.run(n, steps, changes, policy.dryrun.time_limit_s)
             t_end = time.time()
+            killed = rc is None
             if listing is not None:
                 undone = undo_note(listing, (run.tmp,))
                 if log is not None:
                     log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
             result = read_rank0(run.out)
             if phases is not None:
-                phases(trial_phases(result, t_spawn, t_end))
+                phases(trial_phases(result, t_spawn, t_end, killed=killed))
             if log is not None and (rc != 0 or result is None):
                 tail = run.log.read_text(errors="replace")[-2000:] if run.log.exists() else ""
-                log(f"trial of {strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
+                how = (f"was killed at the time limit ({policy.dryrun.time_limit_s:g} s)"
+                       if killed else f"ended with {rc}")
+                log(f"trial of {strategy.value}×{n} {how}; log tail:\n{tail}")
         finally:
             run.close()
         if result and result.get("step_time_s"):
@@ -161,16 +164,18 @@ class TrialSetup:
             self._tmp = None
 
 
-def trial_phases(result: dict | None, t_spawn: float, t_end: float) -> dict[str, float]:
+def trial_phases(result: dict | None, t_spawn: float, t_end: float, *,
+                 killed: bool = False) -> dict[str, float]:
     """Where a trial's wall seconds went, from rank 0's wall-clock stamps: `start` (the
     interpreter, the launcher and the torch import up to the hooks), `setup` (the script's
     own imports, model and data up to its first step), `steps` (warm-up and the window) and
-    `exit` (from the result to the last process gone). Without stamps, all of it is `start`."""
+    `exit` (from the result to the last process gone). Without stamps (no result, or no
+    first step), all of it is `killed` when the time limit ended the trial, else `start`."""
     total = max(0.0, t_end - t_spawn)
     r = result or {}
     stamps = [r.get("wall_start"), r.get("wall_first_step"), r.get("wall_written")]
     if not all(isinstance(x, (int, float)) for x in stamps):
-        return {"start": total}
+        return {"killed" if killed else "start": total}
     a, b, c = (min(max(x, t_spawn), t_end) for x in stamps)
     return {"start": a - t_spawn, "setup": max(0.0, b - a), "steps": max(0.0, c - b),
             "exit": max(0.0, t_end - c)}
