@@ -30,6 +30,9 @@ GOAL_S = 15.0
 POLICIES = {
     "throughput": "decision:\n  min_efficiency: 0.5\n",
     "trials": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n",
+    # the same, with every rank started when needed (no warm processes beside the dry run)
+    "trials-cold": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n"
+                   "  prestart: false\n",
 }
 
 

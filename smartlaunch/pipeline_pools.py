@@ -40,7 +40,7 @@ class Pools:
 def start(request, policy, topology, environ, first, *, cores: int | None = None) -> Pools:
     """first: the decision's probe (decide.probe.Probe)."""
     pools = Pools()
-    if first.profile_gpu is None or not first.measure:
+    if first.profile_gpu is None or not first.measure or not policy.decision.prestart:
         return pools
     usable = [g.index for g in topology.gpus if g.index not in first.unavailable
               and not g.busy and topology.healthy(g.index)]

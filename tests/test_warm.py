@@ -98,11 +98,11 @@ POLICY = "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n  trial_ste
          "dryrun:\n  warmup_steps: 1\n"
 
 
-def cold_plan(clean_env, script: str, **env):
+def cold_plan(clean_env, script: str, policy_text: str = POLICY, **env):
     from smartlaunch.pipeline import make_plan
     from smartlaunch.request import Request
     policy = clean_env / "policy.yaml"
-    policy.write_text(POLICY)
+    policy.write_text(policy_text)
     environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"), **env}
     request = Request(script=script, explain="json", policy_path=str(policy))
     return make_plan(request, set(), environ, cores=16)
@@ -152,6 +152,27 @@ def test_a_cold_decision_runs_its_trial_and_benchmark_on_warm_ranks(clean_env, s
     time.sleep(0.3)
     assert tagged_left() == []
     assert list(tmp.iterdir()) == []                   # pools' and trials' dirs removed
+
+
+def test_prestart_false_starts_every_rank_when_it_is_needed(clean_env, shared_dir, monkeypatch):
+    private_tmp(clean_env, monkeypatch)
+    script = str(Path(__file__).resolve().parent / "scripts" / "decide" / "trial_env.py")
+    from smartlaunch.warm import WarmPool
+    started = []
+    init = WarmPool.__init__
+
+    def spy_init(self, *a, **k):
+        started.append(a)
+        return init(self, *a, **k)
+    monkeypatch.setattr(WarmPool, "__init__", spy_init)
+    plan, _, _ = cold_plan(clean_env, script, POLICY.replace(
+        "trial_steps: 3\n", "trial_steps: 3\n  prestart: false\n"), ENV_DUMP=str(shared_dir))
+    assert [c for c in plan.to_dict()["candidates"] if c.get("measured")], plan.to_json()
+    ranks = [json.loads((shared_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert started == []
+    assert not any("smartlaunch.warm" in d["_cmdline"] for d in ranks)
+    time.sleep(0.3)
+    assert tagged_left() == []
 
 
 def test_a_failed_dry_run_closes_the_pools(clean_env):
