@@ -7,6 +7,7 @@ each row is then its own test.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -40,6 +41,16 @@ class Row:
 
 def policy(text: str) -> dict[str, str]:
     return {"p.yaml": text}
+
+
+def topo(edit) -> dict[str, str]:
+    """The NV18 pair's fixture as topo.json, after `edit(data)` spoils it."""
+    data = json.loads(Path(PAIR).read_text())
+    edit(data)
+    return {"topo.json": json.dumps(data)}
+
+
+FAKE = {"SMARTLAUNCH_FAKE_TOPOLOGY": "topo.json"}
 
 
 ROWS = [
@@ -128,6 +139,20 @@ ROWS = [
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": "nope.json"}),
     Row("fake topology not json", SL + ["t.py"], 2, r"bad.json: not a topology JSON",
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": "bad.json"}, files={"bad.json": "{not json"}),
+    Row("fake topology link to no GPU", SL + ["--explain", "t.py"], 2,
+        r"topo.json: not a topology JSON \(links\[0\].b is 7, not the index of a GPU",
+        env=FAKE, files=topo(lambda d: d["links"][0].update(b=7))),
+    Row("fake topology duplicate index", SL + ["t.py"], 2, r"two GPUs have index 0",
+        env=FAKE, files=topo(lambda d: d["gpus"][1].update(index=0))),
+    Row("fake topology memory word", SL + ["--explain", "t.py"], 2,
+        r"gpus\[0\].memory_free_mib is 'lots', not an integer",
+        env=FAKE, files=topo(lambda d: d["gpus"][0].update(memory_free_mib="lots"))),
+    Row("fake topology cpus word", SL + ["--explain", "t.py"], 2,
+        r"gpus\[1\].cpus is 'all', not a list of integers",
+        env=FAKE, files=topo(lambda d: d["gpus"][1].update(cpus="all"))),
+    Row("fake topology is a directory", SL + ["--explain", "t.py"], 2,
+        r"SMARTLAUNCH_FAKE_TOPOLOGY=.*tdir is a directory; name a JSON topology file",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": "{tmp}/tdir"}, files={"tdir": None}),
     # 4: no NVML where one is needed
     Row("baseline without NVML", NODE + ["baseline", "--config", "hooks.env"], 4, r"no GPU to record",
         files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
