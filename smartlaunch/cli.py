@@ -270,9 +270,7 @@ def _find_module(name: str):
 
 def _check_entrypoint(request: Request) -> None:
     if request.no_python:
-        if not (shutil.which(request.script) or os.path.isfile(request.script)):
-            raise UsageError(f"program not found: {request.script} (with --no-python the "
-                             f"entrypoint must be an executable on PATH or a file path)")
+        _check_program(request.script)
     elif request.module:
         spec = _find_module(request.script)
         if spec is None:
@@ -291,6 +289,37 @@ def _check_entrypoint(request: Request) -> None:
     elif not os.access(request.script, os.R_OK):
         raise UsageError(f"training script {request.script} is not readable by you; "
                          f"chmod u+r {request.script}")
+
+
+def _check_program(name: str) -> None:
+    """--no-python's entrypoint as the worker's os.execvp will take it: a name without '/' is
+    looked up on PATH only (never the working directory); a path must be an executable file
+    with a #! line or a binary. A file in the working directory passed the old check, then
+    execvp raised FileNotFoundError in every worker (exit 1)."""
+    if "/" not in name:
+        if shutil.which(name):
+            return
+        fix = ""
+        if os.path.isfile(name):
+            fix = f"; for the file here use ./{name}" + (
+                "" if os.access(name, os.X_OK) else f" and chmod +x {name}")
+        raise UsageError(f"program not found: {name} is not on PATH (with --no-python a name "
+                         f"without '/' is looked up on PATH, as exec does){fix}")
+    if os.path.isdir(name):
+        raise UsageError(f"program {name} is a directory; name the executable in it")
+    if not os.path.isfile(name):
+        raise UsageError(f"program not found: {name}; check the path relative to {os.getcwd()}")
+    if not os.access(name, os.X_OK):
+        raise UsageError(f"program {name} is not executable; chmod +x {name} (or drop "
+                         f"--no-python to run it with Python)")
+    try:
+        with open(name, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return                          # execute-only: exec may still run it
+    if not head.startswith((b"#!", b"\x7fELF")):
+        raise UsageError(f"program {name} has no #! line, so exec cannot run it; add one (e.g. "
+                         f"#!/usr/bin/env python3) or drop --no-python")
 
 
 def main(argv: list[str] | None = None) -> int:
