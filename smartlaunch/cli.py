@@ -337,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 128 + 2
+    except SystemExit as exc:
+        from smartlaunch.proc import Interrupted
+        if debug or not isinstance(exc, Interrupted):
+            raise
+        print(f"smartlaunch: {exc.line()}", file=sys.stderr, flush=True)
+        return int(exc.code)
 
 
 def console_main() -> None:

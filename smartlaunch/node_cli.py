@@ -11,6 +11,7 @@ import sys
 import warnings
 
 from smartlaunch.errors import SmartlaunchError
+from smartlaunch.proc import Interrupted
 
 SUBCOMMAND_MODULES = (
     "smartlaunch.topology.cli",     # topo
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("smartlaunch-node: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as exc:      # the same in a dry run (`smartlaunch-node profile`)
+        if args.debug:
+            raise
+        print(f"smartlaunch-node: {exc.line()}", file=sys.stderr)
+        return int(exc.code)
 
 
 def console_main() -> None:

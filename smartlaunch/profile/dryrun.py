@@ -383,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    # SIGINT comes from smartlaunch passing on its Ctrl-C (the child has its own session): the
+    # dry run was interrupted, the script did not fail, so no KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, on_term)
     try:
         from smartlaunch.entry import run_entrypoint
         run_entrypoint(opts["script"], opts["args"], module=opts["module"])

@@ -144,8 +144,8 @@ def visible_devices(environ: Mapping[str, str], gpus) -> str:
 def run_limited(cmd: list[str], env: dict, limit_s: float, logfile: Path) -> int | None:
     """Run as one guarded process tree; past the limit SIGTERM it (the dry-run hooks write
     what they measured), SIGKILL after KILL_GRACE_S. None: it was killed."""
-    with open(logfile, "wb") as out, proc.spawn(cmd, env=env, stdout=out,
-                                                stderr=subprocess.STDOUT) as child:
+    with open(logfile, "wb") as out, proc.spawn(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                stage="a trial") as child:
         rc = child.wait(limit_s)
         if rc is None:
             child.stop(signal.SIGTERM, KILL_GRACE_S)
