@@ -159,6 +159,13 @@ ROWS = [
     Row("fake topology is a directory", SL + ["--explain", "t.py"], 2,
         r"SMARTLAUNCH_FAKE_TOPOLOGY=.*tdir is a directory; name a JSON topology file",
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": "{tmp}/tdir"}, files={"tdir": None}),
+    Row("visible devices name no GPU", SL + ["--strategy", "ddp", "t.py"], 2,
+        r"CUDA_VISIBLE_DEVICES=9: '9' is out of range.*CUDA would see no GPU.*0 \(GPU-ef42a798",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR, "CUDA_VISIBLE_DEVICES": "9"}),
+    Row("visible devices unknown uuid", SL + ["--explain", "t.py"], 2,
+        r"CUDA_VISIBLE_DEVICES=GPU-0000.*matches no device",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR,
+             "CUDA_VISIBLE_DEVICES": "GPU-00000000-1111-2222-3333-444444444444"}),
     # 4: no NVML where one is needed
     Row("baseline without NVML", NODE + ["baseline", "--config", "hooks.env"], 4, r"no GPU to record",
         files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
