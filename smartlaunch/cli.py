@@ -198,7 +198,7 @@ def _max_gpus(value: str, name: str = "--nproc-per-node ") -> int | None:
 
 
 def _variants(each: list[str], each_file: str | None) -> tuple[tuple[str, ...], ...]:
-    from smartlaunch.launch.independent import parse_each, parse_each_file
+    from smartlaunch.launch.variants import parse_each, parse_each_file
     variants = [parse_each(v) for v in each]
     if each_file:
         variants += parse_each_file(each_file)
