@@ -25,6 +25,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 PAIR = fixture_path("h200-nv18-pair")
 SL = [sys.executable, "-m", "smartlaunch.cli"]
 NODE = [sys.executable, "-m", "smartlaunch.node_cli"]
+HOOK = [sys.executable, "-I", "-m", "smartlaunch.slurm.hooks"]      # as the shell hooks run it
 
 
 @dataclass
@@ -190,6 +191,10 @@ ROWS = [
         r"SLURM_JOB_UID='x' is not a uid",
         env={"SLURM_JOB_ID": "123", "SLURM_JOB_UID": "x", "SLURM_JOB_USER": "ann"},
         files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
+    Row("prolog config is a directory", HOOK + ["prolog", "--config", "cdir"], 10,
+        r"hooks config cdir is a directory; name the hooks.env file", files={"cdir": None}),
+    Row("node prolog config is a directory", NODE + ["prolog", "--config", "/tmp"], 10,
+        r"hooks config /tmp is a directory"),
     # node commands
     Row("policy check missing file", NODE + ["policy", "check", "nope.yaml"], 3, r"nope.yaml not found"),
     Row("policy check too large", NODE + ["policy", "check", "p.yaml"], 3, r"larger than 1 MiB",
