@@ -284,6 +284,10 @@ def _check_entrypoint(request: Request) -> None:
                          f"in it (or use -m for a package)")
     elif not os.path.isfile(request.script):
         hint = " (use -m for a module)" if not request.script.endswith(".py") else ""
+        if request.explain and not any(c in request.script for c in "./"):
+            # `--explain xml t.py`: a word that is not a format became the script
+            hint = (f" (if {request.script} was meant as --explain's format, write "
+                    f"--explain={request.script}; formats: {', '.join(EXPLAIN_FORMATS)})")
         raise UsageError(f"training script not found: {request.script}{hint}; check the path "
                          f"relative to {os.getcwd()}")
     elif not os.access(request.script, os.R_OK):

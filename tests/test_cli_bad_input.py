@@ -64,6 +64,8 @@ ROWS = [
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
     Row("strategy unknown", SL + ["--strategy", "fast", "t.py"], 2, r"invalid choice: 'fast'"),
     Row("explain format", SL + ["--explain=xml", "t.py"], 2, r"invalid choice: 'xml'"),
+    Row("explain format as a separate word", SL + ["--explain", "xml", "t.py"], 2,
+        r"training script not found: xml \(if xml was meant as --explain's format, write --explain=xml"),
     Row("nnodes reversed", SL + ["--nnodes", "3:1", "t.py"], 2, r"--nnodes '3:1' is not N or MIN:MAX"),
     Row("ddp nnodes reversed", SL + ["--strategy", "ddp", "--nnodes", "3:1", "t.py"], 2,
         r"--nnodes '3:1'"),
@@ -202,6 +204,9 @@ ROWS = [
     Row("node prolog config is a directory", NODE + ["prolog", "--config", "/tmp"], 10,
         r"hooks config /tmp is a directory"),
     # node commands
+    Row("node unknown command", NODE + ["bogus"], 2, r"invalid choice: 'bogus'"),
+    Row("node unknown option", NODE + ["topo", "--bogus"], 2, r"unrecognized arguments: --bogus"),
+    Row("calibrate without GPUs", NODE + ["calibrate"], 2, r"needs 2 distinct GPUs.*run it on a node"),
     Row("policy check missing file", NODE + ["policy", "check", "nope.yaml"], 3, r"nope.yaml not found"),
     Row("policy check too large", NODE + ["policy", "check", "p.yaml"], 3, r"larger than 1 MiB",
         files={"p.yaml": "#\n" * 600_000}),
