@@ -30,6 +30,9 @@ GOAL_S = 15.0
 POLICIES = {
     "throughput": "decision:\n  min_efficiency: 0.5\n",
     "trials": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n",
+    # the same, with every rank started when needed (no warm processes beside the dry run)
+    "trials-cold": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n"
+                   "  prestart: false\n",
 }
 
 
@@ -60,9 +63,26 @@ def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float)
     t, prof = plan.get("timings") or {}, plan.get("profile") or {}
     chosen = next((c for c in plan.get("candidates", []) if c.get("chosen")), {})
     out.update(timings=t, startup_s=prof.get("startup_s"), dry_run_s=prof.get("dry_run_s"),
+               step_time_s=prof.get("step_time_s"),
                strategy=plan.get("strategy"), nproc=plan.get("nproc_per_node"),
                measured=bool(chosen.get("measured")))
     return out
+
+
+def profile_alone(entry, condition: str, base_env, timeout: float) -> float | None:
+    """The dry run's step time without a decision around it (`smartlaunch-node profile`, so
+    no warm pools run beside it), in a fresh cache."""
+    home = tempfile.mkdtemp(prefix="sl-prof-")
+    env = common.child_env(base_env, condition)
+    env.update(HOME=home, XDG_CACHE_HOME=f"{home}/cache")
+    argv = [sys.executable, "-m", "smartlaunch.node_cli", "profile", "--gpu", "0",
+            str(REPO / entry.script), *entry.args, "--steps", str(entry.steps),
+            "--warmup", str(entry.warmup)]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=home)
+    try:
+        return json.loads(r.stdout).get("step_time_s")
+    except ValueError:
+        return None
 
 
 def row(entry_id, condition, which, res, floor) -> str:
@@ -73,6 +93,8 @@ def row(entry_id, condition, which, res, floor) -> str:
     start = floor + (res.get("startup_s") or 0.0)
     beyond = total - start
     split = "/".join(f"{t.get(f'trials_{k}', 0):.1f}" for k in ("start", "setup", "steps", "exit"))
+    if t.get("trials_killed"):     # trials the time limit ended before a step (profile.trial)
+        split += f", {t['trials_killed']:.1f} killed"
     what = f"{res['strategy']}×{res['nproc']}" + (" (trial)" if res.get("measured") else "")
     return (f"| {entry_id} | {condition} | {which} | {what} | {total:.1f} | {start:.1f} | "
             f"{t.get('profile', 0):.1f} | {t.get('allreduce', 0):.1f} | {t.get('trials', 0):.1f} "
@@ -88,6 +110,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out")
     ap.add_argument("--json")
+    ap.add_argument("--profile-alone", type=int, default=0,
+                    help="then N dry runs of each script alone, to compare their step time")
     args = ap.parse_args()
     base = dict(os.environ, PYTHONPATH=str(REPO))
     if args.fake:
@@ -111,6 +135,25 @@ def main() -> int:
                 lines.append(row(entry_id, condition, which, res, floor))
                 print(lines[-1], flush=True)
                 write(args, lines, records)      # after every row: a budget may cut the rest
+    if args.profile_alone:
+        # Does the dry run measure the same step with warm pools importing torch beside it?
+        lines += ["", "Dry-run step time (ms): in the cold decisions above (warm pools beside it) "
+                  f"and alone (`smartlaunch-node profile`, {args.profile_alone} runs)", "",
+                  "| script | with pools (each run) | alone (each run) | ratio of medians |",
+                  "|---|---|---|---|"]
+        for entry_id in args.scripts.split(","):
+            entry = common.entry(entry_id)
+            cond = args.conditions.split(",")[0]
+            alone = [profile_alone(entry, cond, base, args.timeout)
+                     for _ in range(args.profile_alone)]
+            withp = [r.get("step_time_s") for r in records if r["script"] == entry_id]
+            records.append({"script": entry_id, "profile_alone_step_s": alone})
+            a, w = [x for x in alone if x], [x for x in withp if x]
+            ratio = f"{statistics.median(w) / statistics.median(a):.3f}" if a and w else "-"
+            lines.append(f"| {entry_id} | {', '.join(f'{x * 1e3:.2f}' for x in w)} | "
+                         f"{', '.join(f'{x * 1e3:.2f}' for x in a)} | {ratio} |")
+            print(lines[-1], flush=True)
+            write(args, lines, records)
     print("\n".join(lines))
     return 0
 

@@ -45,7 +45,8 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
 
 
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
-              status: StatusLine | None = None):
+              status: StatusLine | None = None, *, cores: int | None = None):
+    """cores: CPUs to count for the warm pools (pipeline_pools; default: this process's)."""
     from smartlaunch.decide import decide
     from smartlaunch.decide.probe import probe
     from smartlaunch.decide.prepare import prepare
@@ -74,21 +75,27 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     first = probe(request, topology, policy, units=REGISTRY, environ=environ,
                   leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
     clock.lap("leases")
-    profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
-    clock.lap("profile")
-    trial = _trial_runner(request, policy, environ, topology, profile, status, clock, REGISTRY) \
-        if first.measure else None
-    model, model_note = _cost_model(policy, topology, environ, profile)
-    notes += model_note
-    plan = decide(
-        request, topology, policy, profile, units=REGISTRY,
-        comm_for=clock.timed("allreduce", _comm_for(topology, policy, environ, profile, status)),
-        trial=trial,
-        unavailable=first.unavailable,
-        model=model,
-        launched=_launched(request, policy, topology, environ) if profile is not None else None,
-        environ=environ, wait_reason=first.wait_reason,
-    )
+    from smartlaunch import pipeline_pools
+    pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores)
+    try:
+        profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
+        clock.lap("profile")
+        trial = _trial_runner(request, policy, environ, topology, profile, status, clock,
+                              REGISTRY, pools.trial) if first.measure else None
+        model, model_note = _cost_model(policy, topology, environ, profile)
+        notes += model_note
+        plan = decide(
+            request, topology, policy, profile, units=REGISTRY,
+            comm_for=clock.timed("allreduce",
+                                 _comm_for(topology, policy, environ, profile, status, pools)),
+            trial=trial,
+            unavailable=first.unavailable,
+            model=model,
+            launched=_launched(request, policy, topology, environ) if profile is not None else None,
+            environ=environ, wait_reason=first.wait_reason,
+        )
+    finally:
+        pools.close()
     status.clear()
     clock.lap("decide")
     plan = prepare(plan, topology, policy, environ, units=REGISTRY,
@@ -223,7 +230,7 @@ def _profile(request, policy, topology, environ, gpu, status):
                               real_gpu=topology.source == "nvml")
 
 
-def _comm_for(topology, policy, environ, profile, status):
+def _comm_for(topology, policy, environ, profile, status, pools):
     if not topology.gpus:
         return lambda group: None
     from smartlaunch.profile.comm import comm_curve
@@ -240,8 +247,13 @@ def _comm_for(topology, policy, environ, profile, status):
 
         def progress(size: int, k: int, n: int) -> None:
             status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
-        return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
-                          progress=progress)
+        pool = pools.take_comm()          # warm ranks serve the first benchmark only
+        try:
+            return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
+                              progress=progress, pool=pool)
+        finally:
+            if pool is not None:
+                pool.close()
     return comm_for
 
 
@@ -265,14 +277,15 @@ def _launched(request, policy, topology, environ):
     return load_rates(policy, job_key(request, policy, topology, environ), environ)
 
 
-def _trial_runner(request, policy, environ, topology, profile, status, clock, units):
+def _trial_runner(request, policy, environ, topology, profile, status, clock, units, pool):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.profile.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, expected_step_s=step,
-                               phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}))
+                               phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}),
+                               pool=pool)
     trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
                                                      topology=topology, environ=environ))

@@ -231,7 +231,9 @@ class _Guard:
 
     def __init__(self):
         env = {k: v for k, v in os.environ.items() if k != GUARD_VAR}
-        self.tag = f"{os.getpid()}-{time.time_ns()}"
+        # Under a spawned child (a trial's spawner starting its ranks), the tag extends the
+        # child's own: the outer guard's and Child.reap's prefix sweeps then find the ranks too.
+        self.tag = f"{os.environ.get(GUARD_VAR, '')}{os.getpid()}-{time.time_ns()}"
         self.spawned = 0
         self.proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.guard", self.tag],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,

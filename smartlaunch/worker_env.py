@@ -1,5 +1,5 @@
 """torchrun's worker environment contract, for processes smartlaunch starts without an agent
-(the dry run, the all-reduce measurement, single and independent jobs). Ground floor: the
+(the dry run, the all-reduce measurement, trials, single and independent jobs). Ground floor: the
 profile and launch layers both start workers, so neither may own it.
 
 Matches what torch's LocalElasticAgent sets for a one-rank group (checked against a real
@@ -23,17 +23,26 @@ def free_port() -> int:
 
 
 def single_rank_env(master_port: int | None = None, run_id: str | None = None) -> dict[str, str]:
+    return rank_env(0, 1, master_port=master_port, run_id=run_id)
+
+
+def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: str | None = None,
+             environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What torch's LocalElasticAgent gives local rank `rank` of `nproc` on one node (a trial's
+    ranks, started without the agent). environ: the variables the agent passes on rather than
+    sets (TORCH_NCCL_ASYNC_ERROR_HANDLING; OMP_NUM_THREADS is the caller's, as in run.py)."""
     run_id = run_id or str(uuid.uuid4())
+    n, r = str(nproc), str(rank)
     return {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
+        "RANK": r,
+        "LOCAL_RANK": r,
         "GROUP_RANK": "0",
-        "ROLE_RANK": "0",
+        "ROLE_RANK": r,
         "ROLE_NAME": "default",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
+        "WORLD_SIZE": n,
+        "LOCAL_WORLD_SIZE": n,
         "GROUP_WORLD_SIZE": "1",
-        "ROLE_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": n,
         "MASTER_ADDR": "localhost",           # what torchrun sets
         "MASTER_PORT": str(master_port or free_port()),
         "TORCHELASTIC_RESTART_COUNT": "0",
@@ -42,10 +51,11 @@ def single_rank_env(master_port: int | None = None, run_id: str | None = None) -
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         # Written by @record only when the script fails; the random run id keeps the name
         # unguessable in a shared /tmp, and nothing is created up front (no temp dir leak).
-        "TORCHELASTIC_ERROR_FILE": os.path.join(tempfile.gettempdir(),
-                                                f"smartlaunch-error-{run_id}.json"),
+        "TORCHELASTIC_ERROR_FILE": os.path.join(
+            tempfile.gettempdir(),
+            f"smartlaunch-error-{run_id}" + (f"-{rank}" if nproc > 1 else "") + ".json"),
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": (environ or {}).get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import fixture_path, own_lines
 
 from smartlaunch.launch.leases import LeaseManager
@@ -37,6 +38,25 @@ def test_all_gpus_leased_with_no_wait_fails_naming_the_holder(clean_env):
     assert r.returncode == 6, r.stderr
     lines = own_lines(r.stderr)
     assert len(lines) == 1 and f"pid {os.getpid()}" in lines[0], r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("strategy", ["single", "independent", "ddp"])
+def test_a_failed_hold_announces_nothing_and_leaves_no_run_directory(clean_env, strategy):
+    # Every launcher holds its GPUs first, then prints the decision line and creates its run
+    # directory: --no-wait on a node whose GPUs another launch holds gives the one error line.
+    topo = discover({**os.environ, **FAKE})
+    out = clean_env / "gpu.txt"
+    with LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]) as m, \
+            m.acquire(topo, [0, 1], 2, wait=False, timeout_s=0):
+        each = ["--each", "a", "--each", "b"] if strategy == "independent" else []
+        r = smartlaunch(["--strategy", strategy, *each, "--no-wait", str(_envdump(clean_env)),
+                         str(out)], clean_env)
+    assert r.returncode == 6, r.stderr
+    lines = own_lines(r.stderr)
+    assert len(lines) == 1 and "leased by" in lines[0], r.stderr
+    logs = clean_env / "home" / ".cache" / "smartlaunch" / "logs"
+    assert [p for p in logs.glob("*") if p.is_dir()] == []       # no run directory
     assert not out.exists()
 
 

@@ -92,6 +92,16 @@ def test_explain_leads_with_the_plan_and_shows_the_numbers(clean_env):
     assert "CPUs 0-7" in text and "decision.min_efficiency=0.7 (built-in)" in text
 
 
+def test_explain_says_a_trial_was_killed_instead_of_calling_it_start_up(clean_env):
+    # profile.trial.trial_phases: a trial the time limit ended with no step is "killed", not
+    # "start"; the pipeline adds each trial's split to the timings as trials_<phase>.
+    split = {"trials_start": 1.5, "trials_setup": 0.5, "trials_steps": 0.8, "trials_exit": 0.2,
+             "trials_killed": 15.0}
+    plan = dataclasses.replace(_ddp_nvlink(), timings={"total": 20.0, "trials": 18.0, **split})
+    assert "decided in 20.00 s (trials 18.00 [start-up 1.50, script set-up 0.50, steps 0.80, " \
+           "exit 0.20, killed at the time limit after 15.00 s])" in render_text(plan, REGISTRY)
+
+
 def test_cpu_ranges():
     assert cpu_ranges((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11"
     assert cpu_ranges(()) == "none"

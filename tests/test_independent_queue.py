@@ -63,6 +63,32 @@ def test_five_variants_on_two_gpus_queue_and_report_each_exit_code(clean_env, ca
     assert LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).taken(topo) == set()   # all given back
 
 
+def test_the_context_lists_only_the_leases_still_held(clean_env):
+    # The queue takes GPU 1 as a second lease and absorbs it, then gives GPUs back one by one
+    # as the queue drains: the context's list follows, with no emptied lease left in it.
+    from smartlaunch.launch.api import context
+    from smartlaunch.launch.independent import IndependentLauncher
+    from helpers_launch import with_command
+    out, script = _setup(clean_env)
+    topo = H.fake_topology(2)
+    req = H.request(script, "--out", str(out))
+    ctx = context(req, H.policy(clean_env), topo)
+    launcher = IndependentLauncher(with_command(H.plan([["--sleep", "0.5"], ["--sleep", "2"]]), req), ctx)
+    try:
+        launcher.start()
+        assert [lease.gpus for lease in ctx.held] == [(0, 1)]
+        while launcher.poll() is None and ctx.held[0].gpus != (1,):
+            time.sleep(0.05)
+        assert [lease.gpus for lease in ctx.held] == [(1,)]       # job 0 done, GPU 0 given back
+        while launcher.poll() is None:
+            time.sleep(0.05)
+        assert ctx.held == ()
+    finally:
+        launcher.close()
+        ctx.close()
+    assert LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).taken(topo) == set()
+
+
 def test_gpu_leased_by_another_launch_is_not_used(clean_env):
     out, script = _setup(clean_env)
     topo = H.fake_topology(2)

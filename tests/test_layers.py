@@ -14,7 +14,8 @@ from conftest import REPO
 LAYERS = (
     ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request",
      "smartlaunch.worker_env", "smartlaunch.store", "smartlaunch.proc", "smartlaunch.guard",
-     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation"),
+     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.ranks",
+     "smartlaunch.warm"),
     ("smartlaunch.topology", "smartlaunch.policy"),
     ("smartlaunch.profile",),
     ("smartlaunch.decide",),
@@ -22,6 +23,7 @@ LAYERS = (
     ("smartlaunch.strategies",),
     ("smartlaunch.scheduler",),
     ("smartlaunch.slurm",),
+    ("smartlaunch.pipeline_pools",),
     ("smartlaunch.pipeline",),
     ("smartlaunch.cli", "smartlaunch.node_cli", "smartlaunch.node_calibrate"),
 )

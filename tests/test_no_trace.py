@@ -173,6 +173,25 @@ def test_world_size_fixed_script_launches_as_torchrun_would(clean_env):
     assert sorted(p.read_text() for p in out.iterdir()) == ["0 of 2\n", "1 of 2\n"]
 
 
+def test_a_world_size_fixed_script_is_known_from_the_cache_next_time(clean_env):
+    # The second decision reads the unmeasurable profile from the cache (no dry run, no new
+    # dry-run log) and --explain says where it came from and how to measure again.
+    script = SCRIPTS / "fixed_world.py"
+    args = ["--explain", "--nproc-per-node", "2", script, clean_env]
+    logs = clean_env / "home" / ".cache" / "smartlaunch" / "logs"
+    cold = smartlaunch(args, clean_env)
+    assert cold.returncode == 0, cold.stderr
+    dry_runs = sorted(logs.glob("dryrun-*.log"))
+    assert len(dry_runs) == 1
+    assert "profile: unmeasurable: the dry run (WORLD_SIZE=1) failed" in cold.stdout, cold.stdout
+    warm = smartlaunch(args, clean_env)
+    assert warm.returncode == 0, warm.stderr
+    assert sorted(logs.glob("dryrun-*.log")) == dry_runs
+    assert "profile: unmeasurable (cached; --reprofile measures again): the dry run " \
+           "(WORLD_SIZE=1) failed" in warm.stdout, warm.stdout
+    assert "→ DDP×2 on GPUs 0,1, as torchrun --nproc-per-node 2 would launch it" in warm.stdout
+
+
 def test_a_crash_the_real_run_would_hit_too_still_exits_7(clean_env):
     r = smartlaunch(["--nproc-per-node", "2", SCRIPTS / "crash.py"], clean_env)
     assert r.returncode == 7, r.stderr

@@ -23,6 +23,7 @@ CASES = {
     "decision.trials": (False, True, False),
     "decision.trial_steps": (30, 5, 30),
     "decision.trial_seconds": (2.0, 0.1, 2.0),
+    "decision.prestart": (False, True, False),
     "decision.allowed_strategies": (["single", "ddp"], ["single", "independent", "ddp"],
                                     ("single", "ddp")),
     "decision.max_gpus": (2, 8, 2),

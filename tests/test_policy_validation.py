@@ -7,7 +7,7 @@ from smartlaunch.errors import ExitCode, PolicyError
 from smartlaunch.policy.load import read_policy_file, validate_file
 from tests.helpers_policy import write
 
-DECISION_KEYS = ("min_efficiency, uncertainty_band, trials, trial_steps, trial_seconds, allowed_strategies, "
+DECISION_KEYS = ("min_efficiency, uncertainty_band, trials, trial_steps, trial_seconds, prestart, allowed_strategies, "
                  "max_gpus, ddp_link_classes, prefer_independent_for_sweeps, memory_headroom, "
                  "avoid_busy_gpus, avoid_unhealthy_gpus, fallback_strategy")
 NO_P2P = "remove it; NCCL already skips P2P where it does not work"

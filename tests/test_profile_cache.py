@@ -59,6 +59,25 @@ def test_cache_hit_skips_the_dry_run_and_reprofile_forces_one(clean_env, shared_
     assert not forced.cached and starts(marker) == 2
 
 
+def test_an_unmeasurable_profile_is_cached_and_reprofile_measures_it_again(clean_env, shared_dir):
+    # Given a GPU NVML found, a script that runs on the CPU is UNMEASURABLE (CPU torch here
+    # stands for a hidden driver): the next launch of the same job knows it without a dry run.
+    marker = shared_dir / "starts.txt"
+    env = dict(os.environ)
+
+    def launch(**kw):
+        return cache.profile_entrypoint(tiny(marker, **kw), POLICY, gpu="0",
+                                        gpu_model="NVIDIA H200", environ=env, real_gpu=True)
+    first = launch()
+    assert first.status == ProfileStatus.UNMEASURABLE and not first.cached, first.note
+    again = launch()
+    assert again.cached and starts(marker) == 1
+    assert dataclasses.replace(again, cached=False) == first
+    forced = launch(reprofile=True)
+    assert forced.status == ProfileStatus.UNMEASURABLE and not forced.cached
+    assert starts(marker) == 2
+
+
 def test_key_follows_content_args_and_gpu_model_but_not_visible_devices(clean_env, monkeypatch):
     work = clean_env / "proj"
     shutil.copytree(SCRIPTS / "pkg_train", work)

@@ -40,10 +40,16 @@ def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     limit = 15.0
     pol = dataclasses.replace(QUICK, dryrun=DryRunPolicy(time_limit_s=limit))
     env = {**os.environ, "HANG": "1", "HANG_PIDFILE": str(tmp_path / "pid")}
-    trial = make_trial_runner(Request(script=SCRIPT), pol, env)
+    logs, phases = [], []
+    trial = make_trial_runner(Request(script=SCRIPT), pol, env, log=logs.append,
+                              phases=phases.append)
     t0 = time.monotonic()
     assert trial(Strategy.DDP, (0, 1)) is None
     assert time.monotonic() - t0 < limit + 10.0
+    # Its seconds are not "start-up": it was killed, and --explain's split says so.
+    [split] = phases
+    assert list(split) == ["killed"] and limit <= split["killed"] < limit + 10.0, split
+    assert any(f"trial of ddp×2 was killed at the time limit ({limit:g} s)" in x for x in logs), logs
     pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
     assert pids, "the workers never started"
     time.sleep(0.5)
@@ -83,7 +89,7 @@ def test_trial_command_carries_the_step_count(clean_env):
     from smartlaunch.profile.trial import trial_command
     cmd = trial_command(Request(script=SCRIPT), QUICK, 2, "/tmp/x", steps=500)
     assert cmd[cmd.index("--measure") + 1] == "500"
-    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert cmd[cmd.index("--nproc") + 1] == "2"
 
 
 def test_later_trials_size_their_window_from_the_first(clean_env, tmp_path):

@@ -245,6 +245,9 @@ def test_a_fourth_unit_within_the_band_is_measured_by_a_trial():
     assert "→ measured trials: single 1,000 samples/s, DDP-accum×4 3,900 samples/s, DDP×4 " \
            "3,700 samples/s; not tried: DDP×2, DDP×3, DDP-accum×2, DDP-accum×3" in text
     assert "→ DDP-accum×4 on GPUs 0,1,2,3  [decision.uncertainty_band" in text
+    # the two trials bound the SCALED units together, and the sentence names them all
+    assert "DDP-accum×3 (at most 2 DDP or DDP-accum trials: the model's pick and the fastest " \
+           "other, or out of" in text
     assert "  - DDP×4, 4 steps per all-reduce measured" not in text   # its own sentence
     mine = next(c for c in plan.candidates if c.chosen)
     assert mine.measured and mine.speedup == 3.9

@@ -86,7 +86,8 @@ def _profile(p: ModelProfile | None) -> list[str]:
         return ["profile: none"]
     if p.status not in (ProfileStatus.OK, ProfileStatus.INCOMPLETE):
         note = f": {p.note}" if p.note else ""
-        return [f"profile: {p.status.value}{note}"]
+        cached = " (cached; --reprofile measures again)" if p.cached else ""
+        return [f"profile: {p.status.value}{cached}{note}"]
     params = p.trainable_params or p.total_params or 0
     step, p90, bwd = p.step_time_s, p.step_time_p90_s, p.backward_s
     peak = p.peak_gpu_mem_bytes
@@ -163,8 +164,9 @@ def cpu_ranges(cpus) -> str:
 TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")
 
 
-TRIAL_PHASES = (("start", "start-up"), ("setup", "script set-up"), ("steps", "steps"),
-                ("exit", "exit"))
+TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),
+                ("steps", "steps {:.2f}"), ("exit", "exit {:.2f}"),
+                ("killed", "killed at the time limit after {:.2f} s"))   # no step, no result
 
 
 def _timings(t: dict) -> str:
@@ -178,7 +180,7 @@ def _timings(t: dict) -> str:
 
 def _trial_split(t: dict) -> str:
     """Where the trials' seconds went (profile.trial.trial_phases), for the cold-decision goal."""
-    parts = [f"{name} {t[f'trials_{k}']:.2f}" for k, name in TRIAL_PHASES if f"trials_{k}" in t]
+    parts = [text.format(t[f"trials_{k}"]) for k, text in TRIAL_PHASES if f"trials_{k}" in t]
     return f" [{', '.join(parts)}]" if parts else ""
 
 

@@ -15,10 +15,9 @@ from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
 # A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
-# (README): where predictions rank the DDP candidates, only the best two are tried (issue 17:
-# an 8-GPU node would otherwise try seven group sizes).
-MAX_DDP_TRIALS = 2
-TRIED = f"at most {MAX_DDP_TRIALS} DDP trials: the model's pick and the fastest other"
+# (README): where predictions rank the SCALED candidates (every unit's together), only the
+# best two are tried (issue 17: an 8-GPU node would otherwise try seven DDP group sizes).
+MAX_SCALED_TRIALS = 2
 
 
 @dataclass
@@ -55,6 +54,12 @@ def _short(ctx, key) -> str:
 def _scaled_word(ctx) -> str:
     """The SCALED units' family words ("DDP"), for sentences about all of them."""
     return " or ".join(u.WORD for u in ctx.units.values() if u.ROLE == Role.SCALED)
+
+
+def _trial_cap(ctx) -> str:
+    """Why a SCALED candidate was not tried: MAX_SCALED_TRIALS bounds them all together."""
+    return (f"at most {MAX_SCALED_TRIALS} {_scaled_word(ctx)} trials: the model's pick and "
+            "the fastest other")
 
 
 def _pick(ctx, scores: dict) -> tuple:
@@ -158,7 +163,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
 
 
 def _top(ctx, scaled: list, scores: dict) -> list:
-    """The MAX_DDP_TRIALS SCALED candidates to try, in N order: the model's own pick (the most
+    """The MAX_SCALED_TRIALS SCALED candidates to try, in N order: the model's own pick (the most
     samples/s among those predicted to meet the policy), then the most predicted samples/s
     among the rest, which a trial may show meeting it. By samples/s alone, DDP×3 and ×4 at
     59% and 41% were tried and ×2 at 82% was not (examples/train.py on pcie-4gpu-x8, CPU,
@@ -167,7 +172,7 @@ def _top(ctx, scaled: list, scores: dict) -> list:
     pick = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
     first = [pick] if pick in scaled else []
     rest = sorted((k for k in scaled if k not in first), key=lambda k: (-scores[k], _key_n(k)))
-    return sorted((first + rest)[:MAX_DDP_TRIALS], key=_key_n)
+    return sorted((first + rest)[:MAX_SCALED_TRIALS], key=_key_n)
 
 
 def uncertainty(ctx) -> tuple[float, str]:
@@ -274,7 +279,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     untried = [k for k in ctx.scaled_keys if k not in keys]
     if untried:
         text += ("; not tried: " + ", ".join(_short(ctx, k) for k in untried) +
-                 f" ({TRIED}, or out of the policy's reach even at the band's edge)")
+                 f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
     if lost:
         text += "; no measurement for " + ", ".join(_short(ctx, k) for k in lost)
     ctx.reasons.append(Reason(f"{text} → {_name(ctx, win)}", rule(rule_key)))
@@ -363,7 +368,7 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
     elif role == Role.SCALED and c.efficiency is not None and c.efficiency < floor:
         tail = f": below the policy's {pct(floor)}"
     elif role == Role.SCALED and choice.basis == "trial" and not c.measured:
-        tail = f": not tried ({TRIED})"
+        tail = f": not tried ({_trial_cap(ctx)})"
     elif role == Role.BASELINE and win.speedup is not None:
         verb = "give" if win_role == Role.SWEEP else "gives"    # "independent jobs give"
         tail = f": {name} {verb} {times(win.speedup)} its samples/s"

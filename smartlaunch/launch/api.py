@@ -110,7 +110,7 @@ class LaunchContext:
     # Terminating signals received, appended by run_loop's handler; a lease wait ends on one.
     signals: list[int] = field(default_factory=list)
     _leases: Any = field(default=None, repr=False)
-    _held: list = field(default_factory=list, repr=False)   # every Lease taken, for close()
+    _held: list = field(default_factory=list, repr=False)   # the Leases held now, for close()
 
     @property
     def signal_grace_s(self) -> float:
@@ -122,6 +122,11 @@ class LaunchContext:
 
     def cancelled(self) -> bool:
         return bool(self.signals)
+
+    @property
+    def held(self) -> tuple:
+        """The Leases this launch holds now, each with at least one GPU."""
+        return tuple(self._held)
 
     def leases(self):
         """The lease directory, opened on first use; run_loop.run closes it."""
@@ -140,7 +145,7 @@ class LaunchContext:
             timeout_s=plan.wait_timeout_s, cancel=self.cancelled,
             status=self.say if status is None else None,
             progress=status.update if status is not None else None)
-        self._held.append(lease)
+        self._keep(lease)
         if status is not None:
             status.clear()
         return lease
@@ -149,8 +154,18 @@ class LaunchContext:
         """`count` of `gpus` as one Lease if free now, else None; given back by close()."""
         lease = self.leases().try_acquire(self.topology, gpus, count)
         if lease is not None:
-            self._held.append(lease)
+            self._keep(lease)
         return lease
+
+    def _keep(self, lease) -> None:
+        # A lease leaves the list once emptied (given back GPU by GPU, or absorbed into
+        # another): over a long queue the list stays what is held.
+        lease.on_empty = self._drop
+        self._held.append(lease)
+
+    def _drop(self, lease) -> None:
+        if lease in self._held:
+            self._held.remove(lease)
 
     def begin(self, plan: Plan) -> None:
         """The GPUs are held, the workers about to start: announce the plan, unless a
@@ -175,8 +190,9 @@ class LaunchContext:
 
     def close(self) -> None:
         """Give back every lease this launch took, once, then the lease directory."""
-        while self._held:
-            self._held.pop().release()
+        for lease in reversed(self._held[:]):
+            lease.release()             # drops itself from the list
+        self._held.clear()
         if self._leases is not None:
             self._leases.close()
             self._leases = None

@@ -192,15 +192,17 @@ class IndependentLauncher:
             self._start(self._in(JobState.PENDING)[0], slot)
 
     def start(self) -> None:
-        self.ctx.begin(self.plan)
-        self.log_dir = self.ctx.new_run_dir()
-        self.run_id = os.path.basename(self.log_dir)
-        self._started = time.monotonic()
+        # As single and DDP: the GPUs first, so a failed hold (--no-wait, the wait's time-out,
+        # a signal) prints only its own line and leaves no run directory behind.
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
                 self.lease = self.ctx.hold(self.plan, 1)
                 self._acquire_more(force=True)
+        self.ctx.begin(self.plan)
+        self.log_dir = self.ctx.new_run_dir()
+        self.run_id = os.path.basename(self.log_dir)
+        self._started = time.monotonic()
         self._start_ready()
 
     def forward(self, signum: int) -> None:

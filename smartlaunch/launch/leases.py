@@ -344,11 +344,13 @@ class _Held:
 
 class Lease:
     """GPUs held by this process. Release per GPU (the queue gives back a GPU as soon as no job
-    needs it) or all at once; `absorb` adds another lease's GPUs (acquire one more)."""
+    needs it) or all at once; `absorb` adds another lease's GPUs (acquire one more).
+    `on_empty(lease)`, when set, is told whenever a release or an absorb leaves it no GPU."""
 
     def __init__(self, manager: LeaseManager, held: list[_Held]):
         self._manager = manager
         self._held = {h.index: h for h in held}
+        self.on_empty: Callable[["Lease"], None] | None = None
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -357,12 +359,18 @@ class Lease:
     def absorb(self, other: "Lease") -> None:
         self._held.update(other._held)
         other._held = {}
+        other._emptied()
 
     def release(self, gpu: int | None = None) -> None:
         for i in ([gpu] if gpu is not None else list(self._held)):
             held = self._held.pop(i, None)
             if held is not None:
                 self._manager._release(held)
+        self._emptied()
+
+    def _emptied(self) -> None:
+        if not self._held and self.on_empty is not None:
+            self.on_empty(self)
 
     def __enter__(self) -> "Lease":
         return self

@@ -114,7 +114,11 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
                               progress=progress, real_gpu=real_gpu)
-        if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP):
+        # UNMEASURABLE too (the script fixes its world size, or ran on the CPU though given
+        # a GPU): it is the script's, not the moment's, and the next launch would pay a whole
+        # dry run to learn it again. --reprofile measures again.
+        if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
+                              ProfileStatus.UNMEASURABLE):
             write_json(path, profile.to_dict())
         return profile
 
@@ -180,22 +184,35 @@ def cached_trials(runner, request, policy, *, topology, environ):
     """Wrap a trial runner so each (strategy, GPUs)'s measured samples/s is kept with the profile:
     same script, arguments and GPU model (the profile key), same GPU group, topology and NCCL
     environment (the comm key). `--reprofile` measures again."""
-    folder = private_dir(private_dir(cache_root(policy, environ)) / "trials")
-    gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
-    base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
-
     def run(strategy, gpus):
-        key = hashlib.sha256(json.dumps(
-            [base, strategy.value, comm_key(topology, gpus, "trial", environ),
-             policy.decision.trial_steps, policy.decision.trial_seconds]
-        ).encode()).hexdigest()[:32]
-        path = folder / f"{key}.json"
-        if not request.reprofile:
-            hit = read_json(path)
-            if hit is not None and isinstance(hit.get("samples_per_s"), (int, float)):
-                return float(hit["samples_per_s"])
+        path = _trial_path(request, policy, topology, environ, strategy, gpus)
+        hit = cached_trial(request, policy, topology=topology, environ=environ,
+                           strategy=strategy, gpus=gpus)
+        if hit is not None:
+            return hit
         rate = runner(strategy, gpus)
         if rate is not None:
             write_json(path, {"samples_per_s": rate, "measured_at": time.time()})
         return rate
     return run
+
+
+def cached_trial(request, policy, *, topology, environ, strategy, gpus) -> float | None:
+    """The kept samples/s of this trial, or None (not measured yet, or --reprofile)."""
+    if request.reprofile:
+        return None
+    hit = read_json(_trial_path(request, policy, topology, environ, strategy, gpus))
+    if hit is not None and isinstance(hit.get("samples_per_s"), (int, float)):
+        return float(hit["samples_per_s"])
+    return None
+
+
+def _trial_path(request, policy, topology, environ, strategy, gpus) -> Path:
+    folder = private_dir(private_dir(cache_root(policy, environ)) / "trials")
+    gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
+    base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
+    key = hashlib.sha256(json.dumps(
+        [base, strategy.value, comm_key(topology, gpus, "trial", environ),
+         policy.decision.trial_steps, policy.decision.trial_seconds]
+    ).encode()).hexdigest()[:32]
+    return folder / f"{key}.json"

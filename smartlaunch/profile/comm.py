@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from smartlaunch import proc
+from smartlaunch import proc, ranks
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import comm_key, load_comm, nccl_env, read_json, store_comm
@@ -58,7 +55,7 @@ def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
 
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                       max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
-                      progress=None) -> CommCurve:
+                      progress=None, pool=None) -> CommCurve:
     """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
     device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
     progress(size, k, n): called as rank 0 starts the k-th of the n sizes."""
@@ -84,7 +81,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                      "--stat", "median" if device == "cuda" else "min",
                      "--progress", os.path.join(tmp, "sizes.bin")],
         time_limit_s=time_limit_s, what="all-reduce benchmark",
-        hint="check the NCCL_* environment and the GPUs' health.", watch=watch)
+        hint="check the NCCL_* environment and the GPUs' health.", watch=watch, pool=pool)
     if not points:
         raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
                              "run `smartlaunch-node bench-comm --debug` to see why")
@@ -93,72 +90,60 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
 
 
 def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
-              hint: str, watch=None):
+              hint: str, watch=None, pool=None):
     """One `python -m module` per rank over `gpus` (NCCL, one per GPU; or gloo ranks on the
     CPU), each in its own session with the job's environment, bounded by time_limit_s; every
     rank is killed on failure, time-out or success. Returns the JSON rank 0 wrote to --out.
     args(tmp) -> the module's own arguments; watch(tmp) -> a TickWatch polled meanwhile.
+    pool: a warm.WarmPool started with `rank_base_env` (ranks it has are not started cold).
     Used by the all-reduce benchmark and the node calibration (baseline.py)."""
     n = len(gpus)
     backend = backend_for(device)
     port = free_port()
-    procs: list[proc.Child] = []
     with tempfile.TemporaryDirectory(prefix="smartlaunch-ranks-") as tmp:
         proc.remove_on_exit(tmp)
         out = os.path.join(tmp, "result.json")
         ticks = watch(tmp) if watch is not None else None
-        logs = [open(os.path.join(tmp, f"rank{r}.log"), "wb+") for r in range(n)]
+        base = rank_base_env(environ, device)
+        envs, argvs = [], []
+        for rank, gpu in enumerate(gpus):
+            envs.append(dict(base, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                             LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(port)))
+            argvs.append(["--backend", backend, "--out", out, *args(tmp),
+                          *(["--device-index", str(gpu)] if device == "cuda" else [])])
+        group: list[ranks.Rank] = []
         try:
-            for rank, gpu in enumerate(gpus):
-                env = dict(environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                           LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                if device != "cuda":
-                    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-                cmd = [sys.executable, "-m", module, "--backend", backend, "--out", out, *args(tmp)]
-                if device == "cuda":
-                    cmd += ["--device-index", str(gpu)]
-                procs.append(proc.spawn(cmd, env=env, stdout=logs[rank], stderr=subprocess.STDOUT))
-            failed = wait_all(procs, time_limit_s, ticks)
+            group = ranks.start_ranks(module, argvs, envs, pool=pool,
+                                      logs=[os.path.join(tmp, f"rank{r}.log") for r in range(n)])
+            failed = ranks.wait_all(group, time_limit_s, ticks.poll if ticks else None)
             if ticks is not None:
                 ticks.poll()
             if failed is not None:
                 rank, why = failed
-                logs[rank].seek(0)
-                tail = logs[rank].read().decode(errors="replace").strip().splitlines()[-5:]
                 raise CommBenchError(f"{what} over GPUs {list(gpus)} ({backend}) failed: rank "
-                                     f"{rank} {why}; {hint} Last lines: " + " | ".join(tail))
+                                     f"{rank} {why}; {hint} Last lines: " +
+                                     " | ".join(ranks.tail(group[rank])))
             return read_json(Path(out))
         finally:
-            for p in procs:
-                p.stop(signal.SIGKILL)
-            for f in logs:
-                f.close()
+            ranks.stop_all(group, signal.SIGKILL, 0)
             proc.remove_on_exit(tmp, done=True)
 
 
-def wait_all(procs, limit: float, watch: TickWatch | None = None):
-    """None when every rank exited 0; else (rank, reason) of the first failure."""
-    deadline = time.monotonic() + limit
-    while True:
-        if watch is not None:
-            watch.poll()
-        codes = [p.returncode for p in procs]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                return rank, f"exited with code {code}"
-        if all(c == 0 for c in codes):
-            return None
-        if time.monotonic() > deadline:
-            rank = next(r for r, c in enumerate(codes) if c is None)
-            return rank, f"did not finish within {limit:g} s"
-        time.sleep(0.05)
+def rank_base_env(environ, device: str) -> dict[str, str]:
+    """A benchmark rank's environment before its rank variables: the job's (NCCL settings
+    shape what is measured); gloo ranks on the CPU see no GPU and one thread each."""
+    env = dict(environ)
+    if device != "cuda":
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    return env
 
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
-               progress=None) -> CommCurve:
+               progress=None, pool=None) -> CommCurve:
     """The cached curve for this topology, group and NCCL environment; measured on a miss.
     Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
-    progress: as measure_allreduce's (not called on a cache hit)."""
+    progress: as measure_allreduce's (not called on a cache hit). pool: warm ranks (run_ranks)."""
     gpus = tuple(gpus)
     device = device_for(topology)
     backend = backend_for(device)
@@ -168,6 +153,6 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
     if hit is not None:
         return hit
     curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes,
-                              progress=progress)
+                              progress=progress, pool=pool)
     store_comm(policy, key, curve, environ)
     return curve

@@ -10,8 +10,11 @@ window of a 2 ms step is 40 ms, short enough for one slow all-reduce or clock ra
 ratio by 20% (2x H200, 2026-11-22: a 20-step trial saw 0.98x where 500 steps gave 1.22x). Every
 rank gets the same step count on its command line, so the ranks stop together.
 
-    python -m torch.distributed.run --standalone --nproc-per-node N \
-        -m smartlaunch.profile.trial --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
+    python -m smartlaunch.profile.trial_group --nproc N -- \
+        --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
+
+The spawner (trial_group.py) starts N ranks of this module with torchrun's environment,
+without torchrun's agent (~3 s of start-up saved on 2x H200; see trial_group.py).
 
 Run as a module (`python -m smartlaunch.profile.trial`), this file is the per-rank shim: each
 rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.profile.dryrun.
@@ -33,6 +36,7 @@ from smartlaunch import proc, sandbox
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
+from smartlaunch.profile.trial_group import spawner_command, warm_command
 from smartlaunch.request import Request
 from smartlaunch.vocab import Strategy
 
@@ -42,12 +46,16 @@ KILL_GRACE_S = 5.0
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
                       *, expected_step_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
-                      phases: Callable[[dict[str, float]], None] | None = None
+                      phases: Callable[[dict[str, float]], None] | None = None,
+                      pool: "TrialSetup | None" = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(). None: the trial could not
     measure (script failed, no step within policy.dryrun.time_limit_s, --no-python).
-    phases(seconds by phase): told after each trial where its seconds went (trial_phases)."""
+    phases(seconds by phase): told after each trial where its seconds went (trial_phases).
+    pool: warm ranks already started (`TrialSetup(..., warm=N)`): the first trial of at most
+    N ranks runs on them; the caller closes it."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
+    warm = [pool] if pool is not None else []
 
     def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
         nonlocal last_step
@@ -60,35 +68,29 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             return None
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
-        with tempfile.TemporaryDirectory(prefix="smartlaunch-trial-") as tmp:
-            proc.remove_on_exit(tmp)
-            out = Path(tmp) / "result"
-            out.mkdir()
-            cmd = trial_command(request, policy, n, str(out), python, steps=steps)
-            if isolated:
-                cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [str(out)],
-                                   str(out / "isolation.json"), python)
-            env = dict(environ)
-            env.update(sandbox.DRYRUN_ENV)
-            if gpus:
-                env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
-            env["SMARTLAUNCH_TRIAL"] = "1"
-            logfile = Path(tmp) / "trial.log"
-            listing = undo_roots(request, policy, isolated, (tmp,))
+        changes = {"CUDA_VISIBLE_DEVICES": visible_devices(environ, gpus)} if gpus else {}
+        run = warm.pop() if warm and warm[0].fits(n, isolated) else None
+        run = run or TrialSetup(request, policy, environ, isolated, python=python)
+        try:
+            listing = undo_roots(request, policy, isolated, (run.tmp,))
             t_spawn = time.time()
-            rc = run_limited(cmd, env, policy.dryrun.time_limit_s, logfile)
+            rc = run.run(n, steps, changes, policy.dryrun.time_limit_s)
             t_end = time.time()
+            killed = rc is None
             if listing is not None:
-                undone = undo_note(listing, (tmp,))
+                undone = undo_note(listing, (run.tmp,))
                 if log is not None:
                     log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
-            result = read_rank0(out)
+            result = read_rank0(run.out)
             if phases is not None:
-                phases(trial_phases(result, t_spawn, t_end))
-            proc.remove_on_exit(tmp, done=True)
+                phases(trial_phases(result, t_spawn, t_end, killed=killed))
             if log is not None and (rc != 0 or result is None):
-                tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
-                log(f"trial of {strategy.value}×{n} ended with {rc}; log tail:\n{tail}")
+                tail = run.log.read_text(errors="replace")[-2000:] if run.log.exists() else ""
+                how = (f"was killed at the time limit ({policy.dryrun.time_limit_s:g} s)"
+                       if killed else f"ended with {rc}")
+                log(f"trial of {strategy.value}×{n} {how}; log tail:\n{tail}")
+        finally:
+            run.close()
         if result and result.get("step_time_s"):
             last_step = result["step_time_s"]
         return samples_per_s(result, n)
@@ -96,16 +98,84 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
     return trial
 
 
-def trial_phases(result: dict | None, t_spawn: float, t_end: float) -> dict[str, float]:
+class TrialSetup:
+    """One trial's temp dir (its ranks' result dir, the sandbox's scratch, the log) and how
+    its ranks start: cold (`trial_command` spawned by `run`), or warm: the spawner and `warm`
+    ranks with torch imported started now, inside the sandbox, waiting for `run`'s go
+    (gpus: the candidate it expects, whose CUDA_VISIBLE_DEVICES they start with)."""
+
+    def __init__(self, request: Request, policy: Policy, environ: Mapping[str, str],
+                 isolated: bool, *, python: str = sys.executable, warm: int = 0,
+                 gpus: tuple[int, ...] = ()):
+        self.request, self.policy, self.python = request, policy, python
+        self.isolated, self.size = isolated, warm
+        self._tmp = tempfile.TemporaryDirectory(prefix="smartlaunch-trial-")
+        self.tmp = self._tmp.name
+        proc.remove_on_exit(self.tmp)
+        self.out = Path(self.tmp) / "result"
+        self.out.mkdir()
+        self.log = Path(self.tmp) / "trial.log"
+        self.env = dict(environ)
+        self.env.update(sandbox.DRYRUN_ENV)
+        self.env["SMARTLAUNCH_TRIAL"] = "1"
+        self.child: proc.Child | None = None
+        if warm and gpus:
+            # The trial's expected GPUs already at the import: the go then changes nothing
+            # torch may have read (warm.py re-executes a rank whose driver read another value).
+            self.env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
+        if warm:
+            with open(self.log, "wb") as out:
+                self.child = proc.spawn(self._wrap(warm_command(warm, python)), env=self.env,
+                                        stdin=subprocess.PIPE, stdout=out,
+                                        stderr=subprocess.STDOUT)
+
+    def fits(self, n: int, isolated: bool) -> bool:
+        return (self.child is not None and self.child.returncode is None and n <= self.size
+                and isolated == self.isolated)
+
+    def _wrap(self, cmd: list[str]) -> list[str]:
+        if not self.isolated:
+            return cmd
+        return sandbox.wrap(cmd, os.path.join(self.tmp, "scratch"), [str(self.out)],
+                            str(self.out / "isolation.json"), self.python)
+
+    def run(self, n: int, steps: int, changes: dict[str, str], limit_s: float) -> int | None:
+        args = shim_args(self.request, self.policy, str(self.out), steps)
+        if self.child is None:
+            cmd = self._wrap(spawner_command(n, args, self.python))
+            return run_limited(cmd, {**self.env, **changes}, limit_s, self.log)
+        child, self.child = self.child, None
+        try:
+            child.proc.stdin.write(json.dumps({"nproc": n, "argv": args, "env": changes}
+                                              ).encode() + b"\n")
+            child.proc.stdin.close()
+        except OSError:
+            pass                           # it died: bounded() returns its code
+        return bounded(child, limit_s)
+
+    def close(self) -> None:
+        """Kills what never got its go (the spawner and its warm ranks), removes the dir."""
+        if self.child is not None:
+            self.child.stop(signal.SIGKILL, 0)
+            self.child = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            proc.remove_on_exit(self.tmp, done=True)
+            self._tmp = None
+
+
+def trial_phases(result: dict | None, t_spawn: float, t_end: float, *,
+                 killed: bool = False) -> dict[str, float]:
     """Where a trial's wall seconds went, from rank 0's wall-clock stamps: `start` (the
     interpreter, the launcher and the torch import up to the hooks), `setup` (the script's
     own imports, model and data up to its first step), `steps` (warm-up and the window) and
-    `exit` (from the result to the last process gone). Without stamps, all of it is `start`."""
+    `exit` (from the result to the last process gone). Without stamps (no result, or no
+    first step), all of it is `killed` when the time limit ended the trial, else `start`."""
     total = max(0.0, t_end - t_spawn)
     r = result or {}
     stamps = [r.get("wall_start"), r.get("wall_first_step"), r.get("wall_written")]
     if not all(isinstance(x, (int, float)) for x in stamps):
-        return {"start": total}
+        return {"killed" if killed else "start": total}
     a, b, c = (min(max(x, t_spawn), t_end) for x in stamps)
     return {"start": a - t_spawn, "setup": max(0.0, b - a), "steps": max(0.0, c - b),
             "exit": max(0.0, t_end - c)}
@@ -121,13 +191,16 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None) -> list[str]:
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "smartlaunch.profile.trial", "--out-dir", out_dir,
-           "--warmup", str(policy.dryrun.warmup_steps),
-           "--measure", str(steps or policy.decision.trial_steps)]
+    return spawner_command(nproc, shim_args(request, policy, out_dir, steps), python)
+
+
+def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None) -> list[str]:
+    """Each rank's arguments to this module (below, `_shim`)."""
+    args = ["--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
+            "--measure", str(steps or policy.decision.trial_steps)]
     if request.module:
-        cmd.append("--module")
-    return [*cmd, request.script, *request.script_args]
+        args.append("--module")
+    return [*args, request.script, *request.script_args]
 
 
 def visible_devices(environ: Mapping[str, str], gpus) -> str:
@@ -144,8 +217,14 @@ def visible_devices(environ: Mapping[str, str], gpus) -> str:
 def run_limited(cmd: list[str], env: dict, limit_s: float, logfile: Path) -> int | None:
     """Run as one guarded process tree; past the limit SIGTERM it (the dry-run hooks write
     what they measured), SIGKILL after KILL_GRACE_S. None: it was killed."""
-    with open(logfile, "wb") as out, proc.spawn(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                stage="a trial") as child:
+    with open(logfile, "wb") as out:
+        child = proc.spawn(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return bounded(child, limit_s)
+
+
+def bounded(child: proc.Child, limit_s: float) -> int | None:
+    child.stage = "a trial"         # a signal to us in the block: proc.Interrupted names it
+    with child:
         rc = child.wait(limit_s)
         if rc is None:
             child.stop(signal.SIGTERM, KILL_GRACE_S)

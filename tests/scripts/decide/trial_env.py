@@ -1,0 +1,34 @@
+"""A torchrun-style script for the trial spawner's contract tests (gloo on CPU, env://).
+
+Writes its environment, pid, command line, rank and world size to $ENV_DUMP/rank<RANK>.json after joining
+the group. DUMP_ONLY=1: leaves then. FAIL_RANK=r: that rank exits 3 before its first step
+(the others wait in DDP's first broadcast). Otherwise trains a small DDP model.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo", init_method="env://")
+with open("/proc/self/cmdline", "rb") as f:        # a warm rank: python -m smartlaunch.warm
+    cmdline = f.read().decode().split("\0")
+seen = dict(os.environ, _world=dist.get_world_size(), _rank=dist.get_rank(), _pid=os.getpid(),
+            _cmdline=cmdline)
+with open(os.path.join(os.environ["ENV_DUMP"], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(seen, f)
+if os.environ.get("DUMP_ONLY") == "1":
+    dist.destroy_process_group()
+    sys.exit(0)
+if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+    sys.exit(3)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(10_000):
+    loss = model(torch.randn(16, 32)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+dist.destroy_process_group()
