@@ -131,6 +131,7 @@ def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
 def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Request, set[str]]:
     parser = build_parser()
     argv, given = _normalize(parser, argv)
+    typed = set(given)
     ns = parser.parse_args(argv)
     torchrun_ns = copy.copy(ns)
     for dest in OWN_OPTIONS:
@@ -140,7 +141,8 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
 
     request = Request(
         strategy=ns.strategy,
-        max_gpus=_max_gpus(ns.nproc_per_node) if "nproc_per_node" in given else None,
+        max_gpus=_max_gpus(ns.nproc_per_node, _named("nproc_per_node", typed, environ))
+        if "nproc_per_node" in given else None,
         script=ns.training_script,
         script_args=tuple(ns.training_script_args),
         module=ns.module,
@@ -156,6 +158,7 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
         torchrun_args=torchrun_ns,
     )
     _check_nnodes(request.nnodes)
+    _check_rendezvous(torchrun_ns, typed, environ)
     _check_entrypoint(request)
     if request.variants and _forbids_variants(request.strategy):
         raise UsageError(f"--each/--each-file run independent jobs; they cannot be combined "
@@ -171,21 +174,31 @@ def _forbids_variants(strategy: str) -> bool:
     return unit is not None and unit.VARIANTS == Variants.FORBIDDEN
 
 
-def _max_gpus(value: str) -> int | None:
+def _named(dest: str, typed: set[str], environ: Mapping[str, str]) -> str:
+    """How the user gave torchrun option `dest`: its flag, or the PET_* variable torchrun's
+    parser read it from (an error naming a flag nobody typed sends them looking in the wrong
+    place)."""
+    var = f"PET_{dest.upper()}"
+    if dest not in typed and var in environ:
+        return f"{var}="
+    return "--" + dest.replace("_", "-") + " "
+
+
+def _max_gpus(value: str, name: str = "--nproc-per-node ") -> int | None:
     if value in ("gpu", "auto", "cpu", "xpu"):
         return None
     try:
         n = int(value)
     except ValueError:
-        raise UsageError(f"--nproc-per-node {value!r} is not a number or one of gpu/auto/cpu; "
+        raise UsageError(f"{name}{value!r} is not a number or one of gpu/auto/cpu; "
                          f"give the most GPUs the job may use, e.g. --nproc-per-node 2") from None
     if n < 1:
-        raise UsageError(f"--nproc-per-node {n} must be at least 1")
+        raise UsageError(f"{name}{n} must be at least 1")
     return n
 
 
 def _variants(each: list[str], each_file: str | None) -> tuple[tuple[str, ...], ...]:
-    from smartlaunch.launch.independent import parse_each, parse_each_file
+    from smartlaunch.launch.variants import parse_each, parse_each_file
     variants = [parse_each(v) for v in each]
     if each_file:
         variants += parse_each_file(each_file)
@@ -202,6 +215,41 @@ def _check_nnodes(value: str) -> None:
     if not 1 <= lo <= hi:
         raise UsageError(f"--nnodes {value!r} is not N or MIN:MAX with 1 <= MIN <= MAX; "
                          f"e.g. --nnodes 2 or --nnodes 1:4")
+
+
+def _check_rendezvous(args: argparse.Namespace, typed: set[str],
+                      environ: Mapping[str, str]) -> None:
+    """--rdzv-* as torch's agent will read them, checked with torch's own parsers before
+    anything starts: the agent raised a ValueError traceback (exit 1) after the decision line,
+    and --explain accepted them. --standalone replaces backend and endpoint, as in torchrun."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    from torch.distributed.elastic.rendezvous.utils import (
+        _parse_rendezvous_config, parse_rendezvous_endpoint)
+
+    def fail(dest: str, value: str, problem: str, fix: str) -> None:
+        problem = problem.rstrip(".")
+        raise UsageError(f"{_named(dest, typed, environ)}{value!r}: "
+                         f"{problem[:1].lower()}{problem[1:]}; {fix}")
+
+    try:
+        _parse_rendezvous_config(args.rdzv_conf)
+    except ValueError as exc:
+        fail("rdzv_conf", args.rdzv_conf, str(exc), "give KEY=VALUE pairs separated by commas, "
+             "e.g. --rdzv-conf join_timeout=900,read_timeout=60")
+    if args.standalone:
+        return
+    # The registry's names include out-of-tree backends (the torchrun.handlers entry points,
+    # registered on import). `_registry` is private: where a torch lacks it, the agent checks.
+    known = sorted(getattr(rendezvous_handler_registry, "_registry", None) or ())
+    if known and args.rdzv_backend not in known:
+        fail("rdzv_backend", args.rdzv_backend, "not a rendezvous backend of the installed torch",
+             f"use one of {', '.join(known)} (c10d for most jobs)")
+    if args.rdzv_endpoint:
+        try:
+            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+        except ValueError as exc:
+            fail("rdzv_endpoint", args.rdzv_endpoint, str(exc),
+                 "give HOST:PORT, e.g. --rdzv-endpoint node0:29400 ([::1]:29400 for IPv6)")
 
 
 def _find_module(name: str):
@@ -222,9 +270,7 @@ def _find_module(name: str):
 
 def _check_entrypoint(request: Request) -> None:
     if request.no_python:
-        if not (shutil.which(request.script) or os.path.isfile(request.script)):
-            raise UsageError(f"program not found: {request.script} (with --no-python the "
-                             f"entrypoint must be an executable on PATH or a file path)")
+        _check_program(request.script)
     elif request.module:
         spec = _find_module(request.script)
         if spec is None:
@@ -238,11 +284,46 @@ def _check_entrypoint(request: Request) -> None:
                          f"in it (or use -m for a package)")
     elif not os.path.isfile(request.script):
         hint = " (use -m for a module)" if not request.script.endswith(".py") else ""
+        if request.explain and not any(c in request.script for c in "./"):
+            # `--explain xml t.py`: a word that is not a format became the script
+            hint = (f" (if {request.script} was meant as --explain's format, write "
+                    f"--explain={request.script}; formats: {', '.join(EXPLAIN_FORMATS)})")
         raise UsageError(f"training script not found: {request.script}{hint}; check the path "
                          f"relative to {os.getcwd()}")
     elif not os.access(request.script, os.R_OK):
         raise UsageError(f"training script {request.script} is not readable by you; "
                          f"chmod u+r {request.script}")
+
+
+def _check_program(name: str) -> None:
+    """--no-python's entrypoint as the worker's os.execvp will take it: a name without '/' is
+    looked up on PATH only (never the working directory); a path must be an executable file
+    with a #! line or a binary. A file in the working directory passed the old check, then
+    execvp raised FileNotFoundError in every worker (exit 1)."""
+    if "/" not in name:
+        if shutil.which(name):
+            return
+        fix = ""
+        if os.path.isfile(name):
+            fix = f"; for the file here use ./{name}" + (
+                "" if os.access(name, os.X_OK) else f" and chmod +x {name}")
+        raise UsageError(f"program not found: {name} is not on PATH (with --no-python a name "
+                         f"without '/' is looked up on PATH, as exec does){fix}")
+    if os.path.isdir(name):
+        raise UsageError(f"program {name} is a directory; name the executable in it")
+    if not os.path.isfile(name):
+        raise UsageError(f"program not found: {name}; check the path relative to {os.getcwd()}")
+    if not os.access(name, os.X_OK):
+        raise UsageError(f"program {name} is not executable; chmod +x {name} (or drop "
+                         f"--no-python to run it with Python)")
+    try:
+        with open(name, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return                          # execute-only: exec may still run it
+    if not head.startswith((b"#!", b"\x7fELF")):
+        raise UsageError(f"program {name} has no #! line, so exec cannot run it; add one (e.g. "
+                         f"#!/usr/bin/env python3) or drop --no-python")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 128 + 2
+    except SystemExit as exc:
+        from smartlaunch.proc import Interrupted
+        if debug or not isinstance(exc, Interrupted):
+            raise
+        print(f"smartlaunch: {exc.line()}", file=sys.stderr, flush=True)
+        return int(exc.code)
 
 
 def console_main() -> None:

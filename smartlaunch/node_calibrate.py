@@ -102,8 +102,11 @@ def _gpus(args, known: list[int]) -> list[int]:
         raise UsageError(f"GPUs {sorted(set(gpus) - set(known))} are not visible (visible: "
                          f"{known}); fix --gpus")
     if len(set(gpus)) != 2:
+        fix = ("name two of them, e.g. --gpus " + ",".join(map(str, known[:2]))) \
+            if len(known) >= 2 else ("run it on a node with at least 2 GPUs visible (check "
+                                     "CUDA_VISIBLE_DEVICES and `smartlaunch-node topo`)")
         raise UsageError(f"calibrate measures DDP×2 and needs 2 distinct GPUs; this node shows "
-                         f"{known} and --gpus gave {gpus or 'none'}")
+                         f"{known or 'none'} and --gpus gave {gpus or 'none'}; {fix}")
     if not 2 <= args.windows <= 50:
         raise UsageError(f"--windows {args.windows}: use 2 to 50 (the spread needs two)")
     return gpus

@@ -11,6 +11,7 @@ import sys
 import warnings
 
 from smartlaunch.errors import SmartlaunchError
+from smartlaunch.proc import Interrupted
 
 SUBCOMMAND_MODULES = (
     "smartlaunch.topology.cli",     # topo
@@ -21,8 +22,16 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints a usage block before its error; a log wants one line, as smartlaunch's
+    own parser gives. Subcommand parsers inherit the class (add_subparsers' default)."""
+
+    def error(self, message):
+        self.exit(2, f"smartlaunch-node: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="smartlaunch-node", description=__doc__.splitlines()[0])
+    parser = _OneLineParser(prog="smartlaunch-node", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
@@ -56,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("smartlaunch-node: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as exc:      # the same in a dry run (`smartlaunch-node profile`)
+        if args.debug:
+            raise
+        print(f"smartlaunch-node: {exc.line()}", file=sys.stderr)
+        return int(exc.code)
 
 
 def console_main() -> None:

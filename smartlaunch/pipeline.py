@@ -117,11 +117,12 @@ def _check_paths(request: Request, policy, environ) -> None:
     """Directories this launch will write, checked before anything is written: the cache for
     a decision that may measure, the log directory every launch writes its run directory in
     (issue 13: a file there gave a traceback after the leases were taken)."""
+    from smartlaunch.profile.cache import cache_root
+    cache = str(cache_root(policy, environ))      # --explain too: a HOME that does not exist
     if request.explain:
         return
     if request.strategy == "auto":
-        from smartlaunch.profile.cache import cache_root
-        _check_dir_usable(str(cache_root(policy, environ)), "paths.cache_dir", policy)
+        _check_dir_usable(cache, "paths.cache_dir", policy)
     # Every launch writes its run directory there (summary.txt, logs).
     _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
 
@@ -135,6 +136,14 @@ def _check_dir_usable(path: str, key: str, policy) -> None:
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     where = f"{key}={path} ({policy.source_of(key)})"
+    from smartlaunch.store import missing_home
+    home = missing_home(full, os.environ)     # expanduser read os.environ's HOME too
+    if home:
+        from smartlaunch.policy.load import ENV_VARS
+        var = next((v for v, k in ENV_VARS.items() if k == key), key)
+        raise PolicyError(f"{where}: HOME={home} does not exist and smartlaunch does not create "
+                          f"it; set HOME to your home directory, or {var} ({key}) to a directory "
+                          f"you can write")
     if not os.path.isdir(probe):
         raise PolicyError(f"{where}: {probe} is not a directory; set {key} to a directory")
     if not os.access(probe, os.W_OK | os.X_OK):

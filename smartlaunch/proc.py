@@ -275,8 +275,8 @@ def remove_on_exit(path: str, *, done: bool = False) -> None:
 class Child:
     """A spawned process tree: its session's leader and the group it leads."""
 
-    def __init__(self, proc: subprocess.Popen, tag: str):
-        self.proc, self.pid, self.tag = proc, proc.pid, tag
+    def __init__(self, proc: subprocess.Popen, tag: str, stage: str | None = None):
+        self.proc, self.pid, self.tag, self.stage = proc, proc.pid, tag, stage
 
     @property
     def returncode(self) -> int | None:
@@ -332,6 +332,8 @@ class Child:
         finally:
             for s, h in self._previous.items():
                 signal.signal(s, h)
+        if self.stage and (exc_type is KeyboardInterrupt or isinstance(exc, Signalled)):
+            raise Interrupted(first, self.stage) from None
 
 
 class Signalled(SystemExit):
@@ -342,12 +344,28 @@ class Signalled(SystemExit):
         self.signum = signum
 
 
+class Interrupted(Signalled):
+    """A signal to smartlaunch ended the measurement `stage` ("the dry run"): the child
+    ended, nothing was launched. The CLI says so in one line; uncaught, it exits 128+N."""
+
+    def __init__(self, signum: int, stage: str):
+        super().__init__(signum)
+        self.stage = stage
+
+    def line(self) -> str:
+        return (f"interrupted ({signal_name(self.signum)}) during {self.stage}; "
+                f"nothing was launched")
+
+
 def _raise_signalled(signum, _frame):
     raise Signalled(signum)
 
 
-def spawn(argv: list[str], *, env: dict[str, str] | None = None, **popen) -> Child:
-    """Start argv in its own session, guarded (module docstring). popen: stdin/stdout/stderr/cwd."""
+def spawn(argv: list[str], *, env: dict[str, str] | None = None, stage: str | None = None,
+          **popen) -> Child:
+    """Start argv in its own session, guarded (module docstring). popen: stdin/stdout/stderr/cwd.
+    stage: what the child measures, for `with spawn(...)`: a signal to us in the block raises
+    Interrupted(stage) once the child has ended."""
     g = guard()
     g.spawned += 1
     tag = f"{g.tag}-{g.spawned}-"     # the trailing dash: child 1 must not match child 10
@@ -356,4 +374,4 @@ def spawn(argv: list[str], *, env: dict[str, str] | None = None, **popen) -> Chi
     popen.setdefault("stdin", subprocess.DEVNULL)
     proc = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
     g.send("+g", proc.pid)
-    return Child(proc, tag)
+    return Child(proc, tag, stage)

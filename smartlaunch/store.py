@@ -31,7 +31,22 @@ def cache_root(policy, environ) -> Path:
     home = environ.get("HOME") or os.path.expanduser("~")
     if raw == "~" or raw.startswith("~/"):
         raw = home + raw[1:]
+    if missing_home(raw, environ):
+        raise PolicyError(f"paths.cache_dir={policy.paths.cache_dir}: HOME={home} does not exist "
+                          f"and smartlaunch does not create it; set HOME to your home directory, "
+                          f"or SMARTLAUNCH_CACHE_DIR (paths.cache_dir) to a directory you can write")
     return Path(raw)
+
+
+def missing_home(path: str, environ) -> str | None:
+    """HOME, when `path` lies under it and it does not exist. A service account's
+    HOME=/nonexistent made a launch create /nonexistent/.cache/smartlaunch/... at the
+    filesystem root (as root); a missing home is a mistake to name, not a directory to make."""
+    home = environ.get("HOME") or os.path.expanduser("~")
+    if not home or os.path.isdir(home):
+        return None
+    full, home = os.path.abspath(path), os.path.abspath(home)
+    return home if full == home or full.startswith(home.rstrip(os.sep) + os.sep) else None
 
 
 def private_dir(path: Path) -> Path:

@@ -7,6 +7,7 @@ each row is then its own test.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 PAIR = fixture_path("h200-nv18-pair")
 SL = [sys.executable, "-m", "smartlaunch.cli"]
 NODE = [sys.executable, "-m", "smartlaunch.node_cli"]
+HOOK = [sys.executable, "-I", "-m", "smartlaunch.slurm.hooks"]      # as the shell hooks run it
 
 
 @dataclass
@@ -42,6 +44,16 @@ def policy(text: str) -> dict[str, str]:
     return {"p.yaml": text}
 
 
+def topo(edit) -> dict[str, str]:
+    """The NV18 pair's fixture as topo.json, after `edit(data)` spoils it."""
+    data = json.loads(Path(PAIR).read_text())
+    edit(data)
+    return {"topo.json": json.dumps(data)}
+
+
+FAKE = {"SMARTLAUNCH_FAKE_TOPOLOGY": "topo.json"}
+
+
 ROWS = [
     # 2: the command line
     Row("no script", SL, 2, r"the following arguments are required: training_script"),
@@ -52,6 +64,8 @@ ROWS = [
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
     Row("strategy unknown", SL + ["--strategy", "fast", "t.py"], 2, r"invalid choice: 'fast'"),
     Row("explain format", SL + ["--explain=xml", "t.py"], 2, r"invalid choice: 'xml'"),
+    Row("explain format as a separate word", SL + ["--explain", "xml", "t.py"], 2,
+        r"training script not found: xml \(if xml was meant as --explain's format, write --explain=xml"),
     Row("nnodes reversed", SL + ["--nnodes", "3:1", "t.py"], 2, r"--nnodes '3:1' is not N or MIN:MAX"),
     Row("ddp nnodes reversed", SL + ["--strategy", "ddp", "--nnodes", "3:1", "t.py"], 2,
         r"--nnodes '3:1'"),
@@ -65,9 +79,34 @@ ROWS = [
     Row("submodule missing", SL + ["-m", "json.no_such_sub"], 2, r"module not found: json.no_such_sub"),
     Row("package without main", SL + ["-m", "json"], 2, r"json is a package without __main__.py"),
     Row("program missing", SL + ["--no-python", "no-such-program-xyz"], 2, r"program not found"),
+    Row("rdzv backend unknown", SL + ["--strategy", "ddp", "--nproc-per-node", "2",
+                                      "--rdzv-backend", "bogus", "t.py"], 2,
+        r"--rdzv-backend 'bogus': not a rendezvous backend .*use one of .*c10d"),
+    Row("rdzv conf without value", SL + ["--strategy", "ddp", "--nproc-per-node", "2",
+                                         "--rdzv-conf", "junk", "t.py"], 2,
+        r"--rdzv-conf 'junk': .*must have a value.*KEY=VALUE"),
+    Row("rdzv endpoint port word", SL + ["--strategy", "ddp", "--nproc-per-node", "2",
+                                         "--rdzv-endpoint", "host:notaport", "t.py"], 2,
+        r"--rdzv-endpoint 'host:notaport': the port number .*HOST:PORT"),
+    Row("rdzv endpoint colons explained", SL + ["--explain", "--nnodes", "2", "--rdzv-endpoint",
+                                                ":::", "t.py"], 2, r"--rdzv-endpoint ':::'"),
+    Row("rdzv endpoint from PET", SL + ["--explain", "t.py"], 2, r"PET_RDZV_ENDPOINT='x:y'",
+        env={"PET_RDZV_ENDPOINT": "x:y"}),
+    Row("nproc from PET", SL + ["--explain", "t.py"], 2, r"PET_NPROC_PER_NODE='abc' is not a number",
+        env={"PET_NPROC_PER_NODE": "abc"}),
+    Row("program in cwd, not on PATH", SL + ["--no-python", "t.py"], 2,
+        r"t.py is not on PATH .*use ./t.py and chmod \+x t.py"),
+    Row("program not executable", SL + ["--no-python", "./t.py"], 2,
+        r"./t.py is not executable; chmod \+x ./t.py"),
+    Row("program without #!", SL + ["--no-python", "./t.py"], 2, r"./t.py has no #! line",
+        modes={"t.py": 0o755}),
     Row("each with ddp", SL + ["--each", "--lr 1", "--strategy", "ddp", "t.py"], 2,
         r"cannot be combined with --strategy ddp"),
     Row("each-file missing", SL + ["--each-file", "none.txt", "t.py"], 2, r"none.txt"),
+    Row("each-file over 1 MiB", SL + ["--explain", "--each-file", "big.txt", "t.py"], 2,
+        r"--each-file big.txt is larger than 1 MiB", files={"big.txt": "--tag " + "a" * (1 << 20)}),
+    Row("each-file endless", SL + ["--explain", "--each-file", "/dev/zero", "t.py"], 2,
+        r"--each-file /dev/zero is larger than 1 MiB"),
     Row("each unclosed quote", SL + ["--each", "--name 'x", "t.py"], 2, r"--each"),
     Row("script's --debug is the script's", SL + ["--policy", "nope.yaml", "t.py", "--debug"], 3,
         r"policy file .*nope.yaml \(--policy\) not found"),
@@ -98,6 +137,12 @@ ROWS = [
     Row("cache dir is a file", SL + ["t.py"], 3,
         r"paths.cache_dir=afile \(env:SMARTLAUNCH_CACHE_DIR\).* is not a directory",
         env={"SMARTLAUNCH_CACHE_DIR": "afile", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, files={"afile": "x"}),
+    Row("home missing, launch", SL + ["--strategy", "single", "t.py"], 3,
+        r"launch.log_dir=~/.cache/smartlaunch/logs \(built-in\): HOME=.*nohome does not exist"
+        r".*SMARTLAUNCH_LOG_DIR", env={"HOME": "{tmp}/nohome", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
+    Row("home missing, explain", SL + ["--explain", "t.py"], 3,
+        r"paths.cache_dir=~/.cache/smartlaunch: HOME=.*nohome does not exist.*SMARTLAUNCH_CACHE_DIR",
+        env={"HOME": "{tmp}/nohome", "XDG_CACHE_HOME": "", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
     Row("lease dir in /proc", SL + ["t.py"], 3, r"cannot create lease directory /proc/x",
         env={"SMARTLAUNCH_LEASE_DIR": "/proc/x", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
     Row("lease dir is a file", SL + ["t.py"], 3, r"lease directory .*afile is not a directory",
@@ -113,6 +158,27 @@ ROWS = [
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": "nope.json"}),
     Row("fake topology not json", SL + ["t.py"], 2, r"bad.json: not a topology JSON",
         env={"SMARTLAUNCH_FAKE_TOPOLOGY": "bad.json"}, files={"bad.json": "{not json"}),
+    Row("fake topology link to no GPU", SL + ["--explain", "t.py"], 2,
+        r"topo.json: not a topology JSON \(links\[0\].b is 7, not the index of a GPU",
+        env=FAKE, files=topo(lambda d: d["links"][0].update(b=7))),
+    Row("fake topology duplicate index", SL + ["t.py"], 2, r"two GPUs have index 0",
+        env=FAKE, files=topo(lambda d: d["gpus"][1].update(index=0))),
+    Row("fake topology memory word", SL + ["--explain", "t.py"], 2,
+        r"gpus\[0\].memory_free_mib is 'lots', not an integer",
+        env=FAKE, files=topo(lambda d: d["gpus"][0].update(memory_free_mib="lots"))),
+    Row("fake topology cpus word", SL + ["--explain", "t.py"], 2,
+        r"gpus\[1\].cpus is 'all', not a list of integers",
+        env=FAKE, files=topo(lambda d: d["gpus"][1].update(cpus="all"))),
+    Row("fake topology is a directory", SL + ["--explain", "t.py"], 2,
+        r"SMARTLAUNCH_FAKE_TOPOLOGY=.*tdir is a directory; name a JSON topology file",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": "{tmp}/tdir"}, files={"tdir": None}),
+    Row("visible devices name no GPU", SL + ["--strategy", "ddp", "t.py"], 2,
+        r"CUDA_VISIBLE_DEVICES=9: '9' is out of range.*CUDA would see no GPU.*0 \(GPU-ef42a798",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR, "CUDA_VISIBLE_DEVICES": "9"}),
+    Row("visible devices unknown uuid", SL + ["--explain", "t.py"], 2,
+        r"CUDA_VISIBLE_DEVICES=GPU-0000.*matches no device",
+        env={"SMARTLAUNCH_FAKE_TOPOLOGY": PAIR,
+             "CUDA_VISIBLE_DEVICES": "GPU-00000000-1111-2222-3333-444444444444"}),
     # 4: no NVML where one is needed
     Row("baseline without NVML", NODE + ["baseline", "--config", "hooks.env"], 4, r"no GPU to record",
         files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
@@ -133,7 +199,14 @@ ROWS = [
         r"SLURM_JOB_UID='x' is not a uid",
         env={"SLURM_JOB_ID": "123", "SLURM_JOB_UID": "x", "SLURM_JOB_USER": "ann"},
         files={"hooks.env": "SMARTLAUNCH_STATE_DIR={tmp}/state\n"}),
+    Row("prolog config is a directory", HOOK + ["prolog", "--config", "cdir"], 10,
+        r"hooks config cdir is a directory; name the hooks.env file", files={"cdir": None}),
+    Row("node prolog config is a directory", NODE + ["prolog", "--config", "/tmp"], 10,
+        r"hooks config /tmp is a directory"),
     # node commands
+    Row("node unknown command", NODE + ["bogus"], 2, r"invalid choice: 'bogus'"),
+    Row("node unknown option", NODE + ["topo", "--bogus"], 2, r"unrecognized arguments: --bogus"),
+    Row("calibrate without GPUs", NODE + ["calibrate"], 2, r"needs 2 distinct GPUs.*run it on a node"),
     Row("policy check missing file", NODE + ["policy", "check", "nope.yaml"], 3, r"nope.yaml not found"),
     Row("policy check too large", NODE + ["policy", "check", "p.yaml"], 3, r"larger than 1 MiB",
         files={"p.yaml": "#\n" * 600_000}),

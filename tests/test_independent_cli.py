@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shlex
 import subprocess
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 import helpers_jobs as H
 from conftest import fixture_path
 from smartlaunch.errors import UsageError
-from smartlaunch.launch.independent import parse_each, parse_each_file
+from smartlaunch.launch.variants import parse_each, parse_each_file, split_words
 
 
 def test_each_file_one_variant_per_line_with_comments(tmp_path):
@@ -39,6 +41,38 @@ def test_parse_each_bad_quote():
     assert parse_each("--a 1 --b 'x y'") == ("--a", "1", "--b", "x y")
     with pytest.raises(UsageError, match="No closing quotation"):
         parse_each("--a 'x")
+
+
+def _shlex(line: str):
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+
+
+def _ours(line: str):
+    try:
+        return split_words(line)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+
+
+@pytest.mark.parametrize("line", [
+    "", "  ", "a", "a b", "--lr 0.1", "a#b c", "a #b", "#x", "'' b", '""', "a''", "'a'b\"c\"",
+    "'a\\b'", '"a\\b"', '"a\\"b"', '"a\\x"', "a\\ b", "a\\", '"a\\', '"a', "'a",
+    "x\\#y", "'#' \"#\"", "a\tb\nc", "a\\\nb", '"\\\n"', "--name 'two words' --x=\"y z\"",
+])
+def test_split_words_is_shlex_split_with_comments(line):
+    assert _ours(line) == _shlex(line)
+
+
+def test_split_words_agrees_with_shlex_on_generated_lines():
+    # shlex is the specification; split_words is only there because shlex is quadratic
+    rng = random.Random(20261123)
+    alphabet = "ab ''\"\"\\\\##\t\n=-x"
+    for _ in range(20_000):
+        line = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        assert _ours(line) == _shlex(line), repr(line)
 
 
 def test_cli_each_runs_five_jobs_on_two_gpus_and_reports_exit_codes(clean_env):

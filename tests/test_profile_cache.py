@@ -164,8 +164,18 @@ def test_planted_symlink_entry_is_not_followed(clean_env):
 
 
 def test_cache_root_expands_home_and_prefers_xdg_only_for_the_default(clean_env):
-    env = {"HOME": "/h", "XDG_CACHE_HOME": "/x"}
+    h = str(clean_env / "h")
+    os.mkdir(h)
+    env = {"HOME": h, "XDG_CACHE_HOME": "/x"}
     assert str(cache.cache_root(Policy(), env)) == "/x/smartlaunch"
-    assert str(cache.cache_root(Policy(), {"HOME": "/h"})) == "/h/.cache/smartlaunch"
+    assert str(cache.cache_root(Policy(), {"HOME": h})) == f"{h}/.cache/smartlaunch"
     custom = Policy(paths=PathsPolicy(cache_dir="~/sl-cache"))
-    assert str(cache.cache_root(custom, env)) == "/h/sl-cache"
+    assert str(cache.cache_root(custom, env)) == f"{h}/sl-cache"
+
+
+def test_cache_root_under_a_home_that_does_not_exist_is_a_policy_error(clean_env):
+    # HOME=/nonexistent (a service account) created /nonexistent/.cache/... at the root
+    with pytest.raises(PolicyError, match="HOME=/nonexistent-h does not exist"):
+        cache.cache_root(Policy(), {"HOME": "/nonexistent-h"})
+    assert str(cache.cache_root(Policy(), {"HOME": "/nonexistent-h", "XDG_CACHE_HOME": "/x"})) \
+        == "/x/smartlaunch"

@@ -153,6 +153,29 @@ def test_hook_scripts_pass_named_data_to_an_isolated_interpreter(tmp_path, mode)
                                "SLURM_JOB_GPUS", "SLURMD_NODENAME", "SLURM_JOB_NODELIST"}
 
 
+@pytest.mark.parametrize("python, says", [
+    ("no-smartlaunch", "cannot import smartlaunch; set SMARTLAUNCH_PYTHON= in {conf}"),
+    ("/nonexistent/python3", "/nonexistent/python3 cannot import smartlaunch; set SMARTLAUNCH_PYTHON="),
+])
+def test_hook_with_a_python_without_smartlaunch_names_the_setting(tmp_path, python, says):
+    # Was: "No module named 'smartlaunch'" from -m, exit 1, no word of hooks.env.
+    hook = tmp_path / "prolog"
+    shutil.copy(HOOKS / "prolog", hook)
+    if python == "no-smartlaunch":    # this very interpreter without its site-packages
+        python = tmp_path / "bare-python"
+        python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+        python.chmod(0o755)
+    conf = tmp_path / "hooks.env"
+    conf.write_text(f"SMARTLAUNCH_PYTHON={python}\nSMARTLAUNCH_STATE_DIR={tmp_path}/state\n")
+    out = subprocess.run(["/bin/sh", str(hook)], env={}, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == ExitCode.HEALTH == 10, out.stderr
+    lines = own_lines(out.stderr)
+    assert len(lines) == 1 and lines[0].startswith("smartlaunch prolog: error: "), lines
+    assert says.format(conf=conf) in lines[0], lines
+    assert not (tmp_path / "state").exists()
+
+
 def test_epilog_releases_the_jobs_leases(clean_env, tmp_path, monkeypatch):
     from smartlaunch.launch.leases import LeaseManager
     from smartlaunch.topology.fake import from_json

@@ -1,6 +1,8 @@
 """CUDA_VISIBLE_DEVICES and Slurm allocations: the pure resolver, then applied to fixtures."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from smartlaunch.errors import SlurmError, UsageError
@@ -30,7 +32,6 @@ NODE = [
     ("MIG-GPU-ffee0011-0000-0000-0000-000000000003/1/0", [3]),   # pre-R470 MIG syntax
     ("0,9,1", [0]),                                  # CUDA stops at the first invalid entry
     ("1,GPU-deadbeef,2", [1]),
-    ("GPU-893,2", []),                               # ambiguous prefix: first entry invalid
     ("2,2,3", [2]),                                  # a repeat ends the list too
     ("-1", []),
     ("0,-1,1", [0]),
@@ -50,11 +51,26 @@ def test_values_that_are_not_ids_raise_usage_error(cvd):
         resolve_visible(NODE, {"CUDA_VISIBLE_DEVICES": cvd})
 
 
+@pytest.mark.parametrize("cvd, why", [
+    ("9", "'9' is out of range"),
+    ("9,1", "'9' is out of range"),
+    ("GPU-00000000-1111-2222-3333-444444444444", "matches no device"),
+    ("GPU-893,2", "ambiguous prefix"),                # no first entry: CUDA would see nothing
+    ("MIG-GPU-00000000-0000-0000-0000-000000000000/1/0", "not available"),
+])
+def test_naming_no_gpu_of_a_node_with_gpus_is_a_usage_error(cvd, why):
+    # CUDA would see 0 devices: a typo, not the CPU (that is '', -1 or NoDevFiles, kept above)
+    with pytest.raises(UsageError, match=f"CUDA_VISIBLE_DEVICES={re.escape(cvd)}: .*{why}.*"
+                                         f"name GPUs of this node .*-1 or empty"):
+        resolve_visible(NODE, {"CUDA_VISIBLE_DEVICES": cvd})
+    assert resolve_visible([], {"CUDA_VISIBLE_DEVICES": cvd}) == []   # no GPU: nothing to name
+
+
 def test_dropped_entries_explain_why():
     vis = resolve_visibility(NODE, {"CUDA_VISIBLE_DEVICES": "0,9,1"})
     (msg,) = vis.messages
     assert "'9' is out of range" in msg and "(9,1)" in msg
-    vis = resolve_visibility(NODE, {"CUDA_VISIBLE_DEVICES": "GPU-893"})
+    vis = resolve_visibility(NODE, {"CUDA_VISIBLE_DEVICES": "1,GPU-893"})
     assert "ambiguous prefix (2 devices match)" in vis.messages[0]
 
 

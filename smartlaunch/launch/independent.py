@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from smartlaunch import proc
-from smartlaunch.errors import ExitCode, UsageError
+from smartlaunch.errors import ExitCode
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
 from smartlaunch.launch.leases import Lease
@@ -41,34 +41,6 @@ from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 _ACQUIRE_MORE_EVERY_S = 1.0
 _SAMPLES_RE = re.compile(rb"samples/s[=:] *([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)")
-
-
-# ---- variants -------------------------------------------------------------------------------
-def parse_each(arg: str, *, where: str = "--each") -> tuple[str, ...]:
-    """One --each value -> the args appended to the script's own (shell quoting, # comments)."""
-    try:
-        return tuple(shlex.split(arg, comments=True))
-    except ValueError as exc:
-        raise UsageError(f"{where} {arg!r}: {exc}; quote each variant's args as a shell would") from None
-
-
-def parse_each_file(path: str) -> list[tuple[str, ...]]:
-    """One variant per line (shell-quoted script args); '#' comments and blank lines ignored."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise UsageError(f"--each-file {path}: no such file; give a file with one line of script "
-                         "args per job") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--each-file {path}: cannot read it ({exc}); give a readable UTF-8 text file") from None
-    variants = [parse_each(line, where=f"--each-file {path} line {n}:")
-                for n, line in enumerate(lines, 1)
-                if line.strip() and not line.lstrip().startswith("#")]
-    if not variants:
-        raise UsageError(f"--each-file {path} has no variants (only comments or blank lines); "
-                         "add one line of script args per job")
-    return variants
 
 
 # ---- one job --------------------------------------------------------------------------------

@@ -378,11 +378,20 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(rec.write)  # the script ended on its own: report what was seen
 
     def on_term(signum, frame):
-        rec.write(reason="signal")
+        try:
+            rec.write(reason="signal")
+        except OSError:       # the parent gave up on us and removed the result directory
+            pass
         sys.stdout.flush()
         os._exit(128 + signum)
 
+    def on_interrupt(signum, frame):
+        # SIGINT is smartlaunch passing on its Ctrl-C (we have our own session): the dry run
+        # is abandoned, the script did not fail, so no KeyboardInterrupt traceback and no result.
+        os._exit(128 + signum)
+
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_interrupt)
     try:
         from smartlaunch.entry import run_entrypoint
         run_entrypoint(opts["script"], opts["args"], module=opts["module"])

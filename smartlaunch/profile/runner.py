@@ -144,7 +144,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
             with proc.spawn(cmd, env=dryrun_env(environ, gpu), stdout=log,
-                            stderr=subprocess.PIPE) as child:
+                            stderr=subprocess.PIPE, stage="the dry run") as child:
                 tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
                 pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo),
                                         daemon=True)

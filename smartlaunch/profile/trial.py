@@ -223,6 +223,7 @@ def run_limited(cmd: list[str], env: dict, limit_s: float, logfile: Path) -> int
 
 
 def bounded(child: proc.Child, limit_s: float) -> int | None:
+    child.stage = "a trial"         # a signal to us in the block: proc.Interrupted names it
     with child:
         rc = child.wait(limit_s)
         if rc is None:

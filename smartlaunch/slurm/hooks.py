@@ -54,6 +54,9 @@ class HookConfig:
     @classmethod
     def load(cls, path: str | None) -> "HookConfig":
         p = Path(path or DEFAULT_CONFIG)
+        if p.is_dir():    # before the owner check, whose advice (chmod 644 /tmp) would harm
+            raise HealthError(f"hooks config {p} is a directory; name the hooks.env file "
+                              f"(e.g. --config {DEFAULT_CONFIG})")
         if not p.exists():
             if path and path != DEFAULT_CONFIG:
                 raise HealthError(f"hooks config {p} does not exist; create it or drop --config")

@@ -13,12 +13,14 @@ import dataclasses
 import difflib
 import json
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Mapping
 
 from smartlaunch.errors import UsageError
 from smartlaunch.topology import health
-from smartlaunch.topology.api import Link, Topology
+from smartlaunch.topology.api import GPU, GPUProcess, Link, Topology
 from smartlaunch.vocab import UNKNOWN_LINK as UNKNOWN_CLASS
 from smartlaunch.topology.visible import (
     PhysicalGPU, resolve_visibility, visibility_findings, visibility_note,
@@ -43,6 +45,9 @@ def fixture_names() -> list[str]:
 def fixture_file(name_or_path: str) -> Path:
     """A fixture name ('h200-nv18-pair') from the fixtures folder, or a path to a JSON file."""
     path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{ENV_VAR}={name_or_path} is a directory; name a JSON topology file "
+                         f"in it or a fixture ({', '.join(fixture_names())})")
     if path.suffix == ".json" or "/" in name_or_path:
         if path.is_file():
             return path
@@ -63,10 +68,80 @@ def load_node(name_or_path: str) -> Topology:
     """The fixture as written: every GPU of the node, no visibility applied."""
     path = fixture_file(name_or_path)
     try:
-        return Topology.from_dict(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
+        data = json.loads(path.read_text())
+        check_fields(data)
+        node = Topology.from_dict(data)
+        check_references(node)
+        return node
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a topology JSON ({exc}); write one with "
                          f"`smartlaunch-node topo --all --json > node.json`") from exc
+
+
+def check_fields(data) -> None:
+    """Each GPU's, process's and link's fields have the JSON type of their dataclass field.
+    from_dict takes what it is given: `"cpus": "all"` became the CPUs ('a', 'l', 'l') and
+    `"memory_free_mib": "lots"` crashed later, far from the file."""
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+        raise ValueError("the top level must be an object with a list of 'gpus'")
+    for i, gpu in enumerate(data["gpus"]):
+        _check_record(gpu, GPU, f"gpus[{i}]")
+        for j, proc in enumerate(gpu.get("processes") or ()):
+            _check_record(proc, GPUProcess, f"gpus[{i}].processes[{j}]")
+    for i, link in enumerate(data.get("links") or ()):
+        _check_record(link, Link, f"links[{i}]")
+
+
+def check_references(node: Topology) -> None:
+    """Links name GPUs by `index`: one to a GPU that is not there was a KeyError (exit 1)."""
+    for attr in ("index", "nvml_index"):
+        seen = [getattr(g, attr) for g in node.gpus]
+        if len(set(seen)) != len(seen):
+            dup = next(v for v in seen if seen.count(v) > 1)
+            raise ValueError(f"two GPUs have {attr} {dup}; each GPU needs its own")
+    indices = {g.index for g in node.gpus}
+    for i, link in enumerate(node.links):
+        for end in ("a", "b"):
+            if getattr(link, end) not in indices:
+                raise ValueError(f"links[{i}].{end} is {getattr(link, end)}, not the index of a "
+                                 f"GPU in the file ({', '.join(map(str, sorted(indices)))})")
+        if link.a == link.b:
+            raise ValueError(f"links[{i}] joins GPU {link.a} to itself")
+
+
+def _check_record(record, cls, where: str) -> None:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} is {record!r}, not an object")
+    hints = typing.get_type_hints(cls)
+    for name, value in record.items():
+        if name in hints and not _json_is(value, hints[name]):
+            raise ValueError(f"{where}.{name} is {value!r}, not {_describe(hints[name])}")
+
+
+def _json_is(value, tp) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_json_is(value, a) for a in args)
+    if origin is tuple:
+        return isinstance(value, list) and (
+            args[0] not in (int, str) or all(_json_is(v, args[0]) for v in value))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def _describe(tp) -> str:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if typing.get_origin(tp) is tuple:
+        return {int: "a list of integers", str: "a list of strings"}.get(args[0], "a list")
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def from_json(name_or_path: str, environ: Mapping[str, str]) -> Topology:

@@ -115,6 +115,8 @@ def _apply_cvd(cvd: str, pool: list[PhysicalGPU], gpus: list[PhysicalGPU], renum
             target, why = None, "is not in this job's Slurm allocation"
         if target is not None and target.nvml_index in picked:
             target, why = None, "repeats a GPU already listed"
+        if target is None and not picked and gpus and why.startswith(_NO_SUCH_DEVICE):
+            raise UsageError(_hides_all(cvd, e, why, pool if renumbered else gpus))
         if target is None:
             rest = ",".join(entries[pos:])
             messages.append(f"CUDA_VISIBLE_DEVICES={cvd}: {e!r} {why}; CUDA ignores it and "
@@ -125,6 +127,21 @@ def _apply_cvd(cvd: str, pool: list[PhysicalGPU], gpus: list[PhysicalGPU], renum
             mig[target.nvml_index] = e
     return Visibility(tuple(picked), mig=mig, messages=tuple(messages),
                       source="CUDA_VISIBLE_DEVICES")
+
+
+# _lookup's reasons for an entry that names no device at all (not a negative index, a repeat
+# or a GPU outside the scheduler's allocation).
+_NO_SUCH_DEVICE = ("is out of range", "matches no device", "names a GPU that", "is an ambiguous")
+
+
+def _hides_all(cvd: str, entry: str, why: str, gpus: list[PhysicalGPU]) -> str:
+    """CUDA would see no device at all: on a node with GPUs that is a typo (a GPU of another
+    node, an index past the end), not a request for the CPU, which is spelt '', -1 or
+    NoDevFiles. It used to run "DDP×1 on the CPU" and exit 0."""
+    names = ", ".join(f"{pos} ({p.uuid[:12]}…)" for pos, p in enumerate(gpus))
+    return (f"CUDA_VISIBLE_DEVICES={cvd}: {entry!r} {why}, so CUDA would see no GPU; name "
+            f"GPUs of this node (indices or UUIDs: {names}), or set CUDA_VISIBLE_DEVICES=-1 "
+            f"or empty to run on the CPU")
 
 
 def _well_formed(e: str) -> bool:
