@@ -109,3 +109,11 @@ def mapped_record(path, size: int, mode: int = 0o644):
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+def read_capped(path: str, limit: int) -> bytes | None:
+    """The file's bytes, or None when it holds more than `limit` (read no further: a user's
+    /dev/zero must not fill memory)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from smartlaunch.errors import UsageError
+from smartlaunch.store import read_capped
 
 MAX_EACH_FILE_BYTES = 1 << 20      # 1 MiB, as for policy files; a sweep is a few KiB
 
@@ -85,9 +86,8 @@ def parse_each(arg: str, *, where: str = "--each") -> tuple[str, ...]:
 def parse_each_file(path: str) -> list[tuple[str, ...]]:
     """One variant per line (shell-quoted script args); '#' comments and blank lines ignored."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_EACH_FILE_BYTES + 1)
-        if len(data) > MAX_EACH_FILE_BYTES:
+        data = read_capped(path, MAX_EACH_FILE_BYTES)
+        if data is None:
             raise UsageError(f"--each-file {path} is larger than {MAX_EACH_FILE_BYTES >> 20} MiB "
                              f"(the limit for --each-file); name the right file or split the sweep")
         lines = data.decode("utf-8").splitlines()

@@ -29,6 +29,7 @@ from smartlaunch.errors import PolicyError
 from smartlaunch.policy.api import Policy
 from smartlaunch.policy.rules import ENFORCE_MODES, SECTIONS, base_key, section_fields
 from smartlaunch.policy.schema import ParsedFile, parse_text
+from smartlaunch.store import read_capped
 
 ADMIN_POLICY_PATH = "/etc/smartlaunch/policy.yaml"
 USER_POLICY_CWD = "smartlaunch.yaml"
@@ -45,9 +46,8 @@ MAX_POLICY_BYTES = 1 << 20      # 1 MiB; the shipped policies are under 4 KiB
 
 def read_policy_file(path: str, *, allow_enforce: bool) -> ParsedFile:
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_POLICY_BYTES + 1)
-        if len(data) > MAX_POLICY_BYTES:
+        data = read_capped(path, MAX_POLICY_BYTES)
+        if data is None:
             raise PolicyError(f"policy file {path} is larger than {MAX_POLICY_BYTES >> 20} MiB "
                               f"(the limit for policy files); name the right file or shorten it")
         text = data.decode("utf-8")

@@ -14,9 +14,9 @@ Hooks (all global, none needs the script's cooperation):
   warm-up steps after it only the model's roots keep two hooks that count micro-batches and
   mark forward and backward (device time too); inside the window, only the step hook runs.
 The window is closed by a device sync however the script ends: measured (then the process
-ends at once after writing: exit_now), the script returning, sys.exit, an exception, or
-SIGTERM (the parent's time limit; there only the marks already finished are read). Step time is always the window's device time; a window that
-closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
+ends at once after writing: exit_now), the script returning, sys.exit, an exception, or SIGTERM
+(the parent's time limit: only finished marks are read). Step time is always the window's
+device time; a window that closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
 """
 from __future__ import annotations
 
@@ -40,10 +40,8 @@ MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch, micro-batches)
 
 
-def _end_script() -> None:
-    """In-process use (tests): end the script the polite way."""
+def _end_script() -> None:      # in-process use (tests): end the script the polite way
     raise SystemExit(0)
-
 
 
 class Recorder:
@@ -354,11 +352,9 @@ class Recorder:
 
 
 def exit_now() -> None:
-    """End the dry run's process at once. Nothing the script would do after its measured
-    step is the dry run's business (its writes are discarded anyway), and its teardown is
-    what the user waits for: the process-group and torch teardown of a DDP trial's ranks
-    took 2.4 s of an 11.5 s trial, 1.0 s with this (gloo, CPU box, 2026-11-23). The parent
-    ends the session's other processes (DataLoader workers)."""
+    """End the dry run's process at once: the script's teardown is only what the user waits
+    for (a DDP trial's ranks took 2.4 s of an 11.5 s trial, 1.0 s with this; gloo, CPU box,
+    2026-11-23). The parent ends the session's other processes (DataLoader workers)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -386,8 +382,7 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(128 + signum)
 
     def on_interrupt(signum, frame):
-        # SIGINT is smartlaunch passing on its Ctrl-C (we have our own session): the dry run
-        # is abandoned, the script did not fail, so no KeyboardInterrupt traceback and no result.
+        # smartlaunch passing on its Ctrl-C: abandoned, not failed (no traceback, no result).
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
