@@ -315,10 +315,7 @@ class Child:
     def __enter__(self) -> "Child":
         # SIGTERM/SIGHUP to us while the block runs: leave it as Ctrl-C does (an exception,
         # so __exit__ passes the signal on and waits the grace) and exit 128+N.
-        self._previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGHUP):
-                self._previous[s] = signal.signal(s, _raise_signalled)
+        self._previous = _catch_termination()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -330,8 +327,7 @@ class Child:
         try:
             self.stop(first)
         finally:
-            for s, h in self._previous.items():
-                signal.signal(s, h)
+            _restore(self._previous)
         if self.stage and (exc_type is KeyboardInterrupt or isinstance(exc, Signalled)):
             raise Interrupted(first, self.stage) from None
 
@@ -359,6 +355,39 @@ class Interrupted(Signalled):
 
 def _raise_signalled(signum, _frame):
     raise Signalled(signum)
+
+
+def _catch_termination() -> dict:
+    """SIGTERM/SIGHUP raise Signalled from here on (main thread only); the previous handlers."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            previous[s] = signal.signal(s, _raise_signalled)
+    return previous
+
+
+def _restore(previous: dict) -> None:
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def stage(name: str):
+    """A measurement of smartlaunch's own modules (the all-reduce benchmark's ranks), whose
+    processes the block's own `finally` ends: Ctrl-C, SIGTERM or SIGHUP to us inside it
+    raise Interrupted(name), so the CLI says in one line what was cut short, as it does for
+    a `with spawn(..., stage=)` child. Without it a Ctrl-C there exited 130 silently."""
+    previous = _catch_termination()
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(signal.SIGINT, name) from None
+    except Signalled as exc:
+        if isinstance(exc, Interrupted):
+            raise
+        raise Interrupted(exc.signum, name) from None
+    finally:
+        _restore(previous)
 
 
 def spawn(argv: list[str], *, env: dict[str, str] | None = None, stage: str | None = None,

@@ -156,6 +156,53 @@ def test_a_signal_to_smartlaunch_leaves_no_process_and_no_temp_file(clean_env, s
             in err.splitlines(), err[-2000:]
 
 
+# The benchmark's ranks are smartlaunch's own module; a sitecustomize on the job's PYTHONPATH
+# (the ranks run in the job's environment) holds each one at start-up, so the signal surely
+# lands while the benchmark runs, whatever the machine's speed.
+HOLD_COMM = """import os, sys, time
+if "smartlaunch.profile.comm_worker" in sys.orig_argv:
+    open(os.path.join(os.environ["HOLD_PID_DIR"], f"rank-{os.getpid()}"), "w").close()
+    time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_allreduce_benchmark_says_so_and_leaves_nothing(clean_env,
+                                                                          shared_dir, sig):
+    tmp, inject = clean_env / "tmp", clean_env / "inject"
+    tmp.mkdir(), inject.mkdir()
+    (inject / "sitecustomize.py").write_text(HOLD_COMM)
+    shutil.copy(SCRIPTS / "tiny_train.py", clean_env / "train.py")
+    # cold ranks (no warm pool, which a many-core machine would start before the dry run)
+    (clean_env / "smartlaunch.yaml").write_text("decision:\n  prestart: false\n")
+    path = os.pathsep.join(x for x in (str(inject), os.environ.get("PYTHONPATH")) if x)
+    env = {**os.environ, **FAKE, "TMPDIR": str(tmp), "HOLD_PID_DIR": str(shared_dir),
+           "PYTHONPATH": path}
+    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--explain",
+                          "--nproc-per-node", "2", "train.py", "--epochs", "2"], cwd=clean_env,
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    deadline = time.monotonic() + 150
+    while len(list(shared_dir.glob("rank-*"))) < 2:
+        assert p.poll() is None, p.stderr.read().decode()
+        assert time.monotonic() < deadline, "the benchmark never started"
+        time.sleep(0.1)
+    pids = [int(f.name.split("-")[1]) for f in shared_dir.iterdir()]
+    os.kill(p.pid, sig)
+    p.wait(timeout=30)
+    err = p.stderr.read().decode()
+    gone_by = time.monotonic() + 2.0
+    while time.monotonic() < gone_by and ([q for q in pids if _alive(q)] or _tagged_left(p.pid)
+                                          or list(tmp.iterdir())):
+        time.sleep(0.05)
+    assert not [q for q in pids if _alive(q)], f"benchmark ranks left running after {sig.name}"
+    assert not _tagged_left(p.pid) and not list(tmp.iterdir())
+    assert p.returncode == 128 + sig, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert f"smartlaunch: interrupted ({sig.name}) during the all-reduce benchmark; nothing " \
+           "was launched" in err.splitlines(), err[-2000:]
+
+
 # ---- 3. a script that fixes its world size ----------------------------------------------------
 def test_world_size_fixed_script_launches_as_torchrun_would(clean_env):
     out = clean_env / "out"

@@ -96,11 +96,13 @@ def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: fl
     rank is killed on failure, time-out or success. Returns the JSON rank 0 wrote to --out.
     args(tmp) -> the module's own arguments; watch(tmp) -> a TickWatch polled meanwhile.
     pool: a warm.WarmPool started with `rank_base_env` (ranks it has are not started cold).
-    Used by the all-reduce benchmark and the node calibration (baseline.py)."""
+    Used by the all-reduce benchmark and the node calibration (baseline.py). A signal to us
+    meanwhile kills the ranks and raises proc.Interrupted("the " + what)."""
     n = len(gpus)
     backend = backend_for(device)
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="smartlaunch-ranks-") as tmp:
+    with proc.stage(f"the {what}"), \
+            tempfile.TemporaryDirectory(prefix="smartlaunch-ranks-") as tmp:
         proc.remove_on_exit(tmp)
         out = os.path.join(tmp, "result.json")
         ticks = watch(tmp) if watch is not None else None
