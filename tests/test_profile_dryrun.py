@@ -1,13 +1,17 @@
 """Dry runs of real, unchanged scripts on the CPU: counts, batch size, times, failure cases."""
 from __future__ import annotations
 
+import io
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import smartlaunch
+from conftest import fixture_path
 from helpers_profile import GPT_ARGS, SCRIPTS, counts, gpt_expected, gpt_workdir, load
 from smartlaunch.errors import DryRunError, ExitCode
 from smartlaunch.policy.api import DryRunPolicy, Policy
@@ -147,12 +151,41 @@ def test_no_optimizer_gets_a_clear_note_and_marker_opt_in_works(clean_env):
     assert_measured(marked, counts(mod.build_model()), batch=8)
 
 
-def test_crash_reports_exit_code_and_stderr(clean_env):
+def test_crash_reports_exit_code_and_stderr_once(clean_env, capfd):
     with pytest.raises(DryRunError) as err:
         dry(SCRIPTS / "crash.py")
     msg = str(err.value)
-    assert "exit code 3" in msg and "learning rate must be positive" in msg
-    assert "was not launched" in msg
+    assert "exit code 3" in msg and "was not launched" in msg
+    # echoed live, so the error points at it instead of repeating it; the log has it all
+    assert capfd.readouterr().err.count("learning rate must be positive") == 1
+    assert "learning rate" not in msg and "its error output is above" in msg
+    log = Path(msg.split("all of its output: ")[1].split(")")[0])
+    lines = log.read_text().splitlines()         # stdout and stderr, in the order written
+    assert lines.index("loading config") < \
+        lines.index("error: learning rate must be positive (got -0.1)")
+
+
+def test_crash_keeps_the_stderr_tail_where_it_was_not_echoed(clean_env, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())     # no byte stream to echo to
+    with pytest.raises(DryRunError) as err:
+        dry(SCRIPTS / "crash.py")
+    assert "learning rate must be positive" in str(err.value)
+    assert sys.stderr.getvalue() == ""
+
+
+def test_a_raising_script_shows_its_traceback_once(clean_env):
+    (clean_env / "boom.py").write_text("import torch\n\ndef main():\n"
+                                       "    raise ValueError('bad shape 3x4')\n\nmain()\n")
+    env = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--nproc-per-node", "2",
+                        "boom.py"], cwd=clean_env, env=env, capture_output=True, text=True,
+                       timeout=100)
+    assert r.returncode == ExitCode.DRY_RUN, r.stderr
+    assert r.stderr.count("Traceback (most recent call last)") == 1, r.stderr
+    assert r.stderr.count("ValueError: bad shape 3x4") == 1, r.stderr
+    error = [x for x in r.stderr.splitlines() if x.startswith("smartlaunch: error:")]
+    assert len(error) == 1 and "its error output is above" in error[0], r.stderr
+    assert r.stderr.rstrip().endswith(error[0]), r.stderr     # nothing repeated after it
 
 
 def test_time_limit_ends_a_script_that_never_steps(clean_env):

@@ -3,8 +3,8 @@
 The child runs `python -m smartlaunch.profile.dryrun ... <script> <args>` in its own session
 (so a time-out kills it and its DataLoader workers as one group, and nothing else), with
 torchrun's single-rank environment so scripts that call init_process_group unconditionally
-work. Its stdout goes to a log file in the cache dir; its stderr is echoed to the user as is
-and its tail is kept for the crash message.
+work. Its stdout goes to a log file in the cache dir; its stderr is echoed to the user as is,
+copied into that log, and its tail kept for the crash message where it was not echoed.
 """
 from __future__ import annotations
 
@@ -47,15 +47,16 @@ def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
     return env
 
 
-def _pump(stream, tail: collections.deque, echo) -> None:
+def _pump(stream, tail: collections.deque, echo, log) -> None:
     for raw in iter(stream.readline, b""):
         tail.append(raw.decode(errors="replace").rstrip("\n"))
-        if echo is not None:
-            try:
-                echo.write(raw)
-                echo.flush()
-            except (OSError, ValueError):
-                pass
+        for out in (echo, log):
+            if out is not None:
+                try:
+                    out.write(raw)
+                    out.flush()
+                except (OSError, ValueError):
+                    pass
     stream.close()
 
 
@@ -142,11 +143,12 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         own = (str(cache_root(policy, environ)), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
-        with open(log_path, "wb") as log:
+        # append mode: the child's stdout and our copy of its stderr interleave, never overwrite
+        with open(log_path, "ab") as log:
             with proc.spawn(cmd, env=dryrun_env(environ, gpu), stdout=log,
                             stderr=subprocess.PIPE, stage="the dry run") as child:
                 tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-                pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo),
+                pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo, log),
                                         daemon=True)
                 pump.start()
                 watch = TickWatch(ticks, progress)
@@ -165,7 +167,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
                 f"{policy.rule('dryrun.isolation')}: not run")
         if policy.dryrun.isolation == "require":
             return ModelProfile(ProfileStatus.SKIPPED, note=note)
-    prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed)
+    prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed,
+                    echoed=echo is not None)
     if real_gpu and gpu and prof.usable and prof.device == "cpu":
         # Given a GPU, the script never initialised CUDA: its times say nothing about a GPU
         # run (an isolation bug once hid the driver library this way: 4.2 s "steps" of a
@@ -209,7 +212,8 @@ def _wait(child: proc.Child, out: str, limit: float, ticks: TickWatch | None = N
             return True
 
 
-def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> ModelProfile:
+def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
+             echoed: bool) -> ModelProfile:
     limit_txt = f"{limit:g} s"
     where = f"(script output: {log_path})"
     complete = bool(data) and int(data.get("steps_measured") or 0) >= _asked(request, data)
@@ -224,6 +228,11 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed) -> 
                 f"the dry run (WORLD_SIZE=1) failed before its first step ({how}) after the "
                 f"script read the world size ({read}), so it may fix it: {cause.strip()[:200]} "
                 f"(script output: {log_path})"), dry_run_s=elapsed)
+        if echoed:      # its traceback is on the user's screen already: once is enough
+            raise DryRunError(
+                f"the dry run of {request.script} failed with {how}; it was not launched. "
+                f"Fix the script and run again (its error output is above; all of its "
+                f"output: {log_path}).")
         raise DryRunError(
             f"the dry run of {request.script} failed with {how}; it was not launched. "
             f"Fix the script and run again (its output: {log_path}).\n{last}")
