@@ -26,9 +26,12 @@ def lease_dir_for(policy) -> str:
 
     The policy loader maps the variable into the policy too; reading it here keeps tests and
     `smartlaunch-node epilog` right before and after that lands."""
-    enforced = policy.source_of("paths.lease_dir").startswith("enforced")
     env = os.environ.get(ENV_LEASE_DIR)
-    return policy.paths.lease_dir if enforced or not env else env
+    return policy.paths.lease_dir if lease_dir_enforced(policy) or not env else env
+
+
+def lease_dir_enforced(policy) -> bool:
+    return policy.source_of("paths.lease_dir").startswith("enforced")
 
 
 def boot_id() -> str:
@@ -46,8 +49,10 @@ def _is_private_location(path: str) -> bool:
     return any(real == p or real.startswith(p + os.sep) for p in (home, run_user) if p != "/")
 
 
-def open_lease_dir(path: str, *, private: bool | None = None, create: bool = True) -> int:
-    """Open (creating if asked) and vet the lease directory; return an O_NOFOLLOW dir fd."""
+def open_lease_dir(path: str, *, private: bool | None = None, create: bool = True,
+                   enforced: bool = False) -> int:
+    """Open (creating if asked) and vet the lease directory; return an O_NOFOLLOW dir fd.
+    enforced: the admin's policy fixes the path (the user cannot point elsewhere)."""
     path = os.path.abspath(os.path.expanduser(path))
     if private is None:
         private = _is_private_location(path)
@@ -83,9 +88,7 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
         if create and not os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK):
             # Every lease is a lock file created here: without write access a launch would
             # wait for a lock it can never create (issue 13).
-            raise LeaseDirError(f"lease directory {path} is not writable by you (uid "
-                                f"{os.geteuid()}); have root make it shared (`chmod 1777 {path}`) "
-                                "or set SMARTLAUNCH_LEASE_DIR to a directory you can write")
+            raise LeaseDirError(_not_writable(path, st, os.fstatvfs(fd), enforced))
     except BaseException:
         os.close(fd)
         raise
@@ -102,3 +105,23 @@ def _check_dir(path: str, st: os.stat_result) -> None:
         raise LeaseDirError(f"lease directory {path} is group/world-writable without the sticky bit "
                             f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone can delete leases; "
                             f"run `chmod 1777 {path}` (shared) or `chmod 700 {path}` (private)")
+
+
+def _not_writable(path: str, st: os.stat_result, fs: os.statvfs_result, enforced: bool) -> str:
+    """Advice the reader can follow: chmod only for the directory's owner; anyone else
+    points elsewhere, or asks the admin where the admin's policy fixes the path."""
+    mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
+    if fs.f_flag & os.ST_RDONLY:
+        what, admin = f"lease directory {path} is on a read-only filesystem", \
+            "to set paths.lease_dir to a writable directory"
+    elif st.st_uid == os.geteuid():
+        return (f"lease directory {path} is yours but not writable ({mode}); run "
+                f"`chmod 1777 {path}` (shared with other users) or `chmod 700 {path}` (yours only)")
+    else:
+        what = (f"lease directory {path} is not writable by you (uid {os.geteuid()}; it is "
+                f"owned by uid {st.st_uid}, {mode})")
+        admin = f"to make it shared (`chmod 1777 {path}`)"
+    if enforced:
+        return f"{what}, and the admin's policy fixes paths.lease_dir: ask your admin {admin}"
+    return (f"{what}; set {ENV_LEASE_DIR} (or paths.lease_dir in your policy) to a directory "
+            f"you can write, or ask your admin {admin}")

@@ -42,7 +42,8 @@ from smartlaunch.launch.lease_holders import (
     Holder, alive, current_user, fmt_indices, leased_by, summarise,
 )
 from smartlaunch.launch.lease_dir import (  # noqa: F401  (re-exported: callers use leases.*)
-    ENV_LEASE_DIR, LeaseDirError, _is_private_location, boot_id, lease_dir_for, open_lease_dir,
+    ENV_LEASE_DIR, LeaseDirError, _is_private_location, boot_id, lease_dir_enforced, lease_dir_for,
+    open_lease_dir,
 )
 from smartlaunch.topology.api import Topology
 
@@ -64,12 +65,13 @@ class LeaseManager:
     share may hold one GPU together; an exclusive lease still excludes them."""
 
     def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
-                 poll_s: float = 0.1, create: bool = True):
+                 poll_s: float = 0.1, create: bool = True, enforced: bool = False):
         self.lease_dir = os.path.abspath(os.path.expanduser(lease_dir))
         self.share = share
         self.poll_s = poll_s
         self._private = _is_private_location(self.lease_dir) if private is None else private
-        self._dfd = open_lease_dir(self.lease_dir, private=self._private, create=create)
+        self._dfd = open_lease_dir(self.lease_dir, private=self._private, create=create,
+                                   enforced=enforced)
         self._base = f"/proc/self/fd/{self._dfd}" if os.path.isdir("/proc/self/fd") else self.lease_dir
         self._boot = boot_id()
         self._me = psutil.Process(os.getpid())
@@ -77,7 +79,8 @@ class LeaseManager:
 
     @classmethod
     def from_policy(cls, policy) -> "LeaseManager":
-        return cls(lease_dir_for(policy), share=policy.jobs.share_gpus)
+        return cls(lease_dir_for(policy), share=policy.jobs.share_gpus,
+                   enforced=lease_dir_enforced(policy))
 
     def close(self) -> None:
         if self._dfd >= 0:
