@@ -153,6 +153,31 @@ def test_hook_scripts_pass_named_data_to_an_isolated_interpreter(tmp_path, mode)
                                "SLURM_JOB_GPUS", "SLURMD_NODENAME", "SLURM_JOB_NODELIST"}
 
 
+def _recording_python(path, record) -> str:
+    path.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_hook_started_by_a_relative_path_reads_the_hooks_env_beside_it(tmp_path):
+    # `sh hooks/slurm/prolog` by hand: the wrapper's `cd /` used to come first, so it looked
+    # for /hooks/slurm/hooks.env and took /etc's. A CDPATH must not redirect the lookup either.
+    record = tmp_path / "record"
+    for d in ("sub", "decoy/sub"):
+        (tmp_path / d).mkdir(parents=True)
+        shutil.copy(HOOKS / "prolog", tmp_path / d / "prolog")
+        py = _recording_python(tmp_path / d / "python", record if d == "sub" else tmp_path / "x")
+        (tmp_path / d / "hooks.env").write_text(f"SMARTLAUNCH_PYTHON={py}\n")
+    out = subprocess.run(["/bin/sh", "sub/prolog"], env={"CDPATH": str(tmp_path / "decoy")},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    import json
+    assert json.loads(record.read_text()) == ["-I", "-m", "smartlaunch.slurm.hooks", "prolog",
+                                              "--config", str(tmp_path / "sub" / "hooks.env")]
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("python, says", [
     ("no-smartlaunch", "cannot import smartlaunch; set SMARTLAUNCH_PYTHON= in {conf}"),
     ("/nonexistent/python3", "/nonexistent/python3 cannot import smartlaunch; set SMARTLAUNCH_PYTHON="),
