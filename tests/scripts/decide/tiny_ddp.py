@@ -7,16 +7,9 @@ if os.environ.get("HANG") == "1":      # stuck before the first step (data loadi
         f.write(str(os.getpid()))
     time.sleep(600)
 
-import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_loop import train
 
 dist.init_process_group("gloo")
-model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for _ in range(10_000):
-    loss = model(torch.randn(16, 32)).sum()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-dist.destroy_process_group()
+train()

@@ -2,15 +2,15 @@
 
 Writes its environment, pid, command line, rank and world size to $ENV_DUMP/rank<RANK>.json after joining
 the group. DUMP_ONLY=1: leaves then. FAIL_RANK=r: that rank exits 3 before its first step
-(the others wait in DDP's first broadcast). Otherwise trains a small DDP model.
+(the others wait in DDP's first broadcast). Otherwise trains a small DDP model (ddp_loop.py).
 """
 import json
 import os
 import sys
 
-import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_loop import train
 
 dist.init_process_group("gloo", init_method="env://")
 with open("/proc/self/cmdline", "rb") as f:        # a warm rank: python -m smartlaunch.warm
@@ -24,11 +24,4 @@ if os.environ.get("DUMP_ONLY") == "1":
     sys.exit(0)
 if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
     sys.exit(3)
-model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for _ in range(10_000):
-    loss = model(torch.randn(16, 32)).sum()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-dist.destroy_process_group()
+train()
