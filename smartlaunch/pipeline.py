@@ -246,10 +246,14 @@ def _comm_for(topology, policy, environ, profile, status, pools, clock):
     def comm_for(group):
         from smartlaunch.decide.words import gpu_list, mb
         what = f"measuring all-reduce over {gpu_list(group)}"
+
+        def progress(size: int, k: int, n: int) -> None:
+            status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
         early = pools.comm
         if early is not None:     # the sweep started with the dry run; no benchmark beside it
-            status.ticking(f"{what} (started with the dry run; cached afterwards)")
-            curve = early.curve(group)
+            status.ticking(f"{what} up to the largest size (started with the dry run; cached "
+                           f"afterwards)")
+            curve = early.curve(group, progress)
             pools.comm = None
             early.close()
             clock.add({"allreduce_early": early.seconds or 0.0})
@@ -257,9 +261,6 @@ def _comm_for(topology, policy, environ, profile, status, pools, clock):
                 return curve
         status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
                        f"(cached afterwards)")
-
-        def progress(size: int, k: int, n: int) -> None:
-            status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
                           progress=progress)
     return comm_for

@@ -56,6 +56,7 @@ class EarlySweep:
 
     def __init__(self, pool, topology, group: tuple[int, ...], policy, environ):
         self.group, self.result, self.error, self.seconds = group, None, None, None
+        self.at: tuple[int, int, int] | None = None     # (size, k, n) the ranks are at
         self.cancel, self.thread, self.dir = threading.Event(), None, None
         # The dry run waits at its gate at most this long; half its time limit is left to it.
         from smartlaunch.profile.comm import TIME_LIMIT_S
@@ -81,7 +82,8 @@ class EarlySweep:
         try:
             device = device_for(topology)
             curve = measure_allreduce(self.group, device=device, environ=environ, pool=pool,
-                                      time_limit_s=limit, cancel=self.cancel)
+                                      time_limit_s=limit, cancel=self.cancel,
+                                      progress=lambda *at: setattr(self, "at", at))
             store_comm(policy, comm_key(topology, self.group, backend_for(device), environ),
                        curve, environ)
             self.result = curve
@@ -95,10 +97,17 @@ class EarlySweep:
             except OSError:             # closed meanwhile: no dry run is waiting any more
                 pass
 
-    def curve(self, group):
+    def curve(self, group, progress=None):
         """The measured curve when it is `group`'s; None: failed, or another group (the
-        sweep has ended either way: no benchmark runs beside it)."""
-        self.thread.join()
+        sweep has ended either way: no benchmark runs beside it). progress(size, k, n): as
+        measure_allreduce's, called from this thread while it waits (a cached profile: no
+        dry run held the sweep's start)."""
+        shown = None
+        while self.thread.is_alive():
+            self.thread.join(0.1)
+            if progress is not None and self.at is not None and self.at != shown:
+                shown = self.at
+                progress(*shown)
         return self.result if tuple(group) == self.group else None
 
     def close(self) -> None:

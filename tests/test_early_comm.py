@@ -157,3 +157,23 @@ def test_closing_a_running_sweep_kills_its_ranks_and_removes_its_gate(clean_env,
     assert not any(proc.proc_state(p).alive for p in pids)
     time.sleep(0.3)
     assert tagged_left() == [] and list(tmp.iterdir()) == []
+
+
+def test_a_failed_early_sweep_opens_the_gate_and_the_decision_measures_as_before(
+        clean_env, shared_dir, monkeypatch):
+    private_tmp(clean_env, monkeypatch)
+    from smartlaunch.profile import comm
+    threads, measure = [], comm.measure_allreduce
+
+    def early_fails(gpus, **kw):
+        threads.append(threading.current_thread().name)
+        if threads[-1] == "smartlaunch-early-allreduce":
+            raise comm.CommBenchError("rank 1 exited with code 1 (a broken link)")
+        return measure(gpus, **kw)
+    monkeypatch.setattr(comm, "measure_allreduce", early_fails)
+    plan, _, _ = cold_plan(clean_env, SCRIPT, POLICY, STAMPS=str(shared_dir))
+    assert threads == ["smartlaunch-early-allreduce", "MainThread"]
+    assert plan.profile.usable and plan.profile.gate_wait_s is not None    # the gate opened
+    assert plan.comm is not None and not plan.comm.cached and plan.comm.gpus == (0, 1)
+    time.sleep(0.3)
+    assert tagged_left() == [] and early_threads() == []
