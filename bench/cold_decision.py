@@ -6,7 +6,9 @@ For each suite script x link condition, with empty caches (a fresh cache directo
 enough that DDP is always tried). The plan's own clock gives profile, all-reduce and trial
 seconds, the trials split into start-up, script set-up, steps and exit; the script's own
 start-up is `import torch` (timed in this invocation) plus the dry run's time to its first
-step. The goal: at most 15 s beyond that start-up.
+step, less the time its first forward waited at its gate for the all-reduce sweep beside it
+(the profile's startup_s leaves that wait out: it is the launcher's, shown as "gate"). The
+goal: at most 15 s beyond that start-up.
 
     python bench/cold_decision.py --scripts embbag-b4096,hf-style-b32 --conditions nvlink \\
         [--fake h200-nv18-pair] [--out FILE.md]
@@ -96,8 +98,12 @@ def row(entry_id, condition, which, res, floor) -> str:
     if t.get("trials_killed"):     # trials the time limit ended before a step (profile.trial)
         split += f", {t['trials_killed']:.1f} killed"
     what = f"{res['strategy']}×{res['nproc']}" + (" (trial)" if res.get("measured") else "")
+    prof = f"{t.get('profile', 0):.1f}" + (f" (gate {t['profile_gate']:.1f})"
+                                          if "profile_gate" in t else "")
+    comm = f"{t.get('allreduce', 0):.1f}" + (f" (early {t['allreduce_early']:.1f})"
+                                            if "allreduce_early" in t else "")
     return (f"| {entry_id} | {condition} | {which} | {what} | {total:.1f} | {start:.1f} | "
-            f"{t.get('profile', 0):.1f} | {t.get('allreduce', 0):.1f} | {t.get('trials', 0):.1f} "
+            f"{prof} | {comm} | {t.get('trials', 0):.1f} "
             f"({split}) | {beyond:.1f} | {'yes' if beyond <= GOAL_S else 'no'} |")
 
 

@@ -36,3 +36,16 @@ def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
+
+
+def exit_now() -> None:
+    """End the process at once (the dry run's, once its window is written): the script's
+    teardown is only what the user waits for (a DDP trial's ranks took 2.4 s of an 11.5 s
+    trial, 1.0 s with this; gloo, CPU box, 2026-11-23). The parent ends the session's other
+    processes (DataLoader workers)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)

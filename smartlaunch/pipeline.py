@@ -78,8 +78,11 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     from smartlaunch import pipeline_pools
     pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores)
     try:
-        profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
+        profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
+                           pools.gate)
         clock.lap("profile")
+        if profile is not None and not profile.cached and profile.gate_wait_s:
+            clock.add({"profile_gate": profile.gate_wait_s})
         trial = _trial_runner(request, policy, environ, topology, profile, status, clock,
                               REGISTRY, pools.trial) if first.measure else None
         model, model_note = _cost_model(policy, topology, environ, profile)
@@ -87,7 +90,8 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
         plan = decide(
             request, topology, policy, profile, units=REGISTRY,
             comm_for=clock.timed("allreduce",
-                                 _comm_for(topology, policy, environ, profile, status, pools)),
+                                 _comm_for(topology, policy, environ, profile, status, pools,
+                                           clock)),
             trial=trial,
             unavailable=first.unavailable,
             model=model,
@@ -209,7 +213,7 @@ class _Null:
         pass
 
 
-def _profile(request, policy, topology, environ, gpu, status):
+def _profile(request, policy, topology, environ, gpu, status, gate=None):
     if gpu is None:
         return None
     from smartlaunch.worker_env import narrow_visible
@@ -227,10 +231,10 @@ def _profile(request, policy, topology, environ, gpu, status):
                               gpu_model=topology.gpu(gpu).name, environ=environ,
                               announce=announce, progress=progress,
                               echo=status.echo(binary) if binary is not None else None,
-                              real_gpu=topology.source == "nvml")
+                              real_gpu=topology.source == "nvml", gate=gate)
 
 
-def _comm_for(topology, policy, environ, profile, status, pools):
+def _comm_for(topology, policy, environ, profile, status, pools, clock):
     if not topology.gpus:
         return lambda group: None
     from smartlaunch.profile.comm import comm_curve
@@ -242,18 +246,25 @@ def _comm_for(topology, policy, environ, profile, status, pools):
     def comm_for(group):
         from smartlaunch.decide.words import gpu_list, mb
         what = f"measuring all-reduce over {gpu_list(group)}"
-        status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
-                       f"(cached afterwards)")
 
         def progress(size: int, k: int, n: int) -> None:
             status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
-        pool = pools.take_comm()          # warm ranks serve the first benchmark only
-        try:
-            return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
-                              progress=progress, pool=pool)
-        finally:
-            if pool is not None:
-                pool.close()
+        early = pools.comm
+        if early is not None:     # the sweep started with the dry run; no benchmark beside it
+            status.ticking(f"{what} up to the largest size (started with the dry run; cached "
+                           f"afterwards)")
+            from smartlaunch.proc import stage
+            with stage("the all-reduce benchmark"):     # Ctrl-C while we wait: one line
+                curve = early.curve(group, progress)
+            pools.comm = None
+            early.close()
+            clock.add({"allreduce_early": early.seconds or 0.0})
+            if curve is not None:
+                return curve
+        status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
+                       f"(cached afterwards)")
+        return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
+                          progress=progress)
     return comm_for
 
 

@@ -251,6 +251,7 @@ class _Guard:
 # the one thing that survives our SIGKILL, so it cannot be created per call without paying a
 # Python start (~40 ms) for every child.
 _guards: dict[int, _Guard] = {}
+_spawn_lock = threading.Lock()
 
 
 def guard() -> _Guard:
@@ -396,8 +397,9 @@ def spawn(argv: list[str], *, env: dict[str, str] | None = None, stage: str | No
     stage: what the child measures, for `with spawn(...)`: a signal to us in the block raises
     Interrupted(stage) once the child has ended."""
     g = guard()
-    g.spawned += 1
-    tag = f"{g.tag}-{g.spawned}-"     # the trailing dash: child 1 must not match child 10
+    with _spawn_lock:       # the early all-reduce sweep spawns from its thread (pipeline_pools)
+        g.spawned += 1
+        tag = f"{g.tag}-{g.spawned}-"     # the trailing dash: child 1 must not match child 10
     env = dict(os.environ if env is None else env)
     env[GUARD_VAR] = tag
     popen.setdefault("stdin", subprocess.DEVNULL)

@@ -157,30 +157,57 @@ def test_a_signal_to_smartlaunch_leaves_no_process_and_no_temp_file(clean_env, s
 
 
 # The benchmark's ranks are smartlaunch's own module; a sitecustomize on the job's PYTHONPATH
-# (the ranks run in the job's environment) holds each one at start-up, so the signal surely
-# lands while the benchmark runs, whatever the machine's speed.
-HOLD_COMM = """import os, sys, time
-if "smartlaunch.profile.comm_worker" in sys.orig_argv:
-    open(os.path.join(os.environ["HOLD_PID_DIR"], f"rank-{os.getpid()}"), "w").close()
-    time.sleep(300)
+# (the ranks run in the job's environment) holds each one as it starts, cold (`python -m`) or
+# handed to a warm process (runpy), so the signal surely lands while the benchmark runs.
+HOLD_COMM = """import os, runpy, sys, time
+WORKER = "smartlaunch.profile.comm_worker"
+
+def hold():
+    if os.environ.get("HOLD_PID_DIR"):
+        open(os.path.join(os.environ["HOLD_PID_DIR"], f"rank-{os.getpid()}"), "w").close()
+        time.sleep(300)
+
+if WORKER in sys.orig_argv:
+    hold()
+_run_module = runpy.run_module
+
+def run_module(name, *args, **kw):
+    if name == WORKER:
+        hold()
+    return _run_module(name, *args, **kw)
+runpy.run_module = run_module
+"""
+# The early sweep (pipeline_pools) starts only with cores to spare; this machine may have 2.
+AS_IF_16_CORES = """import os, sys
+os.sched_getaffinity = lambda pid: set(range(16))
+from smartlaunch.cli import console_main
+sys.argv[0] = "smartlaunch"
+console_main()
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("mode,sig", [("cold", signal.SIGINT), ("cold", signal.SIGTERM),
+                                      ("early", signal.SIGINT)])
 def test_a_signal_during_the_allreduce_benchmark_says_so_and_leaves_nothing(clean_env,
-                                                                          shared_dir, sig):
+                                                                          shared_dir, mode, sig):
     tmp, inject = clean_env / "tmp", clean_env / "inject"
     tmp.mkdir(), inject.mkdir()
     (inject / "sitecustomize.py").write_text(HOLD_COMM)
     shutil.copy(SCRIPTS / "tiny_train.py", clean_env / "train.py")
-    # cold ranks (no warm pool, which a many-core machine would start before the dry run)
-    (clean_env / "smartlaunch.yaml").write_text("decision:\n  prestart: false\n")
     path = os.pathsep.join(x for x in (str(inject), os.environ.get("PYTHONPATH")) if x)
-    env = {**os.environ, **FAKE, "TMPDIR": str(tmp), "HOLD_PID_DIR": str(shared_dir),
-           "PYTHONPATH": path}
-    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--explain",
-                          "--nproc-per-node", "2", "train.py", "--epochs", "2"], cwd=clean_env,
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    env = {**os.environ, **FAKE, "TMPDIR": str(tmp), "PYTHONPATH": path}
+    args = ["--explain", "--nproc-per-node", "2", "train.py", "--epochs", "2"]
+    if mode == "cold":      # cold ranks: no warm pool, which a many-core machine would start
+        (clean_env / "smartlaunch.yaml").write_text("decision:\n  prestart: false\n")
+        cmd = [sys.executable, "-m", "smartlaunch.cli", *args]
+    else:                   # a cached profile: the decision waits for the early sweep
+        r = smartlaunch(args, clean_env, {"PYTHONPATH": path})
+        assert r.returncode == 0, r.stderr
+        shutil.rmtree(clean_env / "home" / ".cache" / "smartlaunch" / "comm")   # its curve
+        (inject / "as16.py").write_text(AS_IF_16_CORES)     # not beside train.py: its key
+        cmd = [sys.executable, str(inject / "as16.py"), *args]
+    p = subprocess.Popen(cmd, cwd=clean_env, env={**env, "HOLD_PID_DIR": str(shared_dir)},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          start_new_session=True)
     deadline = time.monotonic() + 150
     while len(list(shared_dir.glob("rank-*"))) < 2:
@@ -188,6 +215,7 @@ def test_a_signal_during_the_allreduce_benchmark_says_so_and_leaves_nothing(clea
         assert time.monotonic() < deadline, "the benchmark never started"
         time.sleep(0.1)
     pids = [int(f.name.split("-")[1]) for f in shared_dir.iterdir()]
+    time.sleep(0.3)
     os.kill(p.pid, sig)
     p.wait(timeout=30)
     err = p.stderr.read().decode()
@@ -199,6 +227,8 @@ def test_a_signal_during_the_allreduce_benchmark_says_so_and_leaves_nothing(clea
     assert not _tagged_left(p.pid) and not list(tmp.iterdir())
     assert p.returncode == 128 + sig, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
+    if mode == "early":
+        assert "(started with the dry run; cached afterwards)" in err, err[-2000:]
     assert f"smartlaunch: interrupted ({sig.name}) during the all-reduce benchmark; nothing " \
            "was launched" in err.splitlines(), err[-2000:]
 

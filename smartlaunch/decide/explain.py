@@ -169,9 +169,20 @@ TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),
                 ("killed", "killed at the time limit after {:.2f} s"))   # no step, no result
 
 
+# Seconds shown beside a stage (pipeline_pools.EarlySweep): the dry run's first forward held
+# for the all-reduce sweep, and the sweep's own length (beside the dry run, not after it).
+STAGE_NOTES = {"profile": ("profile_gate", "waited {:.2f} at its gate for the all-reduce sweep"),
+               "allreduce": ("allreduce_early", "swept during the dry run in {:.2f}")}
+
+
 def _timings(t: dict) -> str:
-    parts = ", ".join(f"{k} {t[k]:.2f}" + (_trial_split(t) if k == "trials" else "")
-                      for k in TIMED_STAGES if t.get(k, 0) >= 0.005)
+    def note(k: str) -> str:
+        if k == "trials":
+            return _trial_split(t)
+        key, text = STAGE_NOTES.get(k, ("", ""))
+        return f" [{text.format(t[key])}]" if key in t else ""
+    parts = ", ".join(f"{k} {t.get(k, 0):.2f}{note(k)}" for k in TIMED_STAGES
+                      if t.get(k, 0) >= 0.005 or note(k))
     head = f"decided in {t.get('total', 0):.2f} s" + (f" ({parts})" if parts else "")
     if t.get("since_process_start") is not None:
         head += f"; {t['since_process_start']:.2f} s since the command started (Python, torch import)"

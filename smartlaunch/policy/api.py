@@ -22,7 +22,8 @@ class DecisionPolicy:
     trial_steps: int = 20                 # at least this many measured steps per trial
     trial_seconds: float = 1.0            # and at least this long a measured window
     # Start the all-reduce benchmark's and the first trial's processes (python + import torch)
-    # while the dry run runs, on spare cores (pipeline_pools.py); false: start them cold.
+    # while the dry run runs, on spare cores, the benchmark measuring at once behind the dry
+    # run's gate (pipeline_pools.py); false: start them cold, the benchmark after the dry run.
     prestart: bool = True
     allowed_strategies: tuple[str, ...] = STRATEGIES
     max_gpus: int | None = None           # per job; None = all visible

@@ -55,10 +55,11 @@ def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
 
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                       max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
-                      progress=None, pool=None) -> CommCurve:
+                      progress=None, pool=None, cancel=None) -> CommCurve:
     """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
     device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
-    progress(size, k, n): called as rank 0 starts the k-th of the n sizes."""
+    progress(size, k, n): called as rank 0 starts the k-th of the n sizes. cancel: a
+    threading.Event; set, the ranks are killed and CommBenchError raised (run_ranks)."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
@@ -81,7 +82,8 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                      "--stat", "median" if device == "cuda" else "min",
                      "--progress", os.path.join(tmp, "sizes.bin")],
         time_limit_s=time_limit_s, what="all-reduce benchmark",
-        hint="check the NCCL_* environment and the GPUs' health.", watch=watch, pool=pool)
+        hint="check the NCCL_* environment and the GPUs' health.", watch=watch, pool=pool,
+        cancel=cancel)
     if not points:
         raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
                              "run `smartlaunch-node bench-comm --debug` to see why")
@@ -90,14 +92,15 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
 
 
 def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
-              hint: str, watch=None, pool=None):
+              hint: str, watch=None, pool=None, cancel=None):
     """One `python -m module` per rank over `gpus` (NCCL, one per GPU; or gloo ranks on the
     CPU), each in its own session with the job's environment, bounded by time_limit_s; every
     rank is killed on failure, time-out or success. Returns the JSON rank 0 wrote to --out.
     args(tmp) -> the module's own arguments; watch(tmp) -> a TickWatch polled meanwhile.
     pool: a warm.WarmPool started with `rank_base_env` (ranks it has are not started cold).
+    cancel: a threading.Event another thread sets to end the ranks now (pipeline_pools).
     Used by the all-reduce benchmark and the node calibration (baseline.py). A signal to us
-    meanwhile kills the ranks and raises proc.Interrupted("the " + what)."""
+    meanwhile (main thread) kills the ranks and raises proc.Interrupted("the " + what)."""
     n = len(gpus)
     backend = backend_for(device)
     port = free_port()
@@ -115,10 +118,16 @@ def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: fl
             argvs.append(["--backend", backend, "--out", out, *args(tmp),
                           *(["--device-index", str(gpu)] if device == "cuda" else [])])
         group: list[ranks.Rank] = []
+
+        def poll() -> None:
+            if ticks is not None:
+                ticks.poll()
+            if cancel is not None and cancel.is_set():
+                raise CommBenchError(f"{what} over GPUs {list(gpus)} was cancelled")
         try:
             group = ranks.start_ranks(module, argvs, envs, pool=pool,
                                       logs=[os.path.join(tmp, f"rank{r}.log") for r in range(n)])
-            failed = ranks.wait_all(group, time_limit_s, ticks.poll if ticks else None)
+            failed = ranks.wait_all(group, time_limit_s, poll)
             if ticks is not None:
                 ticks.poll()
             if failed is not None:

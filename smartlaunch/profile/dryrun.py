@@ -1,8 +1,6 @@
 """Child side of the dry run: run the user's entrypoint unchanged, with hooks installed first.
 
-    python -m smartlaunch.profile.dryrun [--out PATH] [--progress PATH] [--warmup N]
-                                         [--measure N] [--min-seconds S] [--cpu-shim] [--module]
-                                         SCRIPT [ARGS...]
+    python -m smartlaunch.profile.dryrun [options, dryrun_args.py] SCRIPT [ARGS...]
 
 Hooks (all global, none needs the script's cooperation):
 - an optimizer step post-hook: one step = one `step()` of the first optimizer that steps
@@ -14,7 +12,7 @@ Hooks (all global, none needs the script's cooperation):
   warm-up steps after it only the model's roots keep two hooks that count micro-batches and
   mark forward and backward (device time too); inside the window, only the step hook runs.
 The window is closed by a device sync however the script ends: measured (then the process
-ends at once after writing: exit_now), the script returning, sys.exit, an exception, or SIGTERM
+ends at once after writing: entry.exit_now), the script returning, sys.exit, an exception, or SIGTERM
 (the parent's time limit: only finished marks are read). Step time is always the window's
 device time; a window that closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
 """
@@ -30,6 +28,7 @@ import statistics
 import sys
 import time
 
+from smartlaunch.entry import exit_now, run_entrypoint
 from smartlaunch.profile.clock import device_clock, read_window
 from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import (WorldSizeWatch, first_grad_tensor, leading_dim,
@@ -46,7 +45,8 @@ def _end_script() -> None:      # in-process use (tests): end the script the pol
 
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
-                 clock=None, progress: str | None = None, exit=_end_script):
+                 clock=None, progress: str | None = None, exit=_end_script,
+                 gate: str | None = None):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
@@ -84,6 +84,7 @@ class Recorder:
         self.closed: str | None = None   # why the window closed: measured | exit | signal
         self.written = False
         self.world = WorldSizeWatch(lambda: self.t_first_step is None)
+        self.gate, self.gate_wait_s = gate, None      # pass_gate
         # "step k of n" for the parent's status line: one store into a mapped file per step.
         self.tick = open_writer(progress)
 
@@ -109,7 +110,17 @@ class Recorder:
         import smartlaunch
         smartlaunch._step_hook = self.on_marker
 
+    def pass_gate(self) -> None:
+        """The first forward (or step) waits for the parent's all-reduce sweep to end: its
+        kernels would perturb the curve every later decision reuses (pipeline_pools)."""
+        if self.gate is not None:
+            gate, self.gate, t = self.gate, None, self.host()
+            while not os.path.exists(gate):
+                time.sleep(0.01)
+            self.gate_wait_s = self.host() - t
+
     def on_pre(self, module, args):
+        self.pass_gate()
         if self.depth == 0 and self.t_first_step is None:
             self.roots.setdefault(id(module), module)
         self.depth += 1
@@ -182,6 +193,7 @@ class Recorder:
         self.on_step()
 
     def on_step(self):
+        self.pass_gate()                # a script without modules: its first step waits
         self.steps += 1
         self.count_samples()
         if self.t_first_step is None:
@@ -300,13 +312,14 @@ class Recorder:
             "peak_host_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "device": "cpu",
             "reads_world_size": self.world.where,
+            "gate_wait_s": self.gate_wait_s,        # the launcher's time, not the script's
         }
         r.update(self.work_per_step())
         if self.t_first_step is not None:
-            r["startup_s"] = self.t_first_step - self.t_start
             # Wall-clock stamps, so the parent can split a trial's seconds into interpreter
             # and import start-up, the script's own set-up, steps, and exit (profile.trial).
-            r["wall_first_step"] = self.wall_start + r["startup_s"]
+            r["wall_first_step"] = self.wall_start + self.t_first_step - self.t_start
+            r["startup_s"] = self.t_first_step - self.t_start - (self.gate_wait_s or 0.0)
         r["wall_start"] = self.wall_start
         r["wall_written"] = time.time()
         r.update(self.window())
@@ -351,22 +364,10 @@ class Recorder:
         os.replace(tmp, self.out)
 
 
-def exit_now() -> None:
-    """End the dry run's process at once: the script's teardown is only what the user waits
-    for (a DDP trial's ranks took 2.4 s of an 11.5 s trial, 1.0 s with this; gloo, CPU box,
-    2026-11-23). The parent ends the session's other processes (DataLoader workers)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(0)
-
-
 def main(argv: list[str] | None = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
     rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
-                   progress=opts["progress"], exit=exit_now)
+                   progress=opts["progress"], exit=exit_now, gate=opts["gate"])
     if opts["cpu_shim"]:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()
@@ -388,7 +389,6 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_interrupt)
     try:
-        from smartlaunch.entry import run_entrypoint
         run_entrypoint(opts["script"], opts["args"], module=opts["module"])
     finally:
         # Returned, sys.exit or raised: close the window now, while the script's device

@@ -104,11 +104,13 @@ def undo_note(listing: undo.Listing, own) -> str:
 
 
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
-                progress=None, real_gpu: bool = False) -> ModelProfile:
+                progress=None, real_gpu: bool = False, gate: str | None = None) -> ModelProfile:
     """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
     stream; default the user's stderr). progress(k, n): called as the child reaches step k
     of the n it expects (the status line's "dry run step k of n"). real_gpu: `gpu` is a GPU
-    NVML found (not a fixture's), so a script that never initialised CUDA is a finding."""
+    NVML found (not a fixture's), so a script that never initialised CUDA is a finding.
+    gate: a file the script's first forward waits for (dryrun_args; its directory is shared
+    with the sandbox); the wait counts in the time limit."""
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
@@ -134,12 +136,15 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
                "--warmup", str(policy.dryrun.warmup_steps),
                "--measure", str(policy.dryrun.measure_steps),
                "--min-seconds", str(policy.dryrun.measure_seconds)]
+        if gate is not None:
+            cmd += ["--gate", gate]
         if request.module:
             cmd.append("--module")
         cmd += [request.script, *request.script_args]
         status = os.path.join(tmp, "result", "isolation.json")
         if isolated:
-            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [os.path.dirname(out)], status)
+            shared = [os.path.dirname(out)] + ([os.path.dirname(gate)] if gate else [])
+            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), shared, status)
         own = (str(cache_root(policy, environ)), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
