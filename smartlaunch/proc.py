@@ -374,19 +374,16 @@ def _restore(previous: dict) -> None:
 
 @contextlib.contextmanager
 def stage(name: str):
-    """A measurement of smartlaunch's own modules (the all-reduce benchmark's ranks), whose
-    processes the block's own `finally` ends: Ctrl-C, SIGTERM or SIGHUP to us inside it
-    raise Interrupted(name), so the CLI says in one line what was cut short, as it does for
-    a `with spawn(..., stage=)` child. Without it a Ctrl-C there exited 130 silently."""
+    """Ctrl-C, SIGTERM or SIGHUP to us in the block raise Interrupted(name), as in a `with
+    spawn(..., stage=)` block, for measurements whose processes the block itself ends (the
+    all-reduce benchmark's ranks: a Ctrl-C there exited 130 without a word)."""
     previous = _catch_termination()
     try:
         yield
-    except KeyboardInterrupt:
-        raise Interrupted(signal.SIGINT, name) from None
-    except Signalled as exc:
+    except (KeyboardInterrupt, Signalled) as exc:
         if isinstance(exc, Interrupted):
             raise
-        raise Interrupted(exc.signum, name) from None
+        raise Interrupted(getattr(exc, "signum", signal.SIGINT), name) from None
     finally:
         _restore(previous)
 
