@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 
 SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
+READY_POLL_S = 0.02
+READY_LIMIT_S = 15.0     # an import that slow is a machine too loaded to wait on
 
 
 @dataclass
@@ -29,6 +31,26 @@ class Pools:
     def take_comm(self):
         pool, self.comm = self.comm, None
         return pool
+
+    def pids(self) -> list[int]:
+        """The warm processes' leaders (each one's session holds its ranks, if any)."""
+        out = [child.pid for child, _ in getattr(self.comm, "free", ())]
+        child = getattr(self.trial, "child", None)
+        return out + ([child.pid] if child is not None else [])
+
+    def wait_ready(self, limit_s: float = READY_LIMIT_S) -> float:
+        """Block until every warm process (and the ranks below a trial's spawner) waits on its
+        go pipe, at most limit_s; the seconds waited. Called before the dry run's first step:
+        they start with it and import torch while its script sets itself up, and must not
+        share the CPU with its measured steps (a starved importer is not idle: hence the
+        kernel's wait channel, not CPU time)."""
+        import time
+        t0 = time.monotonic()
+        while not all(_waiting_on_pipe(pid) for pid in _tree(self.pids())):
+            if time.monotonic() - t0 >= limit_s:
+                break
+            time.sleep(READY_POLL_S)
+        return time.monotonic() - t0
 
     def close(self) -> None:
         for pool in (self.comm, self.trial):
@@ -82,3 +104,28 @@ def _trial_wanted(request, policy, topology, environ, group) -> bool:
     from smartlaunch.vocab import Strategy
     return cached_trial(request, policy, topology=topology, environ=environ,
                         strategy=Strategy.DDP, gpus=group) is None
+
+
+
+def _tree(pids: list[int]) -> list[int]:
+    import psutil
+    out = []
+    for pid in pids:
+        try:
+            out += [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+        except psutil.Error:
+            continue
+    return out
+
+
+def _waiting_on_pipe(pid: int) -> bool:
+    """Asleep in a pipe read (the go), or gone. Where the kernel hides wait channels ("0"),
+    any sleep counts."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip()
+    except OSError:
+        return True
+    return state in ("Z", "X") or (state == "S" and ("pipe" in wchan or wchan in ("", "0")))

@@ -183,3 +183,35 @@ def test_a_failed_dry_run_closes_the_pools(clean_env):
         cold_plan(clean_env, str(bad))
     time.sleep(0.3)
     assert tagged_left() == []
+
+
+
+def test_waiting_for_ready_pools_returns_once_each_waits_for_its_go(clean_env):
+    from smartlaunch.pipeline_pools import Pools, _waiting_on_pipe
+    from smartlaunch.warm import WarmPool
+    pools = Pools(comm=WarmPool(2, dict(os.environ)))
+    try:
+        assert not all(_waiting_on_pipe(p) for p in pools.pids())   # importing torch
+        waited = pools.wait_ready(limit_s=120)
+        assert 0.1 <= waited < 120
+        assert all(_waiting_on_pipe(p) for p in pools.pids())
+        assert all(p.returncode is None for p, _ in pools.comm.free)
+    finally:
+        pools.close()
+
+
+def test_a_busy_pool_is_waited_for_at_most_the_limit(clean_env):
+    import subprocess as sp
+    from smartlaunch.pipeline_pools import Pools
+    busy = proc.spawn([sys.executable, "-c", "while True: pass"], stdin=sp.PIPE)
+
+    class Busy:
+        free = [(busy, None)]
+
+        def close(self):
+            busy.stop(9, 0)
+    pools = Pools(comm=Busy())
+    try:
+        assert 0.5 <= pools.wait_ready(limit_s=0.5) < 2
+    finally:
+        pools.close()
