@@ -85,10 +85,16 @@ SUITE: tuple[Entry, ...] = (
           held_out=True),
 )
 HELD_OUT = tuple(e.id for e in SUITE if e.held_out)
+# Not in the suite (no regret or fit row): the cold decision's goal is stated for models up to
+# 1B parameters, so bench/cold_decision.py times one of that size (~1.0B: 24 layers, d=1792).
+SIZE_PROBES: tuple[Entry, ...] = (
+    Entry("gpt-1b-b4", "bench/suite/gpt.py",
+          ("--batch-size", "4", "--n-layer", "24", "--n-head", "16", "--n-embd", "1792"), 5, 20),
+)
 
 
 def entry(entry_id: str) -> Entry:
-    for e in SUITE:
+    for e in SUITE + SIZE_PROBES:
         if e.id == entry_id:
             return e
     raise KeyError(f"unknown suite entry {entry_id!r}; known: {', '.join(e.id for e in SUITE)}")

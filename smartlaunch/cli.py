@@ -328,12 +328,16 @@ def _check_program(name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    debug = False
+    debug, early = False, None
     try:
+        # Before torch's import for torchrun's parser: the dry run's own python imports torch
+        # meanwhile (profile/early.py).
+        from smartlaunch.profile import early as early_dry_run
+        early = early_dry_run.start(argv, os.environ)
         debug = "--debug" in argv[:_script_index(build_parser(), argv)]
         request, given = parse(argv)
         from smartlaunch.pipeline import run
-        return run(request, given)
+        return run(request, given, early=early)
     except SmartlaunchError as exc:
         if debug:
             raise
@@ -347,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"smartlaunch: {exc.line()}", file=sys.stderr, flush=True)
         return int(exc.code)
+    finally:
+        if early is not None:
+            early.close()
 
 
 def console_main() -> None:

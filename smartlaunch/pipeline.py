@@ -15,10 +15,13 @@ from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 
 
-def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ) -> int:
+def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ,
+        early=None) -> int:
+    """early: the dry run's process started before the command line was parsed
+    (profile/early.py); used or closed by make_plan."""
     status = StatusLine()
     try:
-        plan, topology, policy = make_plan(request, given, environ, status)
+        plan, topology, policy = make_plan(request, given, environ, status, early=early)
     finally:
         status.clear()           # an error line or the plan starts at column 0
     if request.explain == "json":
@@ -45,8 +48,17 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
 
 
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
-              status: StatusLine | None = None, *, cores: int | None = None):
-    """cores: CPUs to count for the warm pools (pipeline_pools; default: this process's)."""
+              status: StatusLine | None = None, *, cores: int | None = None, early=None):
+    """cores: CPUs to count for the warm pools (pipeline_pools; default: this process's).
+    early: as run's; closed here unless the dry run takes it."""
+    try:
+        return _make_plan(request, given, environ, status, cores, early)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _make_plan(request, given, environ, status, cores, early):
     from smartlaunch.decide import decide
     from smartlaunch.decide.probe import probe
     from smartlaunch.decide.prepare import prepare
@@ -59,6 +71,9 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     clock = _Clock()
     status = status if status is not None else StatusLine(tty=False, stream=_Null())
     policy = apply_request(load_policy(request.policy_path, environ=environ), request)
+    if early is not None and not policy.decision.prestart:
+        early.close()               # started on a guess; this policy wants none
+        early = None
     notes: list[tuple[str, str]] = []   # (reason, rule) added to the plan's reasons
     slurm = detect(environ)
     if slurm is not None and request.torchrun_args is not None:
@@ -76,10 +91,16 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
                   leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
     clock.lap("leases")
     from smartlaunch import pipeline_pools
-    pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores)
+    if early is not None and early.isolated != _isolated(request, policy, environ):
+        early.close()               # started on a guess this request's dry run does not share
+        early = None
+    pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores,
+                                 gate_dir=early.result_dir if early is not None else None)
     try:
         profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
-                           pools.gate)
+                           pools.gate, early)
+        if early is not None:
+            early.close()           # a cache hit, or no dry run due: not needed after all
         clock.lap("profile")
         if profile is not None and not profile.cached and profile.gate_wait_s:
             clock.add({"profile_gate": profile.gate_wait_s})
@@ -213,7 +234,12 @@ class _Null:
         pass
 
 
-def _profile(request, policy, topology, environ, gpu, status, gate=None):
+def _isolated(request, policy, environ) -> bool:
+    from smartlaunch.profile.runner import isolation_check
+    return isolation_check(request, policy, environ)[0]
+
+
+def _profile(request, policy, topology, environ, gpu, status, gate=None, early=None):
     if gpu is None:
         return None
     from smartlaunch.worker_env import narrow_visible
@@ -231,7 +257,7 @@ def _profile(request, policy, topology, environ, gpu, status, gate=None):
                               gpu_model=topology.gpu(gpu).name, environ=environ,
                               announce=announce, progress=progress,
                               echo=status.echo(binary) if binary is not None else None,
-                              real_gpu=topology.source == "nvml", gate=gate)
+                              real_gpu=topology.source == "nvml", gate=gate, early=early)
 
 
 def _comm_for(topology, policy, environ, profile, status, pools, clock):

@@ -8,14 +8,17 @@ due (auto, at least 2 usable GPUs) and, for the group of the largest scaled cand
 first N usable GPUs, N = the GPU cap):
 - comm: its all-reduce curve is not cached (profile.comm's ranks; gloo ranks on a fake topology).
   They get their go at once: `EarlySweep` measures every size while the dry run's script sets
-  itself up, instead of 2.3-3.1 s after it (2x H200, 2026-11-23), and caches the curve; the
-  dry run's first forward waits at its gate until the sweep has ended, so neither perturbs
-  the other (the curve is reused by every later decision on the node);
+  itself up, instead of 2.3-3.1 s after it (2x H200, 2026-11-23), and caches the curve;
 - trial: trials are on, the script is Python, and its DDP trial is not cached (the spawner and
   its ranks start inside the trial's sandbox: profile/trial.py TrialSetup).
 and only on cores to spare: each costs about one core for the seconds of its import, which a
 2-core machine would take from the dry run itself (hence `cores`, counted from this process's
 CPU affinity unless given).
+
+With either, the dry run's first forward waits at a gate (`Gate`) until the sweep has ended
+and the trial's ranks have imported torch and wait for their go: nothing of ours then runs
+beside its measured steps, and its kernels never run beside the sweep (whose curve every later
+decision on the node reuses).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from smartlaunch import proc
 
 SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
+READY_POLL_S = 0.02
+READY_LIMIT_S = 15.0     # an import that slow is a machine too loaded to wait on
 
 
 @dataclass
@@ -36,35 +41,95 @@ class Pools:
     comm: "EarlySweep | None" = None    # the all-reduce sweep on warm benchmark ranks
     trial: object | None = None         # profile.trial.TrialSetup with warm ranks
 
+    keeper: "Gate | None" = None        # opens the dry run's gate
+
     @property
     def gate(self) -> str | None:
-        """The file the dry run's first forward waits for; None: no sweep, no gate."""
-        return self.comm.gate if self.comm is not None else None
+        """The file the dry run's first forward waits for; None: no warm process, no gate."""
+        return self.keeper.path if self.keeper is not None else None
+
+    def pids(self) -> list[int]:
+        """The warm processes' leaders (each one's session holds its ranks, if any)."""
+        out = [child.pid for child, _ in getattr(self.comm, "free", ())]
+        child = getattr(self.trial, "child", None)
+        return out + ([child.pid] if child is not None else [])
+
+    def wait_ready(self, limit_s: float = READY_LIMIT_S,
+                   cancel: threading.Event | None = None) -> float:
+        """Block until every warm process (and the ranks below a trial's spawner) waits on its
+        go pipe, at most limit_s; the seconds waited. Called before the dry run's first step:
+        they start with it and import torch while its script sets itself up, and must not
+        share the CPU with its measured steps (a starved importer is not idle: hence the
+        kernel's wait channel, not CPU time)."""
+        t0 = time.monotonic()
+        while not all(_waiting_on_pipe(pid) for pid in _tree(self.pids())):
+            if time.monotonic() - t0 >= limit_s or (cancel is not None and cancel.is_set()):
+                break
+            time.sleep(READY_POLL_S)
+        return time.monotonic() - t0
 
     def close(self) -> None:
-        for pool in (self.comm, self.trial):
+        for pool in (self.keeper, self.comm, self.trial):
             if pool is not None:
                 pool.close()
-        self.comm = self.trial = None
+        self.keeper = self.comm = self.trial = None
+
+
+class Gate:
+    """The dry run's gate: `path`, created by a thread of ours once the early sweep has ended
+    (measured, failed, timed out or cancelled) and the trial's warm ranks wait for their go
+    (Pools.wait_ready, at most READY_LIMIT_S). where: a directory the dry run's sandbox shares
+    (the early dry-run process's result dir); None: one of its own, which runner shares."""
+
+    def __init__(self, pools: Pools, where: str | None = None):
+        self.cancel, self.thread, self.owned = threading.Event(), None, where is None
+        self.dir = tempfile.mkdtemp(prefix="smartlaunch-gate-") if where is None else where
+        if self.owned:
+            proc.remove_on_exit(self.dir)
+        self.path = os.path.join(self.dir, "gate")
+        try:
+            self.thread = threading.Thread(target=self._run, args=(pools,), daemon=True,
+                                           name="smartlaunch-gate")
+            self.thread.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, pools: Pools) -> None:
+        try:
+            sweep = pools.comm
+            while sweep is not None and sweep.thread.is_alive() and not self.cancel.is_set():
+                sweep.thread.join(0.05)
+            pools.wait_ready(cancel=self.cancel)
+        finally:
+            try:
+                open(self.path, "x").close()
+            except OSError:             # closed meanwhile: no dry run is waiting any more
+                pass
+
+    def close(self) -> None:
+        self.cancel.set()
+        if self.thread is not None and self.thread.ident is not None:
+            self.thread.join()
+        if self.owned and self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            proc.remove_on_exit(self.dir, done=True)
+        self.dir = ""
 
 
 class EarlySweep:
     """The all-reduce curve of `group` over every size, measured by a thread of ours on the
-    warm `pool` from now on and cached as comm_curve caches it. `gate` is created when it ends
-    (measured, failed, timed out or cancelled). `curve(group)` waits for it; `close` cancels it
-    (its ranks are killed) and removes the gate: nothing is left on any path."""
+    warm `pool` from now on and cached as comm_curve caches it. `curve(group)` waits for it;
+    `close` cancels it (its ranks are killed): nothing is left on any path."""
 
     def __init__(self, pool, topology, group: tuple[int, ...], policy, environ):
         self.group, self.result, self.error, self.seconds = group, None, None, None
         self.at: tuple[int, int, int] | None = None     # (size, k, n) the ranks are at
-        self.cancel, self.thread, self.dir = threading.Event(), None, None
+        self.cancel, self.thread = threading.Event(), None
         # The dry run waits at its gate at most this long; half its time limit is left to it.
         from smartlaunch.profile.comm import TIME_LIMIT_S
         limit = min(TIME_LIMIT_S, float(policy.dryrun.time_limit_s) / 2)
         try:
-            self.dir = tempfile.mkdtemp(prefix="smartlaunch-gate-")
-            proc.remove_on_exit(self.dir)
-            self.gate = os.path.join(self.dir, "swept")
             self.thread = threading.Thread(
                 target=self._run, args=(pool, topology, policy, dict(environ), limit),
                 name="smartlaunch-early-allreduce", daemon=True)
@@ -92,10 +157,6 @@ class EarlySweep:
         finally:
             pool.close()
             self.seconds = time.perf_counter() - t0
-            try:
-                open(self.gate, "x").close()
-            except OSError:             # closed meanwhile: no dry run is waiting any more
-                pass
 
     def curve(self, group, progress=None):
         """The measured curve when it is `group`'s; None: failed, or another group (the
@@ -114,14 +175,11 @@ class EarlySweep:
         self.cancel.set()
         if self.thread is not None and self.thread.ident is not None:
             self.thread.join()
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            proc.remove_on_exit(self.dir, done=True)
-            self.dir = None
 
 
-def start(request, policy, topology, environ, first, *, cores: int | None = None) -> Pools:
-    """first: the decision's probe (decide.probe.Probe)."""
+def start(request, policy, topology, environ, first, *, cores: int | None = None,
+          gate_dir: str | None = None) -> Pools:
+    """first: the decision's probe (decide.probe.Probe). gate_dir: where the gate goes (Gate)."""
     pools = Pools()
     if first.profile_gpu is None or not first.measure or not policy.decision.prestart:
         return pools
@@ -146,6 +204,8 @@ def start(request, policy, topology, environ, first, *, cores: int | None = None
             if isolated or policy.dryrun.isolation != "require":
                 pools.trial = TrialSetup(request, policy, environ, isolated, warm=n,
                                          gpus=group)
+        if pools.comm is not None or pools.trial is not None:
+            pools.keeper = Gate(pools, gate_dir)
     except BaseException:
         pools.close()
         raise
@@ -166,3 +226,28 @@ def _trial_wanted(request, policy, topology, environ, group) -> bool:
     from smartlaunch.vocab import Strategy
     return cached_trial(request, policy, topology=topology, environ=environ,
                         strategy=Strategy.DDP, gpus=group) is None
+
+
+
+def _tree(pids: list[int]) -> list[int]:
+    import psutil
+    out = []
+    for pid in pids:
+        try:
+            out += [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+        except psutil.Error:
+            continue
+    return out
+
+
+def _waiting_on_pipe(pid: int) -> bool:
+    """Asleep in a pipe read (the go), or gone. Where the kernel hides wait channels ("0"),
+    any sleep counts."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip()
+    except OSError:
+        return True
+    return state in ("Z", "X") or (state == "S" and ("pipe" in wchan or wchan in ("", "0")))

@@ -55,9 +55,8 @@ class WarmPool:
                 path = os.path.join(self.log_dir, f"warm{i}.log") if self.log_dir else None
                 out = open(path, "wb") if path else None
                 try:
-                    child = proc.spawn([python, "-m", "smartlaunch.warm"], env=self.env,
-                                       stdin=subprocess.PIPE, stdout=out,
-                                       stderr=subprocess.STDOUT if out else None)
+                    child = spawn([python, "-m", "smartlaunch.warm"], self.env, stdout=out,
+                                  stderr=subprocess.STDOUT if out else None)
                 finally:
                     if out is not None:
                         out.close()
@@ -72,17 +71,9 @@ class WarmPool:
         left (or it died: the caller starts that rank cold)."""
         while self.free:
             child, path = self.free.pop(0)
-            if child.returncode is not None:
-                child.stop()
-                continue
-            go = json.dumps({"module": module, "argv": list(argv), "env": dict(env)})
-            try:
-                child.proc.stdin.write(go.encode() + b"\n")
-                child.proc.stdin.close()
-            except OSError:
-                child.stop()
-                continue
-            return child, path
+            if send_go(child, module, argv, env):
+                return child, path
+            child.stop()
         return None
 
     def close(self) -> None:
@@ -95,6 +86,25 @@ class WarmPool:
             shutil.rmtree(self.log_dir, ignore_errors=True)
             proc.remove_on_exit(self.log_dir, done=True)
             self.log_dir = None
+
+
+def spawn(cmd: list[str], env: dict[str, str], **popen) -> proc.Child:
+    """A warm worker (cmd ends in `-m smartlaunch.warm`; a wrapper such as the sandbox may
+    come first), its stdin a pipe for the go."""
+    return proc.spawn(cmd, env=env, stdin=subprocess.PIPE, **popen)
+
+
+def send_go(child: proc.Child, module: str, argv: list[str], env: dict[str, str]) -> bool:
+    """Hand a live worker its module; False when it has died (the caller starts one cold)."""
+    if child.returncode is not None:
+        return False
+    go = json.dumps({"module": module, "argv": list(argv), "env": dict(env)})
+    try:
+        child.proc.stdin.write(go.encode() + b"\n")
+        child.proc.stdin.close()
+    except OSError:
+        return False
+    return True
 
 
 def cuda_loaded() -> bool:

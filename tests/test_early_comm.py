@@ -138,7 +138,7 @@ def test_a_dry_run_failing_before_its_first_forward_leaves_nothing(clean_env, sh
 
 def test_closing_a_running_sweep_kills_its_ranks_and_removes_its_gate(clean_env, monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)
-    from smartlaunch.pipeline_pools import EarlySweep
+    from smartlaunch.pipeline_pools import EarlySweep, Gate, Pools
     from smartlaunch.policy.api import Policy
     from smartlaunch.profile.comm import rank_base_env
     from smartlaunch.topology import discover
@@ -147,10 +147,12 @@ def test_closing_a_running_sweep_kills_its_ranks_and_removes_its_gate(clean_env,
     pool = WarmPool(2, rank_base_env(environ, "cpu"))
     pids = [c.pid for c, _ in pool.free]
     sweep = EarlySweep(pool, discover(environ), (0, 1), Policy(), environ)
-    gate_dir = os.path.dirname(sweep.gate)
+    pools = Pools(comm=sweep)
+    pools.keeper = Gate(pools)
+    gate_dir = os.path.dirname(pools.gate)
     time.sleep(0.5)                  # the ranks are still importing torch
     t = time.monotonic()
-    sweep.close()                    # what Ctrl-C or a failed dry run does
+    pools.close()                    # what Ctrl-C or a failed dry run does
     assert time.monotonic() - t < 5.0
     assert sweep.result is None and "cancelled" in str(sweep.error)
     assert not os.path.exists(gate_dir) and early_threads() == []

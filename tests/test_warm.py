@@ -183,3 +183,60 @@ def test_a_failed_dry_run_closes_the_pools(clean_env):
         cold_plan(clean_env, str(bad))
     time.sleep(0.3)
     assert tagged_left() == []
+
+
+
+def test_waiting_for_ready_pools_returns_once_each_waits_for_its_go(clean_env):
+    from smartlaunch.pipeline_pools import Pools, _waiting_on_pipe
+    from smartlaunch.warm import WarmPool
+    pools = Pools(comm=WarmPool(2, dict(os.environ)))
+    try:
+        assert not all(_waiting_on_pipe(p) for p in pools.pids())   # importing torch
+        waited = pools.wait_ready(limit_s=120)
+        assert 0.1 <= waited < 120
+        assert all(_waiting_on_pipe(p) for p in pools.pids())
+        assert all(p.returncode is None for p, _ in pools.comm.free)
+    finally:
+        pools.close()
+
+
+def test_a_busy_pool_is_waited_for_at_most_the_limit(clean_env):
+    import subprocess as sp
+    from smartlaunch.pipeline_pools import Pools
+    busy = proc.spawn([sys.executable, "-c", "while True: pass"], stdin=sp.PIPE)
+
+    class Busy:
+        free = [(busy, None)]
+
+        def close(self):
+            busy.stop(9, 0)
+    pools = Pools(comm=Busy())
+    try:
+        assert 0.5 <= pools.wait_ready(limit_s=0.5) < 2
+    finally:
+        pools.close()
+
+
+def test_the_gate_opens_once_the_sweep_ended_and_the_trial_ranks_wait(clean_env):
+    """A stand-in trial whose ranks 'import' for 1.5 s: the gate file appears only then."""
+    import subprocess as sp
+    from smartlaunch.pipeline_pools import Gate, Pools
+    slow = proc.spawn([sys.executable, "-c", "import sys, time\nt = time.time()\n"
+                       "while time.time() - t < 1.5: pass\nsys.stdin.readline()"], stdin=sp.PIPE)
+
+    class Trial:
+        child = slow
+
+        def close(self):
+            slow.stop(9, 0)
+    pools = Pools(trial=Trial())
+    t0 = time.monotonic()
+    pools.keeper = Gate(pools)
+    try:
+        while not os.path.exists(pools.gate) and time.monotonic() - t0 < 30:
+            time.sleep(0.01)
+        assert 1.4 <= time.monotonic() - t0 < 30
+    finally:
+        gate_dir = os.path.dirname(pools.gate)
+        pools.close()
+    assert not os.path.exists(gate_dir)

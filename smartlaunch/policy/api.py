@@ -21,9 +21,10 @@ class DecisionPolicy:
     trials: bool = True                   # run measured trials inside the band
     trial_steps: int = 20                 # at least this many measured steps per trial
     trial_seconds: float = 1.0            # and at least this long a measured window
-    # Start the all-reduce benchmark's and the first trial's processes (python + import torch)
-    # while the dry run runs, on spare cores, the benchmark measuring at once behind the dry
-    # run's gate (pipeline_pools.py); false: start them cold, the benchmark after the dry run.
+    # Start the dry run's process before the command line is parsed (profile/early.py), and the
+    # all-reduce benchmark's and first trial's while the dry run sets itself up, the benchmark
+    # measuring at once behind the dry run's gate (pipeline_pools.py); each imports torch
+    # meanwhile, on spare cores. false: start each when it is needed.
     prestart: bool = True
     allowed_strategies: tuple[str, ...] = STRATEGIES
     max_gpus: int | None = None           # per job; None = all visible

@@ -91,10 +91,11 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
                        announce=None, echo=None, progress=None,
-                       real_gpu: bool = False, gate: str | None = None) -> ModelProfile:
+                       real_gpu: bool = False, gate: str | None = None,
+                       early=None) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
     announce() is called just before a dry run starts (not on a cache hit); echo,
-    progress(k, n) and gate: as runner.run_dry_run."""
+    progress(k, n), gate and early: as runner.run_dry_run (early is left unused on a hit)."""
     from filelock import FileLock
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
@@ -113,7 +114,7 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if announce is not None:
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
-                              progress=progress, real_gpu=real_gpu, gate=gate)
+                              progress=progress, real_gpu=real_gpu, gate=gate, early=early)
         # UNMEASURABLE too (the script fixes its world size, or ran on the CPU though given
         # a GPU): it is the script's, not the moment's, and the next launch would pay a whole
         # dry run to learn it again. --reprofile measures again.

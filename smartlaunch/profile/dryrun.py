@@ -111,11 +111,11 @@ class Recorder:
         smartlaunch._step_hook = self.on_marker
 
     def pass_gate(self) -> None:
-        """The first forward (or step) waits for the parent's all-reduce sweep to end: its
-        kernels would perturb the curve every later decision reuses (pipeline_pools)."""
+        """The first forward (or step) waits for the parent's gate (pipeline_pools.Gate): the
+        sweep ended, the warm ranks idle. A removed gate directory (the parent gave up) opens it."""
         if self.gate is not None:
             gate, self.gate, t = self.gate, None, self.host()
-            while not os.path.exists(gate):
+            while not os.path.exists(gate) and os.path.isdir(os.path.dirname(gate)):
                 time.sleep(0.01)
             self.gate_wait_s = self.host() - t
 

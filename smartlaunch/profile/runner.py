@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,13 +105,16 @@ def undo_note(listing: undo.Listing, own) -> str:
 
 
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
-                progress=None, real_gpu: bool = False, gate: str | None = None) -> ModelProfile:
+                progress=None, real_gpu: bool = False, gate: str | None = None,
+                early=None) -> ModelProfile:
     """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
     stream; default the user's stderr). progress(k, n): called as the child reaches step k
     of the n it expects (the status line's "dry run step k of n"). real_gpu: `gpu` is a GPU
     NVML found (not a fixture's), so a script that never initialised CUDA is a finding.
     gate: a file the script's first forward waits for (dryrun_args; its directory is shared
-    with the sandbox); the wait counts in the time limit."""
+    with the sandbox); the wait counts in the time limit.
+    early: the dry run's process started before the command line was parsed (early.py),
+    used when it was isolated as this dry run must be; closed here either way."""
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
@@ -126,32 +130,44 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     stem = Path(request.script).stem or "script"
     log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
-    with tempfile.TemporaryDirectory(prefix="smartlaunch-dryrun-") as tmp:
+    if early is not None and early.isolated != isolated:
+        early.close()                # started on a guess this policy does not share
+        early = None
+    tmp = early.tmp if early is not None else tempfile.mkdtemp(prefix="smartlaunch-dryrun-")
+    if early is None:
         proc.remove_on_exit(tmp)
+    try:
         out = os.path.join(tmp, "result", "profile.json")
-        os.mkdir(os.path.dirname(out))
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         ticks = os.path.join(tmp, "result", "steps.bin")
-        cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", "--out", out,
-               "--progress", ticks,
-               "--warmup", str(policy.dryrun.warmup_steps),
-               "--measure", str(policy.dryrun.measure_steps),
-               "--min-seconds", str(policy.dryrun.measure_seconds)]
+        args = ["--out", out, "--progress", ticks,
+                "--warmup", str(policy.dryrun.warmup_steps),
+                "--measure", str(policy.dryrun.measure_steps),
+                "--min-seconds", str(policy.dryrun.measure_seconds)]
         if gate is not None:
-            cmd += ["--gate", gate]
+            args += ["--gate", gate]
         if request.module:
-            cmd.append("--module")
-        cmd += [request.script, *request.script_args]
+            args.append("--module")
+        args += [request.script, *request.script_args]
+        cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", *args]
         status = os.path.join(tmp, "result", "isolation.json")
         if isolated:
-            shared = [os.path.dirname(out)] + ([os.path.dirname(gate)] if gate else [])
+            shared = [os.path.dirname(out)] + (
+                [os.path.dirname(gate)] if gate and os.path.dirname(gate) != os.path.dirname(out)
+                else [])
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), shared, status)
         own = (str(cache_root(policy, environ)), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
-        # append mode: the child's stdout and our copy of its stderr interleave, never overwrite
+        # append mode: the child's stdout and our copy of its stderr interleave, never
+        # overwrite (an early process's stdout is appended after it ends)
         with open(log_path, "ab") as log:
-            with proc.spawn(cmd, env=dryrun_env(environ, gpu), stdout=log,
-                            stderr=subprocess.PIPE, stage="the dry run") as child:
+            env = dryrun_env(environ, gpu)
+            child = early.take(args, env) if early is not None else None
+            if child is None:
+                child = proc.spawn(cmd, env=env, stdout=log, stderr=subprocess.PIPE,
+                                   stage="the dry run")
+            with child:
                 tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
                 pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo, log),
                                         daemon=True)
@@ -161,12 +177,19 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
                 code = child.stop(signal.SIGTERM, TERM_GRACE_S) if timed_out else child.stop()
                 watch.poll()            # the last step's count, had the child ended in between
                 pump.join(timeout=5)
+            if early is not None:
+                early.copy_stdout(log)  # a warm start wrote to its own file
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
         iso = sandbox.read_status(status) if isolated else {}
         if listing is not None:
             iso_note = f"{iso_note}; {undo_note(listing, own)}"
-        proc.remove_on_exit(tmp, done=True)
+    finally:
+        if early is not None:
+            early.close()
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            proc.remove_on_exit(tmp, done=True)
     if isolated and not iso.get("isolated"):
         note = (f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
                 f"{policy.rule('dryrun.isolation')}: not run")
