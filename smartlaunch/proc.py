@@ -10,12 +10,9 @@ sure it never outlives smartlaunch (issue 14).
   process that carries our GUARD_VAR tag (torch's agent starts trial ranks with setsid, out of
   the group) and removes the registered temp dirs. PR_SET_PDEATHSIG alone is not enough: fork
   children (DataLoader workers) do not inherit it and lived 5-10 s after a SIGKILLed launcher.
-- Process facts (/proc) and run-id sweeps for the DDP launcher's watchdog.
-
-Ranks are process-group leaders (torch's agent starts them with start_new_session=True), so a
-signal to the group reaches DataLoader workers and other children too. Stray processes of a
-run are found by the SMARTLAUNCH_RUN_ID their environment carries, which catches children
-that left the group (setsid) as well.
+- Process facts (/proc) and run-id sweeps for the DDP launcher's watchdog: ranks lead their
+  own groups (torch's agent: start_new_session=True); strays that left them (setsid) are
+  found by the SMARTLAUNCH_RUN_ID their environment carries.
 """
 from __future__ import annotations
 
