@@ -10,9 +10,8 @@ sure it never outlives smartlaunch (issue 14).
   process that carries our GUARD_VAR tag (torch's agent starts trial ranks with setsid, out of
   the group) and removes the registered temp dirs. PR_SET_PDEATHSIG alone is not enough: fork
   children (DataLoader workers) do not inherit it and lived 5-10 s after a SIGKILLed launcher.
-- Process facts (/proc) and run-id sweeps for the DDP launcher's watchdog: ranks lead their
-  own groups (torch's agent: start_new_session=True); strays that left them (setsid) are
-  found by the SMARTLAUNCH_RUN_ID their environment carries.
+- Process facts (/proc) and run-id sweeps for the watchdog: strays that left a rank's group
+  (setsid) are found by the SMARTLAUNCH_RUN_ID their environment carries.
 """
 from __future__ import annotations
 
@@ -371,9 +370,8 @@ def _restore(previous: dict) -> None:
 
 @contextlib.contextmanager
 def stage(name: str):
-    """Ctrl-C, SIGTERM or SIGHUP to us in the block raise Interrupted(name), as in a `with
-    spawn(..., stage=)` block, for measurements whose processes the block itself ends (the
-    all-reduce benchmark's ranks: a Ctrl-C there exited 130 without a word)."""
+    """Ctrl-C, SIGTERM or SIGHUP in the block raise Interrupted(name), as `with spawn(...,
+    stage=)` does (the all-reduce benchmark's ranks: a Ctrl-C there exited 130 in silence)."""
     previous = _catch_termination()
     try:
         yield

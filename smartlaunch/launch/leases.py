@@ -17,8 +17,7 @@ Design (issue #8):
   for a symlink after the checks changes nothing. Shared directories are created 1777 (like
   /tmp), private ones 0700; a directory that is a symlink, group/world-writable without the
   sticky bit, or owned by another non-root user is refused.
-- Lease dirs are per node (/tmp or /run): a record from another host has another boot id and is
-  stale by the rule above.
+- Lease dirs are per node (/tmp or /run): another host's record has another boot id: stale.
 """
 from __future__ import annotations
 
