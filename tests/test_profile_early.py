@@ -76,9 +76,27 @@ def test_one_isolated_otherwise_than_the_dry_run_is_killed_unused(clean_env, sha
     settled(tmp)
 
 
-def test_a_cached_profile_leaves_it_unused_and_gone(clean_env, shared_dir, monkeypatch):
+def test_a_command_line_with_a_stored_profile_starts_none(clean_env, shared_dir, monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)
     plan_with(clean_env, shared_dir)
+    (shared_dir / "dry.json").unlink()
+    plan, e, _ = plan_with(clean_env, shared_dir)          # the same command, the same cwd
+    assert plan.profile.cached and not (shared_dir / "dry.json").exists()
+    assert e is None
+    argv = ["--policy", str(clean_env / "policy.yaml"), SCRIPT, "--lr", "0.1"]
+    for other in (argv, [*argv[:2], "--reprofile", *argv[2:3]]):   # other args; --reprofile
+        e = early.start(other, dict(os.environ), cores=8)
+        assert e is not None
+        e.close()
+    settled(tmp)
+
+
+def test_a_cache_hit_it_did_not_foresee_leaves_it_unused_and_gone(clean_env, shared_dir,
+                                                                  monkeypatch):
+    tmp = private_tmp(clean_env, monkeypatch)
+    plan_with(clean_env, shared_dir)
+    for marker in (clean_env / "home" / ".cache").rglob("seen/*"):
+        marker.unlink()                  # a profile stored before the hint existed
     (shared_dir / "dry.json").unlink()
     plan, e, started = plan_with(clean_env, shared_dir)
     assert plan.profile.cached and not (shared_dir / "dry.json").exists()

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from smartlaunch.errors import PolicyError
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
 from smartlaunch.store import cache_root, private_dir, read_json, write_json
 
@@ -121,7 +122,27 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
                               ProfileStatus.UNMEASURABLE):
             write_json(path, profile.to_dict())
+            _mark_seen(request, policy, environ)
         return profile
+
+
+def seen_marker(root: Path, cwd: str, script: str, args) -> Path:
+    """A hint, not a key: this command line (run from cwd) has a stored profile. profile/early.py
+    reads it before smartlaunch has parsed its command line (so without the profile's real key:
+    topology, policy, environment) and starts no early dry run for a launch that will likely hit
+    the cache (a resubmitted job, twenty launchers queued for one node's GPUs)."""
+    text = json.dumps([os.path.realpath(cwd), script, list(args)])
+    return root / "profiles" / "seen" / hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _mark_seen(request, policy, environ) -> None:
+    marker = seen_marker(cache_root(policy, environ), os.getcwd(), request.script,
+                         request.script_args)
+    try:
+        private_dir(marker.parent)
+        marker.touch()
+    except (OSError, PolicyError):
+        pass                            # only a hint: the next launch starts one more process
 
 
 def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:

@@ -11,8 +11,10 @@ It is started on a guess made before the command line is parsed, so it is checke
 used: the dry run must be due, the policy must allow warm processes (`decision.prestart`) and
 isolate the dry run as this process was isolated. Otherwise it is killed unused, having imported
 torch and touched no GPU and no file of the user's (it runs nothing of theirs before its go).
-Started only when that guess says a dry run may be due and a core is spare beside smartlaunch's
-own import (not on CI's 2 cores); `prestart: false` in the policy read then starts none.
+Started only when that guess says a dry run may be due (not when this command line, from this
+directory, already has a stored profile: cache.seen_marker) and a core is spare beside
+smartlaunch's own import (not on CI's 2 cores); `prestart: false` in the policy read then
+starts none.
 """
 from __future__ import annotations
 
@@ -110,10 +112,17 @@ def start(argv: list[str], environ, *, cores: int | None = None) -> EarlyDryRun 
         return None
     try:
         from smartlaunch.policy.load import load_policy
+        from smartlaunch.profile.cache import seen_marker
+        from smartlaunch.store import cache_root
         policy = load_policy(_option(argv, "--policy"), environ=environ)
+        root, cwd = cache_root(policy, environ), os.getcwd()
+        # The script is one of argv's words; the one whose command line has a stored profile
+        # makes a cache hit likely (--reprofile measures again whatever is stored).
+        seen = "--reprofile" not in argv and any(
+            seen_marker(root, cwd, word, argv[i + 1:]).exists() for i, word in enumerate(argv))
     except Exception:                    # the parse will name what is wrong with it
         return None
-    if not policy.decision.prestart:
+    if not policy.decision.prestart or seen:
         return None
     try:
         return EarlyDryRun(environ, isolated=policy.dryrun.isolation != "off")
