@@ -40,7 +40,6 @@ READY_LIMIT_S = 15.0     # an import that slow is a machine too loaded to wait o
 class Pools:
     comm: "EarlySweep | None" = None    # the all-reduce sweep on warm benchmark ranks
     trial: object | None = None         # profile.trial.TrialSetup with warm ranks
-
     keeper: "Gate | None" = None        # opens the dry run's gate
 
     @property

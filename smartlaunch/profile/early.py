@@ -28,7 +28,6 @@ import tempfile
 from smartlaunch import proc, sandbox
 
 SPARE_CORES = 2          # smartlaunch's own import and one more, left to everything else
-MODULE = "smartlaunch.profile.dryrun"
 # Options after which no dry run runs (the guess only: the parsed request decides).
 NO_DRY_RUN = ("-h", "--help", "--no-python", "--no_python", "--version")
 
@@ -41,7 +40,7 @@ class EarlyDryRun:
     to a file there until run_dry_run copies it into the dry run's log."""
 
     def __init__(self, environ, *, isolated: bool, python: str = sys.executable):
-        from smartlaunch.profile.runner import dryrun_env
+        from smartlaunch.profile.runner import dryrun_env, isolation_status
         from smartlaunch import warm
         self.isolated = isolated
         self.tmp = tempfile.mkdtemp(prefix="smartlaunch-dryrun-")
@@ -53,7 +52,7 @@ class EarlyDryRun:
             cmd = [python, "-u", "-m", "smartlaunch.warm"]
             if isolated:
                 cmd = sandbox.wrap(cmd, os.path.join(self.tmp, "early-scratch"),
-                                   [self.result_dir], self.status_path, python=python)
+                                   [self.result_dir], isolation_status(self.tmp), python=python)
             with open(self.stdout_path, "wb") as out:
                 self.child = warm.spawn(cmd, dryrun_env(environ, None), stdout=out,
                                         stderr=subprocess.PIPE, stage="the dry run")
@@ -63,18 +62,16 @@ class EarlyDryRun:
 
     @property
     def result_dir(self) -> str:
-        return os.path.join(self.tmp, "result")
-
-    @property
-    def status_path(self) -> str:
-        return os.path.join(self.result_dir, "isolation.json")
+        from smartlaunch.profile.runner import result_dir
+        return result_dir(self.tmp)
 
     def take(self, argv: list[str], env: dict[str, str]) -> proc.Child | None:
-        """The process running the dry run (`python -m MODULE argv` with exactly env), or None
+        """The process running the dry run (`python -m <the dry run> argv`, exactly env), or None
         when it died before its go (isolation refused, import failed): start one cold."""
+        from smartlaunch.profile.runner import DRYRUN_MODULE
         from smartlaunch.warm import send_go
         child, self.child = self.child, None
-        if child is None or not send_go(child, MODULE, argv, env):
+        if child is None or not send_go(child, DRYRUN_MODULE, argv, env):
             if child is not None:
                 child.stop(signal.SIGKILL, 0)
             return None

@@ -34,6 +34,19 @@ TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
 
 
+DRYRUN_MODULE = "smartlaunch.profile.dryrun"
+
+
+def result_dir(tmp: str) -> str:
+    """The dry run's temp dir's result/: the profile, the step ticks, the isolation status;
+    the one directory its sandbox shares (profile/early.py lays out the same)."""
+    return os.path.join(tmp, "result")
+
+
+def isolation_status(tmp: str) -> str:
+    return os.path.join(result_dir(tmp), "isolation.json")
+
+
 def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
     """torchrun's environment for the one worker of a one-process job (the same contract
     the single-GPU launcher gives a real run), plus the dry-run switches."""
@@ -137,9 +150,9 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     if early is None:
         proc.remove_on_exit(tmp)
     try:
-        out = os.path.join(tmp, "result", "profile.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        ticks = os.path.join(tmp, "result", "steps.bin")
+        out = os.path.join(result_dir(tmp), "profile.json")
+        os.makedirs(result_dir(tmp), exist_ok=True)
+        ticks = os.path.join(result_dir(tmp), "steps.bin")
         args = ["--out", out, "--progress", ticks,
                 "--warmup", str(policy.dryrun.warmup_steps),
                 "--measure", str(policy.dryrun.measure_steps),
@@ -149,8 +162,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         if request.module:
             args.append("--module")
         args += [request.script, *request.script_args]
-        cmd = [sys.executable, "-u", "-m", "smartlaunch.profile.dryrun", *args]
-        status = os.path.join(tmp, "result", "isolation.json")
+        cmd = [sys.executable, "-u", "-m", DRYRUN_MODULE, *args]
+        status = isolation_status(tmp)
         if isolated:
             shared = [os.path.dirname(out)] + (
                 [os.path.dirname(gate)] if gate and os.path.dirname(gate) != os.path.dirname(out)
@@ -256,14 +269,11 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
                 f"the dry run (WORLD_SIZE=1) failed before its first step ({how}) after the "
                 f"script read the world size ({read}), so it may fix it: {cause.strip()[:200]} "
                 f"(script output: {log_path})"), dry_run_s=elapsed)
-        if echoed:      # its traceback is on the user's screen already: once is enough
-            raise DryRunError(
-                f"the dry run of {request.script} failed with {how}; it was not launched. "
-                f"Fix the script and run again (its error output is above; all of its "
-                f"output: {log_path}).")
-        raise DryRunError(
-            f"the dry run of {request.script} failed with {how}; it was not launched. "
-            f"Fix the script and run again (its output: {log_path}).\n{last}")
+        # Echoed, its traceback is on the user's screen already: once is enough.
+        output = (f"its error output is above; all of its output: {log_path})." if echoed
+                  else f"its output: {log_path}).\n{last}")
+        raise DryRunError(f"the dry run of {request.script} failed with {how}; it was not "
+                          f"launched. Fix the script and run again ({output}")
     data = data or {}
     fields = {f.name for f in dataclasses.fields(ModelProfile)}
     kw = {k: v for k, v in data.items() if k in fields}
