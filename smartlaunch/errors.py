@@ -54,6 +54,7 @@ class NoFreeGPUError(SmartlaunchError):
 
 class DryRunError(SmartlaunchError):
     exit_code = ExitCode.DRY_RUN
+    out_of_memory = False       # its output says so (the pipeline may retry it alone)
 
 
 class SlurmError(SmartlaunchError):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 
 from smartlaunch.decide.plan import Reason
+from smartlaunch.errors import DryRunError
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 
@@ -97,8 +98,18 @@ def _make_plan(request, given, environ, status, cores, early):
     pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores,
                                  gate_dir=early.result_dir if early is not None else None)
     try:
-        profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
-                           pools.gate, early)
+        try:
+            profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
+                               pools.gate, early)
+        except DryRunError as exc:
+            if not (exc.out_of_memory and pools.drop_early_trial()):
+                raise
+            # Its GPU memory was shared with the trial's ranks set up beside it: measure
+            # again alone rather than fail a job that fits a GPU on its own.
+            status.line("the dry run ran out of GPU memory beside the trial set up with it; "
+                        "running it again alone")
+            early = None
+            profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
         if early is not None:
             early.close()           # a cache hit, or no dry run due: not needed after all
         clock.lap("profile")

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 from smartlaunch import proc
+from smartlaunch.profile import gate as gates
 
 SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
 READY_POLL_S = 0.02
@@ -41,6 +42,7 @@ class Pools:
     comm: "EarlySweep | None" = None    # the all-reduce sweep on warm benchmark ranks
     trial: object | None = None         # profile.trial.TrialSetup with warm ranks
     keeper: "Gate | None" = None        # opens the dry run's gate
+    early: tuple | None = None          # (gpus, environ): the trial's go once the sweep ended
 
     @property
     def gate(self) -> str | None:
@@ -48,10 +50,12 @@ class Pools:
         return self.keeper.path if self.keeper is not None else None
 
     def pids(self) -> list[int]:
-        """The warm processes' leaders (each one's session holds its ranks, if any)."""
+        """The warm processes' leaders waiting for a go (each one's session holds its ranks);
+        a trial started early is setting itself up instead (Gate waits for its own gate)."""
         out = [child.pid for child, _ in getattr(self.comm, "free", ())]
         child = getattr(self.trial, "child", None)
-        return out + ([child.pid] if child is not None else [])
+        early = getattr(self.trial, "early", None) is not None
+        return out + ([child.pid] if child is not None and not early else [])
 
     def wait_ready(self, limit_s: float = READY_LIMIT_S,
                    cancel: threading.Event | None = None) -> float:
@@ -66,6 +70,14 @@ class Pools:
                 break
             time.sleep(READY_POLL_S)
         return time.monotonic() - t0
+
+    def drop_early_trial(self) -> bool:
+        """Kill a trial started early (its ranks hold GPU memory); False: there was none."""
+        if getattr(self.trial, "early", None) is None:
+            return False
+        self.trial.close()
+        self.trial = None
+        return True
 
     def close(self) -> None:
         for pool in (self.keeper, self.comm, self.trial):
@@ -95,16 +107,39 @@ class Gate:
             raise
 
     def _run(self, pools: Pools) -> None:
+        t_go = time.monotonic()
         try:
             sweep = pools.comm
             while sweep is not None and sweep.thread.is_alive() and not self.cancel.is_set():
                 sweep.thread.join(0.05)
+            # The trial's set-up (a DDP broadcast of every parameter) must not run beside
+            # the sweep either: its curve is reused by every later decision on the node.
+            trial = pools.trial         # read once: the pipeline may drop it meanwhile
+            if pools.early is not None and trial is not None and not self.cancel.is_set():
+                trial.start_early(*pools.early)
             pools.wait_ready(cancel=self.cancel)
+            if getattr(trial, "early", None) is not None:
+                self._wait_trial(trial, t_go)
         finally:
             try:
                 open(self.path, "x").close()
             except OSError:             # closed meanwhile: no dry run is waiting any more
                 pass
+
+    def _wait_trial(self, trial, t_go: float) -> None:
+        """Until the early trial's ranks all wait at their own gate, or it died. Once the dry
+        run waits at this gate, at most as long as the dry run took to get there (at least
+        READY_LIMIT_S): a trial started again later costs about that much. Past it the trial
+        is killed: nothing of ours may run beside the measured steps."""
+        came = None
+        while not (self.cancel.is_set() or trial.arrived() or not trial.alive):
+            now = time.monotonic()
+            if came is None and os.path.exists(gates.marker(self.path, 0)):
+                came = now
+            if came is not None and now - came > max(READY_LIMIT_S, came - t_go):
+                trial.close()
+                break
+            time.sleep(READY_POLL_S)
 
     def close(self) -> None:
         self.cancel.set()
@@ -203,6 +238,7 @@ def start(request, policy, topology, environ, first, *, cores: int | None = None
             if isolated or policy.dryrun.isolation != "require":
                 pools.trial = TrialSetup(request, policy, environ, isolated, warm=n,
                                          gpus=group)
+                pools.early = (group, dict(environ))
         if pools.comm is not None or pools.trial is not None:
             pools.keeper = Gate(pools, gate_dir)
     except BaseException:

@@ -98,14 +98,14 @@ POLICY = "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n  trial_ste
          "dryrun:\n  warmup_steps: 1\n"
 
 
-def cold_plan(clean_env, script: str, policy_text: str = POLICY, **env):
+def cold_plan(clean_env, script: str, policy_text: str = POLICY, status=None, **env):
     from smartlaunch.pipeline import make_plan
     from smartlaunch.request import Request
     policy = clean_env / "policy.yaml"
     policy.write_text(policy_text)
     environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"), **env}
     request = Request(script=script, explain="json", policy_path=str(policy))
-    return make_plan(request, set(), environ, cores=16)
+    return make_plan(request, set(), environ, status, cores=16)
 
 
 def private_tmp(clean_env, monkeypatch) -> Path:

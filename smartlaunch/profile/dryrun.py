@@ -111,13 +111,13 @@ class Recorder:
         smartlaunch._step_hook = self.on_marker
 
     def pass_gate(self) -> None:
-        """The first forward (or step) waits for the parent's gate (pipeline_pools.Gate): the
-        sweep ended, the warm ranks idle. A removed gate directory (the parent gave up) opens it."""
+        """The first forward (or step) waits for the parent's gate (profile/gate.py); a
+        trial's gate may carry its step count, sized from the dry run's step."""
         if self.gate is not None:
-            gate, self.gate, t = self.gate, None, self.host()
-            while not os.path.exists(gate) and os.path.isdir(os.path.dirname(gate)):
-                time.sleep(0.01)
-            self.gate_wait_s = self.host() - t
+            from smartlaunch.profile import gate
+            path, self.gate = self.gate, None
+            self.gate_wait_s, opts = gate.wait(path)
+            self.measure = max(1, int(opts.get("measure") or self.measure))
 
     def on_pre(self, module, args):
         self.pass_gate()

@@ -272,8 +272,10 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
         # Echoed, its traceback is on the user's screen already: once is enough.
         output = (f"its error output is above; all of its output: {log_path})." if echoed
                   else f"its output: {log_path}).\n{last}")
-        raise DryRunError(f"the dry run of {request.script} failed with {how}; it was not "
+        err = DryRunError(f"the dry run of {request.script} failed with {how}; it was not "
                           f"launched. Fix the script and run again ({output}")
+        err.out_of_memory = any("out of memory" in line.lower() for line in tail)
+        raise err
     data = data or {}
     fields = {f.name for f in dataclasses.fields(ModelProfile)}
     kw = {k: v for k, v in data.items() if k in fields}

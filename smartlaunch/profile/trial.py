@@ -34,6 +34,7 @@ from typing import Callable, Mapping
 
 from smartlaunch import proc, sandbox
 from smartlaunch.policy.api import Policy
+from smartlaunch.profile import gate as gates
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.trial_group import spawner_command, warm_command
@@ -69,7 +70,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
         changes = {"CUDA_VISIBLE_DEVICES": visible_devices(environ, gpus)} if gpus else {}
-        run = warm.pop() if warm and warm[0].fits(n, isolated) else None
+        run = warm.pop() if warm and warm[0].fits(n, isolated, changes) else None
         run = run or TrialSetup(request, policy, environ, isolated, python=python)
         try:
             listing = undo_roots(request, policy, isolated, (run.tmp,))
@@ -119,6 +120,8 @@ class TrialSetup:
         self.env.update(sandbox.DRYRUN_ENV)
         self.env["SMARTLAUNCH_TRIAL"] = "1"
         self.child: proc.Child | None = None
+        self.early: dict[str, str] | None = None     # start_early's go: its variables
+        self.gate = str(self.out / "gate")
         if warm and gpus:
             # The trial's expected GPUs already at the import: the go then changes nothing
             # torch may have read (warm.py re-executes a rank whose driver read another value).
@@ -129,9 +132,39 @@ class TrialSetup:
                                         stdin=subprocess.PIPE, stdout=out,
                                         stderr=subprocess.STDOUT)
 
-    def fits(self, n: int, isolated: bool) -> bool:
+    def fits(self, n: int, isolated: bool, changes: dict[str, str] | None = None) -> bool:
+        if self.early is not None and (n != self.size or (changes or {}) != self.early):
+            return False            # started as one candidate: only that one
         return (self.child is not None and self.child.returncode is None and n <= self.size
                 and isolated == self.isolated)
+
+    def start_early(self, gpus: tuple[int, ...], environ: Mapping[str, str]) -> bool:
+        """The warm ranks' go now, as the `size`-GPU trial on gpus: the script sets itself up
+        in them beside the dry run and stops at a gate before its first forward (gate.py),
+        until `run` opens it with the step count. A 1.0B GPT's set-up took 15-18 s of a
+        DDP x2 trial's 20 s (2x H200, 2026-11-23); a cold decision that must try DDP then
+        pays only the steps. False: not warm, or died (a later trial runs cold)."""
+        changes = {"CUDA_VISIBLE_DEVICES": visible_devices(environ, gpus)}
+        args = shim_args(self.request, self.policy, str(self.out), None, gate=self.gate)
+        if (self.child is None or self.child.returncode is not None or self.early is not None
+                or len(gpus) != self.size):
+            return False
+        try:
+            self.child.proc.stdin.write(json.dumps({"nproc": self.size, "argv": args,
+                                                    "env": changes}).encode() + b"\n")
+            self.child.proc.stdin.close()
+        except OSError:
+            return False
+        self.early = changes
+        return True
+
+    def arrived(self) -> bool:
+        """Started early, and every rank waits at its gate (set up, idle)."""
+        return self.early is not None and gates.arrived(self.gate, self.size)
+
+    @property
+    def alive(self) -> bool:
+        return self.child is not None and self.child.returncode is None
 
     def _wrap(self, cmd: list[str]) -> list[str]:
         if not self.isolated:
@@ -140,6 +173,10 @@ class TrialSetup:
                             str(self.out / "isolation.json"), self.python)
 
     def run(self, n: int, steps: int, changes: dict[str, str], limit_s: float) -> int | None:
+        if self.early is not None and self.child is not None:
+            child, self.child = self.child, None
+            gates.open_gate(self.gate, {"measure": steps})
+            return bounded(child, limit_s)
         args = shim_args(self.request, self.policy, str(self.out), steps)
         if self.child is None:
             cmd = self._wrap(spawner_command(n, args, self.python))
@@ -194,10 +231,13 @@ def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
     return spawner_command(nproc, shim_args(request, policy, out_dir, steps), python)
 
 
-def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None) -> list[str]:
+def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None, *,
+              gate: str | None = None) -> list[str]:
     """Each rank's arguments to this module (below, `_shim`)."""
     args = ["--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
             "--measure", str(steps or policy.decision.trial_steps)]
+    if gate is not None:
+        args += ["--gate", gate]
     if request.module:
         args.append("--module")
     return [*args, request.script, *request.script_args]

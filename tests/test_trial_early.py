@@ -1,0 +1,132 @@
+"""A trial set up beside the dry run (issue 15, item 7): its warm ranks get their go with the
+dry run's and stop at a gate before their first forward until the decision asks
+(profile.trial.TrialSetup.start_early, profile/gate.py, pipeline_pools.Gate). Real processes,
+gloo ranks on the CPU, a fake two-GPU topology."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_warm import cold_plan, private_tmp, tagged_left
+
+pytestmark = pytest.mark.timeout(240)
+SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "decide" / "setup_stamps.py")
+# A wide band: the decision always asks for the DDP trial.
+POLICY = "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n  trial_steps: 3\n" \
+         "dryrun:\n  warmup_steps: 1\n  measure_steps: 3\n"
+
+
+def read(d: Path, name: str) -> dict:
+    return json.loads((d / f"{name}.json").read_text())
+
+
+def test_the_trial_sets_itself_up_beside_the_dry_run_and_steps_when_asked(
+        clean_env, shared_dir, monkeypatch):
+    tmp = private_tmp(clean_env, monkeypatch)
+    plan, _, _ = cold_plan(clean_env, SCRIPT, POLICY, ENV_DUMP=str(shared_dir), SETUP_S="2")
+    timings = plan.timings
+    assert [c for c in plan.to_dict()["candidates"] if c.get("measured")], plan.to_json()
+    dry, ranks = read(shared_dir, "dry0"), [read(shared_dir, f"trial{r}") for r in (0, 1)]
+    for r in ranks:
+        assert "smartlaunch.warm" in r["cmdline"]             # the warm ranks, not cold ones
+        assert r["set_up"] < dry["first_forward"]              # set up before the dry run stepped
+        assert r["first_forward"] > dry["first_forward"]       # held until the decision asked
+    # What the decision waited for: not the trial's 2 s set-up again, only its steps.
+    assert timings["trials_setup"] < 2.0 <= timings["profile"]
+    time.sleep(0.3)
+    assert tagged_left() == []
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_dry_run_out_of_memory_beside_the_trial_runs_again_alone(clean_env, shared_dir):
+    import io
+    from smartlaunch.statusline import StatusLine
+    err = io.StringIO()
+    plan, _, _ = cold_plan(clean_env, SCRIPT, POLICY, status=StatusLine(err, tty=False),
+                           ENV_DUMP=str(shared_dir), OOM_ONCE="1")
+    assert (shared_dir / "oom-once").exists() and (shared_dir / "dry0.json").exists()
+    assert plan.to_dict()["profile"]["status"] == "ok"
+    err = err.getvalue()
+    assert err.count("ran out of GPU memory beside the trial set up with it; running it "
+                     "again alone") == 1
+    time.sleep(0.3)
+    assert tagged_left() == []
+
+
+def test_without_a_trial_set_up_early_a_dry_run_out_of_memory_fails(clean_env, shared_dir):
+    from smartlaunch.errors import DryRunError
+    with pytest.raises(DryRunError) as err:
+        cold_plan(clean_env, SCRIPT, POLICY.replace("trial_steps: 3\n", "trials: false\n"),
+                  ENV_DUMP=str(shared_dir), OOM_ONCE="now")
+    assert err.value.out_of_memory
+
+
+class StandIn:
+    """A trial started early whose ranks reach their gate after `arrive_s` (None: never)."""
+
+    def __init__(self, arrive_s):
+        self.early, self.t0, self.arrive_s, self.closed = {}, time.monotonic(), arrive_s, None
+
+    def arrived(self):
+        return self.arrive_s is not None and time.monotonic() - self.t0 >= self.arrive_s
+
+    @property
+    def alive(self):
+        return self.closed is None
+
+    def close(self):
+        self.closed = self.closed or time.monotonic() - self.t0
+
+
+def gate_opened(pools, limit=30.0) -> float:
+    t0 = time.monotonic()
+    while not os.path.exists(pools.gate) and time.monotonic() - t0 < limit:
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def test_the_dry_runs_gate_opens_when_the_trials_ranks_wait_at_theirs(clean_env):
+    from smartlaunch.pipeline_pools import Gate, Pools
+    trial = StandIn(arrive_s=1.0)
+    pools = Pools(trial=trial)
+    pools.keeper = Gate(pools)
+    try:
+        assert 0.9 <= gate_opened(pools) < 30
+        assert trial.closed is None                 # kept for the decision
+    finally:
+        pools.close()
+
+
+def test_a_trial_slower_than_the_cap_is_killed_before_the_dry_run_steps(clean_env, monkeypatch):
+    from smartlaunch import pipeline_pools
+    from smartlaunch.profile import gate
+    monkeypatch.setattr(pipeline_pools, "READY_LIMIT_S", 1.0)
+    trial = StandIn(arrive_s=None)
+    pools = pipeline_pools.Pools(trial=trial)
+    pools.keeper = pipeline_pools.Gate(pools)
+    # The dry run reaches its gate 0.3 s after the go: it then waits at most 1 s (the cap).
+    threading.Timer(0.3, lambda: open(gate.marker(pools.gate, 0), "x").close()).start()
+    try:
+        waited = gate_opened(pools)
+        assert 1.2 <= waited < 5
+        assert trial.closed is not None and trial.closed <= waited + 0.05
+    finally:
+        pools.close()
+
+
+def test_a_trials_gate_carries_its_step_count(tmp_path):
+    import torch
+    from smartlaunch.profile import gate
+    from smartlaunch.profile.dryrun import Recorder
+    path = str(tmp_path / "gate")
+    rec = Recorder(str(tmp_path / "p.json"), warmup=1, measure=20, gate=path)
+    threading.Timer(0.5, gate.open_gate, (path, {"measure": 7})).start()
+    rec.on_pre(torch.nn.Linear(4, 2), (torch.zeros(3, 4),))
+    assert os.path.exists(gate.marker(path, os.environ.get("RANK", "0")))
+    assert rec.measure == 7 and rec.gate_wait_s >= 0.45
