@@ -112,6 +112,8 @@ def _make_plan(request, given, environ, status, cores, early):
             profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
         if early is not None:
             early.close()           # a cache hit, or no dry run due: not needed after all
+        if pools.keeper is not None:
+            pools.keeper.done.set()     # no dry run waits at the gate any more
         clock.lap("profile")
         if profile is not None and not profile.cached and profile.gate_wait_s:
             clock.add({"profile_gate": profile.gate_wait_s})

@@ -42,7 +42,6 @@ class Pools:
     comm: "EarlySweep | None" = None    # the all-reduce sweep on warm benchmark ranks
     trial: object | None = None         # profile.trial.TrialSetup with warm ranks
     keeper: "Gate | None" = None        # opens the dry run's gate
-    early: tuple | None = None          # (gpus, environ): the trial's go once the sweep ended
 
     @property
     def gate(self) -> str | None:
@@ -94,6 +93,7 @@ class Gate:
 
     def __init__(self, pools: Pools, where: str | None = None):
         self.cancel, self.thread, self.owned = threading.Event(), None, where is None
+        self.done = threading.Event()   # no dry run will come to the gate (a cache hit)
         self.dir = tempfile.mkdtemp(prefix="smartlaunch-gate-") if where is None else where
         if self.owned:
             proc.remove_on_exit(self.dir)
@@ -108,19 +108,21 @@ class Gate:
 
     def _run(self, pools: Pools) -> None:
         t_go = time.monotonic()
+        sweep, trial = pools.comm, pools.trial      # read once: the pipeline may drop the trial
         try:
-            sweep = pools.comm
-            while sweep is not None and sweep.thread.is_alive() and not self.cancel.is_set():
-                sweep.thread.join(0.05)
-            # The trial's set-up (a DDP broadcast of every parameter) must not run beside
-            # the sweep either: its curve is reused by every later decision on the node.
-            trial = pools.trial         # read once: the pipeline may drop it meanwhile
-            if pools.early is not None and trial is not None and not self.cancel.is_set():
-                trial.start_early(*pools.early)
-            pools.wait_ready(cancel=self.cancel)
+            # The sweep's ranks import torch and join their group meanwhile, but measure only
+            # once the trial has set itself up (a DDP broadcast of every parameter on the same
+            # GPUs): its curve is reused by every later decision on the node.
             if getattr(trial, "early", None) is not None:
                 self._wait_trial(trial, t_go)
+            if sweep is not None:
+                sweep.release()
+            while sweep is not None and sweep.thread.is_alive() and not self.cancel.is_set():
+                sweep.thread.join(0.05)
+            pools.wait_ready(cancel=self.cancel)
         finally:
+            if sweep is not None:
+                sweep.release()         # nothing may wait on a hold nobody will open
             try:
                 open(self.path, "x").close()
             except OSError:             # closed meanwhile: no dry run is waiting any more
@@ -134,7 +136,7 @@ class Gate:
         came = None
         while not (self.cancel.is_set() or trial.arrived() or not trial.alive):
             now = time.monotonic()
-            if came is None and os.path.exists(gates.marker(self.path, 0)):
+            if came is None and (self.done.is_set() or os.path.exists(gates.marker(self.path, 0))):
                 came = now
             if came is not None and now - came > max(READY_LIMIT_S, came - t_go):
                 trial.close()
@@ -154,15 +156,24 @@ class Gate:
 class EarlySweep:
     """The all-reduce curve of `group` over every size, measured by a thread of ours on the
     warm `pool` from now on and cached as comm_curve caches it. `curve(group)` waits for it;
-    `close` cancels it (its ranks are killed): nothing is left on any path."""
+    `close` cancels it (its ranks are killed): nothing is left on any path. hold: its ranks
+    join their group, then wait for `release` before the first size (a trial setting itself
+    up on the same GPUs meanwhile: Gate)."""
 
-    def __init__(self, pool, topology, group: tuple[int, ...], policy, environ):
+    def __init__(self, pool, topology, group: tuple[int, ...], policy, environ, *,
+                 hold: bool = False):
         self.group, self.result, self.error, self.seconds = group, None, None, None
+        self.hold_dir = tempfile.mkdtemp(prefix="smartlaunch-sweep-") if hold else None
+        self.hold = os.path.join(self.hold_dir, "go") if hold else None
+        if hold:
+            proc.remove_on_exit(self.hold_dir)
         self.at: tuple[int, int, int] | None = None     # (size, k, n) the ranks are at
         self.cancel, self.thread = threading.Event(), None
         # The dry run waits at its gate at most this long; half its time limit is left to it.
         from smartlaunch.profile.comm import TIME_LIMIT_S
         limit = min(TIME_LIMIT_S, float(policy.dryrun.time_limit_s) / 2)
+        if hold:                        # a held sweep waits at most about a dry run's time
+            limit += float(policy.dryrun.time_limit_s)
         try:
             self.thread = threading.Thread(
                 target=self._run, args=(pool, topology, policy, dict(environ), limit),
@@ -181,7 +192,7 @@ class EarlySweep:
         try:
             device = device_for(topology)
             curve = measure_allreduce(self.group, device=device, environ=environ, pool=pool,
-                                      time_limit_s=limit, cancel=self.cancel,
+                                      time_limit_s=limit, cancel=self.cancel, gate=self.hold,
                                       progress=lambda *at: setattr(self, "at", at))
             store_comm(policy, comm_key(topology, self.group, backend_for(device), environ),
                        curve, environ)
@@ -205,10 +216,18 @@ class EarlySweep:
                 progress(*shown)
         return self.result if tuple(group) == self.group else None
 
+    def release(self) -> None:
+        if self.hold is not None:
+            gates.open_gate(self.hold)
+
     def close(self) -> None:
         self.cancel.set()
         if self.thread is not None and self.thread.ident is not None:
             self.thread.join()
+        if self.hold_dir:
+            shutil.rmtree(self.hold_dir, ignore_errors=True)
+            proc.remove_on_exit(self.hold_dir, done=True)
+            self.hold_dir = None
 
 
 def start(request, policy, topology, environ, first, *, cores: int | None = None,
@@ -224,21 +243,23 @@ def start(request, policy, topology, environ, first, *, cores: int | None = None
         return pools
     group = tuple(usable[:n])
     budget = (len(os.sched_getaffinity(0)) if cores is None else cores) - SPARE_CORES
+    comm = budget >= n and not _comm_cached(topology, group, policy, environ)
+    isolated, trial = False, budget - n * comm >= n and _trial_wanted(
+        request, policy, topology, environ, group)
+    if trial:
+        from smartlaunch.profile.runner import isolation_check
+        isolated = isolation_check(request, policy, environ)[0]
+        trial = isolated or policy.dryrun.isolation != "require"
     try:
-        if budget >= n and not _comm_cached(topology, group, policy, environ):
+        if comm:
             from smartlaunch.profile.comm import device_for, rank_base_env
             from smartlaunch.warm import WarmPool
             pool = WarmPool(n, rank_base_env(environ, device_for(topology)))
-            pools.comm = EarlySweep(pool, topology, group, policy, environ)
-            budget -= n
-        if budget >= n and _trial_wanted(request, policy, topology, environ, group):
-            from smartlaunch.profile.runner import isolation_check
+            pools.comm = EarlySweep(pool, topology, group, policy, environ, hold=trial)
+        if trial:
             from smartlaunch.profile.trial import TrialSetup
-            isolated, _ = isolation_check(request, policy, environ)
-            if isolated or policy.dryrun.isolation != "require":
-                pools.trial = TrialSetup(request, policy, environ, isolated, warm=n,
-                                         gpus=group)
-                pools.early = (group, dict(environ))
+            pools.trial = TrialSetup(request, policy, environ, isolated, warm=n, gpus=group)
+            pools.trial.start_early(group, environ)
         if pools.comm is not None or pools.trial is not None:
             pools.keeper = Gate(pools, gate_dir)
     except BaseException:

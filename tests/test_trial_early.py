@@ -130,3 +130,35 @@ def test_a_trials_gate_carries_its_step_count(tmp_path):
     rec.on_pre(torch.nn.Linear(4, 2), (torch.zeros(3, 4),))
     assert os.path.exists(gate.marker(path, os.environ.get("RANK", "0")))
     assert rec.measure == 7 and rec.gate_wait_s >= 0.45
+
+
+def test_a_held_sweep_measures_only_once_released(clean_env, monkeypatch):
+    """Beside a trial setting itself up, the sweep's ranks join their group and wait: its
+    curve comes only after `release` (Gate releases it once the trial waits at its gate)."""
+    from conftest import fixture_path
+    from smartlaunch import proc
+    from smartlaunch.pipeline_pools import EarlySweep
+    from smartlaunch.policy.api import Policy
+    from smartlaunch.profile.comm import rank_base_env
+    from smartlaunch.topology import discover
+    from smartlaunch.warm import WarmPool
+    tmp = private_tmp(clean_env, monkeypatch)
+    environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}
+    pool = WarmPool(2, rank_base_env(environ, "cpu"))
+    pids = [c.pid for c, _ in pool.free]
+    sweep = EarlySweep(pool, discover(environ), (0, 1), Policy(), environ, hold=True)
+    try:
+        deadline = time.monotonic() + 120        # both ranks joined and wait at the hold
+        while not all(os.path.exists(f"{sweep.hold}.waiting.{r}") for r in (0, 1)):
+            assert time.monotonic() < deadline and sweep.thread.is_alive(), sweep.error
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert sweep.thread.is_alive() and sweep.result is None and sweep.at is None
+        sweep.release()
+        curve = sweep.curve((0, 1))
+        assert curve is not None and len(curve.points) >= 2, sweep.error
+    finally:
+        sweep.close()
+    assert not any(proc.proc_state(p).alive for p in pids)
+    time.sleep(0.3)
+    assert tagged_left() == [] and list(tmp.iterdir()) == []

@@ -55,11 +55,13 @@ def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
 
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                       max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
-                      progress=None, pool=None, cancel=None) -> CommCurve:
+                      progress=None, pool=None, cancel=None, gate: str | None = None
+                      ) -> CommCurve:
     """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
     device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
     progress(size, k, n): called as rank 0 starts the k-th of the n sizes. cancel: a
-    threading.Event; set, the ranks are killed and CommBenchError raised (run_ranks)."""
+    threading.Event; set, the ranks are killed and CommBenchError raised (run_ranks). gate: a
+    file (profile/gate.py) the ranks wait for once their group is up, before the first size."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
@@ -80,7 +82,8 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
         "smartlaunch.profile.comm_worker", gpus, device, environ,
         lambda tmp: ["--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
                      "--stat", "median" if device == "cuda" else "min",
-                     "--progress", os.path.join(tmp, "sizes.bin")],
+                     "--progress", os.path.join(tmp, "sizes.bin"),
+                     *(["--gate", gate] if gate else [])],
         time_limit_s=time_limit_s, what="all-reduce benchmark",
         hint="check the NCCL_* environment and the GPUs' health.", watch=watch, pool=pool,
         cancel=cancel)

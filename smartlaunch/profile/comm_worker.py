@@ -2,7 +2,7 @@
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
         --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F \
-        [--progress P]
+        [--progress P] [--gate PATH]
 
 Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
 per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
@@ -45,12 +45,17 @@ def main(argv=None) -> None:
     ap.add_argument("--stat", default="median", choices=("median", "min"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--progress", default=None)
+    ap.add_argument("--gate", default=None, help="joined, wait for this file before measuring")
     args = ap.parse_args(argv)
     import torch
     import torch.distributed as dist
 
     device, sync = join_group(args.backend, args.device_index)
     try:
+        if args.gate:               # the group is up; measure when the GPUs are ours alone
+            from smartlaunch.profile.gate import wait
+            wait(args.gate)
+            dist.barrier()
         sizes = [int(s) for s in args.sizes.split(",")]
         medians = []
         tick = None
