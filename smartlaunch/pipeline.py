@@ -114,6 +114,10 @@ def _make_plan(request, given, environ, status, cores, early):
             early.close()           # a cache hit, or no dry run due: not needed after all
         if pools.keeper is not None:
             pools.keeper.done.set()     # no dry run waits at the gate any more
+            if pools.keeper.dropped:
+                notes.append((f"the trial set up beside the dry run was stopped "
+                              f"({pools.keeper.dropped}); a trial starts the script again",
+                              "decision.prestart"))
         clock.lap("profile")
         if profile is not None and not profile.cached and profile.gate_wait_s:
             clock.add({"profile_gate": profile.gate_wait_s})

@@ -35,6 +35,10 @@ from smartlaunch.profile import gate as gates
 SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
 READY_POLL_S = 0.02
 READY_LIMIT_S = 15.0     # an import that slow is a machine too loaded to wait on
+# The early trial builds the model in N more processes beside the dry run's (a 1.0B GPT: ~4 GB
+# of host memory each while it is built on the CPU). Below this share of the job's memory left
+# it is killed, before the kernel's OOM killer picks the dry run (or us) instead.
+LOW_MEMORY = 0.10
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Gate:
     def __init__(self, pools: Pools, where: str | None = None):
         self.cancel, self.thread, self.owned = threading.Event(), None, where is None
         self.done = threading.Event()   # no dry run will come to the gate (a cache hit)
+        self.dropped: str | None = None  # why the early trial was killed for memory
         self.dir = tempfile.mkdtemp(prefix="smartlaunch-gate-") if where is None else where
         if self.owned:
             proc.remove_on_exit(self.dir)
@@ -139,6 +144,10 @@ class Gate:
             if came is None and (self.done.is_set() or os.path.exists(gates.marker(self.path, 0))):
                 came = now
             if came is not None and now - came > max(READY_LIMIT_S, came - t_go):
+                trial.close()
+                break
+            if memory_low():
+                self.dropped = "host memory ran low"
                 trial.close()
                 break
             time.sleep(READY_POLL_S)
@@ -283,6 +292,33 @@ def _trial_wanted(request, policy, topology, environ, group) -> bool:
     return cached_trial(request, policy, topology=topology, environ=environ,
                         strategy=Strategy.DDP, gpus=group) is None
 
+
+
+def memory_low(share: float | None = None) -> bool:
+    """Is less than LOW_MEMORY of the memory this job may use left? The job's cgroup (v2:
+    memory.max, a Slurm job's limit) when it sets one, else the host's."""
+    import psutil
+    share = LOW_MEMORY if share is None else share
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration):
+        path = "/"
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), 0, -1):        # this cgroup and each parent with a limit
+        base = "/sys/fs/cgroup/" + "/".join(parts[:depth])
+        try:
+            with open(f"{base}/memory.max") as f:
+                limit = f.read().strip()
+            if limit == "max":
+                continue
+            with open(f"{base}/memory.current") as f:
+                if int(limit) - int(f.read()) < share * int(limit):
+                    return True
+        except (OSError, ValueError):
+            continue
+    m = psutil.virtual_memory()
+    return m.available < share * m.total
 
 
 def _tree(pids: list[int]) -> list[int]:

@@ -162,3 +162,23 @@ def test_a_held_sweep_measures_only_once_released(clean_env, monkeypatch):
     assert not any(proc.proc_state(p).alive for p in pids)
     time.sleep(0.3)
     assert tagged_left() == [] and list(tmp.iterdir()) == []
+
+
+def test_the_early_trial_is_killed_first_when_memory_runs_low(clean_env, monkeypatch):
+    from smartlaunch import pipeline_pools
+    low_at = time.monotonic() + 0.5
+    monkeypatch.setattr(pipeline_pools, "memory_low", lambda: time.monotonic() >= low_at)
+    trial = StandIn(arrive_s=None)
+    pools = pipeline_pools.Pools(trial=trial)
+    pools.keeper = pipeline_pools.Gate(pools)
+    try:
+        assert gate_opened(pools) < 5          # no dry run came: only the memory ended it
+        assert trial.closed is not None and 0.4 <= trial.closed < 2
+        assert pools.keeper.dropped == "host memory ran low"
+    finally:
+        pools.close()
+
+
+def test_memory_low_reads_the_share_left(clean_env):
+    from smartlaunch.pipeline_pools import memory_low
+    assert memory_low(1.0) and not memory_low(0.0)
