@@ -7,18 +7,22 @@ touches a GPU before it. They are started only when the decision will use them: 
 due (auto, at least 2 usable GPUs) and, for the group of the largest scaled candidate (the
 first N usable GPUs, N = the GPU cap):
 - comm: its all-reduce curve is not cached (profile.comm's ranks; gloo ranks on a fake topology).
-  They get their go at once: `EarlySweep` measures every size while the dry run's script sets
-  itself up, instead of 2.3-3.1 s after it (2x H200, 2026-11-23), and caches the curve;
+  They get their go at once and join their group; `EarlySweep` measures every size before the
+  dry run's first step instead of 2.3-3.1 s after it (2x H200, 2026-11-23), and caches the curve;
 - trial: trials are on, the script is Python, and its DDP trial is not cached (the spawner and
-  its ranks start inside the trial's sandbox: profile/trial.py TrialSetup).
+  its ranks start inside the trial's sandbox: profile/trial.py TrialSetup). They get their go
+  at once too (`start_early`): the script sets itself up in them beside the dry run's and stops
+  at a gate before its first forward until the decision asks (a 1.0B GPT's DDP x2 trial: 34-39 s
+  after the dry run before, 3.9-5.0 s now; bench/results/cold-decision-2026-11-23-2xH200-
+  trial-beside.md). Killed first when the job's memory runs low (`memory_low`).
 and only on cores to spare: each costs about one core for the seconds of its import, which a
 2-core machine would take from the dry run itself (hence `cores`, counted from this process's
 CPU affinity unless given).
 
-With either, the dry run's first forward waits at a gate (`Gate`) until the sweep has ended
-and the trial's ranks have imported torch and wait for their go: nothing of ours then runs
-beside its measured steps, and its kernels never run beside the sweep (whose curve every later
-decision on the node reuses).
+Order, kept by `Gate`: the trial's set-up (a DDP broadcast of every parameter), then the sweep's
+sizes (its curve is reused by every later decision on the node), then the dry run's first
+forward: nothing of ours runs beside its measured steps. A dry run out of GPU memory beside the
+trial's ranks is run again alone (pipeline.py).
 """
 from __future__ import annotations
 
@@ -90,10 +94,12 @@ class Pools:
 
 
 class Gate:
-    """The dry run's gate: `path`, created by a thread of ours once the early sweep has ended
-    (measured, failed, timed out or cancelled) and the trial's warm ranks wait for their go
-    (Pools.wait_ready, at most READY_LIMIT_S). where: a directory the dry run's sandbox shares
-    (the early dry-run process's result dir); None: one of its own, which runner shares."""
+    """The dry run's gate: `path`, created by a thread of ours once the early trial's ranks
+    wait at their own gate (or it died, or was killed: `_wait_trial`), then the early sweep,
+    released, has ended (measured, failed, timed out or cancelled), and any other warm rank
+    waits for its go (Pools.wait_ready, at most READY_LIMIT_S). where: a directory the dry
+    run's sandbox shares (the early dry-run process's result dir); None: one of its own, which
+    runner shares."""
 
     def __init__(self, pools: Pools, where: str | None = None):
         self.cancel, self.thread, self.owned = threading.Event(), None, where is None
