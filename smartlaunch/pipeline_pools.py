@@ -12,9 +12,9 @@ first N usable GPUs, N = the GPU cap):
 - trial: trials are on, the script is Python, and its DDP trial is not cached (the spawner and
   its ranks start inside the trial's sandbox: profile/trial.py TrialSetup). They get their go
   at once too (`start_early`): the script sets itself up in them beside the dry run's and stops
-  at a gate before its first forward until the decision asks (a 1.0B GPT's DDP x2 trial: 34-39 s
-  after the dry run before, 3.9-5.0 s now; bench/results/cold-decision-2026-11-23-2xH200-
-  trial-beside.md). Killed first when the job's memory runs low (`memory_low`).
+  at a gate before its first forward until the decision asks (a 1.0B GPT's DDP x2 trial: 31.6 s
+  after the dry run when started then, 4.2-4.7 s so; bench/results/cold-decision-2026-11-23-
+  2xH200-trial-beside.md). Killed first when the job's memory runs low (`memory_low`).
 and only on cores to spare: each costs about one core for the seconds of its import, which a
 2-core machine would take from the dry run itself (hence `cores`, counted from this process's
 CPU affinity unless given).
@@ -104,7 +104,7 @@ class Gate:
     def __init__(self, pools: Pools, where: str | None = None):
         self.cancel, self.thread, self.owned = threading.Event(), None, where is None
         self.done = threading.Event()   # no dry run will come to the gate (a cache hit)
-        self.dropped: str | None = None  # why the early trial was killed for memory
+        self.dropped: str | None = None  # why the early trial was killed
         self.dir = tempfile.mkdtemp(prefix="smartlaunch-gate-") if where is None else where
         if self.owned:
             proc.remove_on_exit(self.dir)
@@ -150,6 +150,7 @@ class Gate:
             if came is None and (self.done.is_set() or os.path.exists(gates.marker(self.path, 0))):
                 came = now
             if came is not None and now - came > max(READY_LIMIT_S, came - t_go):
+                self.dropped = "its set-up outlasted the dry run's wait"
                 trial.close()
                 break
             if memory_low():

@@ -116,6 +116,7 @@ def test_a_trial_slower_than_the_cap_is_killed_before_the_dry_run_steps(clean_en
         waited = gate_opened(pools)
         assert 1.2 <= waited < 5
         assert trial.closed is not None and trial.closed <= waited + 0.05
+        assert pools.keeper.dropped == "its set-up outlasted the dry run's wait"
     finally:
         pools.close()
 
