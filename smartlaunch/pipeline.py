@@ -96,7 +96,8 @@ def _make_plan(request, given, environ, status, cores, early):
         early.close()               # started on a guess this request's dry run does not share
         early = None
     pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores,
-                                 gate_dir=early.result_dir if early is not None else None)
+                                 gate_dir=early.result_dir if early is not None else None,
+                                 early_trial=early.take_trial() if early is not None else None)
     try:
         try:
             profile = _profile(request, policy, topology, environ, first.profile_gpu, status,

@@ -247,8 +247,22 @@ class EarlySweep:
 
 
 def start(request, policy, topology, environ, first, *, cores: int | None = None,
-          gate_dir: str | None = None) -> Pools:
-    """first: the decision's probe (decide.probe.Probe). gate_dir: where the gate goes (Gate)."""
+          gate_dir: str | None = None, early_trial=None) -> Pools:
+    """first: the decision's probe (decide.probe.Probe). gate_dir: where the gate goes (Gate).
+    early_trial: the trial's warm ranks spawned before the parse (profile/early.py), adopted
+    when they are the trial this decision would start, else killed; ours either way."""
+    try:
+        pools = _start(request, policy, topology, environ, first, cores, gate_dir, early_trial)
+    except BaseException:
+        if early_trial is not None:
+            early_trial.close()
+        raise
+    if early_trial is not None and pools.trial is not early_trial:
+        early_trial.close()
+    return pools
+
+
+def _start(request, policy, topology, environ, first, cores, gate_dir, early_trial) -> Pools:
     pools = Pools()
     if first.profile_gpu is None or not first.measure or not policy.decision.prestart:
         return pools
@@ -274,7 +288,9 @@ def start(request, policy, topology, environ, first, *, cores: int | None = None
             pools.comm = EarlySweep(pool, topology, group, policy, environ, hold=trial)
         if trial:
             from smartlaunch.profile.trial import TrialSetup
-            pools.trial = TrialSetup(request, policy, environ, isolated, warm=n, gpus=group)
+            pools.trial = early_trial.bind(request, policy) if early_trial is not None and \
+                early_trial.same(n, isolated, environ, group) else \
+                TrialSetup(request, policy, environ, isolated, warm=n, gpus=group)
             pools.trial.start_early(group, environ)
         if pools.comm is not None or pools.trial is not None:
             pools.keeper = Gate(pools, gate_dir)

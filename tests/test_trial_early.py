@@ -183,3 +183,54 @@ def test_the_early_trial_is_killed_first_when_memory_runs_low(clean_env, monkeyp
 def test_memory_low_reads_the_share_left(clean_env):
     from smartlaunch.pipeline_pools import memory_low
     assert memory_low(1.0) and not memory_low(0.0)
+
+
+def early_then_plan(clean_env, shared_dir, monkeypatch, plan_policy: str = POLICY):
+    """early.start as the CLI calls it (a policy with trials on), then the pipeline with
+    plan_policy; the TrialSetups constructed meanwhile, in order."""
+    from conftest import fixture_path
+    from smartlaunch.pipeline import make_plan
+    from smartlaunch.profile import early
+    from smartlaunch.profile.trial import TrialSetup
+    from smartlaunch.request import Request
+    made, init = [], TrialSetup.__init__
+
+    def spy(self, *a, **k):
+        made.append(self)
+        return init(self, *a, **k)
+    monkeypatch.setattr(TrialSetup, "__init__", spy)
+    first, second = clean_env / "first.yaml", clean_env / "second.yaml"
+    first.write_text(POLICY)
+    second.write_text(plan_policy)
+    environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"),
+               "ENV_DUMP": str(shared_dir)}
+    e = early.start(["--policy", str(first), "--explain=json", SCRIPT], environ, cores=16)
+    spawned = list(made)
+    plan, _, _ = make_plan(Request(script=SCRIPT, explain="json", policy_path=str(second)),
+                           set(), environ, cores=16, early=e)
+    return plan, spawned, made
+
+
+def test_the_trials_ranks_spawned_before_the_parse_run_the_trial(clean_env, shared_dir,
+                                                                  monkeypatch):
+    tmp = private_tmp(clean_env, monkeypatch)
+    plan, spawned, made = early_then_plan(clean_env, shared_dir, monkeypatch)
+    assert len(spawned) == 1 and spawned[0].size == 2       # before the parse
+    assert made == spawned                                   # and no other was started
+    assert [c for c in plan.to_dict()["candidates"] if c.get("measured")], plan.to_json()
+    dry, ranks = read(shared_dir, "dry0"), [read(shared_dir, f"trial{r}") for r in (0, 1)]
+    assert all(r["set_up"] < dry["first_forward"] for r in ranks)
+    time.sleep(0.3)
+    assert tagged_left() == [] and list(tmp.iterdir()) == []
+
+
+def test_trial_ranks_spawned_before_the_parse_that_no_trial_needs_are_killed(
+        clean_env, shared_dir, monkeypatch):
+    tmp = private_tmp(clean_env, monkeypatch)
+    plan, spawned, made = early_then_plan(clean_env, shared_dir, monkeypatch,
+                                          POLICY.replace("trial_steps: 3\n", "trials: false\n"))
+    assert len(spawned) == 1 and made == spawned
+    assert not [c for c in plan.to_dict()["candidates"] if c.get("measured")]
+    assert not (shared_dir / "trial0.json").exists()
+    time.sleep(0.3)
+    assert tagged_left() == [] and list(tmp.iterdir()) == []

@@ -46,6 +46,7 @@ class EarlyDryRun:
         self.tmp = tempfile.mkdtemp(prefix="smartlaunch-dryrun-")
         proc.remove_on_exit(self.tmp)
         self.child: proc.Child | None = None
+        self.trial = None        # profile.trial.TrialSetup: warm ranks for the DDP trial
         try:
             os.mkdir(self.result_dir)
             self.stdout_path = os.path.join(self.tmp, "early-stdout.log")
@@ -85,8 +86,26 @@ class EarlyDryRun:
         except OSError:
             pass
 
+    def start_trial(self, environ, size: int, python: str = sys.executable) -> None:
+        """The DDP trial's warm ranks on the first `size` GPUs, spawned now (a guess, like
+        this process): pipeline_pools.start adopts them when the decision's own guess is the
+        same trial, else they are killed unused. On 2x H200 they otherwise started 4 s later,
+        after smartlaunch's own import, and the dry run waited that long at its gate."""
+        from smartlaunch.profile.trial import TrialSetup
+        try:
+            self.trial = TrialSetup(None, None, environ, self.isolated, python=python,
+                                    warm=size, gpus=tuple(range(size)))
+        except OSError:
+            self.trial = None
+
+    def take_trial(self):
+        trial, self.trial = self.trial, None
+        return trial
+
     def close(self) -> None:
         """Unused: killed (it holds nothing worth a grace). Its temp dir goes either way."""
+        if self.trial is not None:
+            self.take_trial().close()
         if self.child is not None:
             self.child.stop(signal.SIGKILL, 0)
             self.child = None
@@ -122,8 +141,38 @@ def start(argv: list[str], environ, *, cores: int | None = None) -> EarlyDryRun 
     if not policy.decision.prestart or seen:
         return None
     try:
-        return EarlyDryRun(environ, isolated=policy.dryrun.isolation != "off")
+        early = EarlyDryRun(environ, isolated=policy.dryrun.isolation != "off")
     except OSError:                      # no temp dir, no fork: the dry run starts cold
+        return None
+    # The trial's ranks: trials on, and cores for them beside the dry run's and our import.
+    caps = [_gpu_guess(environ), policy.decision.max_gpus, _int(_option(argv, "--max-gpus"))]
+    size = min(c for c in caps if c is not None)
+    if policy.decision.trials and size >= 2 and budget - SPARE_CORES - 1 >= size:
+        early.start_trial(environ, size)
+    return early
+
+
+def _gpu_guess(environ) -> int:
+    """GPUs this job may see, without NVML or torch: the fake topology's (tests), else the
+    driver's entries in /proc, at most as many as CUDA_VISIBLE_DEVICES names."""
+    fake = environ.get("SMARTLAUNCH_FAKE_TOPOLOGY")
+    try:
+        if fake:
+            import json
+            from smartlaunch.topology.fake import fixture_file
+            n = len(json.loads(fixture_file(fake).read_text()).get("gpus", []))
+        else:
+            n = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except (OSError, ValueError, AttributeError):
+        return 0
+    seen = environ.get("CUDA_VISIBLE_DEVICES")
+    return n if seen is None else min(n, len([s for s in seen.split(",") if s.strip()]))
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
         return None
 
 

@@ -116,6 +116,7 @@ class TrialSetup:
         self.out = Path(self.tmp) / "result"
         self.out.mkdir()
         self.log = Path(self.tmp) / "trial.log"
+        self.base_env = dict(environ)
         self.env = dict(environ)
         self.env.update(sandbox.DRYRUN_ENV)
         self.env["SMARTLAUNCH_TRIAL"] = "1"
@@ -126,11 +127,23 @@ class TrialSetup:
             # The trial's expected GPUs already at the import: the go then changes nothing
             # torch may have read (warm.py re-executes a rank whose driver read another value).
             self.env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
+        self.visible = self.env.get("CUDA_VISIBLE_DEVICES")
         if warm:
             with open(self.log, "wb") as out:
                 self.child = proc.spawn(self._wrap(warm_command(warm, python)), env=self.env,
                                         stdin=subprocess.PIPE, stdout=out,
                                         stderr=subprocess.STDOUT)
+
+    def bind(self, request: Request, policy: Policy) -> "TrialSetup":
+        """Spawned before the command line was parsed (profile/early.py, request and policy
+        None): what it will run."""
+        self.request, self.policy = request, policy
+        return self
+
+    def same(self, n: int, isolated: bool, environ: Mapping[str, str], gpus) -> bool:
+        """Spawned as a fresh TrialSetup(..., warm=n, gpus=gpus) would be now, and alive."""
+        return (self.size == n and self.visible == visible_devices(environ, gpus)
+                and self.base_env == dict(environ) and self.fits(n, isolated))
 
     def fits(self, n: int, isolated: bool, changes: dict[str, str] | None = None) -> bool:
         if self.early is not None and (n != self.size or (changes or {}) != self.early):
