@@ -14,7 +14,8 @@ torch and touched no GPU and no file of the user's (it runs nothing of theirs be
 Started only when that guess says a dry run may be due (not when this command line, from this
 directory, already has a stored profile: cache.seen_marker) and a core is spare beside
 smartlaunch's own import (not on CI's 2 cores); `prestart: false` in the policy read then
-starts none.
+starts none. With it, when trials are on and cores are spare for them, the DDP trial's warm
+ranks on the GPUs counted without NVML (`start_trial`; pipeline_pools adopts or kills them).
 """
 from __future__ import annotations
 
