@@ -162,7 +162,8 @@ def main() -> None:
     if differ:
         print(f"smartlaunch warm: {', '.join(differ[:5])} changed since the import: a fresh "
               f"python runs {module}", file=sys.stderr, flush=True)
-        os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+        flags = ["-u"] if getattr(sys.stdout, "write_through", False) else []    # runner's -u
+        os.execve(sys.executable, [sys.executable, *flags, "-m", module, *argv], env)
     os.environ.clear()
     os.environ.update(env)
     sys.stdin = open(0, closefd=False)

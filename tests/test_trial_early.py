@@ -234,3 +234,17 @@ def test_trial_ranks_spawned_before_the_parse_that_no_trial_needs_are_killed(
     assert not (shared_dir / "trial0.json").exists()
     time.sleep(0.3)
     assert tagged_left() == [] and list(tmp.iterdir()) == []
+
+
+def test_a_trial_set_up_early_that_the_decision_never_asks_for_is_killed(
+        clean_env, shared_dir, monkeypatch):
+    tmp = private_tmp(clean_env, monkeypatch)
+    # No band: the model's prediction decides and no trial is run.
+    plan, _, _ = cold_plan(clean_env, SCRIPT, POLICY.replace("uncertainty_band: 2.0",
+                                                             "uncertainty_band: 0.0"),
+                           ENV_DUMP=str(shared_dir))
+    assert not [c for c in plan.to_dict()["candidates"] if c.get("measured")], plan.to_json()
+    assert (shared_dir / "started0").exists()            # its ranks had started the script
+    assert not (shared_dir / "trial0.json").exists()     # and never passed their gate
+    time.sleep(0.3)
+    assert tagged_left() == [] and list(tmp.iterdir()) == []

@@ -19,16 +19,17 @@ from smartlaunch import proc
 PROBE = """import json, os, sys
 import torch
 json.dump({"argv": sys.argv, "env": dict(os.environ), "main": __name__,
-           "cuda": torch.cuda.is_initialized(), "stdin": sys.stdin.read()},
+           "cuda": torch.cuda.is_initialized(), "stdin": sys.stdin.read(),
+           "unbuffered": getattr(sys.stdout, "write_through", False)},
           open(os.environ["OUT"], "w"))
 sys.exit(int(os.environ.get("CODE", "0")))
 """
 
 
-def warm_worker(tmp_path: Path, **env):
+def warm_worker(tmp_path: Path, *flags: str, **env):
     (tmp_path / "probe_mod.py").write_text(PROBE)
     base = {**os.environ, "OUT": str(tmp_path / "out.json"), **env}
-    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.warm"], cwd=tmp_path, env=base,
+    p = subprocess.Popen([sys.executable, *flags, "-m", "smartlaunch.warm"], cwd=tmp_path, env=base,
                          stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     return p, base
 
@@ -59,6 +60,17 @@ def test_a_variable_torch_reads_at_import_changed_gives_a_fresh_python(clean_env
     assert rc == 0, err
     assert "OMP_NUM_THREADS changed since the import: a fresh python runs probe_mod" in err
     assert json.loads((clean_env / "out.json").read_text())["env"]["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_fresh_python_keeps_the_workers_unbuffered_output(clean_env, monkeypatch):
+    """The early dry-run process runs `python -u` (the script's output reaches its log as it
+    is written); a fresh exec must keep that."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)       # the flag alone says it
+    p, base = warm_worker(clean_env, "-u")
+    rc, err = go(p, json.dumps({"module": "probe_mod", "env": {**base, "OMP_NUM_THREADS": "3"}}
+                               ).encode() + b"\n")
+    assert rc == 0 and "a fresh python runs probe_mod" in err, err
+    assert json.loads((clean_env / "out.json").read_text())["unbuffered"] is True
 
 
 @pytest.mark.parametrize("line,code", [(b"", 0), (b"{not json\n", 2),
