@@ -17,8 +17,9 @@ from test_warm import cold_plan, private_tmp, tagged_left
 
 pytestmark = pytest.mark.timeout(240)
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "decide" / "setup_stamps.py")
-# A wide band: the decision always asks for the DDP trial.
-POLICY = "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n  trial_steps: 3\n" \
+# A wide band around a low floor: the decision asks for the DDP trial for any prediction of
+# 8-75% efficiency (at 0.5 a loaded CPU once predicted 16%, just outside the band).
+POLICY = "decision:\n  min_efficiency: 0.25\n  uncertainty_band: 2.0\n  trial_steps: 3\n" \
          "dryrun:\n  warmup_steps: 1\n  measure_steps: 3\n"
 
 
