@@ -63,7 +63,9 @@ JOB_SCRIPT = textwrap.dedent("""
     p.add_argument("--rate", type=float, default=100.0)
     a = p.parse_args()
     start = time.time()
-    open(os.path.join(a.out, f"started-{os.environ['SMARTLAUNCH_JOB_INDEX']}"), "w").write(str(os.getpid()))
+    started = os.path.join(a.out, f"started-{os.environ['SMARTLAUNCH_JOB_INDEX']}")
+    open(started + ".tmp", "w").write(str(os.getpid()))
+    os.replace(started + ".tmp", started)     # whole when it appears (tests read the pid)
     keys = ("CUDA_VISIBLE_DEVICES", "SMARTLAUNCH_JOB_INDEX", "SMARTLAUNCH_NUM_JOBS", "RANK",
             "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")
     rec = {k: os.environ.get(k) for k in keys}
