@@ -148,8 +148,7 @@ class TrialSetup:
     def fits(self, n: int, isolated: bool, changes: dict[str, str] | None = None) -> bool:
         if self.early is not None and (n != self.size or (changes or {}) != self.early):
             return False            # started as one candidate: only that one
-        return (self.child is not None and self.child.returncode is None and n <= self.size
-                and isolated == self.isolated)
+        return self.alive and n <= self.size and isolated == self.isolated
 
     def start_early(self, gpus: tuple[int, ...], environ: Mapping[str, str]) -> bool:
         """The warm ranks' go now, as the `size`-GPU trial on gpus: the script sets itself up
@@ -159,14 +158,8 @@ class TrialSetup:
         pays only the steps. False: not warm, or died (a later trial runs cold)."""
         changes = {"CUDA_VISIBLE_DEVICES": visible_devices(environ, gpus)}
         args = shim_args(self.request, self.policy, str(self.out), None, gate=self.gate)
-        if (self.child is None or self.child.returncode is not None or self.early is not None
-                or len(gpus) != self.size):
-            return False
-        try:
-            self.child.proc.stdin.write(json.dumps({"nproc": self.size, "argv": args,
-                                                    "env": changes}).encode() + b"\n")
-            self.child.proc.stdin.close()
-        except OSError:
+        if not self.alive or self.early is not None or len(gpus) != self.size \
+                or not _go(self.child, self.size, args, changes):
             return False
         self.early = changes
         return True
@@ -195,12 +188,7 @@ class TrialSetup:
             cmd = self._wrap(spawner_command(n, args, self.python))
             return run_limited(cmd, {**self.env, **changes}, limit_s, self.log)
         child, self.child = self.child, None
-        try:
-            child.proc.stdin.write(json.dumps({"nproc": n, "argv": args, "env": changes}
-                                              ).encode() + b"\n")
-            child.proc.stdin.close()
-        except OSError:
-            pass                           # it died: bounded() returns its code
+        _go(child, n, args, changes)       # False: it died, and bounded() returns its code
         return bounded(child, limit_s)
 
     def close(self) -> None:
@@ -212,6 +200,17 @@ class TrialSetup:
             self._tmp.cleanup()
             proc.remove_on_exit(self.tmp, done=True)
             self._tmp = None
+
+
+def _go(child: proc.Child, n: int, args: list[str], changes: dict[str, str]) -> bool:
+    """The warm spawner's go (trial_group.run_warm): n ranks of the shim with args."""
+    try:
+        child.proc.stdin.write(json.dumps({"nproc": n, "argv": args, "env": changes}
+                                          ).encode() + b"\n")
+        child.proc.stdin.close()
+    except OSError:
+        return False
+    return True
 
 
 def trial_phases(result: dict | None, t_spawn: float, t_end: float, *,
