@@ -49,8 +49,8 @@ def test_stale_record_is_reclaimed(clean_env, stale):
         assert lease.gpus == (0,)
 
 
-def test_live_record_without_flock_still_blocks(clean_env):
-    """The lock file was replaced under a live holder: its record keeps the GPU taken."""
+def test_live_record_blocks(clean_env):
+    """A lease is its record: a live holder's record keeps the GPU taken."""
     topo = fake_topology(1)
     lease_dir = os.environ["SMARTLAUNCH_LEASE_DIR"]
     mgr = LeaseManager(lease_dir)

@@ -34,7 +34,7 @@ def test_new_private_dir_is_owner_only(clean_env):
     assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700
 
 
-def test_lock_file_symlink_to_victim_file_leaves_victim_untouched(clean_env):
+def test_lock_file_symlink_to_victim_file_is_ignored_and_victim_untouched(clean_env):
     topo = fake_topology(2)
     lease_dir = os.environ["SMARTLAUNCH_LEASE_DIR"]
     mgr = LeaseManager(lease_dir)
@@ -43,25 +43,23 @@ def test_lock_file_symlink_to_victim_file_leaves_victim_untouched(clean_env):
     victim.chmod(0o640)
     before = os.stat(victim)
     os.symlink(victim, _lock_path(lease_dir, topo, 0))
-    with pytest.raises(NoFreeGPUError, match=r"GPU 0 is .*is a symlink"):
-        mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
-    lease = mgr.acquire(topo, [0, 1], 1, wait=False, timeout_s=0)
-    assert lease.gpus == (1,)                     # the trapped GPU is skipped, not followed
+    lease = mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
+    assert lease.gpus == (0,)                     # nothing at a predictable name is trusted
     lease.release()
     after = os.stat(victim)
     assert victim.read_text() == "precious"
     assert (after.st_mode, after.st_size, after.st_mtime_ns) == (before.st_mode, before.st_size, before.st_mtime_ns)
 
 
-def test_lock_file_hard_link_is_refused(clean_env):
+def test_lock_file_hard_link_is_ignored_and_victim_untouched(clean_env):
     topo = fake_topology(1)
     lease_dir = os.environ["SMARTLAUNCH_LEASE_DIR"]
     mgr = LeaseManager(lease_dir)
     victim = clean_env / "victim.txt"
     victim.write_text("precious")
     os.link(victim, _lock_path(lease_dir, topo, 0))
-    with pytest.raises(NoFreeGPUError, match="not a regular file with one link"):
-        mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
+    with mgr.acquire(topo, [0], 1, wait=False, timeout_s=0) as lease:
+        assert lease.gpus == (0,)
     assert victim.read_text() == "precious"
 
 
@@ -92,34 +90,6 @@ def test_dir_owned_by_another_user_is_refused(clean_env):
     os.chown(d, NOBODY, NOBODY)
     with pytest.raises(LeaseDirError, match=f"owned by uid {NOBODY}"):
         open_lease_dir(str(d))
-
-
-@needs_root
-def test_lock_file_precreated_by_another_user_is_not_truncated_or_hijacked(clean_env):
-    topo = fake_topology(1)
-    lease_dir = os.environ["SMARTLAUNCH_LEASE_DIR"]
-    mgr = LeaseManager(lease_dir)
-    lock = _lock_path(lease_dir, topo, 0)
-    with open(lock, "w") as f:
-        f.write("attacker data")
-    os.chown(lock, NOBODY, NOBODY)
-    os.chmod(lock, 0o666)
-    lease = mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
-    st = os.lstat(lock)
-    assert open(lock).read() == "attacker data"
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o666)
-    # Our own record says who holds the GPU, in a file we own.
-    records = [n for n in os.listdir(lease_dir) if n.endswith(".holder")]
-    assert len(records) == 1 and os.lstat(os.path.join(lease_dir, records[0])).st_uid == os.geteuid()
-    # The lock file's owner can unlink it, making a fresh unlocked inode appear at the path.
-    # Another launch must still see our live lease.
-    os.unlink(lock)
-    topo_path = write_topology(clean_env / "topo.json", topo)
-    holder = write_script(clean_env, "holder.py", LEASE_HOLDER)
-    r = subprocess.run([PY, holder, topo_path, str(clean_env / "ready"), "0"], env=python_env(),
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode != 0 and f"leased by pid {os.getpid()}" in r.stderr
-    lease.release()
 
 
 @needs_root
@@ -260,3 +230,117 @@ def test_a_lease_dir_on_a_read_only_filesystem_is_not_a_chmod(clean_env):
         f"smartlaunch: error: lease directory {lease_dir} is on a read-only filesystem; set "
         f"SMARTLAUNCH_LEASE_DIR (or paths.lease_dir in your policy) to a directory you can "
         f"write, or ask your admin to set paths.lease_dir to a writable directory"], r.stderr
+
+
+# ---- files and locks made by another account, for real (uid 65534 through setpriv) -------
+def _as_nobody(code: str, *args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([*AS_NOBODY, PY, "-c", code, *args], env=python_env(), text=True,
+                            **popen)
+
+
+def _shared_lease_dir(clean_env) -> str:
+    """The test's lease dir as a shared one (1777, root's): where other users make files."""
+    lease_dir = os.environ["SMARTLAUNCH_LEASE_DIR"]
+    LeaseManager(lease_dir, private=False).close()
+    assert stat.S_IMODE(os.lstat(lease_dir).st_mode) == 0o1777
+    return lease_dir
+
+
+_PLANT = """
+import json, os, sys
+d, uuid, victim, me = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+lock = os.path.join(d, f"gpu-{uuid}.lock")
+fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)   # nobody else may open it
+os.write(fd, b"attacker data"); os.close(fd)
+os.symlink(victim, os.path.join(d, f"gpu-{uuid}.lock.link"))
+os.link(lock, os.path.join(d, f"gpu-{uuid}.lock.hard"))
+boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+import psutil
+for n, pid in (("init", 1), ("victim", me)):            # live processes of another account
+    rec = {"pid": pid, "create_time": psutil.Process(pid).create_time(), "boot_id": boot,
+           "uid": os.geteuid(), "user": "nobody", "host": "h", "slurm_job_id": None, "time": 0,
+           "gpu_uuid": uuid}
+    with open(os.path.join(d, f"gpu-{uuid}.{pid}.{n}.holder"), "x") as f:
+        json.dump(rec, f)
+"""
+
+
+@needs_nobody
+def test_files_planted_by_another_user_neither_block_nor_hijack(clean_env):
+    """Another account pre-creates the old lock file (0600: we could not even open it), a
+    symlink and a hard link, and holder records naming live processes that are not its own.
+    None of it blocks the GPU, and nothing of theirs is opened for writing or changed."""
+    topo = fake_topology(1)
+    lease_dir = _shared_lease_dir(clean_env)
+    victim = clean_env / "victim.txt"
+    victim.write_text("precious")
+    p = _as_nobody(_PLANT, lease_dir, topo.gpu(0).uuid, str(victim), str(os.getpid()),
+                   stderr=subprocess.PIPE)
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+    planted = {n: os.lstat(os.path.join(lease_dir, n)) for n in os.listdir(lease_dir)}
+    assert len(planted) == 5 and all(st.st_uid == NOBODY for st in planted.values())
+    mgr = LeaseManager(lease_dir)
+    with mgr.acquire(topo, [0], 1, wait=False, timeout_s=0) as lease:
+        assert lease.gpus == (0,)
+        ours = [n for n in os.listdir(lease_dir) if n not in planted]
+        assert len(ours) == 1 and os.lstat(os.path.join(lease_dir, ours[0])).st_uid == os.geteuid()
+        # and a second claim sees our lease, whatever their files say
+        with pytest.raises(NoFreeGPUError, match="GPU 0 is leased by this launch"):
+            LeaseManager(lease_dir).acquire(topo, [0], 1, wait=False, timeout_s=0)
+    assert victim.read_text() == "precious"
+    for n, st in planted.items():       # their files are theirs, unchanged (the stale
+        if n.endswith(".holder"):       # records root may remove: ours is a root test)
+            continue
+        now = os.lstat(os.path.join(lease_dir, n))
+        assert (now.st_ino, now.st_size, now.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@needs_nobody
+def test_another_users_live_lease_blocks_and_is_named(clean_env):
+    topo = fake_topology(2)
+    lease_dir = _shared_lease_dir(clean_env)
+    topo_path = write_topology(clean_env / "topo.json", topo)
+    os.chmod(topo_path, 0o644)
+    code = LEASE_HOLDER.replace("open(ready, \"w\").write(\",\".join(map(str, lease.gpus)))",
+                                "print(','.join(map(str, lease.gpus)), flush=True)")
+    code = code.replace("time.sleep(300)", "sys.stdin.read()")
+    p = _as_nobody(code, topo_path, "-", "0", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == "0"
+        mgr = LeaseManager(lease_dir)
+        with pytest.raises(NoFreeGPUError, match=rf"GPU 0 is leased by pid {p.pid} \(user nobody\)"):
+            mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
+        with mgr.acquire(topo, [0, 1], 1, wait=False, timeout_s=0) as lease:
+            assert lease.gpus == (1,)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    with LeaseManager(lease_dir).acquire(topo, [0], 1, wait=False, timeout_s=0) as lease:
+        assert lease.gpus == (0,)       # their holder ended: its record is stale
+
+
+_HOLD_DIR = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_nobody
+def test_a_process_holding_the_directory_lock_is_named_and_only_delays(clean_env):
+    topo = fake_topology(1)
+    lease_dir = _shared_lease_dir(clean_env)
+    p = _as_nobody(_HOLD_DIR, lease_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        mgr = LeaseManager(lease_dir)
+        with pytest.raises(NoFreeGPUError, match=rf"GPU 0 is waiting for the lease directory's "
+                                                 rf"lock, held by pid {p.pid} \(user nobody\)"):
+            mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    with mgr.acquire(topo, [0], 1, wait=False, timeout_s=0) as lease:
+        assert lease.gpus == (0,)

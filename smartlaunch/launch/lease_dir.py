@@ -86,8 +86,8 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
             st = os.fstat(fd)
         _check_dir(path, st)
         if create and not os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK):
-            # Every lease is a lock file created here: without write access a launch would
-            # wait for a lock it can never create (issue 13).
+            # Every lease is a record created here: without write access a launch would
+            # wait for a record it can never create.
             raise LeaseDirError(_not_writable(path, st, os.fstatvfs(fd), enforced))
     except BaseException:
         os.close(fd)

@@ -36,13 +36,16 @@ class Holder:
 
 
 def alive(h: Holder, my_boot: str) -> bool:
+    """The record's process still runs, and as the record's account: a record naming another
+    account's process (pid 1, say) claims nothing."""
     if not h.boot_id or h.boot_id != my_boot:
         return False
     try:
         p = psutil.Process(h.pid)
-        if p.status() == psutil.STATUS_ZOMBIE:       # SIGKILLed, not yet reaped: its flock is gone
+        if p.status() == psutil.STATUS_ZOMBIE:       # SIGKILLed, not yet reaped
             return False
-        return h.is_process(p.pid, p.create_time())
+        uids = p.uids()
+        return h.uid in (uids.real, uids.effective) and h.is_process(p.pid, p.create_time())
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:

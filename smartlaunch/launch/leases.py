@@ -1,27 +1,30 @@
 """Per-GPU leases on a shared node: concurrent launches never get the same GPU.
 
-Design (issue #8):
-- One lock file per GPU, `gpu-<uuid>.lock`, flock'ed through filelock for as long as the lease
-  lives. The kernel drops a flock when its holder dies, so a SIGKILLed launcher never blocks a
-  GPU. Lock files are never written to and never unlinked, so a lock file pre-created by someone
-  else (even world-writable, even owned by another user) carries nothing that can be truncated.
-- One holder record per lease, `gpu-<uuid>.<pid>.<random>.holder` (JSON: pid, process start
+Design:
+- A lease IS its holder record, `gpu-<uuid>.<pid>.<random>.holder` (JSON: pid, process start
   time, boot id, uid, user, host, SLURM_JOB_ID, time), created O_EXCL|O_NOFOLLOW under a name
-  nobody can predict. In a sticky directory only its owner (or root) can remove it. Records name
-  the holder in messages, let the Slurm epilog release a job's leases, and are a second line of
-  defence: a GPU is free only when its flock can be had AND no live record of another holder
-  exists (the owner of a lock file can unlink it and make a fresh, unlocked inode appear).
-  A record whose holder is gone (pid dead or a zombie, pid reused with another start time,
-  another boot) is stale: ignored, and removed when we may.
-- The directory is opened once with O_NOFOLLOW and pinned through /proc/self/fd, so swapping it
-  for a symlink after the checks changes nothing. Shared directories are created 1777 (like
-  /tmp), private ones 0700; a directory that is a symlink, group/world-writable without the
-  sticky bit, or owned by another non-root user is refused.
+  nobody can predict. It lives while its process lives: a record whose process is gone (pid
+  dead or a zombie, pid reused with another start time, another boot) or is not the record's
+  account (uid) is stale, ignored, and removed when we may. So a SIGKILLed launcher never
+  blocks a GPU, and a file made by someone else can only claim a GPU for a live process of
+  that someone: what running a job does anyway, and named in every message.
+- Claims are serialised by a flock on the lease DIRECTORY itself (held only for the check and
+  the write, milliseconds). No lock file exists at a predictable name, so nothing another user
+  pre-creates, hard-links or symlinks (`gpu-*.lock` of older versions included) is ever opened,
+  locked, written or trusted: it can neither block nor hijack a GPU. A live process that holds
+  the directory's flock delays claims and is named (from /proc/locks) while it does.
+  (filelock 4 refuses, by design, a lock file another account owns in a sticky directory: a
+  shared 1777 directory of per-GPU lock files would let the first user's file block the rest.)
+- The directory is opened once with O_NOFOLLOW and pinned through its fd, so swapping it for a
+  symlink after the checks changes nothing. Shared directories are created 1777 (like /tmp),
+  private ones 0700; a directory that is a symlink, group/world-writable without the sticky
+  bit, or owned by another non-root user is refused.
 - Lease dirs are per node (/tmp or /run): another host's record has another boot id: stale.
 """
 from __future__ import annotations
 
-import errno
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -29,11 +32,11 @@ import re
 import secrets
 import socket
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import filelock
 import psutil
 
 from smartlaunch.errors import NoFreeGPUError
@@ -48,11 +51,8 @@ from smartlaunch.topology.api import Topology
 
 _RECORD_MAX_BYTES = 64 * 1024
 _STATUS_EVERY_S = 30.0
-_DESCRIBE_EVERY_S = 2.0         # how often a waiter re-reads holder records for its status line
-
-
-class _UnsafeLockFile(Exception):
-    pass
+_DESCRIBE_EVERY_S = 2.0         # how often a waiter refreshes its status line
+_CLAIM_WAIT_S = 2.0             # longest wait for the directory's flock before naming its holder
 
 
 def _safe_name(uuid: str) -> str:
@@ -75,6 +75,7 @@ class LeaseManager:
         self._boot = boot_id()
         self._me = psutil.Process(os.getpid())
         self._my_start = self._me.create_time()
+        self._claim_mutex = threading.Lock()     # flock is per open file: threads share ours
 
     @classmethod
     def from_policy(cls, policy) -> "LeaseManager":
@@ -179,71 +180,72 @@ class LeaseManager:
         return h.is_process(os.getpid(), self._my_start)
 
     # ---- one GPU ------------------------------------------------------------------------
-    def _lock(self, uuid: str) -> filelock.BaseFileLock:
-        path = os.path.join(self._base, f"gpu-{_safe_name(uuid)}.lock")
+    @contextlib.contextmanager
+    def _claim(self):
+        """The directory's flock, for one check-and-write; yields None, or (not held) why not."""
+        with self._claim_mutex:
+            deadline = time.monotonic() + _CLAIM_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(self._dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield f"waiting for the lease directory's lock, held by {self._dir_locker()}"
+                        return
+                    time.sleep(0.005 + 0.01 * random.random())
+            try:
+                yield None
+            finally:
+                fcntl.flock(self._dfd, fcntl.LOCK_UN)
 
-        def verify(fd: int) -> None:
-            st = os.fstat(fd)
-            cur = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
-                raise _UnsafeLockFile("not a regular file with one link")
-
-        kw = dict(mode=0o600 if self._private else 0o666, thread_local=False, blocking=False)
+    def _dir_locker(self) -> str:
+        """Who holds the directory's flock, from /proc/locks (best effort)."""
+        st = os.fstat(self._dfd)
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
         try:
-            return filelock.UnixFileLock(path, fallback_to_soft=False, preserve_lock_file=True,
-                                         on_acquired=verify, **kw)
-        except TypeError:       # filelock < 4 lacks these knobs; flock semantics are the same
-            return filelock.UnixFileLock(path, **kw)
+            with open("/proc/locks") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == inode:
+                        pid = int(parts[4])
+                        try:
+                            user = psutil.Process(pid).username()
+                        except (psutil.Error, KeyError):
+                            user = ""
+                        return f"pid {pid}" + (f" (user {user})" if user else "")
+        except (OSError, ValueError):
+            pass
+        return "another process"
 
     def _try_gpu(self, topology: Topology, index: int, describe: bool = True) -> tuple[_Held | None, str]:
-        """(held, "") or (None, why the GPU is not available; naming holders only if `describe`)."""
+        """(held, "") or (None, why the GPU is not available; naming holders only if
+        `describe`). The caller holds the claim (`_claim`)."""
         gpu = topology.gpu(index)
         if gpu.busy:
             users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
                             for p in gpu.processes if not p.ours})
             return None, "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
-        lock = self._lock(gpu.uuid)
-        name = os.path.join(self.lease_dir, f"gpu-{_safe_name(gpu.uuid)}.lock")
-        try:
-            lock.acquire(blocking=False)
-        except filelock.Timeout:
-            if not describe:     # waiters retry often; reading every record each time costs CPU
-                return None, "leased"
-            live = self.holders(gpu.uuid)
-            others = [h for h in live if not self._mine(h)]
-            if others or live:
-                return None, leased_by(others) if others else "leased by this launch"
-            return None, f"leased (lock {name} is held; its holder has not written its record yet)"
-        except _UnsafeLockFile:
-            return None, f"lease file {name} is not a regular file with one link; ask an admin to remove it"
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return None, f"lease file {name} is a symlink (not made by smartlaunch); ask an admin to remove it"
-            return None, f"lease file {name} cannot be opened ({exc.strerror}); ask an admin to remove it"
-        try:
-            blocking = [h for h in self.holders(gpu.uuid) if not (self.share and h.shared)]
-            record = None if blocking else self._write_record(gpu.uuid, index)
-        except BaseException:
-            lock.release()
-            raise
-        if record is None:
-            lock.release()
-            return None, leased_by(blocking)
-        if self.share:
-            lock.release()       # shared leases hold the flock only while checking and writing
-            lock = None
-        return _Held(index, gpu.uuid, lock, record), ""
+        blocking = [h for h in self.holders(gpu.uuid) if not (self.share and h.shared)]
+        if not blocking:
+            return _Held(index, gpu.uuid, self._write_record(gpu.uuid, index)), ""
+        if not describe:        # waiters retry often; naming holders is for the status line
+            return None, "leased"
+        others = [h for h in blocking if not self._mine(h)]
+        return None, leased_by(others) if others else "leased by this launch"
 
     # ---- public -------------------------------------------------------------------------
     def why_taken(self, topology: Topology, candidates: Sequence[int] | None = None) -> dict[int, str]:
         """GPU index -> reason, for GPUs leased by any live launch (this one included) or busy."""
         out = {}
-        for i in (candidates if candidates is not None else [g.index for g in topology.gpus]):
-            held, why = self._try_gpu(topology, i)
-            if held is not None:
-                self._release(held)
-            else:
-                out[i] = why
+        indices = candidates if candidates is not None else [g.index for g in topology.gpus]
+        with self._claim() as refused:
+            for i in indices:
+                held, why = (None, refused) if refused else self._try_gpu(topology, i)
+                if held is not None:
+                    self._release(held)
+                else:
+                    out[i] = why
         return out
 
     def taken(self, topology: Topology) -> set[int]:
@@ -260,16 +262,19 @@ class LeaseManager:
         if self.share:
             order.sort(key=lambda i: len(self.holders(topology.gpu(i).uuid, prune=False)))
         got, why = [], {}
-        for i in order:
-            held, reason = self._try_gpu(topology, i, describe)
-            if held is None:
-                why[i] = reason
-                continue
-            got.append(held)
-            if len(got) == count:
-                return Lease(self, got), {}
-        for h in got:
-            self._release(h)
+        with self._claim() as refused:
+            if refused:
+                return None, {i: refused for i in order}
+            for i in order:
+                held, reason = self._try_gpu(topology, i, describe)
+                if held is None:
+                    why[i] = reason
+                    continue
+                got.append(held)
+                if len(got) == count:
+                    return Lease(self, got), {}
+            for h in got:
+                self._release(h)
         return None, why
 
     def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
@@ -327,9 +332,7 @@ class LeaseManager:
                 self._unlink(waiter)
 
     def _release(self, held: _Held) -> None:
-        self._unlink(held.record)        # record first: a live record without flock means "replaced"
-        if held.lock is not None and held.lock.is_locked:
-            held.lock.release()
+        self._unlink(held.record)
 
 
 def _ordinal(n: int) -> str:
@@ -340,7 +343,6 @@ def _ordinal(n: int) -> str:
 class _Held:
     index: int
     uuid: str
-    lock: filelock.BaseFileLock | None
     record: str
 
 
