@@ -9,20 +9,18 @@ PY=$(command -v python3)
 export PATH=$(dirname "$PY"):$PATH
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 9
 python3 -c "import sys, torch, multiprocessing as mp; print(sys.version, torch.__version__, mp.get_start_method(), torch.cuda.device_count())"
-S=bench/diag/loader_train.py; ARGS="--batch 128 --workers 6 --steps 200"
-WATCH_S=${WATCH_S:-45}
-timeout 120 torchrun --standalone --nproc-per-node 1 $S $ARGS 2>&1 | grep done
-timeout 120 torchrun --standalone --nproc-per-node 2 $S $ARGS 2>&1 | grep done
-export PYTHONFAULTHANDLER=1 HOME=/tmp/h XDG_CACHE_HOME=/tmp/h/.cache
+START=$(date +%s); S=bench/diag/loader_train.py; ARGS="--batch 128 --workers 6 --steps 200"
+export HOME=/tmp/h XDG_CACHE_HOME=/tmp/h/.cache PYTHONPATH=$PWD/bench/diag/stackdump
 mkdir -p /tmp/h
-( sleep $WATCH_S
-  ps -eo pid,ppid,pgid,stat,wchan:24,pcpu,etimes,args --forest > $OUT/ps.txt
-  for f in /tmp/smartlaunch-trial-*/trial.log /tmp/smartlaunch-dryrun-*/*.log; do
-    [ -f "$f" ] && { echo "== $f"; tail -c 20000 "$f"; }; done > $OUT/logs-before.txt 2>&1
-  for p in $(pgrep -f "smartlaunch.warm|smartlaunch.profile.trial"); do kill -ABRT $p; done
-  sleep 3
-  for f in /tmp/smartlaunch-trial-*/trial.log; do
-    [ -f "$f" ] && { echo "== $f"; tail -c 60000 "$f"; }; done > $OUT/logs-after.txt 2>&1
+( for t in ${WATCH_AT:-14 21 28 35}; do
+    while [ $(( $(date +%s) - START )) -lt $t ]; do sleep 0.2; done
+    echo "##### t=$t"
+    ps -eo pid,ppid,pgid,stat,wchan:24,pcpu,etimes,args --forest | grep -v "ps -eo\|grep" | grep -A100 "smartlaunch --explain"
+    for p in $(pgrep -f "smartlaunch.warm|smartlaunch.profile.trial|multiprocessing"); do kill -USR2 $p 2>/dev/null; done
+    sleep 1
+    for f in /tmp/smartlaunch-trial-*/trial.log; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done
+    for f in /tmp/smartlaunch-trial-*/result/*.json; do [ -f "$f" ] && { echo "== $f"; cat "$f"; echo; }; done
+  done > $OUT/watch.txt 2>&1
 ) &
 W=$!
 ( time timeout 100 smartlaunch --explain $S $ARGS ) > $OUT/explain.txt 2>&1
