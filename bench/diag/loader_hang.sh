@@ -18,12 +18,14 @@ mkdir -p /tmp/h
     ps -eo pid,ppid,pgid,stat,wchan:24,pcpu,etimes,args --forest | grep -v "ps -eo\|grep" | grep -A100 "smartlaunch --explain"
     for p in $(pgrep -f "smartlaunch.warm|smartlaunch.profile.trial|multiprocessing"); do kill -USR2 $p 2>/dev/null; done
     sleep 1
-    for f in /tmp/smartlaunch-trial-*/trial.log; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done
-    for f in /tmp/smartlaunch-trial-*/result/*.json; do [ -f "$f" ] && { echo "== $f"; cat "$f"; echo; }; done
+    ls -la /tmp/smartlaunch-trial-*/result/
+    for f in /tmp/smartlaunch-trial-*/result/rank*.json; do [ -f "$f" ] && { echo "== $f"; cat "$f"; echo; }; done
   done > $OUT/watch.txt 2>&1
 ) &
 W=$!
-( time timeout 100 smartlaunch --explain $S $ARGS ) > $OUT/explain.txt 2>&1
+( time timeout 100 smartlaunch --explain --debug $S $ARGS ) > $OUT/explain.txt 2>&1
 echo "explain rc $?"
 wait $W
+for f in /tmp/smartlaunch-trial-*/trial.log; do [ -f "$f" ] && cp "$f" $OUT/; done
+tar czf $OUT/stacks.tgz -C /tmp stacks 2>/dev/null
 tail -30 $OUT/explain.txt
