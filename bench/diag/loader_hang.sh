@@ -18,6 +18,7 @@ mkdir -p /tmp/h
     ps -eo pid,ppid,pgid,stat,wchan:24,pcpu,etimes,args --forest | grep -v "ps -eo\|grep" | grep -A100 "smartlaunch --explain"
     for p in $(pgrep -f "smartlaunch.warm|smartlaunch.profile.trial|multiprocessing"); do kill -USR2 $p 2>/dev/null; done
     sleep 1
+    for z in $(ps -eo pid,stat | awk '$2 ~ /^Z/ {print $1}'); do echo "zombie $z exit_code $(awk '{print $NF}' /proc/$z/stat) parent $(awk '{print $4}' /proc/$z/stat)"; done
     ls -la /tmp/smartlaunch-trial-*/result/
     for f in /tmp/smartlaunch-trial-*/result/rank*.json; do [ -f "$f" ] && { echo "== $f"; cat "$f"; echo; }; done
   done > $OUT/watch.txt 2>&1
@@ -27,5 +28,5 @@ W=$!
 echo "explain rc $?"
 wait $W
 for f in /tmp/smartlaunch-trial-*/trial.log; do [ -f "$f" ] && cp "$f" $OUT/; done
-tar czf $OUT/stacks.tgz -C /tmp stacks 2>/dev/null
+tar czf $OUT/stacks.tgz -C /dev/shm stacks 2>/dev/null
 tail -30 $OUT/explain.txt
