@@ -11,7 +11,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 python3 -c "import sys, torch, multiprocessing as mp; print(sys.version, torch.__version__, mp.get_start_method(), torch.cuda.device_count())"
 START=$(date +%s); S=bench/diag/loader_train.py; ARGS="--batch 128 --workers 6 --steps 200"
 export HOME=/tmp/h XDG_CACHE_HOME=/tmp/h/.cache PYTHONPATH=$PWD/bench/diag/stackdump
-mkdir -p /tmp/h
+rm -rf /tmp/h /dev/shm/stacks; mkdir -p /tmp/h
 ( for t in ${WATCH_AT:-14 21 28 35}; do
     while [ $(( $(date +%s) - START )) -lt $t ]; do sleep 0.2; done
     echo "##### t=$t"
