@@ -338,7 +338,9 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
     from smartlaunch.profile.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
+    setup = profile.startup_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, expected_step_s=step,
+                               expected_setup_s=setup,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}),
                                pool=pool)
     trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
@@ -355,6 +357,7 @@ class _CountedTrials:
     def __init__(self, runner, status, seconds: float, units):
         self.runner, self.status, self.seconds, self.units = runner, status, seconds, units
         self.k, self.n = 0, 0
+        self.why = getattr(runner, "why", {})     # (strategy, gpus) -> why no measurement
 
     def planned(self, n: int) -> None:
         self.k, self.n = 0, n

@@ -49,7 +49,8 @@ def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     # Its seconds are not "start-up": it was killed, and --explain's split says so.
     [split] = phases
     assert list(split) == ["killed"] and limit <= split["killed"] < limit + 10.0, split
-    assert any(f"trial of ddp×2 was killed at the time limit ({limit:g} s)" in x for x in logs), logs
+    assert any(f"trial of ddp×2 was killed at the time limit (dryrun.time_limit_s, {limit:g} s)"
+               in x for x in logs), logs
     pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
     assert pids, "the workers never started"
     time.sleep(0.5)

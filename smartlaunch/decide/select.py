@@ -267,7 +267,9 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
         if got is not None and got > 0:
             measured[k] = float(got)
     if single not in measured:
-        return None, f"{why}; the trial of {_name(ctx, single)} gave no measurement"
+        lost = getattr(ctx.trial, "why", {}).get(single)
+        return None, (f"{why}; the trial of {_name(ctx, single)} gave no measurement"
+                      + (f" ({lost})" if lost else ""))
     scores = {k: v / measured[single] for k, v in measured.items()}
     win = _pick(ctx, scores)
     names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}" +
@@ -281,7 +283,9 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
         text += ("; not tried: " + ", ".join(_short(ctx, k) for k in untried) +
                  f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
     if lost:
-        text += "; no measurement for " + ", ".join(_short(ctx, k) for k in lost)
+        whys = getattr(ctx.trial, "why", {})
+        text += "; no measurement for " + ", ".join(
+            _short(ctx, k) + (f" ({whys[k]})" if k in whys else "") for k in lost)
     ctx.reasons.append(Reason(f"{text} → {_name(ctx, win)}", rule(rule_key)))
     return Choice(win[0], win[1], "trial", measured), text
 

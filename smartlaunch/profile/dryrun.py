@@ -12,7 +12,8 @@ Hooks (all global, none needs the script's cooperation):
   warm-up steps after it only the model's roots keep two hooks that count micro-batches and
   mark forward and backward (device time too); inside the window, only the step hook runs.
 The window is closed by a device sync however the script ends: measured (then the process
-ends at once after writing: entry.exit_now), the script returning, sys.exit, an exception, or SIGTERM
+ends at once after writing: entry.exit_now), the script returning or sys.exit (written, then
+the process ends at once with the script's code), an exception, or SIGTERM
 (the parent's time limit: only finished marks are read). Step time is always the window's
 device time; a window that closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
 """
@@ -390,10 +391,18 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_interrupt)
     try:
         run_entrypoint(opts["script"], opts["args"], module=opts["module"])
+    except SystemExit as end:
+        code = end.code
+    else:
+        code = 0
     finally:
         # Returned, sys.exit or raised: close the window now, while the script's device
         # context is alive (atexit runs after torch's own exit handlers may have torn it down).
         rec.close_window("exit")
+    # Returned or sys.exit: the result now, and the process ends with the script's code
+    # without its teardown (exit_now). A raised exception goes on to its traceback.
+    rec.write()
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from smartlaunch.policy.api import Policy
 from smartlaunch.profile import gate as gates
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
+from smartlaunch.profile.tick import read_tick
 from smartlaunch.profile.trial_group import spawner_command, warm_command
 from smartlaunch.request import Request
 from smartlaunch.vocab import Strategy
@@ -45,7 +46,8 @@ KILL_GRACE_S = 5.0
 
 
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
-                      *, expected_step_s: float | None = None, python: str = sys.executable,
+                      *, expected_step_s: float | None = None,
+                      expected_setup_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
                       phases: Callable[[dict[str, float]], None] | None = None,
                       pool: "TrialSetup | None" = None
@@ -54,9 +56,13 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
     measure (script failed, no step within policy.dryrun.time_limit_s, --no-python).
     phases(seconds by phase): told after each trial where its seconds went (trial_phases).
     pool: warm ranks already started (`TrialSetup(..., warm=N)`): the first trial of at most
-    N ranks runs on them; the caller closes it."""
+    N ranks runs on them; the caller closes it.
+    expected_setup_s: the dry run's start to its first step (profile.startup_s), for the
+    trial's progress deadlines (Deadlines). `trial.why[(strategy, gpus)]`: why a trial that
+    gave None gave nothing, in a few words."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
     warm = [pool] if pool is not None else []
+    why: dict = {}
 
     def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
         nonlocal last_step
@@ -72,12 +78,16 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         changes = {"CUDA_VISIBLE_DEVICES": visible_devices(environ, gpus)} if gpus else {}
         run = warm.pop() if warm and warm[0].fits(n, isolated, changes) else None
         run = run or TrialSetup(request, policy, environ, isolated, python=python)
+        deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s,
+                                           set_up=run.early is not None)
         try:
             listing = undo_roots(request, policy, isolated, (run.tmp,))
             t_spawn = time.time()
-            rc = run.run(n, steps, changes, policy.dryrun.time_limit_s)
+            rc, stalled = run.run(n, steps, changes, deadlines)
             t_end = time.time()
             killed = rc is None
+            if stalled:
+                why[(strategy, tuple(gpus))] = stalled
             if listing is not None:
                 undone = undo_note(listing, (run.tmp,))
                 if log is not None:
@@ -87,16 +97,42 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 phases(trial_phases(result, t_spawn, t_end, killed=killed))
             if log is not None and (rc != 0 or result is None):
                 tail = run.log.read_text(errors="replace")[-2000:] if run.log.exists() else ""
-                how = (f"was killed at the time limit ({policy.dryrun.time_limit_s:g} s)"
-                       if killed else f"ended with {rc}")
+                how = f"was {stalled}" if killed else f"ended with {rc}"
                 log(f"trial of {strategy.value}×{n} {how}; log tail:\n{tail}")
         finally:
             run.close()
         if result and result.get("step_time_s"):
             last_step = result["step_time_s"]
-        return samples_per_s(result, n)
+        got = samples_per_s(result, n)
+        if got is None and (strategy, tuple(gpus)) not in why:
+            why[(strategy, tuple(gpus))] = f"its script ended with {rc}" if rc else \
+                "no step was measured"
+        return got
 
+    trial.why = why
     return trial
+
+
+class Deadlines:
+    """How long a trial may go without progress, from what the dry run measured: its first
+    step (`first_s`: the set-up, or only the first step for ranks already set up at their
+    gate) and each later step (`step_s`); and the whole trial's `limit_s`. A trial past one
+    is killed and the decision goes on with the prediction (the plan says which and why):
+    no script can hold a decision for longer than these."""
+
+    FLOOR_FIRST_S, FLOOR_STEP_S = 30.0, 10.0
+    FACTOR = 3.0             # the dry run's own times, three times over (DDP set-up, contention)
+
+    def __init__(self, first_s: float, step_s: float, limit_s: float):
+        self.first_s, self.step_s, self.limit_s = first_s, step_s, limit_s
+
+    @classmethod
+    def from_dry_run(cls, setup_s: float | None, step_s: float | None, limit_s: float, *,
+                     set_up: bool = False) -> "Deadlines":
+        step = cls.FACTOR * (step_s or 0.0)
+        first = step if set_up else cls.FACTOR * (setup_s or 0.0) + step
+        return cls(min(limit_s, max(cls.FLOOR_FIRST_S, first)),
+                   min(limit_s, max(cls.FLOOR_STEP_S, 20 * step)), limit_s)
 
 
 class TrialSetup:
@@ -178,18 +214,23 @@ class TrialSetup:
         return sandbox.wrap(cmd, os.path.join(self.tmp, "scratch"), [str(self.out)],
                             str(self.out / "isolation.json"), self.python)
 
-    def run(self, n: int, steps: int, changes: dict[str, str], limit_s: float) -> int | None:
+    def run(self, n: int, steps: int, changes: dict[str, str], deadlines: "Deadlines"
+            ) -> tuple[int | None, str]:
+        """(the spawner's code, or None when it was killed; and why it was killed)."""
         if self.early is not None and self.child is not None:
             child, self.child = self.child, None
             gates.open_gate(self.gate, {"measure": steps})
-            return bounded(child, limit_s)
+            return watched(child, self.out, n, deadlines)
         args = shim_args(self.request, self.policy, str(self.out), steps)
         if self.child is None:
-            cmd = self._wrap(spawner_command(n, args, self.python))
-            return run_limited(cmd, {**self.env, **changes}, limit_s, self.log)
+            with open(self.log, "wb") as out:
+                child = proc.spawn(self._wrap(spawner_command(n, args, self.python)),
+                                   env={**self.env, **changes}, stdout=out,
+                                   stderr=subprocess.STDOUT)
+            return watched(child, self.out, n, deadlines)
         child, self.child = self.child, None
-        _go(child, n, args, changes)       # False: it died, and bounded() returns its code
-        return bounded(child, limit_s)
+        _go(child, n, args, changes)       # False: it died, and watched() returns its code
+        return watched(child, self.out, n, deadlines)
 
     def close(self) -> None:
         """Kills what never got its go (the spawner and its warm ranks), removes the dir."""
@@ -266,21 +307,47 @@ def visible_devices(environ: Mapping[str, str], gpus) -> str:
     return ",".join(str(g) for g in gpus)
 
 
-def run_limited(cmd: list[str], env: dict, limit_s: float, logfile: Path) -> int | None:
-    """Run as one guarded process tree; past the limit SIGTERM it (the dry-run hooks write
-    what they measured), SIGKILL after KILL_GRACE_S. None: it was killed."""
-    with open(logfile, "wb") as out:
-        child = proc.spawn(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return bounded(child, limit_s)
+DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
+POLL_S = 0.05
 
 
-def bounded(child: proc.Child, limit_s: float) -> int | None:
+def watched(child: proc.Child, out: Path, nranks: int, deadlines: Deadlines
+            ) -> tuple[int | None, str]:
+    """Wait for a trial's ranks, within its deadlines: (the spawner's code, or None when
+    it was killed; why it was killed). Once rank 0 has written its result the measurement
+    is over: the ranks' teardown is not waited for past DONE_GRACE_S. Progress is each
+    rank's step count (the dry-run hooks' tick file, `tick<rank>` in `out`)."""
     child.stage = "a trial"         # a signal to us in the block: proc.Interrupted names it
     with child:
-        rc = child.wait(limit_s)
-        if rc is None:
-            child.stop(signal.SIGTERM, KILL_GRACE_S)
-        return rc
+        t0 = last = time.monotonic()
+        done = 0
+        while True:
+            rc = child.wait(POLL_S)
+            if rc is not None:
+                return rc, ""
+            now = time.monotonic()
+            if (out / "rank0.json").exists():
+                rc = child.wait(DONE_GRACE_S)
+                if rc is None:
+                    child.stop(signal.SIGTERM, KILL_GRACE_S)
+                    return 0, ""
+                return rc, ""
+            ticks = [read_tick(out / f"tick{r}") for r in range(nranks)]
+            k = min((t[0] if t else 0) for t in ticks)
+            if k > done:
+                done, last = k, now
+            allowed = deadlines.first_s if done == 0 else deadlines.step_s
+            why = ""
+            if now - t0 >= deadlines.limit_s:
+                why = f"killed at the time limit (dryrun.time_limit_s, {deadlines.limit_s:g} s)"
+            elif now - last >= allowed:
+                what = "its first step" if done == 0 else f"step {done + 1}"
+                why = (f"killed as stalled: its ranks did not all reach {what} within "
+                       f"{allowed:.0f} s (the deadline from the dry run's own "
+                       f"{'set-up' if done == 0 else 'steps'})")
+            if why:
+                child.stop(signal.SIGTERM, KILL_GRACE_S)
+                return None, why
 
 
 def read_rank0(out_dir: Path) -> dict | None:
@@ -311,7 +378,7 @@ def _shim(argv: list[str]) -> None:
     rank = os.environ.get("RANK", "0")
     out = os.path.join(argv[1], f"rank{rank}.json")
     from smartlaunch.profile import dryrun
-    dryrun.main(["--out", out, *argv[2:]])
+    dryrun.main(["--out", out, "--progress", os.path.join(argv[1], f"tick{rank}"), *argv[2:]])
 
 
 if __name__ == "__main__":
