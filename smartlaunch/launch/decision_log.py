@@ -150,14 +150,16 @@ class LaunchRecord:
         if self.path is None:
             return
         now = time.monotonic()
-        data = record(self.plan, self.request, self.units, environ=self.environ,
-                      started=self.started_wall, wall_s=now - self.started,
-                      run_s=now - self.began_at if self.began_at is not None else 0.0,
-                      exit_code=exit_code, ran=self.ran)
         try:
+            data = record(self.plan, self.request, self.units, environ=self.environ,
+                          started=self.started_wall, wall_s=now - self.started,
+                          run_s=now - self.began_at if self.began_at is not None else 0.0,
+                          exit_code=exit_code, ran=self.ran)
             append_line(self.path, encode(data))
         except OSError as exc:
             self._failed(self.path, exc.strerror or str(exc))
+        except Exception as exc:      # the job's exit code is never the log's to change
+            self._failed(self.path, f"{type(exc).__name__}: {exc}")
 
     def _failed(self, path, why: str) -> None:
         self.path = None
