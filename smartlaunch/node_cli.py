@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "smartlaunch.profile.cli",      # bench-comm, profile
     "smartlaunch.node_calibrate",   # calibrate (the cost model's per-node constants)
     "smartlaunch.slurm.cli",        # prolog | epilog | baseline
+    "smartlaunch.launch.fleet",     # report (the decision log: the admins' fleet view)
 )
 
 

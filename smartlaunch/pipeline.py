@@ -36,16 +36,29 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
     from smartlaunch.decide.explain import decision_line
     from smartlaunch.launch import execute
     from smartlaunch.launch.api import context
+    from smartlaunch.launch.decision_log import LaunchRecord, exit_code_of
     from smartlaunch.strategies import REGISTRY
 
+    # The decision log's line for this launch (the admins' fleet view): written once, however
+    # the launch ends from here on.
+    record = LaunchRecord.open(plan, request, policy, REGISTRY, environ)
+
     def announce(final_plan) -> None:      # once the GPUs are held, just before the job
+        record.began(final_plan)
         if not (request.quiet or policy.launch.quiet):
             status.line(decision_line(final_plan, REGISTRY))
-    ctx = context(request, policy, topology, environ=environ, status=status, announce=announce)
+    code = 1
     try:
-        return execute(plan, ctx, REGISTRY)
+        ctx = context(request, policy, topology, environ=environ, status=status,
+                      announce=announce)
+        code = execute(plan, ctx, REGISTRY)
+        return code
+    except BaseException as exc:
+        code = exit_code_of(exc)
+        raise
     finally:
         status.close()
+        record.close(code)
 
 
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str],

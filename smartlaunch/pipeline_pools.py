@@ -301,10 +301,10 @@ def _start(request, policy, topology, environ, first, cores, gate_dir, early_tri
 
 
 def _comm_cached(topology, group, policy, environ) -> bool:
-    from smartlaunch.profile.cache import comm_key, load_comm
+    from smartlaunch.profile.cache import cached_comm
     from smartlaunch.profile.comm import backend_for, device_for
-    key = comm_key(topology, group, backend_for(device_for(topology)), environ)
-    return load_comm(policy, key, environ, need_bytes=0) is not None
+    return cached_comm(policy, topology, tuple(group), backend_for(device_for(topology)), environ,
+                       need_bytes=0) is not None
 
 
 def _trial_wanted(request, policy, topology, environ, group) -> bool:

@@ -117,3 +117,57 @@ def read_capped(path: str, limit: int) -> bytes | None:
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     return data if len(data) <= limit else None
+
+
+def trusted_json(path: Path, top: Path) -> dict | None:
+    """The JSON at `path` (under the directory `top`) if nobody but root or this user could
+    have written it: the file and every directory from `top` down to it owned by root or by
+    us and not group/world-writable, the file opened without following a link. None
+    otherwise, and when absent or unreadable: another user's file is not a measurement to
+    plan on (the node cache the Slurm prolog writes as root, read by every user's launch)."""
+    me = os.getuid()
+
+    def ok(st) -> bool:
+        return st.st_uid in (0, me) and not st.st_mode & 0o022
+    try:
+        rel = path.relative_to(top)
+    except ValueError:
+        return None
+    d = top
+    for part in (None, *rel.parts[:-1]):
+        d = d / part if part else d
+        try:
+            st = os.lstat(d)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode) or not ok(st):
+            return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or not ok(st):
+                return None
+            data = json.load(f)
+            return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_public_json(path: Path, data: dict) -> None:
+    """write_json for a file every user may read (0o644): the node cache root writes."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

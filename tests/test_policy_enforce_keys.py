@@ -64,6 +64,9 @@ CASES = {
     "paths.cache_dir": ("/admin/cache", "/user/cache", "/admin/cache"),
     "paths.lease_dir": ("/admin/leases", "/user/leases", "/admin/leases"),
     "paths.comm_cache_max_age_s": (3600.0, 86400.0, 3600.0),
+    "paths.decision_log": ("/admin/decisions.jsonl", "/user/decisions.jsonl",
+                           "/admin/decisions.jsonl"),
+    "paths.node_cache": ("/admin/node", "/user/node", "/admin/node"),
 }
 # The environment variables that set a key (they rank above the user file, below enforce).
 ENV_OVER = {"paths.cache_dir": ("SMARTLAUNCH_CACHE_DIR", "/env/cache"),

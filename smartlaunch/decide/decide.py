@@ -15,7 +15,7 @@ from smartlaunch.decide import groups as G
 from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
-from smartlaunch.decide.select import Choice, choose_auto, comm_summary
+from smartlaunch.decide.select import Choice, choose_auto, comm_summary, uncertainty
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.api import CommCurve, ModelProfile
@@ -98,7 +98,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     fields = units[choice.strategy].plan_fields(ctx, choice)
     return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, requested_max=cap,
                 candidates=plan_cands, reasons=tuple(reasons), left_free=ctx.left, comm=comm,
-                **fields, **base)
+                uncertainty_band=round(uncertainty(ctx)[0], 4), **fields, **base)
 
 
 def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict,

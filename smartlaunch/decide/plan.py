@@ -44,6 +44,9 @@ class Candidate:
     allreduce_s: float | None = None      # exposed + hidden all-reduce time per step
     comm_cost_s: float | None = None      # what communication adds to the step (cost model)
     measured: bool = False                # from a trial, not the model
+    # The cost model's speedup, kept when a measurement replaced `speedup`: what the fleet
+    # report (launch/decision_log.py) compares the measurement with.
+    model_speedup: float | None = None
     chosen: bool = False
     reason: str = ""
 
@@ -105,6 +108,9 @@ class Plan:
     nnodes: str = "1"
     forced: bool = False                         # --strategy given (not auto)
     timings: dict[str, float] = field(default_factory=dict)   # seconds per pipeline stage
+    # Relative error of a predicted speedup this decision allowed for (select.uncertainty);
+    # None where nothing was predicted (no GPUs).
+    uncertainty_band: float | None = None
     # The worker's command in the worker hook's words: [--module | --no-python] TARGET ARGS
     # (Request.worker_command); an independent job appends its variant's args.
     command: tuple[str, ...] = ()

@@ -326,10 +326,12 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
             if pred is not None:
                 f["allreduce_s"] = pred.allreduce_s or None
                 f["comm_cost_s"] = pred.comm_cost_s or None
+                f["model_speedup"] = pred.speedup
         elif pred is not None:
             f = dict(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
                      speedup=pred.speedup, efficiency=pred.efficiency,
-                     allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None)
+                     allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
+                     model_speedup=pred.speedup)
         rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []

@@ -89,6 +89,13 @@ class PathsPolicy:
     cache_dir: str = "~/.cache/smartlaunch"
     lease_dir: str = "/tmp/smartlaunch-leases"
     comm_cache_max_age_s: float = 7 * 24 * 3600.0
+    # One JSON line per launch (launch/decision_log.py). The built-in path is used where its
+    # directory exists and this user may write there, else <cache_dir>/decisions.jsonl; any
+    # other value is used as given.
+    decision_log: str = "/var/log/smartlaunch/decisions.jsonl"
+    # The node's own measurements, written by the Slurm prolog as root (all-reduce curves under
+    # comm/): launches read them when their own cache has none, never write them.
+    node_cache: str = "/run/smartlaunch"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ from pathlib import Path
 
 from smartlaunch.errors import PolicyError
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
-from smartlaunch.store import cache_root, private_dir, read_json, write_json
+from smartlaunch.store import (
+    cache_root, private_dir, read_json, trusted_json, write_json, write_public_json,
+)
 
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
@@ -193,13 +195,77 @@ def store_comm(policy, key: str, curve: CommCurve, environ) -> None:
     write_json(folder / f"{key}.json", {"measured_at": time.time(), "curve": curve.to_dict()})
 
 
+# --- the node cache: what the Slurm prolog measured as root, read by every user's launch ----
+
+def node_comm_key(topology, gpus, backend: str, environ) -> str | None:
+    """The key of a curve in the node cache: the group's GPUs by UUID (a job's CUDA ordinals
+    are not the prolog's, which sees every GPU), the links between them, driver and NCCL
+    versions, backend and every NCCL_* variable. None when a GPU of the group is unknown."""
+    try:
+        group = [topology.gpu(g) for g in gpus]
+        links = [topology.link(a, b).link_class for i, a in enumerate(gpus) for b in gpus[i + 1:]]
+    except KeyError:
+        return None
+    key = {"uuids": [g.uuid for g in group], "links": links, "backend": backend,
+           "driver": topology.driver_version, "nccl": topology.nccl_version,
+           "env": nccl_env(environ)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def load_node_comm(policy, topology, gpus, backend: str, environ, *,
+                   need_bytes: int) -> CommCurve | None:
+    """The curve of this group from <paths.node_cache>/comm/, if one was written there by root
+    (or by this user) and nobody else could have (store.trusted_json), as fresh as the own
+    cache requires; its group renumbered to this job's GPUs. Never writes."""
+    key = node_comm_key(topology, tuple(gpus), backend, environ)
+    if key is None:
+        return None
+    top = Path(os.path.expanduser(policy.paths.node_cache))
+    data = trusted_json(top / "comm" / f"{key}.json", top)
+    if not data:
+        return None
+    try:
+        age = time.time() - float(data.get("measured_at", 0))
+        curve = CommCurve.from_dict(data["curve"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if age > policy.paths.comm_cache_max_age_s or curve.points[-1][0] < need_bytes \
+            or curve.world_size != len(gpus):
+        return None
+    return _replace(curve, cached=True, gpus=tuple(gpus))
+
+
+def store_node_comm(directory: str, topology, curve: CommCurve, environ) -> Path | None:
+    """Write `curve` to <directory>/comm/ readable by every user (bench-comm --node-cache, as
+    the Slurm prolog runs it as root); the path, or None when its group has no key."""
+    key = node_comm_key(topology, tuple(curve.gpus), curve.backend, environ)
+    if key is None:
+        return None
+    folder = Path(directory) / "comm"
+    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path = folder / f"{key}.json"
+    write_public_json(path, {"measured_at": time.time(), "curve": curve.to_dict()})
+    return path
+
+
+def cached_comm(policy, topology, gpus, backend: str, environ, *,
+                need_bytes: int) -> CommCurve | None:
+    """The own cache's curve for this group, else the node cache's (load_node_comm)."""
+    hit = load_comm(policy, comm_key(topology, gpus, backend, environ), environ,
+                    need_bytes=need_bytes)
+    if hit is None:
+        hit = load_node_comm(policy, topology, gpus, backend, environ, need_bytes=need_bytes)
+    return hit
+
+
 def _replace(obj, **kw):
     import dataclasses
     return dataclasses.replace(obj, **kw)
 
 
 __all__ = ["profile_entrypoint", "profile_key", "comm_key", "node_key", "nccl_env", "cache_root",
-           "private_dir", "load_comm", "store_comm"]
+           "private_dir", "load_comm", "store_comm", "cached_comm", "load_node_comm",
+           "store_node_comm"]
 
 
 def cached_trials(runner, request, policy, *, topology, environ):

@@ -1,7 +1,8 @@
 """`smartlaunch-node bench-comm` and `smartlaunch-node profile`.
 
-bench-comm fills the node's all-reduce cache (the Slurm prolog calls it): the whole GPU group,
-then each pair, and prints latency and bus bandwidth per size. `profile` runs (or reads from
+bench-comm fills the node's all-reduce cache (the Slurm prolog calls it, with --node-cache so
+every user's launch can read the curves): the whole GPU group, then each pair, and prints
+latency and bus bandwidth per size. `profile` runs (or reads from
 the cache) the dry run of an entrypoint and prints its ModelProfile as JSON.
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-mb", type=int, default=None, help="largest message (MiB); default 256")
     p.add_argument("--policy", default=None, help="policy file (for paths.cache_dir)")
     p.add_argument("--json", action="store_true", help="print the curves as JSON")
+    p.add_argument("--node-cache", metavar="DIR", default=None,
+                   help="also write each curve under DIR/comm/, readable by every user's launch "
+                        "(the Slurm prolog passes its state directory; policy paths.node_cache)")
     p.set_defaults(func=bench_comm)
 
     q = subparsers.add_parser("profile", help="dry-run a training script and print its profile")
@@ -59,6 +63,10 @@ def bench_comm(args) -> int:
         groups += [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
     max_bytes = args.max_mb << 20 if args.max_mb else None
     curves = [comm_curve(topo, g, policy, os.environ, max_bytes=max_bytes) for g in groups]
+    if args.node_cache:
+        from smartlaunch.profile.cache import store_node_comm
+        for c in curves:
+            store_node_comm(args.node_cache, topo, c, os.environ)
     if args.json:
         print(json.dumps([c.to_dict() for c in curves], indent=2))
         return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from smartlaunch import proc, ranks
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
-from smartlaunch.profile.cache import comm_key, load_comm, nccl_env, read_json, store_comm
+from smartlaunch.profile.cache import cached_comm, comm_key, nccl_env, read_json, store_comm
 from smartlaunch.profile.tick import TickWatch
 from smartlaunch.worker_env import free_port
 
@@ -155,7 +155,8 @@ def rank_base_env(environ, device: str) -> dict[str, str]:
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
                progress=None, pool=None) -> CommCurve:
-    """The cached curve for this topology, group and NCCL environment; measured on a miss.
+    """The cached curve for this topology, group and NCCL environment (this user's cache, else
+    the node cache the Slurm prolog fills: cache.cached_comm); measured on a miss.
     Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
     progress: as measure_allreduce's (not called on a cache hit). pool: warm ranks (run_ranks)."""
     gpus = tuple(gpus)
@@ -163,7 +164,7 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
     backend = backend_for(device)
     key = comm_key(topology, gpus, backend, environ)
     need = sizes_for(device, max_bytes)[-1]
-    hit = load_comm(policy, key, environ, need_bytes=need)
+    hit = cached_comm(policy, topology, gpus, backend, environ, need_bytes=need)
     if hit is not None:
         return hit
     curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes,

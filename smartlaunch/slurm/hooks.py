@@ -234,9 +234,10 @@ def _maybe_measure_comm(cfg: HookConfig, d: Path, node: Topology, gpus) -> None:
     if stamp.exists() and time.time() - stamp.stat().st_mtime < cfg.comm_max_age_s:
         return
     (d / "comm").mkdir(mode=0o755, exist_ok=True)
-    # Where the curve lands is the policy's paths.cache_dir: launches on the node read it there.
+    # The curve lands in the policy's paths.cache_dir and, readable by all (0644, root-owned),
+    # in <state>/comm/: users' launches read it there (policy paths.node_cache).
     argv = [sys.executable, "-I", "-m", "smartlaunch.node_cli", "bench-comm", "--no-pairs",
-            "--max-mb", "64"]
+            "--max-mb", "64", "--node-cache", str(d)]
     if cfg.policy:
         argv += ["--policy", cfg.policy]
     if gpus:

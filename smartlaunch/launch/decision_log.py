@@ -1,0 +1,318 @@
+"""The decision log: one JSON line per launch, for the admins' fleet view (launch/fleet.py,
+`smartlaunch-node report`).
+
+Every launch that got a plan appends exactly one line when it ends (a job that ran, one that
+failed, one that never got its GPUs; not `--explain`): when and where, who, the Slurm job,
+the command, what was asked (--strategy, --nproc-per-node, the GPUs visible), what was decided
+(strategy, world size, GPUs), the plan's predicted and measured speedups, the outcome (exit
+code, wall time), the GPU-seconds it held and the GPU-seconds the same work would have taken as
+torchrun launches it: DDP over every allowed GPU (`Plan.requested_max`). That last figure comes
+from measured rates only (the chosen candidate's and torchrun's, both measured by a trial or an
+earlier launch of the job); where either was not measured it is null, never a guess.
+
+Where: policy paths.decision_log. Its built-in value, a node path, is used where its directory
+exists and this user may write there (an admin creates it), else <cache_dir>/decisions.jsonl;
+any other value (an admin's shared directory, enforced) is used as given. Writers on many
+processes and nodes share one file: each line is one write() of at most MAX_LINE bytes on an
+O_APPEND descriptor, under flock on that descriptor, and a short write (a full disk) is cut
+back off, so lines never interleave or tear. A log that cannot be written costs the launch
+nothing but one line on stderr, said once.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import math
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from smartlaunch.decide.api import Role
+from smartlaunch.decide.plan import Plan, strategy_name
+from smartlaunch.errors import SmartlaunchError
+
+FORMAT = 1
+MAX_LINE = 4000            # one write() below PIPE_BUF (4096): what O_APPEND writers rely on
+MAX_COMMAND = 400          # characters of the command kept (its start)
+MAX_CHECKED = 8            # measured candidates kept with their predictions
+BUILT_IN_KEY = "paths.decision_log"
+
+
+def log_path(policy, environ: Mapping[str, str], *, create: bool = False) -> Path:
+    """Where launches' lines go (module docstring: the built-in node path, else the cache).
+    create: make the cache directory when the line goes there (PolicyError if it is unsafe)."""
+    raw = os.path.expanduser(policy.paths.decision_log)
+    if policy.source_of(BUILT_IN_KEY) != "built-in":
+        return Path(raw)
+    parent = os.path.dirname(raw) or "."
+    usable = os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK) and (
+        not os.path.lexists(raw) or os.access(raw, os.W_OK))
+    if usable:
+        return Path(raw)
+    from smartlaunch.store import cache_root, private_dir
+    root = cache_root(policy, environ)
+    return (private_dir(root) if create else root) / "decisions.jsonl"
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append one line (no newline inside, at most MAX_LINE bytes) in a single write(); OSError
+    when it cannot be written whole, and then nothing of it stays in the file."""
+    if len(line) > MAX_LINE or not line.endswith(b"\n") or b"\n" in line[:-1]:
+        raise ValueError(f"a decision log line must be one line of at most {MAX_LINE} bytes")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)      # released by close()
+        size = os.fstat(fd).st_size
+        written = os.write(fd, line)
+        if written != len(line):            # a full disk takes part of it: take it back
+            os.ftruncate(fd, size)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    finally:
+        os.close(fd)
+
+
+def read_log(path: Path) -> tuple[list[dict], int]:
+    """(the records, in file order; how many lines were not records). OSError when the file
+    cannot be read."""
+    records, bad = [], 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(rec, dict) and rec.get("format") == FORMAT:
+                records.append(rec)
+            else:
+                bad += 1
+    return records, bad
+
+
+# --- one launch's record -------------------------------------------------------------------
+
+def _say(line: str) -> None:
+    print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class LaunchRecord:
+    """One launch's line, from the plan until the launch ends (pipeline.run holds it around
+    execute). `began(plan)` when the GPUs are held and the job starts (the plan then holds the
+    GPUs really taken); `close(exit_code)` writes the line, once."""
+    plan: Plan
+    request: object
+    units: Mapping
+    path: Path | None
+    environ: Mapping[str, str]
+    say: Callable[[str], None] = _say
+    started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    began_at: float | None = None
+    ran: Plan | None = None
+    written: bool = False
+
+    @classmethod
+    def open(cls, plan: Plan, request, policy, units, environ: Mapping[str, str],
+             say: Callable[[str], None] = _say) -> "LaunchRecord":
+        """Find the log and make sure it can be opened before the job starts: one that cannot
+        is said now (once) and not tried again at the end."""
+        rec = cls(plan, request, units, None, environ, say)
+        path = policy.paths.decision_log
+        try:
+            path = log_path(policy, environ, create=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644))
+            rec.path = path
+        except OSError as exc:
+            rec._failed(path, exc.strerror or str(exc))
+        except SmartlaunchError as exc:     # the cache directory is not ours to write
+            rec._failed(path, str(exc))
+        return rec
+
+    def began(self, plan: Plan) -> None:
+        if self.began_at is None:
+            self.began_at = time.monotonic()
+        self.ran = plan
+
+    def close(self, exit_code: int) -> None:
+        if self.written:
+            return
+        self.written = True
+        if self.path is None:
+            return
+        now = time.monotonic()
+        try:
+            data = record(self.plan, self.request, self.units, environ=self.environ,
+                          started=self.started_wall, wall_s=now - self.started,
+                          run_s=now - self.began_at if self.began_at is not None else 0.0,
+                          exit_code=exit_code, ran=self.ran)
+            append_line(self.path, encode(data))
+        except OSError as exc:
+            self._failed(self.path, exc.strerror or str(exc))
+        except Exception as exc:      # the job's exit code is never the log's to change
+            self._failed(self.path, f"{type(exc).__name__}: {exc}")
+
+    def _failed(self, path, why: str) -> None:
+        self.path = None
+        self.say(f"decision log {path} not written ({why}); the launch goes on")
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code smartlaunch's main gives for an exception that ends a launch."""
+    if isinstance(exc, SmartlaunchError):
+        return int(exc.exit_code)
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + 2
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    return 1
+
+
+def encode(data: dict) -> bytes:
+    """One line of at most MAX_LINE bytes: the measured candidates, then the command, are
+    shortened if it would be longer."""
+    line = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    if len(line.encode()) >= MAX_LINE:
+        data = dict(data, checked=data.get("checked", [])[:2])
+        line = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    if len(line.encode()) >= MAX_LINE:
+        data = dict(data, command=data["command"][:80] + "…")
+        line = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return (line + "\n").encode()
+
+
+def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], started: float,
+           wall_s: float, run_s: float, exit_code: int, ran: Plan | None = None) -> dict:
+    """The line's fields (docs/fleet.md lists them). ran: the plan as the job started (a
+    single job may have moved to another GPU); None when it never started."""
+    final = ran or plan
+    gpus = list(final.gpus) if final.device == "cuda" else []
+    run_s = max(0.0, run_s) if ran is not None else 0.0
+    chosen = next((c for c in plan.candidates if c.chosen), None)
+    predicted = measured = None
+    if chosen is not None:
+        predicted = chosen.model_speedup if chosen.measured else chosen.speedup
+        measured = chosen.speedup if chosen.measured else None
+    checked = [[_name(units, c), _r(c.model_speedup), _r(c.speedup)] for c in plan.candidates
+               if c.measured and c.model_speedup and c.speedup
+               and _role(units, c.strategy) != Role.BASELINE][:MAX_CHECKED]
+    command = shlex.join(request.worker_command())
+    gpu_s = len(gpus) * run_s
+    torchrun_s, basis = torchrun_gpu_seconds(plan, units, run_s, gpu_s)
+    return {
+        "format": FORMAT,
+        "time": datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "user": _user(environ), "uid": os.getuid(),
+        "job": environ.get("SLURM_JOB_ID") or None,
+        "command": command if len(command) <= MAX_COMMAND else command[:MAX_COMMAND] + "…",
+        "cwd": os.getcwd()[-200:],
+        "asked": {"strategy": request.strategy, "nproc": request.max_gpus,
+                  "gpus_allowed": plan.requested_max,
+                  "visible": environ.get("CUDA_VISIBLE_DEVICES"),
+                  "variants": len(request.variants)},
+        "decided": {"strategy": strategy_name(plan.strategy), "world_size": plan.nproc_per_node,
+                    "gpus": gpus, "device": plan.device, "forced": plan.forced},
+        "predicted_speedup": _r(predicted), "measured_speedup": _r(measured),
+        "band": plan.uncertainty_band, "checked": checked,
+        "exit_code": exit_code, "wall_s": round(wall_s, 3), "run_s": round(run_s, 3),
+        "gpu_s": round(gpu_s, 3),
+        "torchrun": {"gpus": plan.requested_max if plan.device == "cuda" else 0,
+                     "gpu_s": None if torchrun_s is None else round(torchrun_s, 3),
+                     "basis": basis},
+    }
+
+
+def torchrun_gpu_seconds(plan: Plan, units: Mapping, run_s: float,
+                         gpu_s: float) -> tuple[float | None, str]:
+    """(GPU-seconds torchrun would have taken for the work this launch did, how that is
+    known). torchrun runs DDP over all `requested_max` GPUs; the work is the chosen plan's
+    measured rate × run_s, at torchrun's measured rate. None where a rate was not measured."""
+    n = plan.requested_max
+    if plan.device != "cuda" or not plan.gpus:
+        return None, "no GPUs"
+    if plan.variants:
+        return None, "variants: torchrun runs one job at a time"
+    chosen = next((c for c in plan.candidates if c.chosen), None)
+    if chosen is None:
+        return None, "no chosen candidate"
+
+    def is_torchruns(c) -> bool:
+        role = _role(units, c.strategy)
+        if n == 1:
+            return role == Role.BASELINE and len(c.gpus) == 1
+        return bool(getattr(units.get(c.strategy), "TORCHRUN", False)) and len(c.gpus) == n
+    if is_torchruns(chosen):
+        return gpu_s, "the same plan"
+    theirs = next((c for c in plan.candidates if is_torchruns(c)), None)
+    name = f"DDP×{n}" if n > 1 else "one GPU"
+    if theirs is None or not (theirs.measured and theirs.speedup):
+        return None, f"torchrun's {name} not measured"
+    if not (chosen.measured and chosen.speedup):
+        return None, "the chosen plan's rate not measured"
+    return n * run_s * chosen.speedup / theirs.speedup, "measured"
+
+
+def mispredicted(rec: Mapping) -> tuple[float, list] | None:
+    """(how far out, in units of the band's reach, and the worst [candidate, predicted,
+    measured]) when a measured speedup of the launch lies outside the prediction's band
+    (|ln(measured / predicted)| > ln(1 + band)); None otherwise or when there is no band."""
+    band = rec.get("band")
+    if not isinstance(band, (int, float)) or band <= 0:
+        return None
+    reach = math.log1p(band)
+    worst = None
+    for row in rec.get("checked") or ():
+        try:
+            name, p, m = row
+            err = abs(math.log(float(m) / float(p)))
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        if err > reach and (worst is None or err / reach > worst[0]):
+            worst = (err / reach, [name, p, m])
+    return worst
+
+
+def iter_since(records: list[dict], since: datetime | None) -> Iterator[dict]:
+    for rec in records:
+        if since is None:
+            yield rec
+            continue
+        try:
+            t = datetime.fromisoformat(rec["time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if t.tzinfo is None:
+            t = t.astimezone()
+        if t >= since:
+            yield rec
+
+
+def _name(units, c) -> str:
+    short = getattr(units.get(c.strategy), "short_name", None)
+    return short(c) if short is not None else f"{strategy_name(c.strategy)}×{len(c.gpus)}"
+
+
+def _role(units, strategy):
+    return getattr(units.get(strategy), "ROLE", None)
+
+
+def _r(x):
+    return None if x is None else round(float(x), 4)
+
+
+def _user(environ) -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return environ.get("USER") or str(os.getuid())
