@@ -206,6 +206,8 @@ def decision_line(plan: Plan, units: Units) -> str:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU"
+        if chosen.measured and chosen.speedup > len(chosen.gpus) * 1.05:
+            why += f" (superlinear on {len(chosen.gpus)} GPUs: --explain says why)"
     elif rival is not None:
         why = (f"{units[rival.strategy].short_name(rival)} "
                f"{'measured' if rival.measured else 'predicted'} "

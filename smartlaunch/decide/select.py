@@ -26,6 +26,7 @@ class Choice:
     gpus: tuple[int, ...]
     basis: str = "forced"        # forced | model | trial | launch | fallback | only | torchrun
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
+    superlinear: str = ""        # why a measured speedup above N× on N GPUs stands, if one does
 
 
 def _key_n(key) -> int:
@@ -200,6 +201,21 @@ def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
     base, source = one_gpu_rate(ctx.launched, prof)
     if not runs or not base:
         return None
+    # A launch above N× of one GPU on N GPUs is not a speedup to act on: the one-GPU rate it
+    # is divided by (often the dry run's step, not a launch) is what is off. Not used; said.
+    impossible = {k: r.rank_steps_per_s / base for k, r in runs.items()
+                  if r.rank_steps_per_s / base > _key_n(k) * SUPERLINEAR}
+    if impossible:
+        ctx.reasons.append(Reason(
+            "not used: " + "; ".join(
+                f"{_name(ctx, k)} ran at {times(v)} of one GPU on {_key_n(k)} GPUs, superlinear"
+                for k, v in impossible.items())
+            + f": its one-GPU rate comes from {source}, which a launch of this job outran; "
+              "the decision uses the model and trials instead",
+            ctx.policy.rule("decision.min_efficiency")))
+        runs = {k: r for k, r in runs.items() if k not in impossible}
+        if not runs:
+            return None
     scores = {single: 1.0}
     for k in scaled:
         if k in runs:
@@ -266,6 +282,22 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
         got = ctx.trial(k[0], k[1])
         if got is not None and got > 0:
             measured[k] = float(got)
+    superlinear = _superlinear(ctx, measured, single, keys)
+    if superlinear and by_dry_run is not None:
+        # The dry run's one-GPU rate gave a scaled candidate more than N× on N GPUs: measure
+        # one GPU again, by a trial like the others (the dry run may have run beside our own
+        # set-up, or caught a slow phase of the script).
+        ctx.trial.planned(1)
+        again = ctx.trial(single[0], single[1])
+        if again is not None and again > 0:
+            measured[single] = float(again)
+            by_dry_run = None
+            superlinear += (f"; one GPU measured again by a trial: {rate(again)} (its dry run "
+                            f"gave {rate(ctx.profile.trial_rate(d.trial_steps, floor_s))})")
+            still = _superlinear(ctx, measured, single, keys)
+            superlinear += (f"; still superlinear against it ({still}): the one-process run is "
+                            "held back by something two processes split (an input pipeline "
+                            "or host work that does not scale with the step)") if still else ""
     if single not in measured:
         lost = getattr(ctx.trial, "why", {}).get(single)
         return None, (f"{why}; the trial of {_name(ctx, single)} gave no measurement"
@@ -282,12 +314,27 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     if untried:
         text += ("; not tried: " + ", ".join(_short(ctx, k) for k in untried) +
                  f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
+    if superlinear:
+        text += f"; superlinear: {superlinear}"
     if lost:
         whys = getattr(ctx.trial, "why", {})
         text += "; no measurement for " + ", ".join(
             _short(ctx, k) + (f" ({whys[k]})" if k in whys else "") for k in lost)
     ctx.reasons.append(Reason(f"{text} → {_name(ctx, win)}", rule(rule_key)))
-    return Choice(win[0], win[1], "trial", measured), text
+    return Choice(win[0], win[1], "trial", measured, superlinear), text
+
+
+SUPERLINEAR = 1.05      # a measured speedup above N× this on N GPUs is checked, never shown bare
+
+
+def _superlinear(ctx, measured: dict, single, keys) -> str:
+    """'DDP×2 2.40× on 2 GPUs' for every measured candidate above N× of one GPU, or ''."""
+    if single not in measured or not measured[single]:
+        return ""
+    over = [f"{_short(ctx, k)} {times(measured[k] / measured[single])} on {_key_n(k)} GPUs"
+            for k in keys if k != single and k in measured
+            and measured[k] / measured[single] > _key_n(k) * SUPERLINEAR]
+    return ", ".join(over)
 
 
 def _fallback(ctx, scaled: list, why: str) -> Choice:
@@ -337,6 +384,10 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     out = []
     for key, (c, pred) in rows.items():
         head = ctx.units[c.strategy].sentence(ctx, c, pred, uncertainty(ctx))
+        if c.measured and c.speedup and c.speedup > len(c.gpus) * SUPERLINEAR \
+                and ctx.units[c.strategy].ROLE == Role.SCALED:
+            head += (f" [superlinear: {times(c.speedup)} on {len(c.gpus)} GPUs; "
+                     f"{choice.superlinear or 'measured against the dry run'}]")
         text = head + _tail(ctx, c, win, choice, floor)
         out.append(dataclasses.replace(c, reason=text))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
