@@ -15,7 +15,7 @@ from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
 # A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
-# (README): where predictions rank the SCALED candidates (every unit's together), only the
+# (docs/decision.md): where predictions rank the SCALED candidates (every unit's together), only the
 # best two are tried (issue 17: an 8-GPU node would otherwise try seven DDP group sizes).
 MAX_SCALED_TRIALS = 2
 
