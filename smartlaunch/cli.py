@@ -2,7 +2,9 @@
 
 torchrun's parser is reused as is (torch.distributed.run.get_args_parser), so every torchrun
 option and PET_* variable of the installed torch means what it means there; smartlaunch adds
-an option group and removes its own options before handing the namespace to torch.
+an option group (listed first in --help, which shows torchrun's common options only;
+--help-torchrun shows them all) and removes its own options before handing the namespace to
+torch.
 """
 from __future__ import annotations
 
@@ -63,17 +65,17 @@ def _torchrun_help() -> str:
     return build_parser(torchrun_help=True).format_help()
 
 
+NPROC_HELP = ("the most processes (GPUs) per node the job may use; auto may choose fewer "
+              "(default: every visible GPU). Values as torchrun's: auto, cpu, gpu, or a number")
 # torchrun's options `smartlaunch --help` shows, with a shorter help; --help-torchrun lists
-# every one with torchrun's own words (--nproc-per-node's meaning here is NPROC_HELP's).
+# every one with torchrun's own words, but --nproc-per-node's (its meaning here differs).
 TORCHRUN_SHOWN = {
     "--nnodes": "number of nodes, or a range MIN:MAX",
-    "--nproc-per-node": "",
+    "--nproc-per-node": NPROC_HELP,
     "--standalone": "a local rendezvous on a free port (single node)",
     "--module": "run the script as a module, as python -m does",
     "--no-python": "run the program directly, not with python",
 }
-NPROC_HELP = ("the most processes (GPUs) per node the job may use; auto may choose fewer "
-              "(default: every visible GPU). Values as torchrun's: auto, cpu, gpu, or a number")
 
 
 def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
@@ -125,10 +127,10 @@ def _arrange_help(parser: argparse.ArgumentParser, own, torchrun_help: bool) -> 
     torchrun._group_actions.remove(help_action)
     own._group_actions.insert(0, help_action)
     for action in torchrun._group_actions:
-        if "--nproc-per-node" in action.option_strings:
+        shown = set(action.option_strings) & set(TORCHRUN_SHOWN)
+        if "--nproc-per-node" in shown:
             action.help = NPROC_HELP
         elif not torchrun_help:
-            shown = set(action.option_strings) & set(TORCHRUN_SHOWN)
             action.help = TORCHRUN_SHOWN[shown.pop()] if shown else argparse.SUPPRESS
     for action in positionals._group_actions:
         action.help = ("the script (a module with -m, a program with --no-python), then its "
