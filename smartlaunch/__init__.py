@@ -7,7 +7,19 @@ no-op unless the script runs under smartlaunch's dry run or worker hook.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"       # pyproject.toml's [project] version
+
+
+def version_line() -> str:
+    """`smartlaunch <version> (torch <version>)` for --version: the installed distribution's
+    version, else this package's own (a source tree on PYTHONPATH). Imports torch."""
+    from importlib import metadata
+    try:
+        ours = metadata.version("smartlaunch")
+    except metadata.PackageNotFoundError:
+        ours = __version__
+    import torch
+    return f"smartlaunch {ours} (torch {torch.__version__})"
 
 _step_hook = None  # installed by smartlaunch.profile.dryrun / smartlaunch.launch.worker
 

@@ -2,7 +2,9 @@
 
 torchrun's parser is reused as is (torch.distributed.run.get_args_parser), so every torchrun
 option and PET_* variable of the installed torch means what it means there; smartlaunch adds
-an option group and removes its own options before handing the namespace to torch.
+an option group (listed first in --help, which shows torchrun's common options only;
+--help-torchrun shows them all) and removes its own options before handing the namespace to
+torch.
 """
 from __future__ import annotations
 
@@ -40,14 +42,54 @@ class _OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `smartlaunch --help`)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _PrintAndExit(argparse.Action):
+    """An option that prints `text()` (whole lines) and exits 0, as --help does (nothing is
+    started)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None, text=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+        self.text = text
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(self.text(), end="")
+        parser.exit()
+
+
+def _version() -> str:
+    from smartlaunch import version_line
+    return version_line() + "\n"
+
+
+def _torchrun_help() -> str:
+    return build_parser(torchrun_help=True).format_help()
+
+
+NPROC_HELP = ("the most processes (GPUs) per node the job may use; auto may choose fewer "
+              "(default: every visible GPU). Values as torchrun's: auto, cpu, gpu, or a number")
+# torchrun's options `smartlaunch --help` shows, with a shorter help; --help-torchrun lists
+# every one with torchrun's own words, but --nproc-per-node's (its meaning here differs).
+TORCHRUN_SHOWN = {
+    "--nnodes": "number of nodes, or a range MIN:MAX",
+    "--nproc-per-node": NPROC_HELP,
+    "--standalone": "a local rendezvous on a free port (single node)",
+    "--module": "run the script as a module, as python -m does",
+    "--no-python": "run the program directly, not with python",
+}
+
+
+def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
+    """torchrun's parser with smartlaunch's group added and listed first. torchrun_help: list
+    every torchrun option in --help (else TORCHRUN_SHOWN only); parsing is the same."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
     parser.__class__ = _OneLineParser
     parser.prog = "smartlaunch"
-    parser.description = ("A drop-in torchrun that measures before it launches. All torchrun "
-                          "options apply; --nproc-per-node is the most the job may use.")
+    parser.usage = "%(prog)s [options] training_script [script args ...]"
+    parser.description = ("A drop-in torchrun that measures before it launches: one GPU, "
+                          "independent jobs or DDP, whichever is fastest within the policy. "
+                          "All torchrun options apply.")
     g = parser.add_argument_group("smartlaunch options")
     g.add_argument("--strategy", choices=STRATEGY_CHOICES, default="auto",
                    help="auto (default) decides from measurements; single, independent and "
@@ -69,7 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true",
                    help="no 'smartlaunch: <decision>' line before the job's output "
                         "(policy: launch.quiet)")
+    g.add_argument("--version", action=_PrintAndExit, text=_version,
+                   help="print smartlaunch's and torch's versions and exit")
+    g.add_argument("--help-torchrun", action=_PrintAndExit, text=_torchrun_help,
+                   help="list every torchrun option as well and exit")
+    _arrange_help(parser, g, torchrun_help)
     return parser
+
+
+def _arrange_help(parser: argparse.ArgumentParser, own, torchrun_help: bool) -> None:
+    """Help layout only: smartlaunch's group (with -h) first, then torchrun's options (the
+    TORCHRUN_SHOWN ones unless torchrun_help), then the script. Every option still parses."""
+    positionals, torchrun = parser._positionals, parser._optionals
+    help_action = next(a for a in torchrun._group_actions if "-h" in a.option_strings)
+    torchrun._group_actions.remove(help_action)
+    own._group_actions.insert(0, help_action)
+    for action in torchrun._group_actions:
+        shown = set(action.option_strings) & set(TORCHRUN_SHOWN)
+        if "--nproc-per-node" in shown:
+            action.help = NPROC_HELP
+        elif not torchrun_help:
+            action.help = TORCHRUN_SHOWN[shown.pop()] if shown else argparse.SUPPRESS
+    for action in positionals._group_actions:
+        action.help = ("the script (a module with -m, a program with --no-python), then its "
+                       "own arguments") if action.dest == "training_script" else argparse.SUPPRESS
+    torchrun.title = "torchrun options" if torchrun_help else \
+        "torchrun options (the common ones; all apply: `smartlaunch --help-torchrun` lists them)"
+    positionals.title = "the script"
+    parser._action_groups = [own, torchrun, positionals]
 
 
 def _script_index(parser, argv: list[str]) -> int:

@@ -31,9 +31,24 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"smartlaunch-node: error: {message} (see `{self.prog} --help`)\n")
 
 
+class _Version(argparse.Action):
+    """--version: imports torch only when asked (the Slurm hooks run this command too)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from smartlaunch import version_line
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="smartlaunch-node", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action=_Version,
+                        help="print smartlaunch's and torch's versions and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:

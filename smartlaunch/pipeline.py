@@ -318,10 +318,11 @@ def _comm_for(topology, policy, environ, profile, status, pools, clock):
             clock.add({"allreduce_early": early.seconds or 0.0})
             if curve is not None:
                 return curve
-        status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
-                       f"(cached afterwards)")
+        def announce() -> None:        # a cached curve is read without a word
+            status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
+                           f"(cached afterwards)")
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
-                          progress=progress)
+                          progress=progress, announce=announce)
     return comm_for
 
 

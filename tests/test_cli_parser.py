@@ -132,3 +132,33 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(clean_env, args, needle
     assert len(lines) == 1 and lines[0].startswith("smartlaunch: error: "), r.stderr
     assert needle in lines[0]
     assert not marker.exists()
+
+
+def test_help_shows_smartlaunchs_options_first_and_torchruns_common_ones(clean_env):
+    r = _run_cli(["--help"], clean_env)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    out = r.stdout
+    assert out.index("smartlaunch options:") < out.index("--strategy") < out.index(
+        "\ntorchrun options") < out.index("--nproc-per-node")
+    assert len(out.splitlines()) <= 60
+    assert "--rdzv-backend" not in out and "smartlaunch --help-torchrun" in out
+    # Hidden from the short help, torchrun's options still parse (the parity cases above).
+    full = _run_cli(["--help-torchrun"], clean_env)
+    assert full.returncode == 0
+    every = {s for a in torchrun.get_args_parser()._actions for s in a.option_strings}
+    assert every <= set(full.stdout.replace(",", " ").split()), every - set(full.stdout.split())
+    assert full.stdout.index("smartlaunch options:") < full.stdout.index("--rdzv-backend")
+
+
+@pytest.mark.parametrize("module", ["smartlaunch.cli", "smartlaunch.node_cli"])
+def test_version_names_smartlaunch_and_torch(clean_env, module):
+    import tomllib
+    import torch
+    import smartlaunch
+    from conftest import REPO
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert smartlaunch.__version__ == version
+    r = subprocess.run([sys.executable, "-m", module, "--version"], cwd=clean_env,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, f"smartlaunch {version} (torch {torch.__version__})\n")
+    assert own_lines(r.stderr) == []

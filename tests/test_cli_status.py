@@ -130,6 +130,13 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     # A loaded machine may land in the uncertainty band: then trials follow, one line each.
     assert words[0] == "profiling" and words[-1] in ("DDP×2", "single"), ours
     assert set(words[1:-1]) <= {"measuring", "trial"} and len(set(ours)) == len(ours), ours
+    # Again: the profile and the all-reduce curve are read from the cache, and no line says
+    # they are being measured.
+    warm = smartlaunch(["--explain", *TRAIN], clean_env, PAIR)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    said = [line for line in own_lines(warm.stderr) if line.startswith("smartlaunch:")]
+    assert not any(w in line for line in said for w in ("profiling", "measuring")), said
+    assert "all-reduce (gloo, GPUs 0,1, cached)" in warm.stdout, warm.stdout
 
 
 @pytest.mark.parametrize("args, want", [

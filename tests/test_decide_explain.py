@@ -120,3 +120,32 @@ def test_explain_shows_where_jobs_go_and_the_lease_wait(clean_env):
     assert "fallback GPUs (if GPU0 is taken before the lease): GPU1" in text
     assert "leases: --no-wait: fails at once, naming the holders, if another launch holds " \
            "its GPUs" in text
+
+
+def test_unknown_values_are_left_out_or_named_not_shown_as_placeholders(clean_env):
+    # A CPU profile has no peak memory: the profile line leaves it out ("peak ??" before).
+    plan = dataclasses.replace(_ddp_nvlink(), profile=profile(**GPT, peak_gib=None))
+    text = render_text(plan, REGISTRY)
+    assert "peak" not in text.splitlines()[1] and "??" not in text.splitlines()[1]
+    # A binding with no NUMA node says it is not pinned, not "NUMA node -1, CPUs none".
+    text = render_text(_single_pcie(), REGISTRY)
+    assert "NUMA node -1" not in text and "via none" not in text
+    assert "  local rank 0 → GPU0, not pinned" in text.splitlines()
+    # A policy key left at null shows the value in force, not Python's None.
+    text = render_text(_trial(), REGISTRY)
+    assert "=None" not in text
+    assert "[decision.uncertainty_band=0.4 (built-in: the cost model's measured error)]" in text
+    assert policy().rule("decision.max_gpus") == "decision.max_gpus=null (built-in)"
+
+
+def test_a_note_every_binding_shares_is_said_once(clean_env):
+    # numactl missing: one line for the launch, not one per rank.
+    topo = dual_socket()
+    plan = decide(request(strategy="ddp", max_gpus=4), topo, policy(), profile(),
+                  comm_for=FakeComm(topo))
+    text = render_text(prepare(plan, topo, policy(), {}, units=REGISTRY, numactl=""), REGISTRY)
+    numa = text.split("NUMA binding:\n", 1)[1].splitlines()
+    assert text.count("numactl not installed") == 1, numa
+    assert "  every binding: numactl not installed: CPU affinity only, memory not bound" in numa
+    ranks = [line for line in numa if line.startswith("  local rank")]
+    assert len(ranks) == len(plan.gpus) >= 2 and all("via sched_setaffinity" in r for r in ranks)

@@ -49,6 +49,18 @@ def test_check_invalid_file_exits_with_the_policy_code(clean_env):
     assert len(own_lines(out.stderr)) == 1
 
 
+def test_check_names_every_problem_one_line_each(clean_env):
+    path = write(clean_env, "bad.yaml", "decision:\n  min_efficency: 0.5\n  trials: maybe\n"
+                                        "launch:\n  numa_binding: bind\njobz: {}\n")
+    out = node("check", path, cwd=clean_env)
+    assert out.returncode == 3 and out.stdout == ""
+    lines = own_lines(out.stderr)
+    assert [line.split(": ")[2] for line in lines] == [
+        f"{path}:2", f"{path}:3", f"{path}:5", f"{path}:6"], lines
+    assert all(line.startswith("smartlaunch-node: error: ") for line in lines)
+    assert "decision.trials: expected true or false, got str 'maybe'" in lines[1]
+
+
 @needs_admin_install
 def test_check_without_file_validates_every_layer(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision: {max_gpus: 4}\n")

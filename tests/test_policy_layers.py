@@ -127,7 +127,8 @@ def test_rule_names_the_enforced_source_for_explain(clean_env):
     assert policy.rule("decision.min_efficiency") == \
         f"decision.min_efficiency=0.7 (enforced:{admin})"
     assert policy.rule("launch.nccl.PHB").startswith("launch.nccl.PHB={'NCCL_ALGO': 'Tree'")
-    assert policy.rule("decision.max_gpus") == "decision.max_gpus=None (built-in)"
+    # A key left at null reads as a policy file writes it, never as Python's None.
+    assert policy.rule("decision.max_gpus") == "decision.max_gpus=null (built-in)"
 
 
 def test_user_file_discovery_order(clean_env):

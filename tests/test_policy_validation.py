@@ -5,6 +5,7 @@ import pytest
 
 from smartlaunch.errors import ExitCode, PolicyError
 from smartlaunch.policy.load import read_policy_file, validate_file
+from smartlaunch.policy.schema import PolicyProblems
 from tests.helpers_policy import write
 
 DECISION_KEYS = ("min_efficiency, uncertainty_band, trials, trial_steps, trial_seconds, prestart, allowed_strategies, "
@@ -185,6 +186,25 @@ def test_malformed_policy_gives_precise_message(name, tmp_path):
     with pytest.raises(PolicyError) as err:
         validate_file(path)
     assert str(err.value) == f"{path}:{message}"
+    assert err.value.exit_code == ExitCode.POLICY
+
+
+def test_every_problem_of_a_file_is_named_in_file_order(tmp_path):
+    # Each MALFORMED case's key is independent of the others: one file with several of them
+    # gives each message, in line order, and a launch's one line counts the rest.
+    text = ("decision:\n  min_efficency: 0.5\n  trials: maybe\n  allowed_strategies: [single, dpp]\n"
+            "  trials: true\nlaunch:\n  nccl:\n    PIX: {ALGO: Tree, NCCL_P2P_DISABLE: 1}\n"
+            "jobz: {}\n")
+    path = write(tmp_path, "bad policy.yaml", text)
+    with pytest.raises(PolicyProblems) as err:
+        validate_file(path)
+    lines = [p.split(": ", 2)[:2] for p in err.value.problems]
+    assert lines == [[f"{path}:2", "decision.min_efficency"], [f"{path}:3", "decision.trials"],
+                     [f"{path}:4", "decision.allowed_strategies[1]"],
+                     [f"{path}:5", "decision.trials"], [f"{path}:8", "launch.nccl.PIX.ALGO"],
+                     [f"{path}:8", "launch.nccl.PIX.NCCL_P2P_DISABLE"], [f"{path}:9", "jobz"]]
+    assert str(err.value) == (err.value.problems[0] + " (and 6 more problems; `smartlaunch-node "
+                              f"policy check '{path}'` lists them)")
     assert err.value.exit_code == ExitCode.POLICY
 
 

@@ -82,8 +82,10 @@ def test_bench_comm_fills_the_cache_then_reads_it(clean_env, monkeypatch, capsys
     [curve] = json.loads(capsys.readouterr().out)
     assert curve["cached"] is True and curve["world_size"] == 2
     topo = load_node("h200-nv18-pair")
-    hit = comm.comm_curve(topo, (0, 1), Policy(), dict(os.environ))
-    assert hit.cached and len(hit.points) == len(comm.CPU_SIZES)
+    said = []         # the pipeline's "measuring all-reduce over ..." line: never on a hit
+    hit = comm.comm_curve(topo, (0, 1), Policy(), dict(os.environ),
+                          announce=lambda: said.append("measuring"))
+    assert hit.cached and len(hit.points) == len(comm.CPU_SIZES) and said == []
 
 
 def _children() -> list[str]:

@@ -1,6 +1,6 @@
 """The cost model: predicted DDP step time from one single-GPU profile and one all-reduce curve.
 
-Every term is a physical cost with a bound (the README copies this table):
+Every term is a physical cost with a bound (docs/decision.md copies this table):
 
     t1        single-GPU step time (profile.step_time_s)
     B         backward time = backward_share * t1 (profile, else default_backward_share)

@@ -35,9 +35,7 @@ def render_text(plan: Plan, units: Units) -> str:
     lines.append("environment added to workers:")
     lines += [f"  {e.name}={e.value}  ({e.source})" for e in plan.env] or ["  (nothing)"]
     lines.append("NUMA binding:")
-    lines += [f"  {_bound(plan, b, units)}, NUMA node {b.numa_node}, CPUs "
-              f"{cpu_ranges(b.cpus)} ({b.mode} via {b.mechanism})" + (f": {b.note}" if b.note else "")
-              for b in plan.numa] or ["  (none)"]
+    lines += _numa(plan, units)
     if plan.variants:
         lines.append(f"variants ({len(plan.variants)}):")
         lines += [f"  {i}: {' '.join(v)}" for i, v in enumerate(plan.variants)]
@@ -74,6 +72,31 @@ def _bound(plan: Plan, b, units: Units) -> str:
     return units[plan.strategy].binding_label(b)
 
 
+def _numa(plan: Plan, units: Units) -> list[str]:
+    """One line per binding; a note every binding shares (numactl missing, a single NUMA
+    node) is said once, not once per rank."""
+    if not plan.numa:
+        return ["  (none)"]
+    notes = [_notes(b.note) for b in plan.numa]
+    shared = [n for n in notes[0] if all(n in other for other in notes[1:])] \
+        if len(plan.numa) > 1 else []
+    out = []
+    for b, own in zip(plan.numa, notes):
+        note = "; ".join(n for n in own if n not in shared)
+        if b.mechanism == "none":
+            where = f"NUMA node {b.numa_node}, not pinned" if b.numa_node >= 0 else "not pinned"
+        else:
+            where = f"NUMA node {b.numa_node}, CPUs {cpu_ranges(b.cpus)} ({b.mode} via {b.mechanism})"
+        out.append(f"  {_bound(plan, b, units)}, {where}" + (f": {note}" if note else ""))
+    out += [f"  every binding: {n}" for n in shared]
+    return out
+
+
+def _notes(note: str) -> list[str]:
+    """A binding's note, split into the parts decide/numa.py joined with '; '."""
+    return [n for n in note.split("; ") if n]
+
+
 def _headline(plan: Plan, units: Units) -> str:
     what = units[plan.strategy].headline(plan)
     extra = f"nproc-per-node {plan.nproc_per_node}, nnodes {plan.nnodes}, device {plan.device}, " \
@@ -100,7 +123,8 @@ def _profile(p: ModelProfile | None) -> list[str]:
              f"step {ms(step)}" + (f" (p90 {ms(p90)})" if p90 else "")]
     if bwd and step:
         parts.append(f"backward {pct(bwd / step)} of the step")
-    parts.append(f"peak {peak / 1024 ** 3:.1f} GiB" if peak else "peak ??")
+    if peak:                    # unknown on the CPU and without a CUDA reading: left out
+        parts.append(f"peak {peak / 1024 ** 3:.1f} GiB")
     cost = p.dry_run_s
     parts.append("cached" if p.cached else
                  (f"dry run {cost:.1f} s" if cost is not None else "dry run ??"))

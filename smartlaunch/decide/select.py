@@ -15,7 +15,7 @@ from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
 # A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
-# (README): where predictions rank the SCALED candidates (every unit's together), only the
+# (docs/decision.md): where predictions rank the SCALED candidates (every unit's together), only the
 # best two are tried (issue 17: an 8-GPU node would otherwise try seven DDP group sizes).
 MAX_SCALED_TRIALS = 2
 
@@ -156,7 +156,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
                ", ".join(f"{_short(ctx, k)} {pct(preds[k].efficiency)}" for k in close))
         remaining = [k for k in trialable if preds[k].efficiency * (1 + band) >= floor]
         measured, note = _trials(ctx, [single, *_top(ctx, remaining, scores)], why,
-                                 "decision.uncertainty_band")
+                                 "decision.uncertainty_band", band)
         if measured:
             return measured
         return _by_model(ctx, scores, f"{note}, so the prediction decides")
@@ -259,9 +259,14 @@ def _by_model(ctx, scores: dict, note: str | None) -> Choice:
     return Choice(win[0], win[1], "model")
 
 
-def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, str]:
-    """(the choice by measurement, or None and why not). keys: the baseline first."""
-    rule = ctx.policy.rule
+def _trials(ctx, keys: list, why: str, rule_key: str,
+            band: float | None = None) -> tuple[Choice | None, str]:
+    """(the choice by measurement, or None and why not). keys: the baseline first. band: the
+    uncertainty band in force, shown as the rule's value where the policy leaves it unset."""
+    def rule(key: str) -> str:
+        if band is not None and ctx.policy.decision.uncertainty_band is None:
+            return f"{key}={band:.2g} (built-in: the cost model's measured error)"
+        return ctx.policy.rule(key)
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured, single, d = {}, keys[0], ctx.policy.decision

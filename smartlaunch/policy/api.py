@@ -127,4 +127,6 @@ class Policy:
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
         if isinstance(obj, tuple):
             obj = "[" + ", ".join(map(str, obj)) + "]"
+        elif obj is None:
+            obj = "null"            # as a policy file writes it, never Python's None
         return f"{dotted_key}={obj} ({self.source_of(dotted_key)})"

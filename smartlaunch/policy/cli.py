@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from smartlaunch.policy.load import ADMIN_POLICY_PATH, load_policy, validate_file
+from smartlaunch.policy.schema import PolicyProblems
 
 
 def register(subparsers) -> None:
@@ -11,8 +13,8 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
     check = sub.add_parser(
         "check", help="validate FILE, or with no FILE every layer that applies here",
-        description="Exit 0 and print 'OK: FILE' when valid; otherwise print the error "
-                    "(file:line, key) and exit 3.")
+        description="Exit 0 and print 'OK: FILE' when valid; otherwise print every "
+                    "problem, one line each (file:line, key), and exit 3.")
     check.add_argument("file", nargs="?", metavar="FILE")
     check.add_argument("--policy", metavar="PATH", help="user policy (as smartlaunch --policy)")
     check.set_defaults(func=_check)
@@ -23,6 +25,19 @@ def register(subparsers) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """OK lines on stdout; otherwise one `smartlaunch-node: error:` line per problem of the
+    first file that has any, and the policy error's exit code."""
+    try:
+        return _check_files(args)
+    except PolicyProblems as exc:
+        if args.debug:
+            raise
+        for problem in exc.problems:
+            print(f"smartlaunch-node: error: {problem}", file=sys.stderr)
+        return int(exc.exit_code)
+
+
+def _check_files(args: argparse.Namespace) -> int:
     if args.file is not None:
         parsed = validate_file(args.file)
         note = ""

@@ -2,11 +2,14 @@
 
 The key tables (sections, ranges, allowed values, enforce modes) live in rules.py. The
 validator walks the YAML node tree (not the loaded dict) so every error can name the
-`file:line` and the dotted key path.
+`file:line` and the dotted key path. It goes on past a bad key, so one run names every
+problem of the file (PolicyProblems); a syntax error stops it (nothing after it can be read).
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
+import shlex
 import typing
 import re
 from dataclasses import dataclass, field
@@ -37,6 +40,18 @@ class ParsedFile:
     enforce_lines: dict[str, int] = field(default_factory=dict)
 
 
+class PolicyProblems(PolicyError):
+    """Every problem of one policy file, in file order. str() is the first and how many more
+    (a launch prints one line); `smartlaunch-node policy check` prints each of `problems`."""
+
+    def __init__(self, path: str, problems: list[str]):
+        more = len(problems) - 1
+        tail = (f" (and {more} more problem{'s' if more > 1 else ''}; `smartlaunch-node policy "
+                f"check {shlex.quote(path)}` lists them)") if more else ""
+        super().__init__(problems[0] + tail)
+        self.problems = tuple(problems)
+
+
 def _line(node: yaml.Node) -> int:
     return node.start_mark.line + 1
 
@@ -63,10 +78,24 @@ class _Walker:
         self.path = path
         self.construct = construct
         self.allow_enforce = allow_enforce
+        self.problems: list[PolicyError] = []
+
+    @contextlib.contextmanager
+    def noting(self):
+        """Record a problem of one key and go on with the next."""
+        try:
+            yield
+        except PolicyError as exc:
+            self.problems.append(exc)
+
+    def in_file_order(self) -> list[str]:
+        return [str(p) for p in sorted(self.problems, key=lambda p: getattr(p, "line", 0))]
 
     def error(self, node: yaml.Node, key: str, msg: str) -> PolicyError:
         where = f"{self.path}:{_line(node)}"
-        return PolicyError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
+        exc = PolicyError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
+        exc.line = _line(node)
+        return exc
 
     def items(self, node: yaml.Node, key: str, what: str):
         """(name, key node, value node) of a mapping; rejects non-mappings and repeats."""
@@ -82,13 +111,16 @@ class _Walker:
         for knode, vnode in node.value:
             if not (isinstance(knode, yaml.ScalarNode) and knode.tag == "tag:yaml.org,2002:str"):
                 raw = knode.value if isinstance(knode, yaml.ScalarNode) else "?"
-                raise self.error(knode, key, f"key {raw!r} is not a name; keys are words such "
-                                 "as min_efficiency (quote it if it really is a name)")
+                self.problems.append(self.error(
+                    knode, key, f"key {raw!r} is not a name; keys are words such as "
+                    "min_efficiency (quote it if it really is a name)"))
+                continue
             name = knode.value
             sub = f"{key}.{name}" if key else name
             if name in seen:
-                raise self.error(knode, sub, f"duplicate key (first set at line {seen[name]}); "
-                                 "keep only one")
+                self.problems.append(self.error(
+                    knode, sub, f"duplicate key (first set at line {seen[name]}); keep only one"))
+                continue
             seen[name] = _line(knode)
             out.append((name, knode, vnode))
         return out
@@ -105,70 +137,85 @@ class _Walker:
             return out
         what = "a mapping of sections (" + ", ".join(SECTIONS) + ")"
         for name, knode, vnode in self.items(node, "", what):
-            if name == "enforce":
-                if not self.allow_enforce:
-                    raise self.error(knode, "enforce", "only the admin policy "
-                                     "/etc/smartlaunch/policy.yaml may enforce values; remove "
-                                     "this section (ask your administrator to change the rule)")
-                self.sections(vnode, "enforce", out.enforce, out.enforce_lines)
-            elif name in SECTIONS:
-                self.section(name, knode, vnode, "", out.values, out.lines)
-            else:
-                valid = [*SECTIONS, "enforce"] if self.allow_enforce else list(SECTIONS)
-                raise self.unknown(knode, name, name, valid, "section", "sections")
+            with self.noting():
+                if name == "enforce":
+                    if not self.allow_enforce:
+                        raise self.error(knode, "enforce", "only the admin policy "
+                                         "/etc/smartlaunch/policy.yaml may enforce values; "
+                                         "remove this section (ask your administrator to change "
+                                         "the rule)")
+                    self.sections(vnode, "enforce", out.enforce, out.enforce_lines)
+                elif name in SECTIONS:
+                    self.section(name, knode, vnode, "", out.values, out.lines)
+                else:
+                    valid = [*SECTIONS, "enforce"] if self.allow_enforce else list(SECTIONS)
+                    raise self.unknown(knode, name, name, valid, "section", "sections")
         return out
 
     def sections(self, node: yaml.Node, prefix: str, values: dict, lines: dict) -> None:
         for name, knode, vnode in self.items(node, prefix, "a mapping of sections"):
-            if name not in SECTIONS:
-                raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section",
-                                   "sections")
-            self.section(name, knode, vnode, prefix, values, lines)
+            with self.noting():
+                if name not in SECTIONS:
+                    raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section",
+                                       "sections")
+                self.section(name, knode, vnode, prefix, values, lines)
 
     def section(self, section: str, knode: yaml.Node, node: yaml.Node, prefix: str,
                 values: dict, lines: dict) -> None:
         fields = section_fields(section)
         shown = f"{prefix}.{section}" if prefix else section
         for name, fknode, vnode in self.items(node, shown, f"a mapping of {section} keys"):
-            if name not in fields:
-                raise self.unknown(fknode, f"{shown}.{name}", name, fields)
-            dotted = f"{section}.{name}"
-            label = f"{prefix}.{dotted}" if prefix else dotted
-            kind = fields[name]
-            if kind == "nccl":
-                for fam, fam_knode, fam_node in self.items(vnode, label, "a mapping of link "
-                                                           "families (NV, PIX, ...)"):
+            with self.noting():
+                self.field(section, fields, name, fknode, vnode, prefix, values, lines)
+
+    def field(self, section: str, fields: dict, name: str, fknode: yaml.Node, vnode: yaml.Node,
+              prefix: str, values: dict, lines: dict) -> None:
+        shown = f"{prefix}.{section}" if prefix else section
+        if name not in fields:
+            raise self.unknown(fknode, f"{shown}.{name}", name, fields)
+        dotted = f"{section}.{name}"
+        label = f"{prefix}.{dotted}" if prefix else dotted
+        kind = fields[name]
+        if kind == "nccl":
+            for fam, fam_knode, fam_node in self.items(vnode, label, "a mapping of link "
+                                                       "families (NV, PIX, ...)"):
+                with self.noting():
                     if fam not in LINK_FAMILIES:
                         raise self.unknown(fam_knode, f"{label}.{fam}", fam, LINK_FAMILIES,
                                            "link family", "link families")
                     values[f"{dotted}.{fam}"] = self.env_vars(fam_node, f"{label}.{fam}", fam)
                     lines[f"{dotted}.{fam}"] = _line(fam_knode)
-            elif kind == "env":
-                for var, value in self.env_vars(vnode, label, None).items():
-                    values[f"{dotted}.{var}"] = value
-                    lines[f"{dotted}.{var}"] = _line(vnode)
-            else:
-                values[dotted] = self.scalar(kind, vnode, label, dotted)
-                lines[dotted] = _line(fknode)
+        elif kind == "env":
+            for var, value in self.env_vars(vnode, label, None).items():
+                values[f"{dotted}.{var}"] = value
+                lines[f"{dotted}.{var}"] = _line(vnode)
+        else:
+            values[dotted] = self.scalar(kind, vnode, label, dotted)
+            lines[dotted] = _line(fknode)
 
     def env_vars(self, node: yaml.Node, label: str, family: str | None) -> dict[str, str]:
         out: dict[str, str] = {}
         for var, knode, vnode in self.items(node, label, "a mapping of variables to values"):
-            key = f"{label}.{var}"
-            if family is not None and not var.startswith("NCCL_"):
-                hint = f"did you mean 'NCCL_{var}'? " if ENV_NAME.match(var) else ""
-                raise self.error(knode, key, "NCCL settings must be NCCL_* variables; "
-                                 f"{hint}put other variables under launch.env")
-            if not ENV_NAME.match(var):
-                raise self.error(knode, key, "not a valid environment variable name; use "
-                                 "letters, digits and _")
-            raw = self.construct(vnode) if isinstance(vnode, yaml.ScalarNode) else []
-            if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-                raise self.error(vnode, key, f"expected a string or integer, got "
-                                 f"{_describe(raw)}; write one value, quoted, e.g. {var}: \"1\"")
-            out[var] = str(raw)
-            self.check_p2p(vnode, key, var, out[var], family)
+            with self.noting():
+                self.env_var(var, knode, vnode, label, family, out)
         return out
+
+    def env_var(self, var: str, knode: yaml.Node, vnode: yaml.Node, label: str,
+                family: str | None, out: dict[str, str]) -> None:
+        key = f"{label}.{var}"
+        if family is not None and not var.startswith("NCCL_"):
+            hint = f"did you mean 'NCCL_{var}'? " if ENV_NAME.match(var) else ""
+            raise self.error(knode, key, "NCCL settings must be NCCL_* variables; "
+                             f"{hint}put other variables under launch.env")
+        if not ENV_NAME.match(var):
+            raise self.error(knode, key, "not a valid environment variable name; use "
+                             "letters, digits and _")
+        raw = self.construct(vnode) if isinstance(vnode, yaml.ScalarNode) else []
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+            raise self.error(vnode, key, f"expected a string or integer, got "
+                             f"{_describe(raw)}; write one value, quoted, e.g. {var}: \"1\"")
+        out[var] = str(raw)
+        self.check_p2p(vnode, key, var, out[var], family)
 
     def check_p2p(self, node: yaml.Node, key: str, var: str, value: str,
                   family: str | None) -> None:
@@ -247,24 +294,30 @@ class _Walker:
             raise self.error(node, label, f"must list at least one {CHOICES[dotted][1]}")
         out: list[str] = []
         for i, item in enumerate(node.value):
-            v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
-            if not isinstance(v, str):
-                raise self.error(item, f"{label}[{i}]", f"expected a name, got {_describe(v)}")
-            self.choice(item, f"{label}[{i}]", dotted, v)
-            if v in out:
-                raise self.error(item, f"{label}[{i}]", f"{v!r} is listed twice; remove the "
-                                 "repeat")
-            out.append(v)
+            with self.noting():
+                v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
+                if not isinstance(v, str):
+                    raise self.error(item, f"{label}[{i}]", f"expected a name, got "
+                                     f"{_describe(v)}")
+                self.choice(item, f"{label}[{i}]", dotted, v)
+                if v in out:
+                    raise self.error(item, f"{label}[{i}]", f"{v!r} is listed twice; remove the "
+                                     "repeat")
+                out.append(v)
         return tuple(out)
 
 
 def parse_text(text: str, path: str, *, allow_enforce: bool) -> ParsedFile:
-    """Validate one policy document; PolicyError naming file:line and the key on any fault."""
+    """Validate one policy document; PolicyError naming file:line and the key on any fault
+    (PolicyProblems, naming each, when the walk found any)."""
     loader = yaml.SafeLoader(text)
     walker = _Walker(path, lambda n: loader.construct_object(n, deep=True), allow_enforce)
     try:
         try:
-            return walker.document(loader.get_single_node())
+            parsed = walker.document(loader.get_single_node())
+            if walker.problems:
+                raise PolicyProblems(path, walker.in_file_order())
+            return parsed
         except yaml.MarkedYAMLError as exc:   # syntax, or a tag safe loading refuses
             mark = exc.problem_mark or exc.context_mark
             line = f":{mark.line + 1}" if mark else ""

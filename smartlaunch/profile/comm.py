@@ -154,11 +154,12 @@ def rank_base_env(environ, device: str) -> dict[str, str]:
 
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
-               progress=None, pool=None) -> CommCurve:
+               progress=None, pool=None, announce=None) -> CommCurve:
     """The cached curve for this topology, group and NCCL environment (this user's cache, else
     the node cache the Slurm prolog fills: cache.cached_comm); measured on a miss.
     Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
-    progress: as measure_allreduce's (not called on a cache hit). pool: warm ranks (run_ranks)."""
+    progress: as measure_allreduce's; announce(): called once before measuring. Neither is
+    called on a cache hit. pool: warm ranks (run_ranks)."""
     gpus = tuple(gpus)
     device = device_for(topology)
     backend = backend_for(device)
@@ -167,6 +168,8 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
     hit = cached_comm(policy, topology, gpus, backend, environ, need_bytes=need)
     if hit is not None:
         return hit
+    if announce is not None:
+        announce()
     curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes,
                               progress=progress, pool=pool)
     store_comm(policy, key, curve, environ)

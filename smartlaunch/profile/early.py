@@ -30,7 +30,7 @@ from smartlaunch import proc, sandbox
 
 SPARE_CORES = 2          # smartlaunch's own import and one more, left to everything else
 # Options after which no dry run runs (the guess only: the parsed request decides).
-NO_DRY_RUN = ("-h", "--help", "--no-python", "--no_python", "--version")
+NO_DRY_RUN = ("-h", "--help", "--help-torchrun", "--no-python", "--no_python", "--version")
 
 
 class EarlyDryRun:
