@@ -11,6 +11,7 @@ p.add_argument("--steps", type=int, default=60)
 p.add_argument("--workers", type=int, default=6)
 p.add_argument("--batch", type=int, default=32)
 p.add_argument("--size", type=int, default=32)
+p.add_argument("--compile", action="store_true")
 a = p.parse_args()
 
 class Synthetic(Dataset):
@@ -44,6 +45,8 @@ model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), Block(32), Bloc
 model = model.to(dev, memory_format=torch.channels_last)
 if world > 1:
     model = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
+if a.compile:
+    model = torch.compile(model)
 ds = Synthetic()
 sampler = DistributedSampler(ds) if world > 1 else None
 loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, shuffle=sampler is None,
