@@ -44,6 +44,9 @@ class Candidate:
     allreduce_s: float | None = None      # exposed + hidden all-reduce time per step
     comm_cost_s: float | None = None      # what communication adds to the step (cost model)
     measured: bool = False                # from a trial, not the model
+    # Not tried, but the model's prediction scaled by what trials of other group sizes measured
+    # against theirs (decide/rerank.py): speedup, efficiency, step and samples/s are corrected.
+    corrected: bool = False
     chosen: bool = False
     reason: str = ""
 
