@@ -14,7 +14,8 @@ from smartlaunch.decide.plan import Plan
 def global_batch(plan: Plan, units: Units) -> str | None:
     """"global batch 2 × 32 = 64; --nproc-per-node 4 would give 128", "global batch = 2 × the
     per-rank batch" when the dry run did not see it, or None: independent jobs (each its own
-    batch), and one process where nothing else was possible."""
+    batch), a collective unit other than torchrun's, and one process where nothing else was
+    possible."""
     unit = units[plan.strategy]
     n = plan.nproc_per_node
     p = plan.profile
@@ -25,8 +26,8 @@ def global_batch(plan: Plan, units: Units) -> str | None:
     up = lo not in ("", nodes)           # an elastic range, "1:4": the most it may give
     if unit.ROLE == Role.BASELINE and (b is None or room < 2 or plan.forced):
         return None
-    if not unit.COLLECTIVE and unit.ROLE != Role.BASELINE:
-        return None
+    if unit.ROLE != Role.BASELINE and not (unit.COLLECTIVE and unit.TORCHRUN):
+        return None          # not torchrun's ranks: their batch is their unit's to say
     if nodes != "1":
         ranks = f"{'up to ' if up else ''}{nodes} nodes × {n}"
     else:

@@ -170,13 +170,16 @@ def _note_world_sizes(ctx) -> None:
     out = [n for n in range(2, min(ctx.cap, len(ctx.usable)) + 1) if n not in d.world_sizes]
     if not scaled or not out or ctx.request.multi_node:
         return
-    word = " or ".join(u.WORD for u in scaled)
-    sizes = f"{word}×{out[0]}" + "".join(
-        f"{' and' if i == len(out) - 1 else ','} ×{n}" for i, n in enumerate(out) if i)
+    if len(scaled) == 1:      # "DDP×3, ×5, ×6 and ×7"
+        sizes = f"{scaled[0].WORD}×{out[0]}" + "".join(
+            f"{' and' if i == len(out) - 1 else ','} ×{n}" for i, n in enumerate(out) if i)
+    else:                     # "DDP×3, ×5 and DDP-accum×3, ×5"
+        sizes = " and ".join(f"{u.WORD}×" + ", ×".join(map(str, out)) for u in scaled)
     torchrun = next((u for u in scaled if u.TORCHRUN), scaled[0])
     n = str(out[0]) if len(out) == 1 else "N"
     ctx.reasons.append(Reason(
-        f"{sizes} {'is' if len(out) == 1 else 'are'} not considered: the global batch is the "
+        f"{sizes} {'is' if len(out) * len(scaled) == 1 else 'are'} not considered: the "
+        f"global batch is the "
         f"world size × the per-rank batch, and the policy's world sizes are the ones scripts, "
         f"samplers and LR schedules usually assume; --strategy {strategy_name(torchrun.NAME)} "
         f"--nproc-per-node {n} runs {'it' if len(out) == 1 else 'any N'} as asked",

@@ -107,6 +107,13 @@ def choose_auto(ctx, cands: dict) -> Choice:
     p = ctx.profile
     if p is not None and p.status == ProfileStatus.UNMEASURABLE:
         k = max([k for k in scaled if ctx.units[k[0]].TORCHRUN] or scaled, key=_key_n)
+        n = ctx.request.max_gpus
+        if n is not None and n > _key_n(k):
+            # A count given: torchrun's own (the script may fix its world size to it), even
+            # where decision.world_sizes kept that size from the candidates.
+            from smartlaunch.decide.groups import best_group
+            group = best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
+            k = (k[0], group) if group is not None else k
         ctx.reasons.append(Reason(
             f"could not measure: {p.note} → {_name(ctx, k)}, as torchrun "
             f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
@@ -298,8 +305,8 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
     text = f"{why} → measured trials: {names}"
     band = uncertainty(ctx)[0]
     for k, (c, then) in later.items():
-        got = f"{rate(measured[k])}" if k in measured else "no measurement"
-        text += (f"; then {_short(ctx, k)} {got}, tried because the trials corrected its "
+        got = f" {rate(measured[k])}" if k in measured else " (no measurement)"
+        text += (f"; then {_short(ctx, k)}{got}, tried because the trials corrected its "
                  f"prediction to {_corrected_words(ctx, k, c)}, which at +{pct(band)} would "
                  f"meet the policy's {pct(d.min_efficiency)} and beat {_short(ctx, then)}'s "
                  f"{times(then_scores[then])}")
@@ -312,10 +319,9 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
                  f"{pct(d.min_efficiency)} and beat {_short(ctx, st.winner)} even at "
                  f"+{pct(band)})" if any(k in st.corrected for k in untried) else
                  f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
-    lost = [k for k in tried if k not in measured]
+    lost = [k for k in keys if k not in measured]
     if lost:
-        text += "; no measurement for " + ", ".join(_short(ctx, k) for k in keys + list(later)
-                                                    if k in lost)
+        text += "; no measurement for " + ", ".join(_short(ctx, k) for k in lost)
     if st.by_prediction is not None:
         k, c = st.by_prediction, st.corrected[st.by_prediction]
         how = "its trial gave no measurement" if k in tried else "it cannot be tried here"
@@ -393,10 +399,12 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
                      allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None)
             fix = choice.corrected.get(key)
             if fix is not None and fix.basis:     # the trials' correction (rerank.py)
-                sps = pred.samples_per_s(batch)
-                f.update(predicted_step_s=pred.step_s / fix.ratio, speedup=fix.speedup,
-                         efficiency=fix.speedup / n, corrected=True,
-                         predicted_samples_per_s=sps * fix.ratio if sps else sps)
+                # relative to the measured baseline, as the speedup is
+                sps = fix.speedup * base_rate if base_rate else None
+                f.update(speedup=fix.speedup, efficiency=fix.speedup / n, corrected=True,
+                         predicted_samples_per_s=sps,
+                         predicted_step_s=(n * batch / sps) if batch and sps else
+                         pred.step_s / fix.ratio)
         rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []
