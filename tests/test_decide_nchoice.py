@@ -60,7 +60,8 @@ def test_pcie_x8_three_beats_four_on_the_group_without_the_x8_gpu(clean_env):
 
 
 def test_pcie_x8_two_beats_four_for_large_gradients(clean_env):
-    plan, _ = run(fixture("pcie-4gpu-x8"), profile(**GPT), policy(trials=False, min_efficiency=0.5, world_sizes=EVERY_N))
+    plan, _ = run(fixture("pcie-4gpu-x8"), profile(**GPT),
+                  policy(trials=False, min_efficiency=0.5, world_sizes=EVERY_N))
     rows = ddp_by_n(plan)
     assert plan.strategy == Strategy.DDP and plan.gpus == (0, 1)
     assert rows[2].speedup > 1.0 > rows[4].speedup
@@ -170,7 +171,8 @@ def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 190.0, ("ddp", 3): 270.0,
                        ("ddp", 4): 365.0})
     plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
-                  policy(uncertainty_band=0.2, min_efficiency=0.9, world_sizes=EVERY_N), trial=trial)
+                  policy(uncertainty_band=0.2, min_efficiency=0.9, world_sizes=EVERY_N),
+                  trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]
     assert plan.gpus == (0, 1, 2, 3)                       # measured 91%
     x2 = ddp_by_n(plan)[2]
@@ -181,5 +183,6 @@ def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
     # Every DDP candidate short of the floor: the model's pick is single, the two fastest go.
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 150.0, ("ddp", 3): 200.0})
     plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
-                  policy(uncertainty_band=0.2, min_efficiency=0.97, world_sizes=EVERY_N), trial=trial)
+                  policy(uncertainty_band=0.2, min_efficiency=0.97, world_sizes=EVERY_N),
+                  trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]

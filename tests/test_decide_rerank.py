@@ -2,8 +2,9 @@
 
 The case behind both (4x H200, GPT-350M over host memory with NCCL_P2P_DISABLE=1, policy
 min_efficiency 0.5): one GPU 82.6 samples/s, DDP×2 93.5 (57%), ×3 118.8 (48%), ×4 127.4
-(38%). The model predicted ×2 1.12×, ×3 1.50×, ×4 1.68×; trials of ×3 (1.36×) and ×4 (1.46×)
-fell short of the policy, ×2 was never tried, and the choice fell back to one GPU: 11.7% lost.
+(38%). The model predicted ×2 1.12×, ×3 1.50×, ×4 1.68×; trials of ×3 (1.36×) and ×4
+(1.46×) fell short of the policy, ×2 was never tried, and the choice fell back to one GPU:
+11.7% lost.
 """
 from __future__ import annotations
 
@@ -255,8 +256,8 @@ def test_an_admin_enforced_world_sizes_cannot_be_relaxed(clean_env):
 def test_the_decision_line_and_the_plan_show_the_global_batch(clean_env):
     plan, _, _ = gpt_case()
     line = decision_line(plan, REGISTRY)
-    assert line.endswith("— measured 1.13× one GPU; global batch 2 × 8 = 16; --nproc-per-node 4 "
-                         "would give 32; --explain for why")
+    assert line.endswith("— measured 1.13× one GPU; global batch 2 × 8 = 16; "
+                         "--nproc-per-node 4 would give 32; --explain for why")
     text = render_text(plan, REGISTRY).splitlines()
     assert text[1] == "global batch 2 × 8 = 16; --nproc-per-node 4 would give 32"
 

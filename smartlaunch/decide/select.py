@@ -338,8 +338,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str) -> tuple[Choice | None, st
 
 def _settle(ctx, measured: dict, single, tried: set):
     """rerank.settle on samples/s: the trials' speedups against the model's predictions."""
-    preds = getattr(ctx, "preds", {})
-    predicted = {k: p.speedup for k, p in preds.items() if p is not None}
+    predicted = {k: p.speedup for k, p in ctx.preds.items() if p is not None}
     base = measured[single]
     return settle({k: v / base for k, v in measured.items()}, predicted, single,
                   size=_key_n, family=lambda k: k[0],
