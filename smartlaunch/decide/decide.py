@@ -2,9 +2,10 @@
 
 Order: validate the request against what is visible and what the policy allows; screen the
 GPUs (health, leases, foreign processes, memory); build candidates (single, DDP x N on the
-best-linked group for every N the caps and links allow, independent jobs for variants);
-predict each with the cost model; measure by trial when the prediction is too close to the
-policy's threshold or there is no usable profile; pick; say why with the numbers.
+best-linked group for every N of decision.world_sizes the caps and links allow, independent
+jobs for variants); predict each with the cost model; measure by trial when the prediction is
+too close to the policy's threshold or there is no usable profile, correcting the untried by
+what the trials measured (rerank.py); pick; say why with the numbers.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """DDP with torchrun's semantics: one rank per GPU on the best-linked group, for every group
-size the caps and the policy's link classes allow."""
+size of decision.world_sizes the caps and the policy's link classes allow (an explicit
+--strategy ddp --nproc-per-node N runs N whatever the list says)."""
 from __future__ import annotations
 
 from smartlaunch.decide import groups as G
