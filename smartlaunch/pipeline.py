@@ -365,8 +365,9 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
 
 class _CountedTrials:
     """The trial runner decide() calls, numbering trials for the status line ("trial 2 of
-    3: DDP×2 on GPUs 0,1"). decide tells `planned(n)` before a round of n trials; a trial
-    answered from the cache shows nothing, but still counts."""
+    3: DDP×2 on GPUs 0,1"). decide tells `planned(n)` before a round of n trials, and again
+    before a trial its corrections add (the count goes on: "trial 4 of 4"); a trial answered
+    from the cache shows nothing, but still counts."""
 
     def __init__(self, runner, status, seconds: float, units):
         self.runner, self.status, self.seconds, self.units = runner, status, seconds, units
@@ -374,7 +375,7 @@ class _CountedTrials:
         self.why = getattr(runner, "why", {})     # (strategy, gpus) -> why no measurement
 
     def planned(self, n: int) -> None:
-        self.k, self.n = 0, n
+        self.n = self.k + n
 
     def __call__(self, strategy, gpus):
         self.k += 1

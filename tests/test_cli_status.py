@@ -99,9 +99,11 @@ def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
         ours.pop()
     assert len(ours) == 1, shown
     # DDP or, when a loaded machine's trials say so, single: either way with its number.
+    # And what it does to the global batch (the dry run saw the per-rank batch).
     assert re.fullmatch(r"smartlaunch: (DDP×2 on GPUs 0,1 \(NV18\) — |single process on GPU\d — "
-                        r"DDP×2 )(predicted|measured) \d+\.\d\d× one GPU; --explain for why",
-                        ours[0]), ours
+                        r"DDP×2 )(predicted|measured) \d+\.\d\d× one GPU; global batch "
+                        r"[12] × \d+ = [\d,]+(; --nproc-per-node 2 would give [\d,]+)?; "
+                        r"--explain for why", ours[0]), ours
     assert not any("profiling" in line or "all-reduce" in line for line in shown), shown
     assert any(line.startswith("model=") for line in shown)
     assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
@@ -141,7 +143,8 @@ def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
 
 @pytest.mark.parametrize("args, want", [
     (["--strategy", "single"], "smartlaunch: single process on GPU0 — forced by --strategy single"),
-    (["--strategy", "ddp"], "smartlaunch: DDP×2 on GPUs 0,1 (NV18) — forced by --strategy ddp"),
+    (["--strategy", "ddp"], "smartlaunch: DDP×2 on GPUs 0,1 (NV18) — forced by --strategy ddp; "
+                            "global batch = 2 × the per-rank batch"),
     (["--strategy", "independent", "--each", "--seed 1", "--each", "--seed 2"],
      "smartlaunch: 2 independent single-GPU jobs on GPUs 0,1 — forced by --strategy independent"),
 ])

@@ -55,7 +55,7 @@ def test_more_gpus_win_only_when_they_scale(clean_env):
     big, _ = run(nvswitch8(), profile(**GPT))
     assert big.strategy == Strategy.DDP and len(big.gpus) == 8
     ns = sorted(len(c.gpus) for c in big.candidates if c.strategy == Strategy.DDP)
-    assert ns == list(range(2, 9))
+    assert ns == [2, 4, 8]                # decision.world_sizes: 1, 2, 4, 8 by default
     # On PCIe, ResNet scales at x2 within a switch but x3/x4 cross the SYS link.
     plan, _ = run(dual_socket(), profile(**RESNET))
     assert plan.strategy == Strategy.DDP and plan.gpus == (0, 1)
@@ -228,7 +228,7 @@ def test_no_profile_runs_trials_of_every_candidate(clean_env):
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 180.0, ("ddp", 3): 250.0,
                        ("ddp", 4): 260.0})
     bad = profile(status=ProfileStatus.NO_STEP, step_ms=None, note="no optimizer step in 120 s")
-    plan, _ = run(pcie4(), bad, trial=trial)
+    plan, _ = run(pcie4(), bad, policy(world_sizes=(1, 2, 3, 4)), trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 2, 3, 4]
     assert plan.strategy == Strategy.DDP and len(plan.gpus) == 3   # 4 is 65% efficient
     assert "no_step" in " ".join(r.text for r in plan.reasons)
@@ -246,6 +246,8 @@ def test_a_world_size_fixed_script_launches_as_torchrun_would_without_trials(cle
     assert trial.calls == []                       # a single-GPU trial would fail the same way
     assert plan.strategy == Strategy.DDP and len(plan.gpus) == 3
     assert any("as torchrun --nproc-per-node 3 would" in r.text for r in plan.reasons)
+    # the count given wins over decision.world_sizes (1, 2, 4, 8): the script may fix it
+    assert 3 not in policy().decision.world_sizes
 
 
 def test_unmeasurable_link_triggers_a_trial(clean_env):

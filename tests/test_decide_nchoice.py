@@ -13,11 +13,14 @@ from smartlaunch.strategies import REGISTRY
 
 GPT = dict(params=163_000_000, step_ms=21.0)
 RESNET = dict(params=25_600_000, step_ms=17.0)
+# Every group size: these tests are about which group each N gets (decision.world_sizes
+# keeps the automatic choice to 1, 2, 4, 8 by default; tests/test_decide_rerank.py).
+EVERY_N = tuple(range(1, 9))
 
 
 def run(topo, prof, pol=None, req=None, **kw):
     comm = kw.pop("comm", None) or FakeComm(topo)
-    plan = decide(req or request(), topo, pol or policy(trials=False), prof,
+    plan = decide(req or request(), topo, pol or policy(trials=False, world_sizes=EVERY_N), prof,
                   units=REGISTRY, comm_for=comm,
                   model=kw.pop("model", TEST_MODEL), **kw)
     return plan, comm
@@ -57,7 +60,8 @@ def test_pcie_x8_three_beats_four_on_the_group_without_the_x8_gpu(clean_env):
 
 
 def test_pcie_x8_two_beats_four_for_large_gradients(clean_env):
-    plan, _ = run(fixture("pcie-4gpu-x8"), profile(**GPT), policy(trials=False, min_efficiency=0.5))
+    plan, _ = run(fixture("pcie-4gpu-x8"), profile(**GPT),
+                  policy(trials=False, min_efficiency=0.5, world_sizes=EVERY_N))
     rows = ddp_by_n(plan)
     assert plan.strategy == Strategy.DDP and plan.gpus == (0, 1)
     assert rows[2].speedup > 1.0 > rows[4].speedup
@@ -133,15 +137,21 @@ def test_dual_socket_four_under_one_socket_before_four_spread(clean_env):
     assert ddp_by_n(plan)[4].gpus == (4, 5, 6, 7) and plan.gpus == (4, 5, 6, 7)
 
 
-def test_band_trials_only_the_top_two_ddp_candidates(clean_env):
+def test_band_trials_the_top_two_then_one_their_correction_leaves_within_reach(clean_env):
     topo = fixture("pcie-4gpu-x8")
     trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1800.0, ("ddp", 3): 2300.0,
                        ("ddp", 4): 3000.0})
-    plan, _ = run(topo, profile(**RESNET), policy(uncertainty_band=1.0), trial=trial)
-    assert [len(c.gpus) for c in trial.calls] == [1, 2, 3]    # x4 predicted least
-    assert plan.gpus == (0, 1, 3) and plan.candidates[2].measured
+    plan, _ = run(topo, profile(**RESNET), policy(uncertainty_band=1.0, world_sizes=EVERY_N),
+                  trial=trial)
+    # x4 predicted least (42%) is not in the first round; x3 measured 6% above its prediction,
+    # so x4's corrected 45% could, at +100%, meet 70% and beat x3's 2.30x: it is tried too.
+    assert [len(c.gpus) for c in trial.calls] == [1, 2, 3, 4] and trial.rounds == [3, 1]
+    assert plan.gpus == (0, 1, 2, 3) and all(c.measured for c in plan.candidates)
     why = [r.text for r in plan.reasons if "measured trials" in r.text][0]
-    assert "not tried: DDP×4" in why and "DDP×3 2,300 samples/s" in why
+    assert "DDP×3 2,300 samples/s; then DDP×4 3,000 samples/s, tried because the trials " \
+           "corrected its prediction to 1.78× (45%: the model's 1.68× × 1.06, as DDP×3 " \
+           "measured against its prediction), which at +100% would meet the policy's 70% and " \
+           "beat DDP×3's 2.30×" in why
 
 
 def test_a_missing_curve_is_said_in_its_row_not_borrowed(clean_env):
@@ -161,13 +171,18 @@ def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 190.0, ("ddp", 3): 270.0,
                        ("ddp", 4): 365.0})
     plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
-                  policy(uncertainty_band=0.2, min_efficiency=0.9), trial=trial)
+                  policy(uncertainty_band=0.2, min_efficiency=0.9, world_sizes=EVERY_N),
+                  trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]
     assert plan.gpus == (0, 1, 2, 3)                       # measured 91%
     x2 = ddp_by_n(plan)[2]
-    assert not x2.measured and "not tried (at most 2 DDP trials: the model's pick and the fastest other)" in x2.reason
+    # corrected by x3's trial (0.97 of its prediction), x2 cannot beat x4 even at +20%
+    assert not x2.measured and x2.corrected
+    assert "(corrected by the trials: the model's 1.91× × 0.97, as DDP×3 measured against its " \
+           "prediction): not tried: short of DDP×4's 3.65× even at +20% → DDP×4" in x2.reason
     # Every DDP candidate short of the floor: the model's pick is single, the two fastest go.
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 150.0, ("ddp", 3): 200.0})
     plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
-                  policy(uncertainty_band=0.2, min_efficiency=0.97), trial=trial)
+                  policy(uncertainty_band=0.2, min_efficiency=0.97, world_sizes=EVERY_N),
+                  trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]

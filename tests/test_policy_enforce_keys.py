@@ -27,6 +27,7 @@ CASES = {
     "decision.allowed_strategies": (["single", "ddp"], ["single", "independent", "ddp"],
                                     ("single", "ddp")),
     "decision.max_gpus": (2, 8, 2),
+    "decision.world_sizes": ([1, 2, 4], [1, 2, 3, 4, 8], (1, 2, 4)),
     "decision.ddp_link_classes": (["NV"], ["NV", "SYS"], ("NV",)),
     "decision.prefer_independent_for_sweeps": (True, False, True),
     "decision.memory_headroom": (0.5, 0.95, 0.5),

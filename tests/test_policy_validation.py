@@ -9,7 +9,7 @@ from smartlaunch.policy.schema import PolicyProblems
 from tests.helpers_policy import write
 
 DECISION_KEYS = ("min_efficiency, uncertainty_band, trials, trial_steps, trial_seconds, prestart, allowed_strategies, "
-                 "max_gpus, ddp_link_classes, prefer_independent_for_sweeps, memory_headroom, "
+                 "max_gpus, world_sizes, ddp_link_classes, prefer_independent_for_sweeps, memory_headroom, "
                  "avoid_busy_gpus, avoid_unhealthy_gpus, fallback_strategy")
 NO_P2P = "remove it; NCCL already skips P2P where it does not work"
 SYNTAX = "fix the syntax (indent with spaces, 'key: value')"
@@ -97,6 +97,21 @@ MALFORMED = {
     "repeated list item": (
         "decision:\n  allowed_strategies:\n    - single\n    - ddp\n    - single\n",
         "5: decision.allowed_strategies[2]: 'single' is listed twice; remove the repeat"),
+    "world size not an integer": (
+        "decision:\n  world_sizes: [1, 2, four]\n",
+        "2: decision.world_sizes[2]: expected an integer, got str 'four'"),
+    "world sizes given a number": (
+        "decision:\n  world_sizes: 4\n",
+        "2: decision.world_sizes: expected a list of integers such as [1, 2, 4, 8], got int 4"),
+    "world size out of range": (
+        "decision:\n  world_sizes: [0, 2]\n",
+        "2: decision.world_sizes[0]: 0 is out of range; use a value from 1 to 1024"),
+    "repeated world size": (
+        "decision:\n  world_sizes: [2, 4, 2]\n",
+        "2: decision.world_sizes[2]: 2 is listed twice; remove the repeat"),
+    "empty world sizes": (
+        "decision:\n  world_sizes: []\n",
+        "2: decision.world_sizes: must list at least one integer, e.g. [1, 2, 4, 8]"),
     "unknown link family in a list": (
         "decision:\n  ddp_link_classes: [NV, PIX, SYSTEM]\n",
         "2: decision.ddp_link_classes[2]: 'SYSTEM' is not a link family; did you mean 'SYS'? use "

@@ -34,7 +34,8 @@ class Trial(Protocol):
         """samples/s of `strategy` on `gpus`, or None when the trial could not measure."""
 
     def planned(self, n: int) -> None:
-        """A round of n trials starts (the status line says "trial 2 of n")."""
+        """A round of n trials starts (the status line says "trial 2 of n"); a later round
+        (a trial the first one's corrections add, select._trials) continues the count."""
 
 
 class StrategyUnit(Protocol):

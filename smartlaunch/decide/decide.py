@@ -2,9 +2,10 @@
 
 Order: validate the request against what is visible and what the policy allows; screen the
 GPUs (health, leases, foreign processes, memory); build candidates (single, DDP x N on the
-best-linked group for every N the caps and links allow, independent jobs for variants);
-predict each with the cost model; measure by trial when the prediction is too close to the
-policy's threshold or there is no usable profile; pick; say why with the numbers.
+best-linked group for every N of decision.world_sizes the caps and links allow, independent
+jobs for variants); predict each with the cost model; measure by trial when the prediction is
+too close to the policy's threshold or there is no usable profile, correcting the untried by
+what the trials measured (rerank.py); pick; say why with the numbers.
 """
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
         choice = units[request.strategy].forced(ctx)
     else:
         choice = None
+    if choice is None:
+        _note_world_sizes(ctx)
     cands = ctx.candidates(choice)
     if choice is None:
         choice = choose_auto(ctx, cands)
@@ -154,6 +157,36 @@ def _screen(topology, policy, peak, unavailable, forced, reasons):
     return usable, excluded
 
 
+def largest_world_size(policy: Policy, n: int) -> int | None:
+    """The largest DDP world size (2 or more) of decision.world_sizes up to n, or None."""
+    return max((k for k in policy.decision.world_sizes if 2 <= k <= n), default=None)
+
+
+def _note_world_sizes(ctx) -> None:
+    """Says which group sizes decision.world_sizes keeps the automatic choice from (the SCALED
+    units skip them, and _Ctx.candidates drops any a unit still offers)."""
+    d = ctx.policy.decision
+    scaled = [u for u in ctx.units.values() if u.ROLE == Role.SCALED
+              and strategy_name(u.NAME) in d.allowed_strategies]
+    out = [n for n in range(2, min(ctx.cap, len(ctx.usable)) + 1) if n not in d.world_sizes]
+    if not scaled or not out or ctx.request.multi_node:
+        return
+    if len(scaled) == 1:      # "DDP×3, ×5, ×6 and ×7"
+        sizes = f"{scaled[0].WORD}×{out[0]}" + "".join(
+            f"{' and' if i == len(out) - 1 else ','} ×{n}" for i, n in enumerate(out) if i)
+    else:                     # "DDP×3, ×5 and DDP-accum×3, ×5"
+        sizes = " and ".join(f"{u.WORD}×" + ", ×".join(map(str, out)) for u in scaled)
+    torchrun = next((u for u in scaled if u.TORCHRUN), scaled[0])
+    n = str(out[0]) if len(out) == 1 else "N"
+    ctx.reasons.append(Reason(
+        f"{sizes} {'is' if len(out) * len(scaled) == 1 else 'are'} not considered: the "
+        f"global batch is the "
+        f"world size × the per-rank batch, and the policy's world sizes are the ones scripts, "
+        f"samplers and LR schedules usually assume; --strategy {strategy_name(torchrun.NAME)} "
+        f"--nproc-per-node {n} runs {'it' if len(out) == 1 else 'any N'} as asked",
+        ctx.policy.rule("decision.world_sizes")))
+
+
 def short_of(topology, usable, excluded, n, what) -> None:
     waitable = [e for e in excluded if e.why in ("busy", "leased")]
     detail = "; ".join(e.text for e in excluded) or "no other GPUs"
@@ -170,6 +203,13 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units
         unit = next(u for u in units.values() if u.TORCHRUN)
     if unit.ROLE == Role.BASELINE:
         return Choice(unit.NAME, (usable[0],))
+    sized = largest_world_size(policy, cap) if request.max_gpus is None else None
+    if sized is not None and sized != cap:
+        # No count given: the largest world size the policy allows (decision.world_sizes).
+        reasons.append(Reason(f"{unit.WORD} on {sized} of the {cap} local GPUs: the largest "
+                              f"of the policy's world sizes; --nproc-per-node {cap} uses them "
+                              f"all", policy.rule("decision.world_sizes")))
+        cap = sized
     if len(usable) < cap:
         short_of(topology, usable, excluded, cap, f"a {request.nnodes}-node launch")
     group = G.best_group(topology, usable, cap, policy.decision.ddp_link_classes) \
@@ -196,6 +236,7 @@ class _Ctx:
         self.curves: dict[tuple[int, ...], CommCurve] = {}
         self.launched: dict[str, MeasuredRate] = {}
         self.scaled_keys: list = []     # every SCALED candidate, for naming those not tried
+        self.preds: dict = {}           # SCALED key -> its Prediction or None (select.py)
         self.units: Units = {}
         self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
         self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
@@ -212,7 +253,16 @@ class _Ctx:
             units = [by_role(self.units, Role.BASELINE)]   # the node group: _multi_node's
         for unit in units:
             out.update(unit.candidates(self, forced))
-        return out
+        # decision.world_sizes bounds the automatic choice: a SCALED group of another size
+        # stays out (a forced choice's own group excepted); _note_world_sizes says so.
+        keep = (forced.strategy, forced.gpus) if forced is not None else None
+        return {k: v for k, v in out.items() if k == keep or self.world_size_ok(k)}
+
+    def world_size_ok(self, key) -> bool:
+        """Whether a candidate key's group size is one decision.world_sizes allows (SCALED
+        units' candidates; the others are one process per GPU)."""
+        unit = self.units[key[0]]
+        return unit.ROLE != Role.SCALED or len(key[1]) in self.policy.decision.world_sizes
 
     def predict(self, group: tuple[int, ...]) -> Prediction | None:
         if not self.predictable:

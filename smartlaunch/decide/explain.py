@@ -6,6 +6,7 @@ people. Nothing here decides anything.
 from __future__ import annotations
 
 from smartlaunch.decide.api import Units
+from smartlaunch.decide.batch import global_batch
 from smartlaunch.decide.plan import Candidate, CommSummary, Plan, strategy_name
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
@@ -15,6 +16,7 @@ from smartlaunch.vocab import format_ranges
 def render_text(plan: Plan, units: Units) -> str:
     """units: the strategy units by name (strategies.REGISTRY)."""
     lines = [_headline(plan, units)]
+    lines += [b for b in [global_batch(plan, units)] if b]
     lines += _profile(plan.profile)
     lines += _comm(plan.comm)
     t = plan.topology
@@ -176,7 +178,8 @@ def _table(cands: tuple[Candidate, ...], units: Units) -> list[str]:
                      times(c.speedup) if c.speedup is not None else "-",
                      pct(c.efficiency) if c.efficiency is not None else "-",
                      ms(c.allreduce_s) if c.allreduce_s else "-",
-                     "measured" if c.measured else ("predicted" if c.speedup is not None else "-")))
+                     "measured" if c.measured else "corrected" if c.corrected else
+                     ("predicted" if c.speedup is not None else "-")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
 
@@ -229,7 +232,8 @@ def decision_line(plan: Plan, units: Units) -> str:
     if plan.forced:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
-        why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU"
+        why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU" \
+            + (", as trials of other sizes corrected it" if chosen.corrected else "")
         if chosen.measured and chosen.speedup > len(chosen.gpus) * 1.05:
             why += f" (superlinear on {len(chosen.gpus)} GPUs: --explain says why)"
     elif rival is not None:
@@ -240,4 +244,5 @@ def decision_line(plan: Plan, units: Units) -> str:
         why = "no GPU visible"
     else:
         why = ""
-    return f"{what}{' — ' + why if why else ''}; --explain for why"
+    batch = global_batch(plan, units)
+    return f"{what}{' — ' + why if why else ''}{'; ' + batch if batch else ''}; --explain for why"

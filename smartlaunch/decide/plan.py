@@ -47,6 +47,9 @@ class Candidate:
     # The cost model's speedup, kept when a measurement replaced `speedup`: what the fleet
     # report (launch/decision_log.py) compares the measurement with.
     model_speedup: float | None = None
+    # Not tried, but the model's prediction scaled by what trials of other group sizes measured
+    # against theirs (decide/rerank.py): speedup, efficiency, step and samples/s are corrected.
+    corrected: bool = False
     chosen: bool = False
     reason: str = ""
 

@@ -10,6 +10,7 @@ from typing import Any
 from smartlaunch.decide.api import Role, by_role
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy, strategy_name
+from smartlaunch.decide.rerank import Corrected, settle
 from smartlaunch.decide.words import gbps, gpu_list, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
@@ -24,9 +25,12 @@ MAX_SCALED_TRIALS = 2
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    basis: str = "forced"        # forced | model | trial | launch | fallback | only | torchrun
+    # forced | model | trial | corrected | launch | fallback | only | torchrun; corrected: by
+    # its prediction as the trials of other group sizes corrected it (rerank.py)
+    basis: str = "forced"
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
     superlinear: str = ""        # why a measured speedup above N× on N GPUs stands, if one does
+    corrected: dict = field(default_factory=dict)  # untried key -> rerank.Corrected
 
 
 def _key_n(key) -> int:
@@ -80,6 +84,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
     single = _baseline(ctx, keys)
     scaled = [k for k in keys if _role(ctx, k) == Role.SCALED]
     ctx.scaled_keys = scaled
+    ctx.preds = {k: cands[k][1] for k in scaled}
     trialable = [k for k in scaled if ctx.units[k[0]].TRIAL]
     sweep = next((k for k in keys if _role(ctx, k) == Role.SWEEP), None)
     preds = {k: cands[k][1] for k in keys}
@@ -103,6 +108,13 @@ def choose_auto(ctx, cands: dict) -> Choice:
     p = ctx.profile
     if p is not None and p.status == ProfileStatus.UNMEASURABLE:
         k = max([k for k in scaled if ctx.units[k[0]].TORCHRUN] or scaled, key=_key_n)
+        n = ctx.request.max_gpus
+        if n is not None and n > _key_n(k):
+            # A count given: torchrun's own (the script may fix its world size to it), even
+            # where decision.world_sizes kept that size from the candidates.
+            from smartlaunch.decide.groups import best_group
+            group = best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
+            k = (k[0], group) if group is not None else k
         ctx.reasons.append(Reason(
             f"could not measure: {p.note} → {_name(ctx, k)}, as torchrun "
             f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
@@ -261,8 +273,12 @@ def _by_model(ctx, scores: dict, note: str | None) -> Choice:
 
 def _trials(ctx, keys: list, why: str, rule_key: str,
             band: float | None = None) -> tuple[Choice | None, str]:
-    """(the choice by measurement, or None and why not). keys: the baseline first. band: the
-    uncertainty band in force, shown as the rule's value where the policy leaves it unset."""
+    """(the choice by measurement, or None and why not). keys: the baseline first. After the
+    round, the untried candidates' predictions are corrected by what the trials measured
+    (rerank.py): one that could still, within the band, be allowed and faster than the
+    measured winner is tried too; when it cannot be, its corrected prediction decides.
+    band: the uncertainty band in force, shown as the rule's value where the policy leaves
+    it unset."""
     def rule(key: str) -> str:
         if band is not None and ctx.policy.decision.uncertainty_band is None:
             return f"{key}={band:.2g} (built-in: the cost model's measured error)"
@@ -307,26 +323,82 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         lost = getattr(ctx.trial, "why", {}).get(single)
         return None, (f"{why}; the trial of {_name(ctx, single)} gave no measurement"
                       + (f" ({lost})" if lost else ""))
+    tried, later, then_scores = set(keys), {}, {}
+    while True:
+        st = _settle(ctx, measured, single, tried)
+        if st.to_try is None:
+            break
+        k = st.to_try
+        later[k] = (st.corrected[k], st.winner)
+        then_scores[st.winner] = measured[st.winner] / measured[single]
+        tried.add(k)
+        ctx.trial.planned(1)
+        got = ctx.trial(k[0], k[1])
+        if got is not None and got > 0:
+            measured[k] = float(got)
     scores = {k: v / measured[single] for k, v in measured.items()}
-    win = _pick(ctx, scores)
+    win = st.by_prediction or st.winner
     names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}" +
                       (f" (its dry run, {ctx.profile.steps_measured} steps)"
                        if k == single and by_dry_run is not None else "")
-                      for k, v in measured.items())
-    lost = [k for k in keys if k not in measured]
+                      for k, v in measured.items() if k not in later)
     text = f"{why} → measured trials: {names}"
-    untried = [k for k in ctx.scaled_keys if k not in keys]
+    band = uncertainty(ctx)[0]
+    for k, (c, then) in later.items():
+        got = f" {rate(measured[k])}" if k in measured else " (no measurement)"
+        text += (f"; then {_short(ctx, k)}{got}, tried because the trials corrected its "
+                 f"prediction to {_corrected_words(ctx, k, c)}, which at +{pct(band)} would "
+                 f"meet the policy's {pct(d.min_efficiency)} and beat {_short(ctx, then)}'s "
+                 f"{times(then_scores[then])}")
+    untried = [k for k in ctx.scaled_keys if k not in tried and k != st.by_prediction]
     if untried:
-        text += ("; not tried: " + ", ".join(_short(ctx, k) for k in untried) +
+        text += "; not tried: " + ", ".join(_short(ctx, k) + (
+            f" {times(st.corrected[k].speedup)} ({pct(st.corrected[k].speedup / _key_n(k))})"
+            if k in st.corrected else "") for k in untried)
+        text += (f" (corrected by the trials: none could meet the policy's "
+                 f"{pct(d.min_efficiency)} and beat {_short(ctx, st.winner)} even at "
+                 f"+{pct(band)})" if any(k in st.corrected for k in untried) else
                  f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
     if superlinear:
         text += f"; superlinear: {superlinear}"
+    lost = [k for k in keys if k not in measured]
     if lost:
         whys = getattr(ctx.trial, "why", {})
         text += "; no measurement for " + ", ".join(
             _short(ctx, k) + (f" ({whys[k]})" if k in whys else "") for k in lost)
-    ctx.reasons.append(Reason(f"{text} → {_name(ctx, win)}", rule(rule_key)))
-    return Choice(win[0], win[1], "trial", measured, superlinear), text
+    if st.by_prediction is not None:
+        k, c = st.by_prediction, st.corrected[st.by_prediction]
+        how = "its trial gave no measurement" if k in tried else "it cannot be tried here"
+        final = (f"{_name(ctx, k)} chosen on its prediction corrected by the trials: "
+                 f"{_corrected_words(ctx, k, c)}, at or above the policy's "
+                 f"{pct(d.min_efficiency)} and more samples/s than {_short(ctx, st.winner)}'s "
+                 f"measured {times(scores[st.winner])} ({how})")
+        basis = "corrected"
+    else:
+        final, basis = _name(ctx, win), "trial"
+    ctx.reasons.append(Reason(f"{text} → {final}", rule(rule_key)))
+    return Choice(win[0], win[1], basis, measured, superlinear=superlinear,
+                  corrected=st.corrected), text
+
+
+def _settle(ctx, measured: dict, single, tried: set):
+    """rerank.settle on samples/s: the trials' speedups against the model's predictions."""
+    predicted = {k: p.speedup for k, p in ctx.preds.items() if p is not None}
+    base = measured[single]
+    return settle({k: v / base for k, v in measured.items()}, predicted, single,
+                  size=_key_n, family=lambda k: k[0],
+                  floor=ctx.policy.decision.min_efficiency, band=uncertainty(ctx)[0],
+                  can_try=lambda k: k not in tried and ctx.units[k[0]].TRIAL)
+
+
+def _corrected_words(ctx, key, c: Corrected) -> str:
+    """"1.02× (51%: the model's 1.12× × 0.91, as DDP×3 measured against its prediction)"."""
+    if not c.basis:
+        return f"{times(c.speedup)} ({pct(c.speedup / _key_n(key))}, uncorrected)"
+    by = " and ".join(_short(ctx, t) for t in c.basis)
+    return (f"{times(c.speedup)} ({pct(c.speedup / _key_n(key))}: the model's "
+            f"{times(c.predicted)} × {c.ratio:.2f}, as {by} measured against "
+            f"{'its' if len(c.basis) == 1 else 'their'} prediction)")
 
 
 SUPERLINEAR = 1.05      # a measured speedup above N× this on N GPUs is checked, never shown bare
@@ -384,16 +456,25 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
                      speedup=pred.speedup, efficiency=pred.efficiency,
                      allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
                      model_speedup=pred.speedup)
+            fix = choice.corrected.get(key)
+            if fix is not None and fix.basis:     # the trials' correction (rerank.py)
+                # relative to the measured baseline, as the speedup is
+                sps = fix.speedup * base_rate if base_rate else None
+                f.update(speedup=fix.speedup, efficiency=fix.speedup / n, corrected=True,
+                         predicted_samples_per_s=sps,
+                         predicted_step_s=(n * batch / sps) if batch and sps else
+                         pred.step_s / fix.ratio)
         rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
     win = rows[chosen_key][0] if chosen_key in rows else None
     out = []
     for key, (c, pred) in rows.items():
-        head = ctx.units[c.strategy].sentence(ctx, c, pred, uncertainty(ctx))
+        error = uncertainty(ctx)
+        head = ctx.units[c.strategy].sentence(ctx, c, pred, error)
         if c.measured and c.speedup and c.speedup > len(c.gpus) * SUPERLINEAR \
                 and ctx.units[c.strategy].ROLE == Role.SCALED:
             head += (f" [superlinear: {times(c.speedup)} on {len(c.gpus)} GPUs; "
                      f"{choice.superlinear or 'measured against the dry run'}]")
-        text = head + _tail(ctx, c, win, choice, floor)
+        text = head + _tail(ctx, c, win, choice, floor, error)
         out.append(dataclasses.replace(c, reason=text))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
         out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
@@ -417,20 +498,34 @@ def group_note(ctx, gpus: tuple[int, ...]) -> str:
     return text
 
 
-def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float) -> str:
-    """Why the candidate won or lost, after its unit's head (StrategyUnit.sentence)."""
+def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float,
+          error: tuple[float, str]) -> str:
+    """Why the candidate won or lost, after its unit's head (StrategyUnit.sentence); error:
+    uncertainty(ctx)."""
+    fix = choice.corrected.get((c.strategy, c.gpus)) if c.corrected else None
+    note = (f" (corrected by the trials: the model's {times(fix.predicted)} × {fix.ratio:.2f}, "
+            f"as {' and '.join(_short(ctx, t) for t in fix.basis)} measured against "
+            f"{'its' if len(fix.basis) == 1 else 'their'} prediction)") if fix else ""
     if c.chosen:
-        return f" → chosen ({choice.basis})" if choice.basis != "forced" else " → chosen (as asked)"
+        return note + (f" → chosen ({choice.basis})" if choice.basis != "forced"
+                       else " → chosen (as asked)")
     if win is None:
-        return ""
+        return note
     name = ctx.units[win.strategy].short_name(win)
     role, win_role = ctx.units[c.strategy].ROLE, ctx.units[win.strategy].ROLE
     if choice.basis == "forced":
         tail = ": not asked for"
     elif role == Role.SCALED and c.efficiency is not None and c.efficiency < floor:
-        tail = f": below the policy's {pct(floor)}"
-    elif role == Role.SCALED and choice.basis == "trial" and not c.measured:
-        tail = f": not tried ({_trial_cap(ctx)})"
+        tail = f": below the policy's {pct(floor)}" + (
+            f" even at +{pct(error[0])}" if fix is not None and
+            c.efficiency * (1 + error[0]) < floor else "")
+    elif role == Role.SCALED and choice.basis in ("trial", "corrected") and not c.measured:
+        if fix is None:
+            tail = f": not tried ({_trial_cap(ctx)})"
+        elif win.speedup is not None and c.speedup * (1 + error[0]) <= win.speedup:
+            tail = f": not tried: short of {name}'s {times(win.speedup)} even at +{pct(error[0])}"
+        else:
+            tail = f": not tried: {times(c.speedup)} is less than {name}'s {times(win.speedup)}"
     elif role == Role.BASELINE and win.speedup is not None:
         verb = "give" if win_role == Role.SWEEP else "gives"    # "independent jobs give"
         tail = f": {name} {verb} {times(win.speedup)} its samples/s"
@@ -438,6 +533,7 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
         tail = f": {times(c.speedup)} is less than {name}'s {times(win.speedup)}"
     else:
         tail = ": not chosen"
+    tail = note + tail
     if win_role == Role.BASELINE:
         free = [g for g in c.gpus if g not in win.gpus]
         tail += f" → {ctx.units[win.strategy].named(win)}" + \

@@ -28,6 +28,10 @@ class DecisionPolicy:
     prestart: bool = True
     allowed_strategies: tuple[str, ...] = STRATEGIES
     max_gpus: int | None = None           # per job; None = all visible
+    # Numbers of processes (world sizes) an automatic choice may give one DDP job: the global
+    # batch is world size x per-rank batch, and most scripts, samplers and LR schedules assume
+    # a power of two. --strategy ddp with an explicit --nproc-per-node runs what it says.
+    world_sizes: tuple[int, ...] = (1, 2, 4, 8)
     ddp_link_classes: tuple[str, ...] = LINK_FAMILIES
     prefer_independent_for_sweeps: bool = True
     memory_headroom: float = 0.80         # use at most this share of a GPU's free memory

@@ -7,6 +7,7 @@ from smartlaunch.errors import PolicyError
 from smartlaunch.policy.api import Policy
 from smartlaunch.policy.load import replace_values
 from smartlaunch.request import Request
+from smartlaunch.vocab import Strategy
 
 
 def _where(policy: Policy) -> str:
@@ -14,13 +15,25 @@ def _where(policy: Policy) -> str:
 
 
 def check_request(policy: Policy, request: Request) -> None:
-    """PolicyError when --nproc-per-node or --strategy goes beyond an enforced admin rule."""
+    """PolicyError when --nproc-per-node or --strategy goes beyond an enforced admin rule (a
+    DDP world size outside an enforced decision.world_sizes included)."""
     cap = policy.enforced.get("decision.max_gpus")
     if cap is not None and request.max_gpus is not None and request.max_gpus > cap:
         raise PolicyError(
             f"--nproc-per-node {request.max_gpus} exceeds the admin policy's cap "
             f"(enforce.decision.max_gpus={cap} in {_where(policy)}); use --nproc-per-node {cap} "
             "or fewer")
+    sizes = policy.enforced.get("decision.world_sizes")
+    if sizes is not None and request.strategy == Strategy.DDP.value and \
+            request.max_gpus is not None and request.max_gpus not in sizes:
+        ddp = [n for n in sizes if n >= 2]
+        below = [n for n in ddp if n < request.max_gpus]
+        near = below[-1] if below else (ddp[0] if ddp else None)
+        fix = f"use --nproc-per-node {near}" if near else "use --strategy single"
+        raise PolicyError(
+            f"--nproc-per-node {request.max_gpus} is a world size the admin policy does not "
+            f"allow for DDP (enforce.decision.world_sizes=[{', '.join(map(str, sizes))}] in "
+            f"{_where(policy)}); {fix}")
     allowed = policy.enforced.get("decision.allowed_strategies")
     if allowed is not None and request.strategy != "auto" and request.strategy not in allowed:
         choices = ["auto", *allowed]

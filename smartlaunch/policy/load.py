@@ -163,7 +163,7 @@ def build_policy(values: Mapping[str, Any], **extra: Any) -> Policy:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, tuple):
-        return "[" + ", ".join(v) + "]"
+        return "[" + ", ".join(map(str, v)) + "]"
     return "null" if v is None else str(v)
 
 

@@ -50,6 +50,7 @@ RANGES: dict[str, Range] = {
     "decision.trial_steps": Range(1, 10_000),
     "decision.trial_seconds": Range(0.0, 600.0),
     "decision.max_gpus": Range(1, 1024),
+    "decision.world_sizes": Range(1, 1024),           # each entry
     "decision.memory_headroom": Range(0.0, 1.0, lo_open=True),
     "launch.rank_failure_timeout_s": Range(0.0, DAY_S, lo_open=True),
     "launch.hang_timeout_s": Range(0.0, 7 * DAY_S, lo_open=True),
@@ -86,6 +87,7 @@ ENFORCE_MODES: dict[str, str] = {
     "decision.min_efficiency": "min",
     "decision.allowed_strategies": "subset",
     "decision.ddp_link_classes": "subset",
+    "decision.world_sizes": "subset",
     "decision.memory_headroom": "max",
     "launch.rank_failure_timeout_s": "max",
     "launch.hang_timeout_s": "max",
@@ -99,7 +101,7 @@ ENFORCE_MODES: dict[str, str] = {
 KIND_NAMES = {
     "float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
     "optint": "an integer or null", "optfloat": "a number or null",
-    "strtuple": "a list of names", "nccl": "a mapping of link "
+    "strtuple": "a list of names", "inttuple": "a list of integers", "nccl": "a mapping of link "
     "families to NCCL variables", "env": "a mapping of variable names to values",
 }
 
@@ -114,6 +116,8 @@ def _kind(tp: Any) -> str:
         return "optfloat"
     if origin is tuple and args == (str, ...):
         return "strtuple"
+    if origin is tuple and args == (int, ...):
+        return "inttuple"
     if origin is dict and args == (str, dict[str, str]):
         return "nccl"
     if origin is dict and args == (str, str):

@@ -238,6 +238,8 @@ class _Walker:
     def scalar(self, kind: str, node: yaml.Node, label: str, dotted: str) -> Any:
         if kind == "strtuple":
             return self.name_list(node, label, dotted)
+        if kind == "inttuple":
+            return self.int_list(node, label, dotted)
         if not isinstance(node, yaml.ScalarNode):
             got = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
             raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {got}")
@@ -305,6 +307,33 @@ class _Walker:
                                      "repeat")
                 out.append(v)
         return tuple(out)
+
+
+    def int_list(self, node: yaml.Node, label: str, dotted: str) -> tuple[int, ...]:
+        """A list of distinct integers in the key's range, smallest first."""
+        example = "[" + ", ".join(map(str, field_default(dotted))) + "]"
+        if not isinstance(node, yaml.SequenceNode):
+            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
+                _describe(self.construct(node))
+            raise self.error(node, label, f"expected a list of integers such as {example}, "
+                             f"got {got}")
+        if not node.value:
+            raise self.error(node, label, f"must list at least one integer, e.g. {example}")
+        out: list[int] = []
+        rng = RANGES.get(dotted)
+        for i, item in enumerate(node.value):
+            v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise self.error(item, f"{label}[{i}]", f"expected an integer, got "
+                                 f"{_describe(v)}")
+            if rng and not rng.holds(v):
+                raise self.error(item, f"{label}[{i}]", f"{v} is out of range; use a value "
+                                 f"{rng.describe()}")
+            if v in out:
+                raise self.error(item, f"{label}[{i}]", f"{v} is listed twice; remove the "
+                                 "repeat")
+            out.append(v)
+        return tuple(sorted(out))
 
 
 def parse_text(text: str, path: str, *, allow_enforce: bool) -> ParsedFile:

@@ -148,6 +148,7 @@ def start(argv: list[str], environ, *, cores: int | None = None) -> EarlyDryRun 
     # The trial's ranks: trials on, and cores for them beside the dry run's and our import.
     caps = [_gpu_guess(environ), policy.decision.max_gpus, _int(_option(argv, "--max-gpus"))]
     size = min(c for c in caps if c is not None)
+    size = max((k for k in policy.decision.world_sizes if k <= size), default=1)  # decide's
     if policy.decision.trials and size >= 2 and budget - SPARE_CORES - 1 >= size:
         early.start_trial(environ, size)
     return early

@@ -1,10 +1,11 @@
 """DDP with torchrun's semantics: one rank per GPU on the best-linked group, for every group
-size the caps and the policy's link classes allow."""
+size of decision.world_sizes the caps and the policy's link classes allow (an explicit
+--strategy ddp --nproc-per-node N runs N whatever the list says)."""
 from __future__ import annotations
 
 from smartlaunch.decide import groups as G
 from smartlaunch.decide.api import Role, Variants
-from smartlaunch.decide.decide import short_of
+from smartlaunch.decide.decide import largest_world_size, short_of
 from smartlaunch.decide.explain import placement, rank_binding
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice, group_note
@@ -24,6 +25,19 @@ WORD = "DDP"
 def forced(ctx) -> Choice:
     request, usable, policy = ctx.request, ctx.usable, ctx.policy
     n = ctx.cap if request.max_gpus is not None else min(ctx.cap, len(usable))
+    if request.max_gpus is None and n >= 2:
+        # No count given: the largest world size the policy allows; a count runs as asked.
+        sized = largest_world_size(policy, n)
+        if sized is None:
+            raise PlanError(f"--strategy ddp: no world size of 2 to {n} GPUs is in the policy "
+                            f"({policy.rule('decision.world_sizes')}); give --nproc-per-node N "
+                            f"or add a size to decision.world_sizes")
+        if sized != n:
+            ctx.reasons.append(Reason(
+                f"DDP on {sized} of the {n} usable GPUs: the largest of the policy's world "
+                f"sizes (the global batch is the world size × the per-rank batch); "
+                f"--nproc-per-node {n} uses them all", policy.rule("decision.world_sizes")))
+        n = sized
     if n < 2:
         raise PlanError(f"--strategy ddp needs at least 2 usable GPUs; this job may use {n} "
                         f"({G.gpu_list_short(usable)} usable): use --strategy single, "
@@ -47,8 +61,11 @@ def candidates(ctx, forced) -> dict:
         ctx.reasons.append(Reason("DDP is not considered: the policy does not allow it",
                                   ctx.policy.rule("decision.allowed_strategies")))
     for n in range(2, top + 1) if ddp_ok else ():
+        mine = forced and forced.strategy == NAME and len(forced.gpus) == n
+        if not mine and n not in d.world_sizes:
+            continue       # decision.world_sizes: decide says so (_note_world_sizes)
         group = G.best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
-        if forced and forced.strategy == NAME and len(forced.gpus) == n:
+        if mine:
             group = forced.gpus
         if group is None:
             any_group = G.best_group(ctx.topology, ctx.usable, n, G.ALL_FAMILIES)
