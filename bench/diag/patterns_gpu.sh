@@ -24,7 +24,7 @@ for row in "${ROWS[@]}"; do
     HOME=/tmp/h XDG_CACHE_HOME=/tmp/h/.cache timeout 170 smartlaunch --explain=json "${pol[@]}" $cmd > /tmp/plan.json 2> /tmp/err.txt
     rc=$?; t1=$(date +%s.%N)
     left=$(pgrep -fc "smartlaunch.warm|smartlaunch.profile|$(basename ${cmd%% *})" || true)
-    python3 - "$name" "$path" "$rc" "$(echo "$t1 - $t0" | bc)" "$left" <<'PY' >> $OUT/patterns.jsonl
+    python3 - "$name" "$path" "$rc" "$(python3 -c "print($t1 - $t0)")" "$left" <<'PY' >> $OUT/patterns.jsonl
 import json, sys
 name, path, rc, wall, left = sys.argv[1:]
 try:
@@ -37,7 +37,7 @@ print(json.dumps({"row": name, "path": path, "rc": int(rc), "wall_s": float(wall
                   "strategy": plan.get("strategy"), "gpus": plan.get("gpus"), "timings": plan.get("timings"),
                   "candidates": cands, "stderr_tail": err if int(rc) else err[-300:]}))
 PY
-    echo "$name $path rc=$rc wall=$(echo "$t1 - $t0" | bc) left=$left"
+    echo "$name $path rc=$rc wall=$(python3 -c "print(round($t1 - $t0, 1))") left=$left"
     pkill -9 -f "smartlaunch.warm|smartlaunch.profile" 2>/dev/null
   done
 done
