@@ -87,6 +87,8 @@ def test_a_rank_failing_on_one_node_ends_the_job_on_every_node(cluster):
                      r"(exit code 1|signal SIGABRT)", after[0]), failing.output
     tail = failing.output[failing.output.index(after[0]):]
     assert "RuntimeError: deliberate failure of rank" in tail, failing.output
+    # The other node's rank died of the lost peer; its launcher says where to look.
+    assert "the job may have ended on another node first" in nodes[0].output, nodes[0].output
     assert c.left_running() == []
 
 
@@ -99,6 +101,8 @@ def test_sigterm_to_one_launcher_ends_the_job_on_every_node(cluster):
     assert nodes[0].wait(END_S) == 128 + signal.SIGTERM, nodes[0].output_tail()
     assert nodes[1].wait(END_S) != 0, nodes[1].output_tail()
     assert "got SIGTERM: forwarded to all ranks" in nodes[0].output
+    if "failed with" in nodes[1].output:       # its rank saw the peer go (else: the store)
+        assert "the job may have ended on another node first" in nodes[1].output
     assert c.left_running() == []
 
 

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -34,6 +35,10 @@ from smartlaunch.topology.api import Topology
 WORKER_MODULE = "smartlaunch.launch.worker"
 LOG_TAIL_LINES = 15
 OUTPUT_DRAIN_S = 5.0        # the most a finished run waits for its ranks' last output lines
+# What gloo and NCCL say in a rank whose peer went away (its process ended or its node's
+# launcher stopped it): in a multi-node job the root cause is then likely on another node.
+PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker|remote process exited|"
+                       r"ncclRemoteError")
 
 
 class DDPLauncher:
@@ -161,7 +166,8 @@ class DDPLauncher:
 
     def _finish(self, failures: dict) -> LaunchResult:
         watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
-        result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir)
+        result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir,
+                         multi_node=plan.multi_node)
         if self._rendezvous is not None and result.state == RunState.SUCCEEDED:
             result = rendezvous_result(self._rendezvous, self.ctx.torchrun_args,
                                        started=bool(watchdog.records()), details=result.details)
@@ -200,7 +206,7 @@ def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str
 
 
 def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_root: str,
-            run_dir: str) -> LaunchResult:
+            run_dir: str, multi_node: bool = False) -> LaunchResult:
     details = {"run_dir": run_dir, "log_dir": log_root, "straggler": watchdog.straggler}
     if watchdog.hang is not None:
         h = watchdog.hang
@@ -220,6 +226,9 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
     if root is None:
         return LaunchResult(RunState.SUCCEEDED, 0, "", (), details)
     msg = f"smartlaunch: {root.describe()}; the other ranks were stopped."
+    if multi_node and PEER_LOST.search(root.log_tail):
+        msg += (" Its error says a peer went away: the job may have ended on another node "
+                "first (that node's smartlaunch output says why).")
     if root.log_tail:
         tail = "\n".join(f"    | {line}" for line in root.log_tail.splitlines())
         msg += f"\n  last lines of {root.log_path}:\n{tail}"
