@@ -233,7 +233,7 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units
         "--nproc-per-node not given: every allowed local GPU"
     reasons.append(_multi_node_reason(request, unit, cap, f"({G.gpu_list_short(group)})",
                                       given))
-    return Choice(unit.NAME, group)
+    return Choice(unit.NAME, group, "multi-node")
 
 
 class _Ctx:

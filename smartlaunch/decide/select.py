@@ -24,7 +24,7 @@ MAX_SCALED_TRIALS = 2
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    basis: str = "forced"        # forced | model | trial | launch | fallback | only | torchrun
+    basis: str = "forced"        # forced | model | trial | launch | fallback | only | torchrun | multi-node
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
 
 
@@ -334,7 +334,10 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
         text = head + _tail(ctx, c, win, choice, floor)
         out.append(dataclasses.replace(c, reason=text))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
-        out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
+        c = Candidate(choice.strategy, choice.gpus, chosen=True)
+        why = "as asked" if choice.basis == "forced" else \
+            f"{ctx.units[c.strategy].named(c)} → chosen (a multi-node job is launched as torchrun would)"
+        out.append(dataclasses.replace(c, reason=why))
     return tuple(out)
 
 
