@@ -169,7 +169,7 @@ class DDPLauncher:
         result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir,
                          multi_node=plan.multi_node)
         if self._rendezvous is not None and result.state == RunState.SUCCEEDED:
-            result = rendezvous_result(self._rendezvous, self.ctx.torchrun_args,
+            result = _rendezvous_result(self._rendezvous, self.ctx.torchrun_args,
                                        started=bool(watchdog.records()), details=result.details)
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
         path = write_summary(run_dir, summary) or f"{SUMMARY_FILE} could not be written in {run_dir}"
@@ -235,7 +235,7 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
     return LaunchResult(RunState.FAILED, int(ExitCode.WORKER_FAILED), msg, (root,), details)
 
 
-def rendezvous_result(exc: Exception, args, started: bool, details: dict) -> LaunchResult:
+def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> LaunchResult:
     """One line for a rendezvous error of torch's agent (exit RENDEZVOUS): which rendezvous,
     what went wrong, what to do. started: this node's ranks had started (a store lost
     mid-run is another node's end, not a join that never happened)."""
@@ -243,6 +243,7 @@ def rendezvous_result(exc: Exception, args, started: bool, details: dict) -> Lau
         RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError)
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+    from torch.distributed.run import parse_min_max_nnodes
     code = int(ExitCode.RENDEZVOUS)
     where = f"{args.rdzv_endpoint or 'the default endpoint'} (rdzv id {args.rdzv_id})"
     if isinstance(exc, RendezvousTimeoutError):
@@ -251,9 +252,10 @@ def rendezvous_result(exc: Exception, args, started: bool, details: dict) -> Lau
         except ValueError:
             conf = {}
         limit = conf.get("join_timeout", f"{RendezvousTimeout().join.total_seconds():g}")
-        text = (f"rendezvous timed out: not all of the job's nodes (--nnodes {args.nnodes}) "
-                f"joined {where} within join_timeout={limit} s; start smartlaunch on every node "
-                f"with the same --rdzv-endpoint and --rdzv-id, or raise --rdzv-conf join_timeout")
+        least = parse_min_max_nnodes(str(args.nnodes))[0]
+        text = (f"rendezvous timed out: fewer than {least} nodes (nnodes {args.nnodes}) joined "
+                f"{where} within join_timeout={limit} s; start smartlaunch on every node with "
+                f"the same rendezvous endpoint and id, or raise --rdzv-conf join_timeout")
     elif isinstance(exc, RendezvousClosedError):
         text = (f"rendezvous {where} is closed: the job with this id has ended on another node; "
                 f"give a new --rdzv-id to start another")
@@ -262,7 +264,8 @@ def rendezvous_result(exc: Exception, args, started: bool, details: dict) -> Lau
                 f"it ended (its own output names why); this node's ranks were stopped")
     elif isinstance(exc, RendezvousConnectionError):
         text = (f"cannot reach the rendezvous store at {where}; check that the endpoint names "
-                f"the first node and is reachable from this one, and that its port is free there")
+                f"the first node, that smartlaunch runs there, and that its port is reachable "
+                f"from this node")
     else:
         text = f"rendezvous {where} failed: {type(exc).__name__}: {exc}"
     return LaunchResult(RunState.FAILED, code, f"smartlaunch: {text} (exit {code})", (), details)
