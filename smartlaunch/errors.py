@@ -20,6 +20,7 @@ class ExitCode(enum.IntEnum):
     HANG = 8                 # a rank stopped making progress; stacks were dumped (a LaunchResult, not an exception)
     SLURM = 9                # inconsistent or partial Slurm environment
     HEALTH = 10              # node health check found a critical fault (prolog/epilog)
+    RENDEZVOUS = 11          # a multi-node job's rendezvous timed out, was unreachable or was lost (a LaunchResult)
     # 128 + N: smartlaunch (and its workers) ended by signal N, as shells report it.
 
 

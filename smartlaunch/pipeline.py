@@ -93,7 +93,9 @@ def _make_plan(request, given, environ, status, cores, early):
     if slurm is not None and request.torchrun_args is not None:
         notes += [(n, "slurm allocation")
                   for n in slurm.fill_torchrun_args(request.torchrun_args, given)]
-        request = dataclasses.replace(request, nnodes=str(request.torchrun_args.nnodes))
+        request = dataclasses.replace(
+            request, nnodes=str(request.torchrun_args.nnodes),
+            nnodes_from="" if "nnodes" in given else "Slurm")
 
     _check_paths(request, policy, environ)
     clock.lap("policy")

@@ -23,12 +23,18 @@ class Request:
     debug: bool = False
     quiet: bool = False                          # --quiet: no decision line
     nnodes: str = "1"
+    nnodes_from: str = ""                        # who set nnodes when the user did not: "Slurm"
     # torchrun's parsed namespace (smartlaunch options removed): the launch API's input.
     torchrun_args: argparse.Namespace | None = field(default=None, compare=False, repr=False)
 
     @property
     def multi_node(self) -> bool:
         return self.nnodes not in ("1", "1:1")
+
+    def nnodes_words(self) -> str:
+        """Where the node count came from, for messages: "--nnodes 2", "2 nodes from Slurm"."""
+        return f"{self.nnodes} nodes from {self.nnodes_from}" if self.nnodes_from else \
+            f"--nnodes {self.nnodes}"
 
     def worker_command(self) -> tuple[str, ...]:
         """The worker's command as the worker hook takes it (launch/worker.py): torchrun's

@@ -278,6 +278,40 @@ def test_multi_node_is_deterministic_and_uses_all_allowed_local_gpus(clean_env):
     assert any("every node decides the same" in r.text for r in a.reasons)
 
 
+def test_multi_node_on_the_cpu_is_torchruns_job_on_every_node(clean_env):
+    """No GPU and several nodes: torchrun's --nproc-per-node gloo ranks, never a process of
+    its own per node (each would form a world of one: unrelated jobs)."""
+    import argparse
+    import os
+    topo = cpu_only("NVML not found")
+    for nnodes, kw, want in (("2", {}, 1), ("1:2", {"max_gpus": 3}, 3),
+                             ("3", {"torchrun_args": argparse.Namespace(nproc_per_node="cpu")},
+                              len(os.sched_getaffinity(0)))):
+        plan, comm = run(topo, None, req=request(nnodes=nnodes, **kw))
+        assert (plan.strategy, plan.device, plan.nproc_per_node) == (Strategy.DDP, "cpu", want)
+        assert plan.nnodes == nnodes and plan.multi_node and comm.calls == []
+        assert any(f"multi-node job (--nnodes {nnodes}): launched as torchrun would, DDP with "
+                   f"{want} process(es) on this node" in r.text for r in plan.reasons)
+    slurm = request(nnodes="2", nnodes_from="Slurm", strategy="single")
+    with pytest.raises(UsageError, match="2 nodes from Slurm makes one job across nodes"):
+        run(topo, None, req=slurm)
+    with pytest.raises(UsageError, match="--nproc-per-node gpu on a node without GPUs"):
+        run(topo, None, req=request(nnodes="2",
+                                    torchrun_args=argparse.Namespace(nproc_per_node="gpu")))
+
+
+@pytest.mark.parametrize("topo", [cpu_only("NVML not found"), nvswitch8()], ids=["cpu", "gpu"])
+def test_multi_node_refuses_what_would_run_a_job_per_node(clean_env, topo):
+    for kw, text in (({"strategy": "single"}, "--strategy single runs on one node"),
+                     ({"strategy": "independent", "variants": (("a",),)},
+                      "--strategy independent runs on one node"),
+                     ({"variants": (("a",), ("b",))}, "--each/--each-file run independent jobs")):
+        with pytest.raises(UsageError, match=text) as err:
+            run(topo, None, req=request(nnodes="2", **kw))
+        assert err.value.exit_code == ExitCode.USAGE
+        assert "--nnodes 2 makes one job across nodes" in str(err.value)
+
+
 def test_uncertainty_band_comes_from_the_models_measured_error(clean_env):
     import math
 

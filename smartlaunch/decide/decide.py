@@ -1,5 +1,8 @@
 """(Request, Topology, Policy, ModelProfile, all-reduce curves) -> Plan.
 
+A job across nodes (--nnodes > 1, or Slurm's several nodes) is launched as torchrun would on
+every node, with nothing measured: smartlaunch decides only single-node jobs (_multi_node).
+
 Order: validate the request against what is visible and what the policy allows; screen the
 GPUs (health, leases, foreign processes, memory); build candidates (single, DDP x N on the
 best-linked group for every N of decision.world_sizes the caps and links allow, independent
@@ -9,6 +12,7 @@ what the trials measured (rerank.py); pick; say why with the numbers.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Callable
 
@@ -40,6 +44,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     d = policy.decision
     forced = request.strategy != "auto"
     reasons: list[Reason] = []
+    if request.multi_node:
+        _check_multi_node(request, units)
     if forced:
         if request.strategy not in d.allowed_strategies:
             raise PolicyError(
@@ -55,6 +61,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
                 variants=tuple(request.variants), wait_for_lease=not request.no_wait,
                 wait_timeout_s=policy.jobs.wait_timeout_s, wait_reason=wait_reason,
                 command=request.worker_command())
+    if not topology.gpus and request.multi_node:
+        return _cpu_multi_node(request, reasons, base, units)
     if not topology.gpus:
         return _cpu_plan(request, policy, reasons, base, units)
 
@@ -195,14 +203,59 @@ def short_of(topology, usable, excluded, n, what) -> None:
     raise (NoFreeGPUError if waitable else PlanError)(msg)
 
 
-def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units) -> Choice:
-    """Every node decides the same without measuring: the forced unit, or what torchrun would
-    launch (the TORCHRUN unit), on all the local GPUs allowed."""
+def _torchrun_unit(units: Units):
+    """The unit that launches what torchrun would (StrategyUnit.TORCHRUN)."""
+    return next(u for u in units.values() if u.TORCHRUN)
+
+
+def _check_multi_node(request: Request, units: Units) -> None:
+    """A job across nodes is one torchrun job. One process or independent jobs per node would
+    run an unrelated job on every node, each with a world of its own."""
+    torchrun = strategy_name(_torchrun_unit(units).NAME)
     unit = units.get(request.strategy)
-    if unit is None or unit.ROLE == Role.SWEEP:
-        unit = next(u for u in units.values() if u.TORCHRUN)
-    if unit.ROLE == Role.BASELINE:
-        return Choice(unit.NAME, (usable[0],))
+    spans = f"{request.nnodes_words()} makes one job across nodes"
+    if unit is not None and not unit.TORCHRUN:
+        raise UsageError(f"--strategy {request.strategy} runs on one node, but {spans}; use "
+                         f"--strategy {torchrun} (or auto, which launches it as torchrun "
+                         f"would), or --nnodes 1 for a separate job on each node")
+    if request.variants:
+        raise UsageError(f"--each/--each-file run independent jobs on one node, but {spans}; "
+                         f"launch each variant as its own job, or give --nnodes 1")
+
+
+def _multi_node_reason(request: Request, unit, n: int, where: str, given: str) -> Reason:
+    return Reason(
+        f"multi-node job ({request.nnodes_words()}): launched as torchrun would, {unit.WORD} "
+        f"with {n} process(es) on this node {where}; smartlaunch decides only single-node "
+        f"jobs, so nothing is measured and every node decides the same",
+        given)
+
+
+def _cpu_multi_node(request: Request, reasons: list[Reason], base: dict, units: Units) -> Plan:
+    """No GPUs on a node of a multi-node job: torchrun's nproc-per-node ranks over gloo."""
+    unit = _torchrun_unit(units)
+    raw = str(getattr(request.torchrun_args, "nproc_per_node", "1"))
+    if request.max_gpus is not None:
+        n, given = request.max_gpus, f"user: --nproc-per-node {request.max_gpus}"
+    elif raw in ("cpu", "auto"):
+        # torchrun's count for cpu/auto without an accelerator: the CPUs this process may use.
+        n, given = len(os.sched_getaffinity(0)), f"user: --nproc-per-node {raw}"
+    elif raw == "gpu":
+        raise UsageError(f"--nproc-per-node gpu on a node without GPUs (torchrun fails the "
+                         f"same: CUDA is not available); give the number of processes per "
+                         f"node, e.g. --nproc-per-node 1")
+    else:
+        n, given = 1, "torchrun's default: --nproc-per-node 1"
+    reasons.append(_multi_node_reason(request, unit, n, "(the CPU over gloo: no GPU visible)",
+                                      given))
+    return Plan(unit.NAME, "cpu", (), n, n, reasons=tuple(reasons), **base)
+
+
+def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units) -> Choice:
+    """Every node decides the same without measuring: what torchrun would launch (the
+    TORCHRUN unit) on all the local GPUs allowed (--nproc-per-node, or every visible one,
+    at most the largest of decision.world_sizes)."""
+    unit = _torchrun_unit(units)
     sized = largest_world_size(policy, cap) if request.max_gpus is None else None
     if sized is not None and sized != cap:
         # No count given: the largest world size the policy allows (decision.world_sizes).
@@ -217,12 +270,11 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units
     if group is None:
         raise PolicyError(f"no {cap} usable GPUs are linked by a class the policy allows for DDP "
                           f"({policy.rule('decision.ddp_link_classes')}); lower --nproc-per-node")
-    reasons.append(Reason(
-        f"multi-node launch (--nnodes {request.nnodes}): {unit.WORD} on all {cap} allowed "
-        f"local GPU(s), "
-        f"no dry run or trial, so every node decides the same from the same request and policy",
-        f"user: --nnodes {request.nnodes}"))
-    return Choice(unit.NAME, group)
+    given = f"user: --nproc-per-node {request.max_gpus}" if request.max_gpus is not None else \
+        "--nproc-per-node not given: every allowed local GPU"
+    reasons.append(_multi_node_reason(request, unit, cap, f"({G.gpu_list_short(group)})",
+                                      given))
+    return Choice(unit.NAME, group, "multi-node")
 
 
 class _Ctx:

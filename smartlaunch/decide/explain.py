@@ -229,7 +229,9 @@ def decision_line(plan: Plan, units: Units) -> str:
     chosen = next((c for c in plan.candidates if c.chosen), None)
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
                   and units[c.strategy].COLLECTIVE), None)
-    if plan.forced:
+    if plan.multi_node:
+        why = "multi-node job: launched as torchrun would; smartlaunch decides only single-node jobs"
+    elif plan.forced:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU" \

@@ -132,6 +132,11 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
+    @property
+    def multi_node(self) -> bool:
+        """One job across nodes, launched as torchrun would on each (Request.multi_node)."""
+        return self.nnodes not in ("1", "1:1")
+
     def env_dict(self) -> dict[str, str]:
         return {e.name: e.value for e in self.env}
 

@@ -25,8 +25,8 @@ MAX_SCALED_TRIALS = 2
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    # forced | model | trial | corrected | launch | fallback | only | torchrun; corrected: by
-    # its prediction as the trials of other group sizes corrected it (rerank.py)
+    # forced | model | trial | corrected | launch | fallback | only | torchrun | multi-node;
+    # corrected: by its prediction as the trials of other group sizes corrected it (rerank.py)
     basis: str = "forced"
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
     superlinear: str = ""        # why a measured speedup above N× on N GPUs stands, if one does
@@ -477,7 +477,10 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
         text = head + _tail(ctx, c, win, choice, floor, error)
         out.append(dataclasses.replace(c, reason=text))
     if chosen_key not in rows:   # forced DDP on a group the model did not consider
-        out.append(Candidate(choice.strategy, choice.gpus, chosen=True, reason="as asked"))
+        c = Candidate(choice.strategy, choice.gpus, chosen=True)
+        why = "as asked" if choice.basis == "forced" else \
+            f"{ctx.units[c.strategy].named(c)} → chosen (a multi-node job is launched as torchrun would)"
+        out.append(dataclasses.replace(c, reason=why))
     return tuple(out)
 
 

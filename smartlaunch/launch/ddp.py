@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -34,6 +35,10 @@ from smartlaunch.topology.api import Topology
 WORKER_MODULE = "smartlaunch.launch.worker"
 LOG_TAIL_LINES = 15
 OUTPUT_DRAIN_S = 5.0        # the most a finished run waits for its ranks' last output lines
+# What gloo and NCCL say in a rank whose peer went away (its process ended or its node's
+# launcher stopped it): in a multi-node job the root cause is then likely on another node.
+PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker|remote process exited|"
+                       r"ncclRemoteError")
 
 
 class DDPLauncher:
@@ -48,6 +53,7 @@ class DDPLauncher:
         self._ended = False                 # every process of the run is gone
         self._in_agent = False
         self._result: LaunchResult | None = None
+        self._rendezvous: Exception | None = None   # torch's RendezvousError, if one ended the run
 
     def start(self) -> None:
         plan, ctx = self.plan, self.ctx
@@ -132,6 +138,7 @@ class DDPLauncher:
     def _run_agent(self) -> dict:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.launcher.api import launch_agent
 
         with _on_sigchld(lambda _s, _f: self.watchdog.note_children()):
@@ -143,6 +150,8 @@ class DDPLauncher:
                 return dict(exc.failures)
             except SignalException:
                 pass
+            except RendezvousError as exc:  # the agent stopped its ranks; a traceback in torchrun
+                self._rendezvous = exc
             finally:
                 self._in_agent = False
         return {}
@@ -157,14 +166,20 @@ class DDPLauncher:
 
     def _finish(self, failures: dict) -> LaunchResult:
         watchdog, run_dir, plan = self.watchdog, self.run_dir, self.plan
-        result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir)
+        result = _result(watchdog, failures, self.got, self.host, self.log_root, run_dir,
+                         multi_node=plan.multi_node)
+        if self._rendezvous is not None and result.state == RunState.SUCCEEDED:
+            result = _rendezvous_result(self._rendezvous, self.ctx.torchrun_args,
+                                       started=bool(watchdog.records()), details=result.details)
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
         path = write_summary(run_dir, summary) or f"{SUMMARY_FILE} could not be written in {run_dir}"
         # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
         # with its first line and where the rest is (issue 18: a summary on success too), one
         # line after the job's output as the decision line was one before it; --quiet /
         # launch.quiet drop it.
-        if result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
+        if self._rendezvous is not None and not watchdog.records():
+            msg = result.message        # no rank ran: the one line says it all
+        elif result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
             msg = f"{result.message}\n{summary}" if result.message else summary
         elif self.ctx.quiet:
             msg = result.message
@@ -191,7 +206,7 @@ def _summary(watchdog: Watchdog, plan: Plan, result: LaunchResult, log_root: str
 
 
 def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_root: str,
-            run_dir: str) -> LaunchResult:
+            run_dir: str, multi_node: bool = False) -> LaunchResult:
     details = {"run_dir": run_dir, "log_dir": log_root, "straggler": watchdog.straggler}
     if watchdog.hang is not None:
         h = watchdog.hang
@@ -211,10 +226,49 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
     if root is None:
         return LaunchResult(RunState.SUCCEEDED, 0, "", (), details)
     msg = f"smartlaunch: {root.describe()}; the other ranks were stopped."
+    if multi_node and PEER_LOST.search(root.log_tail):
+        msg += (" Its error says a peer went away: the job may have ended on another node "
+                "first (that node's smartlaunch output says why).")
     if root.log_tail:
         tail = "\n".join(f"    | {line}" for line in root.log_tail.splitlines())
         msg += f"\n  last lines of {root.log_path}:\n{tail}"
     return LaunchResult(RunState.FAILED, int(ExitCode.WORKER_FAILED), msg, (root,), details)
+
+
+def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> LaunchResult:
+    """One line for a rendezvous error of torch's agent (exit RENDEZVOUS): which rendezvous,
+    what went wrong, what to do. started: this node's ranks had started (a store lost
+    mid-run is another node's end, not a join that never happened)."""
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError)
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+    from torch.distributed.run import parse_min_max_nnodes
+    code = int(ExitCode.RENDEZVOUS)
+    where = f"{args.rdzv_endpoint or 'the default endpoint'} (rdzv id {args.rdzv_id})"
+    if isinstance(exc, RendezvousTimeoutError):
+        try:
+            conf = _parse_rendezvous_config(args.rdzv_conf or "")
+        except ValueError:
+            conf = {}
+        limit = conf.get("join_timeout", f"{RendezvousTimeout().join.total_seconds():g}")
+        least = parse_min_max_nnodes(str(args.nnodes))[0]
+        text = (f"rendezvous timed out: fewer than {least} nodes (nnodes {args.nnodes}) joined "
+                f"{where} within join_timeout={limit} s; start smartlaunch on every node with "
+                f"the same rendezvous endpoint and id, or raise --rdzv-conf join_timeout")
+    elif isinstance(exc, RendezvousClosedError):
+        text = (f"rendezvous {where} is closed: the job with this id has ended on another node; "
+                f"give a new --rdzv-id to start another")
+    elif isinstance(exc, RendezvousConnectionError) and started:
+        text = (f"lost the rendezvous store at {where} while the job ran: the node that hosts "
+                f"it ended (its own output names why); this node's ranks were stopped")
+    elif isinstance(exc, RendezvousConnectionError):
+        text = (f"cannot reach the rendezvous store at {where}; check that the endpoint names "
+                f"the first node, that smartlaunch runs there, and that its port is reachable "
+                f"from this node")
+    else:
+        text = f"rendezvous {where} failed: {type(exc).__name__}: {exc}"
+    return LaunchResult(RunState.FAILED, code, f"smartlaunch: {text} (exit {code})", (), details)
 
 
 def _root_failure(seen: RankFailure | None, failures: dict, host: str, log_root: str) -> RankFailure | None:

@@ -124,6 +124,8 @@ def start(argv: list[str], environ, *, cores: int | None = None) -> EarlyDryRun 
         return None
     if _option(argv, "--strategy") not in (None, "auto"):
         return None
+    if _option(argv, "--nnodes") not in (None, "1", "1:1"):
+        return None                      # a multi-node job is launched as torchrun would: no dry run
     budget = len(os.sched_getaffinity(0)) if cores is None else cores
     if budget - SPARE_CORES < 1:
         return None

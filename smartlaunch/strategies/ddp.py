@@ -128,7 +128,7 @@ def line(plan: Plan) -> str:
     what = _what(plan)
     if plan.link_class:
         what += f" ({plan.link_class})"
-    if plan.nnodes not in ("1", "1:1"):
+    if plan.multi_node:
         what += f" per node, nnodes {plan.nnodes}"
     return what
 

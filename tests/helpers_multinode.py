@@ -1,0 +1,265 @@
+"""Several "nodes" on one host for the multi-node tests: each node is a network namespace with
+its own address on a bridge, its own hostname (a UTS namespace) and hosts file naming every
+node, and its own HOME, cache and lease directories. A launcher started on a node sees a
+machine of its own as far as rendezvous and gloo can tell: the endpoint is the first node's
+hostname, as Slurm gives it, and each node's agent decides from its hostname whether it hosts
+the c10d store.
+
+Needs root (`ip netns`, `unshare --uts`, a bind mount over /etc/hosts inside the namespace's
+own mount namespace, which `ip netns exec` creates); `Cluster.create` raises Unavailable with
+the reason where that is not permitted. Nothing outside the namespaces is changed: the hub
+namespace holds the bridge, each node's veth pair lives in its node's and the hub's namespace,
+and deleting the namespaces removes everything.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+SUBNET = "10.77.0"           # private to the namespaces: no clash with the host or other runs
+RDZV_PORT = 29400
+# Runs as the node: its hosts file over /etc/hosts, its hostname, then the launcher (exec: the
+# Popen's pid is smartlaunch's).
+_AS_NODE = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
+_DROP = ("PET_", "SLURM_", "SMARTLAUNCH_", "TORCHELASTIC_", "NCCL_", "GLOO_")
+_DROP_NAMES = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+               "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK")
+
+# The job: gloo, one all-reduce, a line per rank; then, by mode, the end ("once"), a failure of
+# the ranks on one node after the others were told ("fail NODE"), or all-reduces until stopped
+# ("wait"). SL_TEST_NODE names the node (its launcher's environment reaches the ranks).
+JOB_SCRIPT = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+node = os.environ["SL_TEST_NODE"]
+mode = sys.argv[1]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"job: rank {rank} world {world} node {node} sum {t.item():g}", flush=True)
+if mode == "fail" and node == sys.argv[2]:
+    raise RuntimeError(f"deliberate failure of rank {rank} on node {node}")
+if mode in ("fail", "wait"):
+    while True:
+        dist.all_reduce(t)
+        time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+class Unavailable(Exception):
+    """Network namespaces cannot be made here; the message says why."""
+
+
+def _ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+class Node:
+    """One launcher on a node: its merged stdout/stderr, read line by line as it comes."""
+
+    def __init__(self, index: int, argv: list[str], env: dict, cwd: Path):
+        self.index = index
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, errors="replace",
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._eof = False
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout: float) -> re.Match:
+        """The first line matching `pattern` (re.search), waiting for it at most `timeout` s."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            seen = 0
+            while True:
+                for line in self.lines[seen:]:
+                    m = rx.search(line)
+                    if m:
+                        return m
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if self._eof or left <= 0:
+                    raise AssertionError(f"node {self.index}: no line matching {pattern!r} "
+                                         f"within {timeout:g} s; output:\n{self.output_tail()}")
+                self._cond.wait(left)
+
+    def wait(self, timeout: float) -> int:
+        """The launcher's exit code, once it has exited and its output is read."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node {self.index}: launcher still running after {timeout:g} "
+                                 f"s; output:\n{self.output_tail()}") from None
+        self._reader.join(timeout=10)
+        return code
+
+    def output_tail(self, n: int = 60) -> str:
+        return "\n".join(self.lines[-n:])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+
+class Cluster:
+    """`n` nodes on one bridge: node k is SUBNET.(k+1), hostname `node<k>-<tag>`. create()
+    makes them; close() ends every launcher and job process left and deletes the namespaces."""
+
+    def __init__(self, root: Path, n: int):
+        self.root, self.n = root, n
+        self.tag = uuid.uuid4().hex[:8]
+        self.hub = f"slmn{self.tag}h"
+        self.spaces = [f"slmn{self.tag}n{k}" for k in range(n)]
+        self.hostnames = [f"node{k}-{self.tag}" for k in range(n)]
+        self.script = root / f"job-{self.tag}.py"     # in every job process's command line
+        self.nodes: list[Node] = []
+        self._made: list[str] = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.hostnames[0]}:{RDZV_PORT}"
+
+    def create(self) -> "Cluster":
+        for tool in ("ip", "unshare", "mount", "hostname"):
+            if shutil.which(tool) is None:
+                raise Unavailable(f"`{tool}` is not installed")
+        try:
+            self._add(self.hub)
+        except RuntimeError as exc:
+            raise Unavailable(f"network namespaces are not permitted here ({exc}); the "
+                              f"multi-node tests need root and `ip netns`") from None
+        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.hub, "link", "set", "br0", "up")
+        hosts = ["127.0.0.1 localhost"] + [f"{SUBNET}.{k + 1} {h}"
+                                           for k, h in enumerate(self.hostnames)]
+        self.hosts_file = self.root / "hosts"
+        self.hosts_file.write_text("\n".join(hosts) + "\n")
+        for k, ns in enumerate(self.spaces):
+            self._add(ns)
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{k}",
+                "netns", self.hub)
+            _ip("-n", self.hub, "link", "set", f"p{k}", "master", "br0")
+            _ip("-n", self.hub, "link", "set", f"p{k}", "up")
+            _ip("-n", ns, "addr", "add", f"{SUBNET}.{k + 1}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        try:        # the whole chain, once: a sandbox may allow namespaces but not the mount
+            probe = subprocess.run(self._as_node(0, ["hostname"]), capture_output=True,
+                                   text=True, timeout=30)
+        except OSError as exc:
+            raise Unavailable(f"cannot run a command as a node ({exc})") from None
+        if probe.returncode != 0 or probe.stdout.strip() != self.hostnames[0]:
+            raise Unavailable(f"cannot run a command as a node (hostname and hosts file in its "
+                              f"namespaces): {probe.stderr.strip() or probe.stdout.strip()}")
+        self.script.write_text(JOB_SCRIPT)
+        return self
+
+    def _add(self, ns: str) -> None:
+        _ip("netns", "add", ns)
+        self._made.append(ns)
+
+    def _as_node(self, k: int, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.spaces[k], "unshare", "--uts", "sh", "-c",
+                _AS_NODE, "sh", str(self.hosts_file), self.hostnames[k], *argv]
+
+    def env(self, k: int) -> dict:
+        """Node k's environment: its own HOME, cache, log and lease directories."""
+        env = {key: v for key, v in os.environ.items()
+               if not key.startswith(_DROP) and key not in _DROP_NAMES}
+        home = self.root / f"node{k}"
+        (home / "cache").mkdir(parents=True, exist_ok=True)
+        env.update(HOME=str(home), XDG_CACHE_HOME=str(home / "cache"),
+                   SMARTLAUNCH_LEASE_DIR=str(home / "leases"), SL_TEST_NODE=str(k),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                            os.environ.get("PYTHONPATH")])))
+        return env
+
+    def launch(self, k: int, *options: str, job: tuple[str, ...] = ("once",),
+               nnodes: int | None = None, join_timeout: int = 60) -> Node:
+        """smartlaunch on node k: `--nnodes` (default: every node), c10d on the first node,
+        OPTIONS, then the job script with `job` as its arguments."""
+        argv = [sys.executable, "-m", "smartlaunch.cli", "--nnodes", str(nnodes or self.n),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
+                "--rdzv-id", f"job-{self.tag}", "--rdzv-conf", f"join_timeout={join_timeout}",
+                "--monitor-interval", "0.2", *options, str(self.script), *job]
+        cwd = self.root / f"node{k}"
+        cwd.mkdir(parents=True, exist_ok=True)
+        node = Node(k, self._as_node(k, argv), self.env(k), cwd)
+        self.nodes.append(node)
+        return node
+
+    def job_processes(self) -> list[psutil.Process]:
+        """Every live process of this cluster's job: launchers' ranks, by the script path."""
+        out = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if p.info["status"] != psutil.STATUS_ZOMBIE and \
+                        any(str(self.script) in a for a in p.info["cmdline"] or ()):
+                    out.append(p)
+            except (psutil.Error, TypeError):
+                continue
+        return out
+
+    def left_running(self, timeout: float = 10.0) -> list[str]:
+        """The job's processes still alive `timeout` s after the launchers ended (waited on
+        as they exit, not slept); [] when none is."""
+        procs = [p for p in self.job_processes() if p.pid != os.getpid()]
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        out = []
+        for p in alive:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(f"pid {p.pid}: {' '.join(p.cmdline())}")
+            except psutil.Error:
+                continue
+        return out
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        for p in self.job_processes():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        for ns in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        self._made.clear()

@@ -1,0 +1,119 @@
+"""Multi-node jobs with real launchers: two and three "nodes" on this host, each smartlaunch in
+a network namespace of its own (helpers_multinode.Cluster), c10d rendezvous on the first
+node's hostname, gloo ranks. A job across nodes is launched as torchrun would on every node:
+one job of world nodes × nproc-per-node, whatever the node (these have no GPU)."""
+from __future__ import annotations
+
+import re
+import signal
+
+import pytest
+
+from helpers_multinode import Cluster, Unavailable
+from smartlaunch.errors import ExitCode
+
+START_S = 120      # a loaded 2-core box: torch imported by every launcher and every rank
+END_S = 60
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made: list[Cluster] = []
+
+    def make(n: int) -> Cluster:
+        c = Cluster(tmp_path, n)
+        made.append(c)
+        try:
+            return c.create()
+        except Unavailable as exc:
+            pytest.skip(str(exc))
+    yield make
+    for c in made:
+        c.close()
+
+
+def ranks_seen(nodes) -> dict[int, tuple[int, int]]:
+    """rank -> (world, node) from every `job: rank R world W node K` of every launcher. Not
+    anchored to a line: ranks of one node print at once, and under python -u (torchrun's too)
+    print() writes the text and its newline apart, so one rank's line may run into another's."""
+    seen = {}
+    for node in nodes:
+        for m in re.finditer(r"job: rank (\d+) world (\d+) node (\d+)", node.output):
+            seen[int(m[1])] = (int(m[2]), int(m[3]))
+    return seen
+
+
+def smartlaunch_lines(node) -> list[str]:
+    return [line for line in node.output.splitlines() if line.startswith("smartlaunch: ")]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_one_job_across_the_nodes(cluster, n):
+    c = cluster(n)
+    nodes = [c.launch(k, "--nproc-per-node", "1") for k in range(n)]
+    codes = [node.wait(START_S) for node in nodes]
+    assert codes == [0] * n, "\n---\n".join(node.output_tail() for node in nodes)
+    seen = ranks_seen(nodes)
+    assert sorted(seen) == list(range(n)) and {w for w, _ in seen.values()} == {n}, seen
+    assert sorted(k for _, k in seen.values()) == list(range(n))   # one rank on every node
+    for node in nodes:
+        first = smartlaunch_lines(node)[0]
+        assert "per node, nnodes" in first and "launched as torchrun would" in first, first
+    assert c.left_running() == []
+
+
+def test_two_ranks_per_node_on_the_cpu(cluster):
+    c = cluster(2)
+    nodes = [c.launch(k, "--nproc-per-node", "2") for k in range(2)]
+    assert [node.wait(START_S) for node in nodes] == [0, 0], nodes[0].output_tail()
+    seen = ranks_seen(nodes)
+    assert sorted(seen) == [0, 1, 2, 3] and {w for w, _ in seen.values()} == {4}, seen
+    assert sorted(k for _, k in seen.values()) == [0, 0, 1, 1]
+    assert c.left_running() == []
+
+
+def test_a_rank_failing_on_one_node_ends_the_job_on_every_node(cluster):
+    c = cluster(2)
+    nodes = [c.launch(k, "--nproc-per-node", "1", job=("fail", "1")) for k in range(2)]
+    codes = [node.wait(START_S) for node in nodes]
+    assert all(code != 0 for code in codes), codes
+    failing = nodes[1]
+    assert codes[1] == ExitCode.WORKER_FAILED, failing.output_tail()
+    # Root cause first: the launcher's first line after the job names the failed rank on
+    # this node, and the rank's own error follows in its log tail. (Exit code 1, or SIGABRT
+    # where gloo's threads abort the interpreter's exit after the peer closed its sockets.)
+    after = smartlaunch_lines(failing)[1:]
+    assert re.search(rf"rank \d \(local 0, pid \d+\) on {c.hostnames[1]} failed with "
+                     r"(exit code 1|signal SIGABRT)", after[0]), failing.output
+    tail = failing.output[failing.output.index(after[0]):]
+    assert "RuntimeError: deliberate failure of rank" in tail, failing.output
+    # The other node's rank died of the lost peer; its launcher says where to look.
+    assert "the job may have ended on another node first" in nodes[0].output, nodes[0].output
+    assert c.left_running() == []
+
+
+def test_sigterm_to_one_launcher_ends_the_job_on_every_node(cluster):
+    c = cluster(2)
+    nodes = [c.launch(k, "--nproc-per-node", "1", job=("wait",)) for k in range(2)]
+    for node in nodes:
+        node.wait_line(r"job: rank \d world 2", START_S)
+    nodes[0].proc.send_signal(signal.SIGTERM)     # the node that hosts the c10d store
+    assert nodes[0].wait(END_S) == 128 + signal.SIGTERM, nodes[0].output_tail()
+    assert nodes[1].wait(END_S) != 0, nodes[1].output_tail()
+    assert "got SIGTERM: forwarded to all ranks" in nodes[0].output
+    if "failed with" in nodes[1].output:       # its rank saw the peer go (else: the store)
+        assert "the job may have ended on another node first" in nodes[1].output
+    assert c.left_running() == []
+
+
+def test_a_node_that_never_joins_ends_the_launch_at_the_join_timeout(cluster):
+    c = cluster(2)
+    node = c.launch(0, "--nproc-per-node", "1", join_timeout=4)
+    assert node.wait(START_S) == ExitCode.RENDEZVOUS == 11, node.output_tail()
+    lines = smartlaunch_lines(node)
+    assert len(lines) == 2 and "Traceback" not in node.output, node.output
+    assert re.search(rf"rendezvous timed out: fewer than 2 nodes \(nnodes 2\) joined "
+                     rf"{re.escape(c.endpoint)} \(rdzv id job-{c.tag}\) within join_timeout=4 s; "
+                     r"start smartlaunch on every node", lines[1]), lines[1]
+    assert c.left_running() == []
+
