@@ -118,3 +118,27 @@ echo '{{"step_time_s": 0.002, "batch_size": 8}}' > "$out/rank0.json"
                                expected_step_s=0.01)
     hinted(Strategy.SINGLE, (0,))
     assert seen.read_text().split()[-1] == "50"
+
+
+def test_a_trial_setup_closed_from_two_threads_at_once_closes_once(clean_env):
+    """The Gate's thread drops a slow early trial while the pipeline drops it after a dry run
+    out of GPU memory: both may call close; neither may fail, and nothing is left."""
+    import threading
+    from smartlaunch.profile.trial import TrialSetup
+    setup = TrialSetup(Request(script=SCRIPT), QUICK, dict(os.environ), False, warm=2)
+    pid, tmp = setup.child.pid, setup.tmp
+    errors = []
+
+    def close():
+        try:
+            setup.close()
+        except Exception as exc:     # noqa: BLE001  (the assertion below names it)
+            errors.append(exc)
+    threads = [threading.Thread(target=close) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and setup.child is None and not os.path.exists(tmp)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -146,6 +147,7 @@ class TrialSetup:
                  gpus: tuple[int, ...] = ()):
         self.request, self.policy, self.python = request, policy, python
         self.isolated, self.size = isolated, warm
+        self._closing = threading.Lock()     # the Gate's thread and the pipeline may both close
         self._tmp = tempfile.TemporaryDirectory(prefix="smartlaunch-trial-")
         self.tmp = self._tmp.name
         proc.remove_on_exit(self.tmp)
@@ -233,14 +235,17 @@ class TrialSetup:
         return watched(child, self.out, n, deadlines)
 
     def close(self) -> None:
-        """Kills what never got its go (the spawner and its warm ranks), removes the dir."""
-        if self.child is not None:
-            self.child.stop(signal.SIGKILL, 0)
-            self.child = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            proc.remove_on_exit(self.tmp, done=True)
-            self._tmp = None
+        """Kills what never got its go (the spawner and its warm ranks), removes the dir.
+        Safe from two threads at once (the Gate's drops a slow trial while the pipeline may
+        drop it after a dry run out of memory): the second waits, then finds nothing left."""
+        with self._closing:
+            if self.child is not None:
+                self.child.stop(signal.SIGKILL, 0)
+                self.child = None
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                proc.remove_on_exit(self.tmp, done=True)
+                self._tmp = None
 
 
 def _go(child: proc.Child, n: int, args: list[str], changes: dict[str, str]) -> bool:
