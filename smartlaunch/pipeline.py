@@ -47,6 +47,9 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         record.began(final_plan)
         if not (request.quiet or policy.launch.quiet):
             status.line(decision_line(final_plan, REGISTRY))
+        for r in final_plan.reasons:        # an idle Slurm allocation: said even with --quiet
+            if r.rule == SLURM_RULE and r.text.startswith(_IDLE):
+                status.line(r.text)
     code = 1
     try:
         ctx = context(request, policy, topology, environ=environ, status=status,
@@ -159,16 +162,31 @@ def _make_plan(request, given, environ, status, cores, early):
     plan = prepare(plan, topology, policy, environ, units=REGISTRY,
                    torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
     clock.lap("prepare")
-    if slurm is not None and slurm.gpus and len(plan.gpus) < len(slurm.gpus):
-        # Admins read wasted allocations from job logs; say it in their terms.
-        notes.append((f"the plan uses {len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm "
-                      f"allocated on this node; GPUs left free: "
-                      f"{', '.join(f'GPU{g}' for g in plan.left_free) or 'none usable'}",
-                      "slurm allocation"))
+    idle = slurm_idle(slurm, plan)
+    if idle:
+        notes.append((idle, SLURM_RULE))
     if notes:
         plan = dataclasses.replace(
             plan, reasons=plan.reasons + tuple(Reason(text, rule) for text, rule in notes))
     return dataclasses.replace(plan, timings=clock.result()), topology, policy
+
+
+SLURM_RULE = "slurm allocation"
+_IDLE = "the plan uses "
+
+
+def slurm_idle(slurm, plan) -> str:
+    """One sentence when the plan leaves GPUs Slurm allocated on this node idle, with the
+    request that would fit next time; '' otherwise. Admins read wasted allocations from job
+    logs, so the launch prints it too (`run`), not only --explain."""
+    if slurm is None or not slurm.gpus or len(plan.gpus) >= len(slurm.gpus):
+        return ""
+    n = max(1, len(plan.gpus))
+    free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
+    return (f"{_IDLE}{len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm allocated on this "
+            f"node ({len(slurm.gpus) - len(plan.gpus)} idle for the whole job; GPUs left free: "
+            f"{free}); a request that fits this plan next time: `sbatch --nodes={slurm.job_nnodes} "
+            f"--gpus-per-node={n}` (or `srun --gpus-per-node={n}`)")
 
 
 def _check_paths(request: Request, policy, environ) -> None:

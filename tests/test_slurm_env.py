@@ -190,3 +190,25 @@ def test_runner_door_errors_quote_output():
     calls = []
     out = run_slurm(["squeue", "-h"], runner=fake_runner({"squeue": "ok\n"}, calls))
     assert out.stdout == "ok\n" and calls == [["squeue", "-h"]]
+
+
+def test_an_idle_slurm_allocation_is_said_at_launch_with_the_request_that_fits(clean_env):
+    """--strategy single on a node where Slurm allocated two GPUs: one line, even with --quiet,
+    naming the idle GPU and the sbatch/srun request that fits the plan."""
+    import subprocess
+    import sys
+    from helpers_jobs import python_env
+    (clean_env / "t.py").write_text("print('ran')\n")
+    env = python_env(SMARTLAUNCH_FAKE_TOPOLOGY="h200-nv18-pair", SLURM_JOB_ID="42",
+                     SLURM_JOB_NODELIST="nodea", SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1",
+                     SLURM_JOB_GPUS="0,1", SLURM_GPUS_ON_NODE="2", CUDA_VISIBLE_DEVICES="0,1",
+                     SLURMD_NODENAME="nodea", SLURM_NODEID="0")
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--strategy", "single",
+                        "--quiet", "t.py"], cwd=clean_env, env=env, capture_output=True,
+                       text=True, timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("smartlaunch:")]
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+    assert lines == ["smartlaunch: the plan uses 1 of the 2 GPUs Slurm allocated on this node "
+                     "(1 idle for the whole job; GPUs left free: GPU1); a request that fits "
+                     "this plan next time: `sbatch --nodes=1 --gpus-per-node=1` (or `srun "
+                     "--gpus-per-node=1`)"], r.stderr
