@@ -142,3 +142,37 @@ def test_a_trial_setup_closed_from_two_threads_at_once_closes_once(clean_env):
     assert errors == [] and setup.child is None and not os.path.exists(tmp)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_trial_deadlines_come_from_the_dry_run_with_floors_and_the_limit():
+    from smartlaunch.profile.trial import Deadlines
+    d = Deadlines.from_dry_run(20.0, 0.05, 120.0)          # a compile of 20 s, 50 ms steps
+    assert (d.first_s, d.step_s, d.limit_s) == (pytest.approx(60.15), 10.0, 120.0)
+    d = Deadlines.from_dry_run(2.0, 1.0, 120.0, set_up=True)   # early ranks: the same first
+    assert (d.first_s, d.step_s) == (30.0, 60.0)
+    d = Deadlines.from_dry_run(None, None, 15.0)            # nothing measured: the time limit
+    assert (d.first_s, d.step_s) == (15.0, 10.0)
+
+
+@pytest.mark.slow
+def test_a_trial_that_stops_stepping_is_killed_at_its_progress_deadline(clean_env, shared_dir):
+    """A DDP trial whose rank 1 stops after 3 steps: killed once no rank has stepped for the
+    step deadline (its 10 s floor here), long before the 120 s time limit, with the reason
+    the plan shows; nothing of it is left."""
+    script = str(Path(__file__).resolve().parent / "scripts" / "decide" / "stall_ddp.py")
+    env = {**os.environ, "STALL_PIDFILE": str(shared_dir / "pid"), "STALL_AFTER": "3"}
+    pol = dataclasses.replace(QUICK, dryrun=DryRunPolicy(warmup_steps=1, time_limit_s=120.0))
+    trial = make_trial_runner(Request(script=script), pol, env, expected_step_s=0.01,
+                              expected_setup_s=1.0)
+    t0 = time.monotonic()
+    assert trial(Strategy.DDP, (0, 1)) is None
+    took = time.monotonic() - t0
+    assert took < 90.0, took                                  # not the 120 s time limit
+    why = trial.why[(Strategy.DDP, (0, 1))]
+    assert why.startswith("killed as stalled: its ranks did not all reach step ") \
+        and "within 10 s (the deadline from the dry run's own steps)" in why, why
+    pids = [int(p.read_text()) for p in shared_dir.glob("pid.*")]
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -93,7 +93,9 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 undone = undo_note(listing, (run.tmp,))
                 if log is not None:
                     log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
-            result = read_rank0(run.out)
+            # A killed trial's rank 0 writes what it had on SIGTERM: a window cut by a stall
+            # or the time limit, not a rate to decide by.
+            result = None if killed else read_rank0(run.out)
             if phases is not None:
                 phases(trial_phases(result, t_spawn, t_end, killed=killed))
             if log is not None and (rc != 0 or result is None):
@@ -116,8 +118,8 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
 
 class Deadlines:
     """How long a trial may go without progress, from what the dry run measured: its first
-    step (`first_s`: the set-up, or only the first step for ranks already set up at their
-    gate) and each later step (`step_s`); and the whole trial's `limit_s`. A trial past one
+    step (`first_s`: the dry run's set-up and first step, which include a compile) and each
+    later step (`step_s`); and the whole trial's `limit_s`. A trial past one
     is killed and the decision goes on with the prediction (the plan says which and why):
     no script can hold a decision for longer than these."""
 
@@ -130,8 +132,11 @@ class Deadlines:
     @classmethod
     def from_dry_run(cls, setup_s: float | None, step_s: float | None, limit_s: float, *,
                      set_up: bool = False) -> "Deadlines":
+        # Ranks set up at their gate still have their first forward to run, which may be what
+        # took the dry run its time (torch.compile): the same allowance either way.
+        del set_up
         step = cls.FACTOR * (step_s or 0.0)
-        first = step if set_up else cls.FACTOR * (setup_s or 0.0) + step
+        first = cls.FACTOR * (setup_s or 0.0) + step
         return cls(min(limit_s, max(cls.FLOOR_FIRST_S, first)),
                    min(limit_s, max(cls.FLOOR_STEP_S, 20 * step)), limit_s)
 
