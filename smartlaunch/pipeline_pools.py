@@ -38,7 +38,7 @@ from smartlaunch.profile import gate as gates
 
 SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
 READY_POLL_S = 0.02
-READY_LIMIT_S = 15.0     # an import that slow is a machine too loaded to wait on
+READY_LIMIT_S = 15.0     # the least the dry run waits at its gate for the early trial
 # The early trial builds the model in N more processes beside the dry run's (a 1.0B GPT: ~4 GB
 # of host memory each while it is built on the CPU). Below this share of the job's memory left
 # it is killed, before the kernel's OOM killer picks the dry run (or us) instead.
@@ -55,28 +55,6 @@ class Pools:
     def gate(self) -> str | None:
         """The file the dry run's first forward waits for; None: no warm process, no gate."""
         return self.keeper.path if self.keeper is not None else None
-
-    def pids(self) -> list[int]:
-        """The warm processes' leaders waiting for a go (each one's session holds its ranks);
-        a trial started early is setting itself up instead (Gate waits for its own gate)."""
-        out = [child.pid for child, _ in getattr(self.comm, "free", ())]
-        child = getattr(self.trial, "child", None)
-        early = getattr(self.trial, "early", None) is not None
-        return out + ([child.pid] if child is not None and not early else [])
-
-    def wait_ready(self, limit_s: float = READY_LIMIT_S,
-                   cancel: threading.Event | None = None) -> float:
-        """Block until every warm process (and the ranks below a trial's spawner) waits on its
-        go pipe, at most limit_s; the seconds waited. Called before the dry run's first step:
-        they start with it and import torch while its script sets itself up, and must not
-        share the CPU with its measured steps (a starved importer is not idle: hence the
-        kernel's wait channel, not CPU time)."""
-        t0 = time.monotonic()
-        while not all(_waiting_on_pipe(pid) for pid in _tree(self.pids())):
-            if time.monotonic() - t0 >= limit_s or (cancel is not None and cancel.is_set()):
-                break
-            time.sleep(READY_POLL_S)
-        return time.monotonic() - t0
 
     def drop_early_trial(self) -> bool:
         """Kill a trial started early (its ranks hold GPU memory); False: there was none."""
@@ -96,8 +74,7 @@ class Pools:
 class Gate:
     """The dry run's gate: `path`, created by a thread of ours once the early trial's ranks
     wait at their own gate (or it died, or was killed: `_wait_trial`), then the early sweep,
-    released, has ended (measured, failed, timed out or cancelled), and any other warm rank
-    waits for its go (Pools.wait_ready, at most READY_LIMIT_S). where: a directory the dry
+    released, has ended (measured, failed, timed out or cancelled). where: a directory the dry
     run's sandbox shares (the early dry-run process's result dir); None: one of its own, which
     runner shares."""
 
@@ -130,7 +107,6 @@ class Gate:
                 sweep.release()
             while sweep is not None and sweep.thread.is_alive() and not self.cancel.is_set():
                 sweep.thread.join(0.05)
-            pools.wait_ready(cancel=self.cancel)
         finally:
             if sweep is not None:
                 sweep.release()         # nothing may wait on a hold nobody will open
@@ -347,27 +323,3 @@ def memory_low(share: float | None = None) -> bool:
             continue
     m = psutil.virtual_memory()
     return m.available < share * m.total
-
-
-def _tree(pids: list[int]) -> list[int]:
-    import psutil
-    out = []
-    for pid in pids:
-        try:
-            out += [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
-        except psutil.Error:
-            continue
-    return out
-
-
-def _waiting_on_pipe(pid: int) -> bool:
-    """Asleep in a pipe read (the go), or gone. Where the kernel hides wait channels ("0"),
-    any sleep counts."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/wchan") as f:
-            wchan = f.read().strip()
-    except OSError:
-        return True
-    return state in ("Z", "X") or (state == "S" and ("pipe" in wchan or wchan in ("", "0")))
