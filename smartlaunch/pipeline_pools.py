@@ -244,12 +244,9 @@ def _start(request, policy, topology, environ, first, cores, gate_dir, early_tri
         return pools
     usable = [g.index for g in topology.gpus if g.index not in first.unavailable
               and not g.busy and topology.healthy(g.index)]
-    n = min(x for x in (len(usable), request.max_gpus, policy.decision.max_gpus) if x is not None)
     from smartlaunch.vocab import Strategy
-    if not (request.strategy == Strategy.DDP.value and request.max_gpus is not None):
-        # decide's candidates: the largest group size of decision.world_sizes (an explicit
-        # --strategy ddp --nproc-per-node runs its own count)
-        n = max((k for k in policy.decision.world_sizes if k <= n), default=1)
+    n = policy.decision.early_group(len(usable), request.max_gpus,
+                                    request.strategy == Strategy.DDP.value)
     if n < 2:
         return pools
     group = tuple(usable[:n])

@@ -146,3 +146,32 @@ def test_with_the_warm_pools_its_gate_lies_where_its_sandbox_sees_it(clean_env, 
     assert plan.profile.gate_wait_s is not None and plan.profile.gate_wait_s < 60
     assert plan.timings["allreduce_early"] > 0
     settled(tmp)
+
+
+def test_the_early_trial_is_sized_as_the_pools_will_want_it():
+    """One function sizes the DDP trial before the parse and after it: the usable GPUs, the
+    --nproc-per-node cap and the policy's world sizes, so neither starts ranks the other
+    kills."""
+    from smartlaunch.policy.api import DecisionPolicy
+    d = DecisionPolicy()
+    assert [d.early_group(g, None) for g in (1, 2, 3, 4, 7, 8)] == [1, 2, 2, 4, 4, 8]
+    assert d.early_group(4, 2) == 2 and d.early_group(8, 3) == 2
+    assert d.early_group(8, 3, explicit_ddp=True) == 3       # --strategy ddp runs its own N
+    assert DecisionPolicy(max_gpus=2).early_group(8, None) == 2
+
+
+def test_before_the_parse_nproc_per_node_caps_the_early_trial(clean_env, monkeypatch):
+    sized = []
+    monkeypatch.setattr(early.EarlyDryRun, "start_trial",
+                        lambda self, environ, size, python=None: sized.append(size))
+    environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("nvswitch-8gpu")}
+    for argv, want in ((["train.py"], [8]), (["--nproc-per-node", "4", "train.py"], [4]),
+                       (["--nproc_per_node=3", "train.py"], [2]),
+                       (["--nproc-per-node", "1", "train.py"], [])):
+        sized.clear()
+        e = early.start(argv, environ, cores=64)
+        try:
+            assert sized == want, (argv, sized)
+        finally:
+            if e is not None:
+                e.close()

@@ -39,6 +39,16 @@ class DecisionPolicy:
     avoid_unhealthy_gpus: bool = True
     fallback_strategy: str = "single"     # when no profile can be had
 
+    def early_group(self, usable: int, nproc: int | None, explicit_ddp: bool = False) -> int:
+        """The GPU count of the largest DDP candidate decide will weigh, from what is known
+        before it runs: `usable` GPUs, the `nproc` cap (--nproc-per-node) and this policy.
+        One function for every early start (profile/early.py before the parse, pipeline_pools
+        after it), so they start the trial decide will ask for. 1: no DDP candidate."""
+        n = min(x for x in (usable, nproc, self.max_gpus) if x is not None)
+        if explicit_ddp and nproc is not None:
+            return n                      # --strategy ddp --nproc-per-node N runs N as asked
+        return max((k for k in self.world_sizes if k <= n), default=1)
+
 
 @dataclass(frozen=True)
 class LaunchPolicy:

@@ -147,10 +147,10 @@ def start(argv: list[str], environ, *, cores: int | None = None) -> EarlyDryRun 
         early = EarlyDryRun(environ, isolated=policy.dryrun.isolation != "off")
     except OSError:                      # no temp dir, no fork: the dry run starts cold
         return None
-    # The trial's ranks: trials on, and cores for them beside the dry run's and our import.
-    caps = [_gpu_guess(environ), policy.decision.max_gpus, _int(_option(argv, "--max-gpus"))]
-    size = min(c for c in caps if c is not None)
-    size = max((k for k in policy.decision.world_sizes if k <= size), default=1)  # decide's
+    # The trial's ranks: trials on, and cores for them beside the dry run's and our import;
+    # as many as pipeline_pools will want (DecisionPolicy.early_group), or it kills them.
+    nproc = _int(_option(argv, "--nproc-per-node") or _option(argv, "--nproc_per_node"))
+    size = policy.decision.early_group(_gpu_guess(environ), nproc)
     if policy.decision.trials and size >= 2 and budget - SPARE_CORES - 1 >= size:
         early.start_trial(environ, size)
     return early
