@@ -84,9 +84,13 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict, mode: int | None = None) -> None:
+    """Whole or not at all (a temp file renamed over it); mode: its permissions (mkstemp's
+    0o600 otherwise)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
@@ -159,15 +163,4 @@ def trusted_json(path: Path, top: Path) -> dict | None:
 
 def write_public_json(path: Path, data: dict) -> None:
     """write_json for a file every user may read (0o644): the node cache root writes."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_json(path, data, 0o644)

@@ -177,15 +177,22 @@ def comm_key(topology, gpus, backend: str, environ) -> str:
 
 def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None:
     folder = private_dir(private_dir(cache_root(policy, environ)) / "comm")
-    data = read_json(folder / f"{key}.json")
+    return _fresh_curve(read_json(folder / f"{key}.json"), policy, need_bytes)
+
+
+def _fresh_curve(data, policy, need_bytes: int, world_size: int | None = None
+                 ) -> CommCurve | None:
+    """A stored curve ({"measured_at", "curve"}) that is young enough, reaches need_bytes
+    and (when given) has world_size ranks; None otherwise or when damaged."""
     if not data:
         return None
     try:
         age = time.time() - float(data.get("measured_at", 0))
         curve = CommCurve.from_dict(data["curve"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if age > policy.paths.comm_cache_max_age_s or curve.points[-1][0] < need_bytes:
+    if age > policy.paths.comm_cache_max_age_s or curve.points[-1][0] < need_bytes \
+            or (world_size is not None and curve.world_size != world_size):
         return None
     return _replace(curve, cached=True)
 
@@ -221,18 +228,9 @@ def load_node_comm(policy, topology, gpus, backend: str, environ, *,
     if key is None:
         return None
     top = Path(os.path.expanduser(policy.paths.node_cache))
-    data = trusted_json(top / "comm" / f"{key}.json", top)
-    if not data:
-        return None
-    try:
-        age = time.time() - float(data.get("measured_at", 0))
-        curve = CommCurve.from_dict(data["curve"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if age > policy.paths.comm_cache_max_age_s or curve.points[-1][0] < need_bytes \
-            or curve.world_size != len(gpus):
-        return None
-    return _replace(curve, cached=True, gpus=tuple(gpus))
+    curve = _fresh_curve(trusted_json(top / "comm" / f"{key}.json", top), policy, need_bytes,
+                         len(gpus))
+    return None if curve is None else _replace(curve, gpus=tuple(gpus))
 
 
 def store_node_comm(directory: str, topology, curve: CommCurve, environ) -> Path | None:
