@@ -12,6 +12,12 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "smartlaunch" / "topology" / "fixtures"
 EXAMPLES = REPO / "examples"
 
+# The processes tests start import this checkout's smartlaunch, whatever else is installed (an
+# editable install of another checkout): they run in their own directories, where `python -m`
+# would otherwise find the installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
