@@ -2,8 +2,8 @@
 sizes) and rank 0 prints the throughput line bench/regret.py parses.
 
 One torchrun job at a time (each is an agent and two ranks, all importing torch): started all at
-once they overran their deadline on a loaded 2-core machine. The suite's own scripts are `slow`
-(CI runs them with -m slow); the lead's example stays in the default run."""
+once they overran their deadline on a loaded 2-core machine. These rows are `slow` (CI runs them
+with -m slow; test_cli_launch runs the lead's example under torchrun in the default run)."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,11 +30,8 @@ def _argv(script: str) -> list[str]:
             script, "--steps", "3", "--warmup", "1", *tiny]
 
 
-def _marks(script: str) -> list:
-    return [] if script == common.MLP else [pytest.mark.slow]
-
-
-@pytest.mark.parametrize("script", [pytest.param(s, marks=_marks(s)) for s in CPU_SCRIPTS])
+@pytest.mark.slow
+@pytest.mark.parametrize("script", CPU_SCRIPTS)
 def test_script_trains_under_torchrun_with_two_ranks(script, tmp_path):
     env = common.child_env(dict(os.environ), None)
     env.update(OMP_NUM_THREADS="1", HOME=str(tmp_path))
