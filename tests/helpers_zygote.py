@@ -40,7 +40,7 @@ class Zygote:
                "stdout": str(out.with_suffix(".out")), "stderr": str(out.with_suffix(".err"))}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        pid = json.loads(self._line(120.0, "the zygote's fork"))["pid"]
+        pid = json.loads(self._line(240.0, "the zygote's import and fork"))["pid"]
         try:
             line = self._line(timeout, f"python -m {module} {args}")
         except TimeoutError:
