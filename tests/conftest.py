@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "smartlaunch" / "topology" / "fixtures"
 EXAMPLES = REPO / "examples"
+
+# The processes tests start import this checkout's smartlaunch, whatever else is installed (an
+# editable install of another checkout): they run in their own directories, where `python -m`
+# would otherwise find the installed one.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
 
 
 @pytest.fixture
@@ -69,3 +76,18 @@ def fixture_path(name: str) -> str:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "the condition"):
+    """predicate()'s first true value, polled; an AssertionError naming `what` at the timeout.
+    For what ends on its own a little after the code under test returns (a reaped child's
+    siblings, a thread's exit): a fixed sleep there fails on a loaded machine and wastes time
+    on an idle one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert value, f"timed out after {timeout:g} s waiting for {what}"
+    return value

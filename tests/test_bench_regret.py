@@ -199,6 +199,7 @@ def test_failed_decision_is_recorded_not_raised(tmp_path):
     assert r["ok"] is False and "rc=4" in r["error"] and "no GPU" in r["error"]
 
 
+@pytest.mark.slow
 def test_end_to_end_on_cpu_then_resume(tmp_path, clean_env, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     argv = ["--scripts", "lstm-b64", "--conditions", "nvlink,host", "--steps", "2", "--warmup", "1",

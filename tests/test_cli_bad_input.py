@@ -2,14 +2,18 @@
 on stderr (what is wrong and the fix), shows no traceback, and leaves nothing behind: no
 process of its session, no new file in its working directory or home.
 
-Rows run concurrently (4 at a time; each is a real `smartlaunch` process) in one fixture;
-each row is then its own test.
+Rows run in one fixture, 2 at a time, each then its own test. Each row is a real process:
+`fresh` rows a new interpreter exactly as the user types the command; the others are forked
+from a python that imported torch once (helpers_zygote.py), then run the module as __main__ as
+`python -m` would: 70 torch imports took 165 s of a loaded 2-core machine.
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +24,15 @@ import psutil
 import pytest
 
 from conftest import fixture_path, own_lines
+from helpers_zygote import Zygote
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 PAIR = fixture_path("h200-nv18-pair")
 SL = [sys.executable, "-m", "smartlaunch.cli"]
 NODE = [sys.executable, "-m", "smartlaunch.node_cli"]
 HOOK = [sys.executable, "-I", "-m", "smartlaunch.slurm.hooks"]      # as the shell hooks run it
+# What a zygote imports before its forks: torch (for torchrun's parser) and our entry points.
+PRELOAD = ["torch.distributed.run", "smartlaunch.cli", "smartlaunch.pipeline", "smartlaunch.node_cli"]
 
 
 @dataclass
@@ -38,6 +45,7 @@ class Row:
     files: dict[str, str | bytes | None] = field(default_factory=dict)   # None: a directory
     modes: dict[str, int] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
+    fresh: bool = False                          # a new interpreter, not a zygote's fork
 
 
 def policy(text: str) -> dict[str, str]:
@@ -56,7 +64,8 @@ FAKE = {"SMARTLAUNCH_FAKE_TOPOLOGY": "topo.json"}
 
 ROWS = [
     # 2: the command line
-    Row("no script", SL, 2, r"the following arguments are required: training_script"),
+    Row("no script", SL, 2, r"the following arguments are required: training_script",
+        fresh=True),
     Row("unknown option", SL + ["--bogus", "t.py"], 2, r"unrecognized arguments: --bogus"),
     Row("nproc zero", SL + ["--nproc-per-node", "0", "t.py"], 2, r"--nproc-per-node 0 must be at least 1"),
     Row("nproc word", SL + ["--nproc-per-node", "two", "t.py"], 2, r"'two' is not a number"),
@@ -118,7 +127,7 @@ ROWS = [
     Row("policy is a directory", SL + ["--policy", "pdir", "t.py"], 3, r"pdir \(--policy\) is a directory",
         files={"pdir": None}),
     Row("policy unknown key", SL + ["--policy", "p.yaml", "t.py"], 3, r"p.yaml:1: decision.min_efficency",
-        files=policy("decision: {min_efficency: 0.5}\n")),
+        files=policy("decision: {min_efficency: 0.5}\n"), fresh=True),
     Row("policy wrong type", SL + ["--policy", "p.yaml", "t.py"], 3, r"decision.max_gpus: expected",
         files=policy("decision: {max_gpus: many}\n")),
     Row("policy out of range", SL + ["--policy", "p.yaml", "t.py"], 3, r"decision.min_efficiency",
@@ -143,7 +152,8 @@ ROWS = [
         env={"SMARTLAUNCH_CACHE_DIR": "afile", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, files={"afile": "x"}),
     Row("home missing, launch", SL + ["--strategy", "single", "t.py"], 3,
         r"launch.log_dir=~/.cache/smartlaunch/logs \(built-in\): HOME=.*nohome does not exist"
-        r".*SMARTLAUNCH_LOG_DIR", env={"HOME": "{tmp}/nohome", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
+        r".*SMARTLAUNCH_LOG_DIR", env={"HOME": "{tmp}/nohome", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR},
+        fresh=True),
     Row("home missing, explain", SL + ["--explain", "t.py"], 3,
         r"paths.cache_dir=~/.cache/smartlaunch: HOME=.*nohome does not exist.*SMARTLAUNCH_CACHE_DIR",
         env={"HOME": "{tmp}/nohome", "XDG_CACHE_HOME": "", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
@@ -208,7 +218,7 @@ ROWS = [
     Row("node prolog config is a directory", NODE + ["prolog", "--config", "/tmp"], 10,
         r"hooks config /tmp is a directory"),
     # node commands
-    Row("node unknown command", NODE + ["bogus"], 2, r"invalid choice: 'bogus'"),
+    Row("node unknown command", NODE + ["bogus"], 2, r"invalid choice: 'bogus'", fresh=True),
     Row("node unknown option", NODE + ["topo", "--bogus"], 2, r"unrecognized arguments: --bogus"),
     Row("calibrate without GPUs", NODE + ["calibrate"], 2, r"needs 2 distinct GPUs.*run it on a node"),
     Row("policy check missing file", NODE + ["policy", "check", "nope.yaml"], 3, r"nope.yaml not found"),
@@ -240,24 +250,41 @@ def _tree(tmp: Path) -> set[str]:
     return {str(p.relative_to(tmp)) for p in tmp.rglob("*")}
 
 
-def _run(row: Row, tmp: Path, base_env: dict[str, str]) -> dict:
+def _run(row: Row, tmp: Path, base_env: dict[str, str], zygotes: queue.Queue) -> dict:
     tmp.mkdir()
     (tmp / "home").mkdir()
     env = dict(base_env, HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "home" / ".cache"),
                SMARTLAUNCH_LEASE_DIR=str(tmp / "leases"))
     env.update(_setup(row, tmp))
     before = _tree(tmp)
-    proc = subprocess.Popen(row.argv, cwd=tmp, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, err = proc.communicate(timeout=180)
+    module = next((m for m in (SL, NODE) if row.argv[:len(m)] == m), None)
+    if module is None or row.fresh:
+        proc = subprocess.Popen(row.argv, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        pid, rc = proc.pid, proc.returncode
+    else:
+        zygote = zygotes.get()
+        try:
+            pid, rc = zygote.run(module[-1], row.argv[len(module):], tmp, env,
+                                 tmp.parent / f"{tmp.name}-std", timeout=180)
+        finally:
+            zygotes.put(zygote)
+        out = (tmp.parent / f"{tmp.name}-std.out").read_text()
+        err = (tmp.parent / f"{tmp.name}-std.err").read_text()
     left = []
     for p in psutil.process_iter():
         try:
-            if os.getsid(p.pid) == proc.pid:
+            if os.getsid(p.pid) == pid:
                 left.append(p.pid)
         except OSError:
             pass
-    return {"rc": proc.returncode, "stdout": out, "stderr": err, "left": left,
+    return {"rc": rc, "stdout": out, "stderr": err, "left": left,
             "new_files": sorted(_tree(tmp) - before)}
 
 
@@ -266,10 +293,17 @@ def results(tmp_path_factory):
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("SLURM_", "SMARTLAUNCH_", "PET_", "NCCL_", "CUDA_"))}
     root = tmp_path_factory.mktemp("bad input")          # a space in every path
-    with ThreadPoolExecutor(4) as pool:
-        futures = {row.name: pool.submit(_run, row, root / f"row{i}", base)
-                   for i, row in enumerate(ROWS)}
-        return {name: f.result() for name, f in futures.items()}
+    zygotes: queue.Queue = queue.Queue()
+    for _ in range(2):
+        zygotes.put(Zygote(PRELOAD, base))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = {row.name: pool.submit(_run, row, root / f"row{i}", base, zygotes)
+                       for i, row in enumerate(ROWS)}
+            return {name: f.result() for name, f in futures.items()}
+    finally:
+        while not zygotes.empty():
+            zygotes.get().close()
 
 
 def test_at_least_forty_rows_and_unique_names():

@@ -84,6 +84,7 @@ def test_plan_says_when_it_uses_fewer_gpus_than_slurm_allocated(clean_env):
     assert plan["left_free"] == [1]
 
 
+@pytest.mark.slow
 def test_plan_shows_what_each_stage_of_the_decision_cost(clean_env):
     # A cold decision: the dry run is timed under profile, the all-reduce benchmark under
     # allreduce; the warm one reads both from the cache and says so in its timings.

@@ -207,7 +207,7 @@ def _hold_both_gpus(clean_env):
                                     timeout_s=0)
 
 
-@pytest.mark.parametrize("terminal", [True, False])
+@pytest.mark.parametrize("terminal", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_a_waiting_launch_shows_its_place_and_the_holder(clean_env, terminal):
     import threading
     script = clean_env / "hello.py"
@@ -255,6 +255,7 @@ def test_a_waiting_launch_shows_its_place_and_the_holder(clean_env, terminal):
 TRIALS = "decision: {uncertainty_band: 2.0, trial_seconds: 0.2, trial_steps: 5}\n"
 
 
+@pytest.mark.slow
 def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_env):
     (clean_env / "smartlaunch.yaml").write_text(TRIALS)
     rc, raw = on_terminal(["--reprofile", *TRAIN], clean_env, PAIR)
@@ -279,6 +280,7 @@ def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_en
     assert shown.index(ours[0]) < next(i for i, line in enumerate(shown) if line.startswith("model="))
 
 
+@pytest.mark.slow
 def test_cold_decision_on_a_pipe_writes_one_line_per_stage_and_no_counts(clean_env):
     (clean_env / "smartlaunch.yaml").write_text(TRIALS)
     r = smartlaunch(["--reprofile", *TRAIN], clean_env, PAIR)

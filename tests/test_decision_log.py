@@ -141,6 +141,7 @@ def test_a_misprediction_is_outside_the_band_in_log_space():
 
 # --- real launches --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_real_launches_append_exactly_one_line_each(clean_env):
     log = clean_env / "home" / ".cache" / "smartlaunch" / "decisions.jsonl"
     train = str(EXAMPLES / "train.py")

@@ -31,7 +31,7 @@ def out(clean_env, monkeypatch):
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("slow", [True, False])
+@pytest.mark.parametrize("slow", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_slow_rank_is_named_with_its_slowdown(out, monkeypatch, slow):
     monkeypatch.setenv("SLT_STEPS", "150")
     if slow:

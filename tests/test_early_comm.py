@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_path
+from conftest import fixture_path, wait_until
 from test_warm import cold_plan, private_tmp, tagged_left
 
 from smartlaunch import proc
@@ -26,6 +26,9 @@ POLICY = "decision:\n  min_efficiency: 0.5\n  trials: false\n" \
 def stamps(shared_dir: Path) -> dict:
     path = shared_dir / "stamps.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+ENDED = "the sweep's ranks, threads and temp dirs to end"
 
 
 def early_threads() -> list[threading.Thread]:
@@ -111,8 +114,7 @@ def test_the_early_sweep_is_cached_and_the_decision_uses_it_without_a_second_ben
     assert plan.profile.gate_wait_s is not None
     assert plan.timings["allreduce_early"] > 0
     assert "swept during the dry run in" in render_text(plan, REGISTRY)
-    time.sleep(0.3)
-    assert tagged_left() == [] and early_threads() == []
+    wait_until(lambda: tagged_left() == [] and early_threads() == [], what=ENDED)
     assert list(tmp.iterdir()) == []                   # the gate's and the ranks' dirs removed
 
 
@@ -131,8 +133,7 @@ def test_a_dry_run_failing_before_its_first_forward_leaves_nothing(clean_env, sh
     tmp = private_tmp(clean_env, monkeypatch)
     with pytest.raises(DryRunError):
         cold_plan(clean_env, SCRIPT, POLICY, STAMPS=str(shared_dir), FAIL_AT_SETUP="1")
-    time.sleep(0.3)
-    assert tagged_left() == [] and early_threads() == []
+    wait_until(lambda: tagged_left() == [] and early_threads() == [], what=ENDED)
     assert list(tmp.iterdir()) == []
 
 
@@ -157,8 +158,7 @@ def test_closing_a_running_sweep_kills_its_ranks_and_removes_its_gate(clean_env,
     assert sweep.result is None and "cancelled" in str(sweep.error)
     assert not os.path.exists(gate_dir) and early_threads() == []
     assert not any(proc.proc_state(p).alive for p in pids)
-    time.sleep(0.3)
-    assert tagged_left() == [] and list(tmp.iterdir()) == []
+    wait_until(lambda: tagged_left() == [] and list(tmp.iterdir()) == [], what=ENDED)
 
 
 def test_a_failed_early_sweep_opens_the_gate_and_the_decision_measures_as_before(
@@ -177,5 +177,4 @@ def test_a_failed_early_sweep_opens_the_gate_and_the_decision_measures_as_before
     assert threads == ["smartlaunch-early-allreduce", "MainThread"]
     assert plan.profile.usable and plan.profile.gate_wait_s is not None    # the gate opened
     assert plan.comm is not None and not plan.comm.cached and plan.comm.gpus == (0, 1)
-    time.sleep(0.3)
-    assert tagged_left() == [] and early_threads() == []
+    wait_until(lambda: tagged_left() == [] and early_threads() == [], what=ENDED)

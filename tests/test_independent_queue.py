@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import helpers_jobs as H
+from conftest import wait_until
 from smartlaunch.decide.plan import NumaBinding
 from smartlaunch.errors import NoFreeGPUError
 from helpers_launch import run_independent
@@ -201,9 +202,9 @@ def test_signal_stops_every_job_and_exits_128_plus_signal(clean_env, sig):
     _, err = p.communicate(timeout=20)
     assert p.returncode == 128 + sig, err
     assert not (out / "started-2").exists()          # the queued job never started
-    time.sleep(0.1)
-    assert not [pid for pid in pids if psutil.pid_exists(pid) and
-                psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    wait_until(lambda: not [pid for pid in pids if psutil.pid_exists(pid) and
+                            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE],
+               what="the jobs to end")
     assert f"got {signal.Signals(sig).name}" in err and "0 of 3 succeeded" in err
 
 

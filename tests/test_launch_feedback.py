@@ -35,6 +35,7 @@ def plan(cwd):
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_measured_launches_are_used_by_the_next_plan(clean_env):
     before = plan(clean_env)       # cold: dry run + all-reduce; the model alone decides
     assert before["strategy"] == "ddp", before["reasons"]

@@ -170,6 +170,7 @@ def _ddp_step(cwd) -> float:
     return ddp[0]["predicted_step_s"]
 
 
+@pytest.mark.slow
 def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(clean_env):
     (clean_env / "smartlaunch.yaml").write_text(NO_TRIALS)
     before, _ = _explain(clean_env)

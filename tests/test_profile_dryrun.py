@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import smartlaunch
-from conftest import fixture_path
+from conftest import fixture_path, wait_until
 from helpers_profile import GPT_ARGS, SCRIPTS, counts, gpt_expected, gpt_workdir, load
 from smartlaunch.errors import DryRunError, ExitCode
 from smartlaunch.policy.api import DryRunPolicy, Policy
@@ -54,8 +54,8 @@ def test_plain_script_with_worker_processes_leaves_none_behind(clean_env, shared
     assert prof.num_grad_tensors == 6 and prof.wrapped is None
     workers = [int(p.name) for p in pid_dir.iterdir()]
     assert len(workers) == 2
-    time.sleep(0.2)
-    assert not [p for p in workers if _alive(p)], "DataLoader workers survived the dry run"
+    wait_until(lambda: not [p for p in workers if _alive(p)],
+               what="the DataLoader workers to end with the dry run")
     assert "script output:" in prof.note and os.path.exists(prof.note.split("script output: ")[1][:-1])
 
 
@@ -107,6 +107,7 @@ def test_package_run_with_dash_m(clean_env):
     assert_measured(prof, counts(build_model()), batch=5)
 
 
+@pytest.mark.slow
 def test_resnet_training_script(clean_env):
     mod = load(SCRIPTS / "resnet_train.py", "resnet_train_for_tests")
     prof = dry(SCRIPTS / "resnet_train.py", "--batch-size", "2", "--image-size", "32",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import fixture_path
+from conftest import fixture_path, wait_until
 from test_warm import private_tmp, tagged_left
 
 from smartlaunch.profile import early
@@ -35,9 +34,8 @@ def plan_with(clean_env, shared_dir, policy_text=POLICY, *, first=None, **env):
 
 
 def settled(tmp: Path) -> None:
-    time.sleep(0.3)
-    assert tagged_left() == []
-    assert [p.name for p in tmp.iterdir() if p.name.startswith("smartlaunch-")] == []
+    wait_until(lambda: tagged_left() == [] and not [
+        p for p in tmp.iterdir() if p.name.startswith("smartlaunch-")], what="nothing left")
 
 
 def test_the_dry_run_runs_in_the_process_started_before_the_parse(clean_env, shared_dir,

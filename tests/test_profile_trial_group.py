@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import wait_until
 from smartlaunch import sandbox
 from smartlaunch.policy.api import DecisionPolicy, DryRunPolicy, Policy
 from smartlaunch.profile.trial import make_trial_runner
@@ -80,8 +81,7 @@ def test_a_failing_rank_ends_its_peers_and_the_trial(clean_env, shared_dir):
         Strategy.DDP, (0, 1)) is None
     assert time.monotonic() - t0 < 60            # not the time limit: rank 0 was ended
     assert any("rank 1 exited with code 3" in line for line in logs), logs
-    time.sleep(0.3)
-    assert all(gone(d["_pid"]) for d in dumps(shared_dir, 2))
+    wait_until(lambda: all(gone(d["_pid"]) for d in dumps(shared_dir, 2)), what="the ranks to go")
 
 
 def test_sigterm_reaches_every_rank_whose_hooks_write_what_they_saw(clean_env, shared_dir):
@@ -103,8 +103,7 @@ def test_sigterm_reaches_every_rank_whose_hooks_write_what_they_saw(clean_env, s
         assert child.wait(30) == 128 + signal.SIGTERM
     for r in (0, 1):                            # each rank's hooks ran their SIGTERM handler
         assert json.loads((out / f"rank{r}.json").read_text())["reason"] == "signal"
-    time.sleep(0.3)
-    assert all(gone(p) for p in pids)
+    wait_until(lambda: all(gone(p) for p in pids), what="the ranks to go")
 
 
 def test_bad_usage_is_one_line_and_exit_2():

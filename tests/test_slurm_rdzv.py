@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers_slurm import REPO
 
 SCRIPT = REPO / "tests" / "slurm" / "gloo_allreduce.py"
@@ -66,6 +68,7 @@ def check_training(tmp_path) -> None:
     assert ranks[0]["weight"] == ranks[1]["weight"]     # DDP kept the replicas in step
 
 
+@pytest.mark.slow
 def test_two_node_agents_train_through_slurm_rendezvous(tmp_path):
     job = str(4000 + os.getpid() % 1000)          # a port no other run of this test holds
     outs = run_agents(lambda r: [sys.executable, "-c", AGENT, str(SCRIPT), str(tmp_path)],
@@ -76,6 +79,7 @@ def test_two_node_agents_train_through_slurm_rendezvous(tmp_path):
     check_training(tmp_path)
 
 
+@pytest.mark.slow
 def test_two_node_agents_through_smartlaunch(tmp_path):
     job = str(5000 + os.getpid() % 1000)
     exe = [sys.executable, "-m", "smartlaunch.cli"]

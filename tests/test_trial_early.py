@@ -27,6 +27,7 @@ def read(d: Path, name: str) -> dict:
     return json.loads((d / f"{name}.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_trial_sets_itself_up_beside_the_dry_run_and_steps_when_asked(
         clean_env, shared_dir, monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)
@@ -45,6 +46,7 @@ def test_the_trial_sets_itself_up_beside_the_dry_run_and_steps_when_asked(
     assert list(tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_dry_run_out_of_memory_beside_the_trial_runs_again_alone(clean_env, shared_dir):
     import io
     from smartlaunch.statusline import StatusLine
@@ -212,6 +214,7 @@ def early_then_plan(clean_env, shared_dir, monkeypatch, plan_policy: str = POLIC
     return plan, spawned, made
 
 
+@pytest.mark.slow
 def test_the_trials_ranks_spawned_before_the_parse_run_the_trial(clean_env, shared_dir,
                                                                   monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)
@@ -237,6 +240,7 @@ def test_trial_ranks_spawned_before_the_parse_that_no_trial_needs_are_killed(
     assert tagged_left() == [] and list(tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_trial_set_up_early_that_the_decision_never_asks_for_is_killed(
         clean_env, shared_dir, monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)

@@ -130,6 +130,7 @@ def private_tmp(clean_env, monkeypatch) -> Path:
     return tmp
 
 
+@pytest.mark.slow
 def test_a_cold_decision_runs_its_trial_and_benchmark_on_warm_ranks(clean_env, shared_dir,
                                                                   monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)
@@ -166,6 +167,7 @@ def test_a_cold_decision_runs_its_trial_and_benchmark_on_warm_ranks(clean_env, s
     assert list(tmp.iterdir()) == []                   # pools' and trials' dirs removed
 
 
+@pytest.mark.slow
 def test_prestart_false_starts_every_rank_when_it_is_needed(clean_env, shared_dir, monkeypatch):
     private_tmp(clean_env, monkeypatch)
     script = str(Path(__file__).resolve().parent / "scripts" / "decide" / "trial_env.py")
