@@ -72,6 +72,10 @@ class DDPLauncher:
         self.run_dir = run_dir = ctx.new_run_dir()
         self.run_id = run_id = os.path.basename(run_dir)
         user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
+        if not args.log_dir:
+            # Else torch's agent makes $TMPDIR/torchelastic_* for the ranks' error files (and
+            # any --redirects output) and leaves it there after every run, as torchrun does.
+            args.log_dir = os.path.join(run_dir, "torchelastic")
         overrides = _worker_overrides(plan, ctx.topology, environ, run_dir, run_id,
                                       numa=args.numa_binding is None)
         if not user_logs:   # the hook copies each rank's output; the terminal sees it unchanged
