@@ -32,6 +32,7 @@ def test_ddp_on_cpu_trains_and_exits_0(clean_env):
     assert "world=2" in r.stdout and "throughput: samples/s=" in r.stdout
 
 
+@pytest.mark.slow
 def test_rank1_exception_gives_torchruns_exit_code(clean_env):
     script = str(SCRIPTS / "fail_rank1.py")
     ours = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", script], clean_env)
@@ -111,6 +112,7 @@ def test_ddp_with_one_gpu_is_refused(clean_env):
     assert len(own_lines(r.stderr)) == 1 and "ddp" in r.stderr
 
 
+@pytest.mark.slow
 def test_example_runs_unchanged_under_both_launchers(clean_env):
     args = [str(EXAMPLES / "train.py"), "--model", "large", "--steps", "2", "--warmup", "1",
             "--batch-size", "8"]

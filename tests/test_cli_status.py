@@ -88,6 +88,7 @@ def screen(raw: bytes) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
     rc, raw = on_terminal(["--reprofile", *TRAIN], clean_env, PAIR)
     shown = screen(raw)
@@ -122,6 +123,7 @@ def test_ddp_steps_line_is_erased_before_the_jobs_output(clean_env):
     assert not any("smartlaunch: steps" in line for line in shown), shown
 
 
+@pytest.mark.slow
 def test_stages_in_a_log_are_one_line_each_without_carriage_returns(clean_env):
     r = smartlaunch(["--reprofile", *TRAIN], clean_env, PAIR)
     assert r.returncode == 0, r.stderr[-2000:]

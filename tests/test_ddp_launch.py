@@ -106,6 +106,7 @@ def _start_launcher(out: Path, workers: int):
     return p
 
 
+@pytest.mark.slow
 def test_sigkill_of_launcher_leaves_no_rank_or_dataloader_worker(out):
     p = _start_launcher(out, workers=2)
     os.kill(p.pid, signal.SIGKILL)
@@ -113,6 +114,7 @@ def test_sigkill_of_launcher_leaves_no_rank_or_dataloader_worker(out):
     assert wait_gone(marker_pids(out), 5.0) == []
 
 
+@pytest.mark.slow
 def test_sigterm_of_launcher_is_forwarded_and_exits_143(out):
     p = _start_launcher(out, workers=0)
     t = time.monotonic()

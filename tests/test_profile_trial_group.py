@@ -2,6 +2,8 @@
 CPU under the dry-run hooks, compared with what a real torchrun gives the same script."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -34,6 +36,7 @@ def gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_trial_ranks_see_what_torchrun_gives_them(clean_env, shared_dir):
     ours_dir, theirs_dir = shared_dir / "ours", shared_dir / "theirs"
     ours_dir.mkdir()

@@ -228,6 +228,7 @@ def test_the_trials_ranks_spawned_before_the_parse_run_the_trial(clean_env, shar
     assert tagged_left() == [] and list(tmp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_trial_ranks_spawned_before_the_parse_that_no_trial_needs_are_killed(
         clean_env, shared_dir, monkeypatch):
     tmp = private_tmp(clean_env, monkeypatch)

@@ -62,6 +62,7 @@ def test_a_variable_torch_reads_at_import_changed_gives_a_fresh_python(clean_env
     assert json.loads((clean_env / "out.json").read_text())["env"]["OMP_NUM_THREADS"] == "3"
 
 
+@pytest.mark.slow
 def test_a_fresh_python_keeps_the_workers_unbuffered_output(clean_env, monkeypatch):
     """The early dry-run process runs `python -u` (the script's output reaches its log as it
     is written); a fresh exec must keep that."""
@@ -189,6 +190,7 @@ def test_prestart_false_starts_every_rank_when_it_is_needed(clean_env, shared_di
     assert tagged_left() == []
 
 
+@pytest.mark.slow
 def test_a_failed_dry_run_closes_the_pools(clean_env):
     from smartlaunch.errors import DryRunError
     bad = clean_env / "bad.py"
