@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fixture_path, own_lines
+from helpers_common import fixture_path, own_lines
 from helpers_zygote import Zygote
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import fixture_path, own_lines
+from helpers_common import fixture_path, own_lines
 
 from smartlaunch.launch.leases import LeaseManager
 from smartlaunch.topology import discover

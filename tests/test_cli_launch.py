@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, fixture_path, own_lines
+from helpers_common import EXAMPLES, fixture_path, own_lines
 
 SCRIPTS = Path(__file__).parent / "scripts_cli"
 

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from smartlaunch.cli import build_parser, parse
-from conftest import own_lines
+from helpers_common import own_lines
 
 # (smartlaunch's own options, torchrun command line). smartlaunch gets own + torchrun argv;
 # torchrun gets the torchrun argv alone. Both must yield the same LaunchConfig and command.
@@ -155,7 +155,7 @@ def test_version_names_smartlaunch_and_torch(clean_env, module):
     import tomllib
     import torch
     import smartlaunch
-    from conftest import REPO
+    from helpers_common import REPO
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert smartlaunch.__version__ == version
     r = subprocess.run([sys.executable, "-m", module, "--version"], cwd=clean_env,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, fixture_path, own_lines
+from helpers_common import EXAMPLES, fixture_path, own_lines
 from smartlaunch.statusline import StatusLine
 
 PAIR = {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}

@@ -18,7 +18,7 @@ import pytest
 from helpers_launch import launch_ddp
 from smartlaunch.launch.api import RunState
 from smartlaunch.topology.api import cpu_only
-from tests.helpers_ddp import (FAST, SCRIPT, alive, cpu_plan, launcher_argv, make_policy,
+from helpers_ddp import (FAST, SCRIPT, alive, cpu_plan, launcher_argv, make_policy,
                                make_request, marker_pids, wait_for, wait_gone)
 
 pytestmark = pytest.mark.timeout(120)

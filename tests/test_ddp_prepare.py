@@ -26,7 +26,7 @@ from smartlaunch.request import Request
 from smartlaunch.topology.api import GPU, Link, Topology
 from smartlaunch.topology.fake import from_json
 from smartlaunch.strategies import REGISTRY
-from tests.conftest import fixture_path
+from helpers_common import fixture_path
 
 prepare = functools.partial(_prepare, units=REGISTRY)
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import EXAMPLES, REPO, fixture_path, own_lines
+from helpers_common import EXAMPLES, REPO, fixture_path, own_lines
 from helpers_decide import FakeComm, FakeTrial, TEST_MODEL, dual_socket, policy, profile, request
 from helpers_policy import needs_admin_install
 from smartlaunch.decide import decide

@@ -14,7 +14,7 @@ import pytest
 from smartlaunch.launch.api import RunState
 from helpers_launch import launch_ddp
 from smartlaunch.topology.api import cpu_only
-from tests.helpers_ddp import alive, cpu_plan, make_policy, make_request, marker_pids
+from helpers_ddp import alive, cpu_plan, make_policy, make_request, marker_pids
 
 pytestmark = pytest.mark.timeout(180)
 WINDOW = {"straggler_window_s": 3.0, "hang_timeout_s": 60.0}
@@ -84,7 +84,7 @@ def test_hang_report_names_the_collective_a_rank_did_not_enter(clean_env, tmp_pa
     from smartlaunch.launch.watchdog import Watchdog
     from smartlaunch.launch.worker import worker_env
     from smartlaunch.policy.api import LaunchPolicy
-    from tests.helpers_ddp import REPO
+    from helpers_ddp import REPO
 
     run_dir = str(tmp_path / "run")
     add, fr = flightrec.recorder_env({}, run_dir)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from conftest import REPO, own_lines
+from helpers_common import REPO, own_lines
 from smartlaunch.errors import UsageError
 from smartlaunch.launch.decision_log import append_line, encode
 from smartlaunch.launch.fleet import parse_since

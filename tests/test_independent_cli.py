@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import helpers_jobs as H
-from conftest import fixture_path
+from helpers_common import fixture_path
 from smartlaunch.errors import UsageError
 from smartlaunch.launch.variants import parse_each, parse_each_file, split_words
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import helpers_jobs as H
-from conftest import wait_until
+from helpers_common import wait_until
 from smartlaunch.decide.plan import NumaBinding
 from smartlaunch.errors import NoFreeGPUError
 from helpers_launch import run_independent

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_path
+from helpers_common import fixture_path
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile import feedback
 

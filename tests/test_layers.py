@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers_common import REPO
 
 # Lowest first (docs/architecture.md). A module may import its own package and lower layers.
 LAYERS = (

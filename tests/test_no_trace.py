@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_path
+from helpers_common import fixture_path
 from smartlaunch.proc import GUARD_VAR, proc_state, process_tagged
 
 pytestmark = pytest.mark.timeout(300)

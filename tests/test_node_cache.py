@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers_common import REPO
 from smartlaunch.policy.api import PathsPolicy, Policy
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import load_node_comm, node_comm_key, store_node_comm

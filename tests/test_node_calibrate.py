@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import EXAMPLES, fixture_path, own_lines
+from helpers_common import EXAMPLES, fixture_path, own_lines
 from helpers_jobs import LEASE_HOLDER, PY, python_env, wait_for, write_script, write_topology
 from smartlaunch.decide.calibrate import derive
 from smartlaunch.decide.cost import CostModel, calibrated, predict_ddp

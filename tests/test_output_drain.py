@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import fixture_path
+from helpers_common import fixture_path
 from smartlaunch.proc import RUN_ID_VAR, kill_run, run_processes
 
 # A stand-in copier: named as the worker's copier is, it sleeps, then writes what it "drained".

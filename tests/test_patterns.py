@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, fixture_path
+from helpers_common import REPO, fixture_path
 from test_warm import private_tmp, tagged_left
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

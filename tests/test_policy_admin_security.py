@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 from smartlaunch.policy.load import check_admin_permissions
-from tests.helpers_policy import as_admin_installed, load_with_admin, needs_admin_install, write
-from conftest import own_lines
+from helpers_policy import as_admin_installed, load_with_admin, needs_admin_install, write
+from helpers_common import own_lines
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 NOBODY = 65534
 RULES = "enforce:\n  decision: {max_gpus: 2}\n"

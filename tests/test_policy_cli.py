@@ -8,10 +8,10 @@ import sys
 import yaml
 
 from smartlaunch.policy.load import builtin_values, validate_file
-from tests.helpers_policy import (
+from helpers_policy import (
     ADMIN_POLICY_PATH, POLICIES, as_admin_installed, load_with_admin, needs_admin_install, write,
 )
-from conftest import own_lines
+from helpers_common import own_lines
 
 ADMIN = ADMIN_POLICY_PATH
 

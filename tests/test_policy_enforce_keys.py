@@ -11,8 +11,8 @@ import sys
 import yaml
 
 from smartlaunch.policy.load import builtin_values
-from tests.helpers_policy import ADMIN_POLICY_PATH, as_admin_installed, needs_admin_install, write
-from conftest import fixture_path
+from helpers_policy import ADMIN_POLICY_PATH, as_admin_installed, needs_admin_install, write
+from helpers_common import fixture_path
 
 # key -> (the admin's enforced value, what the user's file asks, the effective value).
 # A cap ("max") or floor ("min") holds against a user asking beyond it; a list ("subset") is

@@ -8,7 +8,7 @@ import pytest
 from smartlaunch.errors import ExitCode, PolicyError
 from smartlaunch.policy import Policy, apply_request, check_request, enforced_env
 from smartlaunch.request import Request
-from tests.helpers_policy import load_with_admin, write
+from helpers_policy import load_with_admin, write
 
 
 def env_without_dirs(**extra):

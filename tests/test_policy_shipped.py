@@ -8,7 +8,7 @@ import pytest
 
 from smartlaunch.errors import PolicyError
 from smartlaunch.policy.load import builtin_values, read_policy_file, validate_file
-from tests.helpers_policy import POLICIES, load_with_admin
+from helpers_policy import POLICIES, load_with_admin
 
 SHIPPED = sorted(p.name for p in POLICIES.glob("*.yaml"))
 

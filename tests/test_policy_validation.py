@@ -6,7 +6,7 @@ import pytest
 from smartlaunch.errors import ExitCode, PolicyError
 from smartlaunch.policy.load import read_policy_file, validate_file
 from smartlaunch.policy.schema import PolicyProblems
-from tests.helpers_policy import write
+from helpers_policy import write
 
 DECISION_KEYS = ("min_efficiency, uncertainty_band, trials, trial_steps, trial_seconds, prestart, allowed_strategies, "
                  "max_gpus, world_sizes, ddp_link_classes, prefer_independent_for_sweeps, memory_headroom, "

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import smartlaunch
-from conftest import fixture_path, wait_until
+from helpers_common import fixture_path, wait_until
 from helpers_profile import GPT_ARGS, SCRIPTS, counts, gpt_expected, gpt_workdir, load
 from smartlaunch.errors import DryRunError, ExitCode
 from smartlaunch.policy.api import DryRunPolicy, Policy

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_path, wait_until
+from helpers_common import fixture_path, wait_until
 from test_warm import private_tmp, tagged_left
 
 from smartlaunch.profile import early

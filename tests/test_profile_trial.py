@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from helpers_common import wait_until
 from smartlaunch.proc import proc_state
 from smartlaunch.vocab import Strategy
 from smartlaunch.profile.trial import make_trial_runner, samples_per_s, visible_devices
@@ -148,7 +148,7 @@ def test_trial_deadlines_come_from_the_dry_run_with_floors_and_the_limit():
     from smartlaunch.profile.trial import Deadlines
     d = Deadlines.from_dry_run(20.0, 0.05, 120.0)          # a compile of 20 s, 50 ms steps
     assert (d.first_s, d.step_s, d.limit_s) == (pytest.approx(60.15), 10.0, 120.0)
-    d = Deadlines.from_dry_run(2.0, 1.0, 120.0, set_up=True)   # early ranks: the same first
+    d = Deadlines.from_dry_run(2.0, 1.0, 120.0)         # early ranks get the same first
     assert (d.first_s, d.step_s) == (30.0, 60.0)
     d = Deadlines.from_dry_run(None, None, 15.0)            # nothing measured: the time limit
     assert (d.first_s, d.step_s) == (15.0, 10.0)

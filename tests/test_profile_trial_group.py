@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import wait_until
+from helpers_common import wait_until
 from smartlaunch import sandbox
 from smartlaunch.policy.api import DecisionPolicy, DryRunPolicy, Policy
 from smartlaunch.profile.trial import make_trial_runner

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from conftest import fixture_path
+from helpers_common import fixture_path
 
 from smartlaunch.vocab import Strategy
 from smartlaunch.policy.api import Policy

@@ -11,7 +11,7 @@ import pytest
 from helpers_slurm import HOOKS, fake_topology, topology_running
 from smartlaunch.errors import ExitCode, HealthError
 from smartlaunch.slurm import health, hooks
-from conftest import own_lines
+from helpers_common import own_lines
 
 ROOT = os.geteuid() == 0
 

@@ -7,7 +7,7 @@ from helpers_topology import run_node
 from smartlaunch.errors import ExitCode
 from smartlaunch.topology.api import Topology
 from smartlaunch.topology.fake import from_json
-from conftest import own_lines
+from helpers_common import own_lines
 
 
 def _matrix(text: str, title_line: int) -> list[list[str]]:

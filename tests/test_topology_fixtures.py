@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import fixture_path
+from helpers_common import fixture_path
 from smartlaunch.topology import Severity, discover
 from smartlaunch.topology.api import Topology
 from smartlaunch.topology.fake import FIXTURES, from_json, load_node, to_json

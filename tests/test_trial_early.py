@@ -139,7 +139,7 @@ def test_a_trials_gate_carries_its_step_count(tmp_path):
 def test_a_held_sweep_measures_only_once_released(clean_env, monkeypatch):
     """Beside a trial setting itself up, the sweep's ranks join their group and wait: its
     curve comes only after `release` (Gate releases it once the trial waits at its gate)."""
-    from conftest import fixture_path
+    from helpers_common import fixture_path
     from smartlaunch import proc
     from smartlaunch.pipeline_pools import EarlySweep
     from smartlaunch.policy.api import Policy
@@ -191,7 +191,7 @@ def test_memory_low_reads_the_share_left(clean_env):
 def early_then_plan(clean_env, shared_dir, monkeypatch, plan_policy: str = POLICY):
     """early.start as the CLI calls it (a policy with trials on), then the pipeline with
     plan_policy; the TrialSetups constructed meanwhile, in order."""
-    from conftest import fixture_path
+    from helpers_common import fixture_path
     from smartlaunch.pipeline import make_plan
     from smartlaunch.profile import early
     from smartlaunch.profile.trial import TrialSetup

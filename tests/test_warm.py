@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import fixture_path
+from helpers_common import fixture_path
 
 from smartlaunch import proc
 
