@@ -48,7 +48,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         if not (request.quiet or policy.launch.quiet):
             status.line(decision_line(final_plan, REGISTRY))
         for r in final_plan.reasons:        # an idle Slurm allocation: said even with --quiet
-            if r.rule == SLURM_RULE and r.text.startswith(_IDLE):
+            if r.rule == SLURM_IDLE_RULE:
                 status.line(r.text)
     code = 1
     try:
@@ -164,15 +164,14 @@ def _make_plan(request, given, environ, status, cores, early):
     clock.lap("prepare")
     idle = slurm_idle(slurm, plan)
     if idle:
-        notes.append((idle, SLURM_RULE))
+        notes.append((idle, SLURM_IDLE_RULE))
     if notes:
         plan = dataclasses.replace(
             plan, reasons=plan.reasons + tuple(Reason(text, rule) for text, rule in notes))
     return dataclasses.replace(plan, timings=clock.result()), topology, policy
 
 
-SLURM_RULE = "slurm allocation"
-_IDLE = "the plan uses "
+SLURM_IDLE_RULE = "slurm allocation: idle GPUs"
 
 
 def slurm_idle(slurm, plan) -> str:
@@ -183,7 +182,7 @@ def slurm_idle(slurm, plan) -> str:
         return ""
     n = max(1, len(plan.gpus))
     free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
-    return (f"{_IDLE}{len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm allocated on this "
+    return (f"the plan uses {len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm allocated on this "
             f"node ({len(slurm.gpus) - len(plan.gpus)} idle for the whole job; GPUs left free: "
             f"{free}); a request that fits this plan next time: `sbatch --nodes={slurm.job_nnodes} "
             f"--gpus-per-node={n}` (or `srun --gpus-per-node={n}`)")

@@ -165,11 +165,6 @@ def _screen(topology, policy, peak, unavailable, forced, reasons):
     return usable, excluded
 
 
-def largest_world_size(policy: Policy, n: int) -> int | None:
-    """The largest DDP world size (2 or more) of decision.world_sizes up to n, or None."""
-    return max((k for k in policy.decision.world_sizes if 2 <= k <= n), default=None)
-
-
 def _note_world_sizes(ctx) -> None:
     """Says which group sizes decision.world_sizes keeps the automatic choice from (the SCALED
     units skip them, and _Ctx.candidates drops any a unit still offers)."""
@@ -256,7 +251,7 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units
     TORCHRUN unit) on all the local GPUs allowed (--nproc-per-node, or every visible one,
     at most the largest of decision.world_sizes)."""
     unit = _torchrun_unit(units)
-    sized = largest_world_size(policy, cap) if request.max_gpus is None else None
+    sized = policy.decision.largest_world_size(cap) if request.max_gpus is None else None
     if sized is not None and sized != cap:
         # No count given: the largest world size the policy allows (decision.world_sizes).
         reasons.append(Reason(f"{unit.WORD} on {sized} of the {cap} local GPUs: the largest "

@@ -279,10 +279,9 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
     measured winner is tried too; when it cannot be, its corrected prediction decides.
     band: the uncertainty band in force, shown as the rule's value where the policy leaves
     it unset."""
-    def rule(key: str) -> str:
-        if band is not None and ctx.policy.decision.uncertainty_band is None:
-            return f"{key}={band:.2g} (built-in: the cost model's measured error)"
-        return ctx.policy.rule(key)
+    rule = f"{rule_key}={band:.2g} (built-in: the cost model's measured error)" \
+        if band is not None and ctx.policy.decision.uncertainty_band is None \
+        else ctx.policy.rule(rule_key)
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured, single, d = {}, keys[0], ctx.policy.decision
@@ -343,11 +342,11 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
                        if k == single and by_dry_run is not None else "")
                       for k, v in measured.items() if k not in later)
     text = f"{why} → measured trials: {names}"
-    band = uncertainty(ctx)[0]
+    edge = uncertainty(ctx)[0]
     for k, (c, then) in later.items():
         got = f" {rate(measured[k])}" if k in measured else " (no measurement)"
         text += (f"; then {_short(ctx, k)}{got}, tried because the trials corrected its "
-                 f"prediction to {_corrected_words(ctx, k, c)}, which at +{pct(band)} would "
+                 f"prediction to {_corrected_words(ctx, k, c)}, which at +{pct(edge)} would "
                  f"meet the policy's {pct(d.min_efficiency)} and beat {_short(ctx, then)}'s "
                  f"{times(then_scores[then])}")
     untried = [k for k in ctx.scaled_keys if k not in tried and k != st.by_prediction]
@@ -357,7 +356,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
             if k in st.corrected else "") for k in untried)
         text += (f" (corrected by the trials: none could meet the policy's "
                  f"{pct(d.min_efficiency)} and beat {_short(ctx, st.winner)} even at "
-                 f"+{pct(band)})" if any(k in st.corrected for k in untried) else
+                 f"+{pct(edge)})" if any(k in st.corrected for k in untried) else
                  f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
     if superlinear:
         text += f"; superlinear: {superlinear}"
@@ -376,7 +375,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         basis = "corrected"
     else:
         final, basis = _name(ctx, win), "trial"
-    ctx.reasons.append(Reason(f"{text} → {final}", rule(rule_key)))
+    ctx.reasons.append(Reason(f"{text} → {final}", rule))
     return Choice(win[0], win[1], basis, measured, superlinear=superlinear,
                   corrected=st.corrected), text
 

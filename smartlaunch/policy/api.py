@@ -47,7 +47,11 @@ class DecisionPolicy:
         n = min(x for x in (usable, nproc, self.max_gpus) if x is not None)
         if explicit_ddp and nproc is not None:
             return n                      # --strategy ddp --nproc-per-node N runs N as asked
-        return max((k for k in self.world_sizes if k <= n), default=1)
+        return self.largest_world_size(n) or 1
+
+    def largest_world_size(self, n: int) -> int | None:
+        """The largest DDP world size (2 or more) of world_sizes up to n, or None."""
+        return max((k for k in self.world_sizes if 2 <= k <= n), default=None)
 
 
 @dataclass(frozen=True)

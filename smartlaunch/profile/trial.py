@@ -30,8 +30,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, ClassVar, Mapping
 
 from smartlaunch import proc, sandbox
 from smartlaunch.policy.api import Policy
@@ -79,8 +80,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         changes = {"CUDA_VISIBLE_DEVICES": visible_devices(environ, gpus)} if gpus else {}
         run = warm.pop() if warm and warm[0].fits(n, isolated, changes) else None
         run = run or TrialSetup(request, policy, environ, isolated, python=python)
-        deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s,
-                                           set_up=run.early is not None)
+        deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s)
         try:
             listing = undo_roots(request, policy, isolated, (run.tmp,))
             t_spawn = time.time()
@@ -116,25 +116,24 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
     return trial
 
 
+@dataclass(frozen=True)
 class Deadlines:
     """How long a trial may go without progress, from what the dry run measured: its first
-    step (`first_s`: the dry run's set-up and first step, which include a compile) and each
-    later step (`step_s`); and the whole trial's `limit_s`. A trial past one
-    is killed and the decision goes on with the prediction (the plan says which and why):
-    no script can hold a decision for longer than these."""
+    step (`first_s`: the dry run's set-up and first step, which include a compile, so ranks
+    set up early at their gate get the same) and each later step (`step_s`); and the whole
+    trial's `limit_s`. A trial past one is killed and the decision goes on with the
+    prediction (the plan says which and why): no script can hold a decision longer."""
+    first_s: float
+    step_s: float
+    limit_s: float
 
-    FLOOR_FIRST_S, FLOOR_STEP_S = 30.0, 10.0
-    FACTOR = 3.0             # the dry run's own times, three times over (DDP set-up, contention)
-
-    def __init__(self, first_s: float, step_s: float, limit_s: float):
-        self.first_s, self.step_s, self.limit_s = first_s, step_s, limit_s
+    FLOOR_FIRST_S: ClassVar[float] = 30.0
+    FLOOR_STEP_S: ClassVar[float] = 10.0
+    FACTOR: ClassVar[float] = 3.0    # the dry run's own times, three over (DDP, contention)
 
     @classmethod
-    def from_dry_run(cls, setup_s: float | None, step_s: float | None, limit_s: float, *,
-                     set_up: bool = False) -> "Deadlines":
-        # Ranks set up at their gate still have their first forward to run, which may be what
-        # took the dry run its time (torch.compile): the same allowance either way.
-        del set_up
+    def from_dry_run(cls, setup_s: float | None, step_s: float | None,
+                     limit_s: float) -> "Deadlines":
         step = cls.FACTOR * (step_s or 0.0)
         first = cls.FACTOR * (setup_s or 0.0) + step
         return cls(min(limit_s, max(cls.FLOOR_FIRST_S, first)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from smartlaunch.decide import groups as G
 from smartlaunch.decide.api import Role, Variants
-from smartlaunch.decide.decide import largest_world_size, short_of
+from smartlaunch.decide.decide import short_of
 from smartlaunch.decide.explain import placement, rank_binding
 from smartlaunch.decide.plan import Candidate, Plan, Reason
 from smartlaunch.decide.select import Choice, group_note
@@ -27,7 +27,7 @@ def forced(ctx) -> Choice:
     n = ctx.cap if request.max_gpus is not None else min(ctx.cap, len(usable))
     if request.max_gpus is None and n >= 2:
         # No count given: the largest world size the policy allows; a count runs as asked.
-        sized = largest_world_size(policy, n)
+        sized = policy.decision.largest_world_size(n)
         if sized is None:
             raise PlanError(f"--strategy ddp: no world size of 2 to {n} GPUs is in the policy "
                             f"({policy.rule('decision.world_sizes')}); give --nproc-per-node N "
