@@ -20,7 +20,8 @@ class ExitCode(enum.IntEnum):
     HANG = 8                 # a rank stopped making progress; stacks were dumped (a LaunchResult, not an exception)
     SLURM = 9                # inconsistent or partial Slurm environment
     HEALTH = 10              # node health check found a critical fault (prolog/epilog)
-    RENDEZVOUS = 11          # a multi-node job's rendezvous timed out, was unreachable or was lost (a LaunchResult)
+    RENDEZVOUS = 11          # a multi-node job's rendezvous timed out, was unreachable or was lost
+    NODE_MISMATCH = 12       # this node's hardware differs from the one the job's plan was made for
     # 128 + N: smartlaunch (and its workers) ended by signal N, as shells report it.
 
 
@@ -64,3 +65,13 @@ class SlurmError(SmartlaunchError):
 
 class HealthError(SmartlaunchError):
     exit_code = ExitCode.HEALTH
+
+
+class RendezvousError(SmartlaunchError):
+    """The deciding node of a multi-node job could not be reached, or was lost, before the
+    launch (a rendezvous failure during it is a LaunchResult with the same code)."""
+    exit_code = ExitCode.RENDEZVOUS
+
+
+class NodeMismatchError(SmartlaunchError):
+    exit_code = ExitCode.NODE_MISMATCH

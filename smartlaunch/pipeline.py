@@ -76,10 +76,6 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
 
 
 def _make_plan(request, given, environ, status, cores, early):
-    from smartlaunch.decide import decide
-    from smartlaunch.decide.probe import probe
-    from smartlaunch.decide.prepare import prepare
-    from smartlaunch.strategies import REGISTRY
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
@@ -104,6 +100,20 @@ def _make_plan(request, given, environ, status, cores, early):
     clock.lap("policy")
     topology = discover(environ)
     clock.lap("topology")
+    if request.multi_node:      # one node decides for all (pipeline_nodes.py)
+        from smartlaunch.pipeline_nodes import one_decision
+        return one_decision(request, topology, policy, lambda: _decide_here(
+            request, policy, topology, environ, status, cores, early, clock, notes, slurm),
+            status)
+    return _decide_here(request, policy, topology, environ, status, cores, early, clock, notes,
+                        slurm)
+
+
+def _decide_here(request, policy, topology, environ, status, cores, early, clock, notes, slurm):
+    from smartlaunch.decide import decide
+    from smartlaunch.decide.probe import probe
+    from smartlaunch.decide.prepare import prepare
+    from smartlaunch.strategies import REGISTRY
     # Fails an impossible request in milliseconds, before the lease directory is touched or
     # anything is measured; plans for a wait when another launch leases every usable GPU.
     first = probe(request, topology, policy, units=REGISTRY, environ=environ,

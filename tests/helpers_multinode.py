@@ -213,16 +213,17 @@ class Cluster:
         return env
 
     def launch(self, k: int, *options: str, job: tuple[str, ...] = ("once",),
-               nnodes: int | None = None, join_timeout: int = 60) -> Node:
+               nnodes: int | None = None, join_timeout: int = 60,
+               env: dict | None = None) -> Node:
         """smartlaunch on node k: `--nnodes` (default: every node), c10d on the first node,
-        OPTIONS, then the job script with `job` as its arguments."""
+        OPTIONS, then the job script with `job` as its arguments; `env` added to the node's."""
         argv = [sys.executable, "-m", "smartlaunch.cli", "--nnodes", str(nnodes or self.n),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
                 "--rdzv-id", f"job-{self.tag}", "--rdzv-conf", f"join_timeout={join_timeout}",
                 "--monitor-interval", "0.2", *options, str(self.script), *job]
         cwd = self.root / f"node{k}"
         cwd.mkdir(parents=True, exist_ok=True)
-        node = Node(k, self._as_node(k, argv), self.env(k), cwd)
+        node = Node(k, self._as_node(k, argv), {**self.env(k), **(env or {})}, cwd)
         self.nodes.append(node)
         return node
 

@@ -10,7 +10,7 @@ import pytest
 
 from helpers_decide import FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, policy, profile, request
 from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
-from smartlaunch.decide.plan import SCHEMA_VERSION
+from smartlaunch.decide.plan import SCHEMA_VERSION, Plan
 from smartlaunch.topology.api import cpu_only
 from smartlaunch.strategies import REGISTRY
 
@@ -48,6 +48,12 @@ def plans():
     yield decide(request(variants=(("a",), ("b",))), pcie4(), policy(), None,
                  comm_for=FakeComm(pcie4()))
     yield decide(request(), cpu_only("no NVML"), policy(), None, comm_for=lambda g: None)
+
+
+@pytest.mark.parametrize("plan", list(plans()), ids=lambda p: p.strategy.value)
+def test_from_dict_reads_back_what_to_json_wrote(clean_env, plan):
+    # A multi-node job's deciding node shares its plan as this JSON (pipeline_nodes.py).
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan
 
 
 def test_the_doc_has_every_section():

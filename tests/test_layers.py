@@ -23,7 +23,7 @@ LAYERS = (
     ("smartlaunch.strategies",),
     ("smartlaunch.scheduler",),
     ("smartlaunch.slurm",),
-    ("smartlaunch.pipeline_pools",),
+    ("smartlaunch.pipeline_pools", "smartlaunch.pipeline_nodes"),
     ("smartlaunch.pipeline",),
     ("smartlaunch.cli", "smartlaunch.node_cli", "smartlaunch.node_calibrate"),
 )

@@ -4,11 +4,13 @@ node's hostname, gloo ranks. A job across nodes is launched as torchrun would on
 one job of world nodes × nproc-per-node, whatever the node (these have no GPU)."""
 from __future__ import annotations
 
+import json
 import re
 import signal
 
 import pytest
 
+from helpers_common import fixture_path
 from helpers_multinode import Cluster, Unavailable
 from smartlaunch.errors import ExitCode
 
@@ -45,6 +47,89 @@ def ranks_seen(nodes) -> dict[int, tuple[int, int]]:
 
 def smartlaunch_lines(node) -> list[str]:
     return [line for line in node.output.splitlines() if line.startswith("smartlaunch: ")]
+
+
+def printed_plan(node) -> dict:
+    """The --explain=json plan a launcher printed."""
+    out = node.output
+    return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+
+
+def fake(name: str) -> dict:
+    return {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path(name)}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_rendezvous_node_decides_and_the_others_run_its_plan(cluster, n):
+    # Alike GPU nodes (one fixture): the plan node 0 makes is the one every node prints; the
+    # followers name who made it and redo nothing but their NUMA bindings. Followers first:
+    # they wait for the store, the decider serves its plan until they have read it.
+    c = cluster(n)
+    nodes = [c.launch(k, "--explain=json", env=fake("pcie-4gpu-x8")) for k in range(n - 1, -1, -1)]
+    nodes.reverse()
+    assert [node.wait(START_S) for node in nodes] == [0] * n, nodes[0].output_tail()
+    plans = [printed_plan(node) for node in nodes]
+    assert {p["topology"]["hostname"] for p in plans} == {"pcie-box"}     # the fixture's
+    first = plans[0]
+    assert any(r["text"].startswith("this node decides for every node of the job")
+               for r in first["reasons"]), first["reasons"]
+    for k, p in enumerate(plans[1:], 1):
+        assert p["strategy"] == first["strategy"] == "ddp" and p["gpus"] == first["gpus"]
+        assert p["reasons"][:-1] == first["reasons"], k
+        assert p["reasons"][-1]["text"].startswith(f"the plan {c.hostnames[0]} made for every "
+                                                   f"node of the job"), p["reasons"][-1]
+        assert p["topology"]["hardware_fingerprint"] == first["topology"]["hardware_fingerprint"]
+    assert c.left_running() == []
+
+
+def test_a_node_whose_hardware_differs_refuses_the_plan_and_the_job_ends(cluster):
+    # Node 0 (no GPU) decides a CPU plan; node 1 has two GPUs (a fixture): it says so in one
+    # line and exits 12 without starting a rank, and closes the rendezvous so node 0 ends
+    # at once, not at the join timeout (here 90 s, longer than the test's wait).
+    c = cluster(2)
+    decider = c.launch(0, "--nproc-per-node", "1", join_timeout=90)
+    other = c.launch(1, "--nproc-per-node", "1", join_timeout=90,
+                     env=fake("pcie-phb-4070ti-pair"))
+    assert other.wait(START_S) == ExitCode.NODE_MISMATCH == 12, other.output_tail()
+    lines = smartlaunch_lines(other)
+    assert len(lines) == 1 and "Traceback" not in other.output, other.output
+    assert re.fullmatch(
+        rf"smartlaunch: error: this node \({c.hostnames[1]}: 2× NVIDIA GeForce RTX 4070 Ti SUPER "
+        rf"\(\d+ MiB\), links PHB\) differs from the node the job's plan was made on "
+        rf"\({c.hostnames[0]}: no GPUs; hardware fingerprints \w+ and \w+\); run the job on "
+        rf"nodes with the same GPUs and links, or start it separately on each kind of node; "
+        rf"the rendezvous was closed, so the other nodes end too", lines[0]), lines[0]
+    assert "job: rank" not in other.output
+    assert decider.wait(60) == ExitCode.RENDEZVOUS, decider.output_tail()
+    assert "is closed: another node ended the job" in decider.output, decider.output
+    assert "job: rank" not in decider.output
+    assert c.left_running() == []
+
+
+def test_the_deciding_nodes_error_ends_every_node_with_its_code(cluster):
+    c = cluster(2)
+    nodes = [c.launch(k, "--nproc-per-node", "3", env=fake("pcie-phb-4070ti-pair"))
+             for k in range(2)]
+    assert [node.wait(START_S) for node in nodes] == [ExitCode.USAGE] * 2, nodes[1].output_tail()
+    line = smartlaunch_lines(nodes[1])
+    assert len(line) == 1 and re.fullmatch(
+        rf"smartlaunch: error: {c.hostnames[0]}, which decides for this job \(it hosts the "
+        rf"rendezvous store at {re.escape(c.endpoint)} \(rdzv id job-{c.tag}\)\), stopped with "
+        rf"exit 2: --nproc-per-node 3 exceeds the 2 GPUs visible .*", line[0]), line
+    assert c.left_running() == []
+
+
+def test_a_node_that_cannot_reach_the_deciding_node_ends_at_the_join_timeout(cluster):
+    c = cluster(2)
+    node = c.launch(1, "--nproc-per-node", "1", join_timeout=3)
+    assert node.wait(START_S) == ExitCode.RENDEZVOUS, node.output_tail()
+    lines = smartlaunch_lines(node)
+    assert len(lines) == 1 and "Traceback" not in node.output, node.output
+    assert lines[0] == (f"smartlaunch: error: cannot reach the rendezvous store at "
+                        f"{c.endpoint} (rdzv id job-{c.tag}) within join_timeout=3 s: the node "
+                        f"it names decides for the job; start smartlaunch there, and check that "
+                        f"its port is reachable from this node"), lines[0]
+    assert c.left_running() == []
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -8,7 +8,7 @@ import pytest
 
 from helpers_common import fixture_path
 from smartlaunch.topology import Severity, discover
-from smartlaunch.topology.api import Topology
+from smartlaunch.topology.api import cpu_only, Topology
 from smartlaunch.topology.fake import FIXTURES, from_json, load_node, to_json
 
 R = lambda a, b: tuple(range(a, b + 1))   # noqa: E731  CPU ranges as the issue writes them
@@ -124,6 +124,32 @@ def test_fingerprint_is_stable_and_follows_the_link_matrix():
     assert from_json("nvswitch-8gpu", {"CUDA_VISIBLE_DEVICES": "1,0"}).fingerprint() != a.fingerprint()
     fps = {from_json(n, {}).fingerprint() for n in EXPECTED}
     assert len(fps) == len(EXPECTED)
+
+
+def test_hardware_fingerprint_is_equal_on_alike_nodes_and_follows_models_and_links():
+    # A multi-node job's nodes compare it: another node's serial numbers, hostname, driver
+    # and free memory are not the plan's business; the GPUs' models, memory and links are.
+    a = from_json("nvswitch-8gpu", {})
+    other = dataclasses.replace(
+        a, hostname="elsewhere", driver_version="999", nccl_version="2.99",
+        gpus=tuple(dataclasses.replace(g, uuid=f"GPU-other-{g.index}", memory_free_mib=7,
+                                       pci_bus_id=f"0000:{g.index}1:00.0") for g in a.gpus))
+    assert other.fingerprint() != a.fingerprint()
+    assert other.hardware_fingerprint() == a.hardware_fingerprint()
+    assert other.hardware() == a.hardware() == \
+        f"8× {a.gpus[0].name} ({a.gpus[0].memory_total_mib} MiB), links NV18"
+    links = list(a.links)
+    links[5] = dataclasses.replace(links[5], link_class="NV12")
+    assert dataclasses.replace(a, links=tuple(links)).hardware_fingerprint() != \
+        a.hardware_fingerprint()
+    bigger = dataclasses.replace(a, gpus=tuple(
+        dataclasses.replace(g, memory_total_mib=g.memory_total_mib * 2) for g in a.gpus))
+    assert bigger.hardware_fingerprint() != a.hardware_fingerprint()
+    assert from_json("nvswitch-8gpu", {"CUDA_VISIBLE_DEVICES": "0,1"}).hardware_fingerprint() \
+        != a.hardware_fingerprint()
+    assert cpu_only("no NVML").hardware() == "no GPUs"
+    fps = {from_json(n, {}).hardware_fingerprint() for n in EXPECTED}
+    assert len(fps) > 1
 
 
 def test_json_round_trip_is_lossless():

@@ -56,7 +56,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
                               f"informs", f"user: --strategy {request.strategy}"))
     _check_variants(request, policy, units)
     topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
-            "note": topology.note, "hostname": topology.hostname}
+            "note": topology.note, "hostname": topology.hostname,
+            "hardware": topology.hardware(), "hardware_fingerprint": topology.hardware_fingerprint()}
     base = dict(profile=profile, topology=topo, nnodes=request.nnodes, forced=forced,
                 variants=tuple(request.variants), wait_for_lease=not request.no_wait,
                 wait_timeout_s=policy.jobs.wait_timeout_s, wait_reason=wait_reason,

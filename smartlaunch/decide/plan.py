@@ -132,6 +132,27 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        """to_dict's inverse: the plan a multi-node job's deciding node shares with the others
+        (pipeline_nodes.py) arrives as JSON."""
+        d = {k: v for k, v in d.items() if k != "schema_version"}
+        d["strategy"] = _strategy(d["strategy"])
+        d["env"] = tuple(EnvVar(**e) for e in d["env"])
+        d["numa"] = tuple(NumaBinding(**{**b, "cpus": tuple(b["cpus"])}) for b in d["numa"])
+        d["candidates"] = tuple(Candidate(**{**c, "strategy": _strategy(c["strategy"]),
+                                             "gpus": tuple(c["gpus"])}) for c in d["candidates"])
+        d["reasons"] = tuple(Reason(**r) for r in d["reasons"])
+        for key in ("gpus", "left_free", "fallback_gpus", "command"):
+            d[key] = tuple(d[key])
+        d["variants"] = tuple(tuple(v) for v in d["variants"])
+        d["jobs_per_gpu"] = {int(g): n for g, n in d["jobs_per_gpu"].items()}
+        d["profile"] = ModelProfile.from_dict(d["profile"]) if d["profile"] else None
+        c = d["comm"]
+        d["comm"] = CommSummary(**{**c, "gpus": tuple(c["gpus"]), "points": tuple(
+            (int(b), float(t)) for b, t in c["points"])}) if c else None
+        return cls(**d)
+
     @property
     def multi_node(self) -> bool:
         """One job across nodes, launched as torchrun would on each (Request.multi_node)."""
@@ -147,6 +168,14 @@ class Plan:
     def jobs_on(self, gpu: int) -> int:
         """Independent jobs that may run at once on `gpu`."""
         return self.jobs_per_gpu.get(gpu, 1)
+
+
+def _strategy(name: str):
+    """A Strategy member for its name; a unit's plain str where vocab has none (strategy_name)."""
+    try:
+        return Strategy(name)
+    except ValueError:
+        return name
 
 
 def strategy_name(strategy) -> str:

@@ -261,8 +261,9 @@ def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> La
                 f"{where} within join_timeout={limit} s; start smartlaunch on every node with "
                 f"the same rendezvous endpoint and id, or raise --rdzv-conf join_timeout")
     elif isinstance(exc, RendezvousClosedError):
-        text = (f"rendezvous {where} is closed: the job with this id has ended on another node; "
-                f"give a new --rdzv-id to start another")
+        text = (f"rendezvous {where} is closed: another node ended the job (its own output "
+                f"says why: a node whose hardware differs from the plan's exits 12 and closes "
+                f"it); give a new --rdzv-id to start another")
     elif isinstance(exc, RendezvousConnectionError) and started:
         text = (f"lost the rendezvous store at {where} while the job ran: the node that hosts "
                 f"it ended (its own output names why); this node's ranks were stopped")

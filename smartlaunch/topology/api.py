@@ -150,6 +150,26 @@ class Topology:
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
+    def hardware(self) -> str:
+        """What a plan depends on, in words: the GPUs' models and memory and the links between
+        them; not serial numbers, hostnames, drivers or free memory, so that alike nodes of a
+        multi-node job read the same ("2× NVIDIA H200 (143771 MiB), links NV18")."""
+        if not self.gpus:
+            return "no GPUs"
+        kinds: dict[str, int] = {}
+        for g in self.gpus:
+            kind = f"{g.name} ({g.memory_total_mib} MiB)"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        text = ", ".join(f"{n}× {kind}" for kind, n in kinds.items())
+        links = sorted({l.link_class for l in self.links})
+        return text + (f", links {'/'.join(links)}" if links else "")
+
+    def hardware_fingerprint(self) -> str:
+        """hardware() as a hash of every GPU in order and every link: equal on alike nodes."""
+        key = {"gpus": [(g.index, g.name, g.memory_total_mib) for g in self.gpus],
+               "links": [(l.a, l.b, l.link_class) for l in self.links]}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
     # ---- JSON round trip (fixtures, `smartlaunch-node topo --json`) ---------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

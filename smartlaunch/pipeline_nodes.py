@@ -1,0 +1,232 @@
+"""One decision for a multi-node job: the node that hosts the c10d rendezvous store decides,
+and every other node reads that plan from the same store instead of deciding for itself.
+
+The transport is torch's own: a TCPStore on the rendezvous endpoint, opened multi-tenant as
+torch's c10d rendezvous backend opens it. On the deciding node torch's agent, started later in
+the same process for the launch, finds that server (same port) and uses it for the job's
+rendezvous, so nothing else listens and no port is added. Our keys live under
+`smartlaunch/<rdzv id>/`, apart from the rendezvous' own (`torch.rendezvous.<rdzv id>`).
+
+Which node decides is torch's rule for which node hosts the store: `is_host` in --rdzv-conf,
+else the node whose hostname or address the endpoint names (Slurm: the allocation's first
+node). The plan carries the decider's hardware fingerprint (Topology.hardware_fingerprint); a
+node whose hardware differs refuses it (NodeMismatchError, exit 12) and, where the job cannot
+run without it (fixed --nnodes), closes the rendezvous so the other nodes end at once instead
+of at the join timeout. Other rendezvous backends (static --master-addr, etcd) have no store
+before the agent's; each node there decides alone, as before, and the plan says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.errors import NodeMismatchError, RendezvousError, SmartlaunchError
+
+KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
+KEY_READ = "read"           # a counter: the nodes that have read it
+POLL_S = 0.1                # between store checks: Ctrl-C is seen between two
+CONNECT_TRY_S = 2           # one connection attempt (the whole wait is join_timeout)
+DEFAULT_PORT = 29400        # torch's c10d default
+# The deciding node's store, kept until the process ends: its server is the one torch's agent
+# uses for the job's rendezvous (multi-tenant), and late nodes read the plan from it.
+_SERVING: list = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """The job's c10d rendezvous as torch's agent will see it."""
+    host: str
+    port: int
+    run_id: str
+    conf: dict
+    min_nodes: int
+    max_nodes: int
+    join_timeout_s: float
+
+    @property
+    def where(self) -> str:
+        return f"{self.host}:{self.port} (rdzv id {self.run_id})"
+
+    def hosts_store(self) -> bool:
+        """torch's c10d rule (c10d_rendezvous_backend._create_tcp_store)."""
+        from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+        given = self.conf.get("is_host")
+        if given is not None:
+            return str(given).lower() in ("1", "true", "t", "yes", "y")
+        return _matches_machine_hostname(self.host)
+
+
+def endpoint_of(args) -> Endpoint | None:
+    """The c10d rendezvous of torchrun's namespace; None for another backend."""
+    if args is None or getattr(args, "standalone", False) or args.rdzv_backend != "c10d":
+        return None
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
+    from torch.distributed.elastic.rendezvous.utils import (
+        _parse_rendezvous_config, parse_rendezvous_endpoint)
+    from torch.distributed.run import parse_min_max_nnodes
+    host, port = parse_rendezvous_endpoint(args.rdzv_endpoint or "", default_port=DEFAULT_PORT)
+    conf = _parse_rendezvous_config(args.rdzv_conf or "")
+    lo, hi = parse_min_max_nnodes(str(args.nnodes))
+    join = float(conf.get("join_timeout", RendezvousTimeout().join.total_seconds()))
+    return Endpoint(host, port, str(args.rdzv_id), conf, lo, hi, join)
+
+
+def one_decision(request, topology, policy, decide: Callable[[], tuple], status=None) -> tuple:
+    """(plan, topology, policy) for this node of a multi-node job: `decide()`'s on the node
+    that hosts the store (published for the others), the published one elsewhere."""
+    ep = endpoint_of(request.torchrun_args)
+    if ep is None:
+        plan, topo, policy = decide()
+        why = Reason(f"each node of this job decides alone: the --rdzv-backend "
+                     f"{request.torchrun_args.rdzv_backend} rendezvous has no store before the "
+                     f"job starts (c10d has: there the rendezvous' node decides for all)",
+                     f"user: --rdzv-backend {request.torchrun_args.rdzv_backend}")
+        return dataclasses.replace(plan, reasons=plan.reasons + (why,)), topo, policy
+    store, hosting = _open(ep)
+    me = socket.gethostname()
+    if hosting:
+        return _decide_for_all(store, ep, me, request, decide, status)
+    return _read_plan(store, ep, request, topology, policy)
+
+
+def _prefixed(store, ep: Endpoint):
+    from torch.distributed import PrefixStore
+    return PrefixStore(f"smartlaunch/{ep.run_id}/", store)
+
+
+def _open(ep: Endpoint):
+    """(store, hosting): the server where this node hosts the store (as torch's agent would;
+    a port already taken on this host makes it a client, as in torch), else a client that
+    waits for the server up to join_timeout."""
+    from torch.distributed import TCPStore
+    timeout = timedelta(seconds=max(60.0, ep.join_timeout_s))
+    if ep.hosts_store():
+        try:
+            server = TCPStore(ep.host, ep.port, is_master=True, multi_tenant=True,
+                              wait_for_workers=False, timeout=timeout)
+            return _prefixed(server, ep), True
+        except (RuntimeError, ValueError, TimeoutError):
+            if ep.conf.get("is_host") is not None:
+                raise RendezvousError(f"cannot host the rendezvous store at {ep.where}: port "
+                                      f"{ep.port} is taken on this node; free it or give "
+                                      f"another port in --rdzv-endpoint") from None
+    deadline = time.monotonic() + ep.join_timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            client = TCPStore(ep.host, ep.port, is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=max(0.5, min(CONNECT_TRY_S, left))))
+            client.set_timeout(timeout)
+            return _prefixed(client, ep), False
+        except (RuntimeError, ValueError, TimeoutError):
+            if left <= 0:
+                raise RendezvousError(
+                    f"cannot reach the rendezvous store at {ep.where} within join_timeout="
+                    f"{ep.join_timeout_s:g} s: the node it names decides for the job; start "
+                    f"smartlaunch there, and check that its port is reachable from this "
+                    f"node") from None
+
+
+def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tuple:
+    try:
+        plan, topo, policy = decide()
+    except SmartlaunchError as exc:
+        _publish(store, {"host": me, "error": str(exc), "code": int(exc.exit_code)})
+        _serve(store, ep, status, "read why this node stopped")
+        raise
+    why = Reason(f"this node decides for every node of the job (it hosts the rendezvous store "
+                 f"at {ep.where}); the others run this plan on hardware like this node's "
+                 f"({topo.hardware()})", "multi-node: one decision for the job")
+    plan = dataclasses.replace(plan, reasons=plan.reasons + (why,))
+    _publish(store, {"host": me, "plan": plan.to_dict()})
+    if request.explain:         # nothing to launch: stay until the others have read it
+        _serve(store, ep, status, "read the plan")
+    else:                       # the agent's rendezvous uses this server; late nodes read it
+        _SERVING.append(store)
+    return plan, topo, policy
+
+
+def _publish(store, message: dict) -> None:
+    store.set(KEY_PLAN, json.dumps(message, default=str))
+
+
+def _serve(store, ep: Endpoint, status, what: str) -> None:
+    """Until the other nodes (--nnodes' least) have read the plan, at most join_timeout."""
+    want = ep.min_nodes - 1
+    deadline = time.monotonic() + ep.join_timeout_s
+    if status is not None and want > 0:
+        status.ticking(f"waiting for the other {want} node(s) to {what} (at most "
+                       f"{ep.join_timeout_s:g} s)")
+    while store.add(KEY_READ, 0) < want and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+def _read_plan(store, ep: Endpoint, request, topology, policy) -> tuple:
+    message = _wait_plan(store, ep)
+    store.add(KEY_READ, 1)
+    host = message.get("host", "?")
+    if "error" in message:
+        raise SmartlaunchError(f"{host}, which decides for this job (it hosts the rendezvous "
+                               f"store at {ep.where}), stopped with exit {message['code']}: "
+                               f"{message['error']}", exit_code=message["code"])
+    plan = Plan.from_dict(message["plan"])
+    theirs, mine = plan.topology.get("hardware_fingerprint"), topology.hardware_fingerprint()
+    if theirs != mine:
+        closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes else False
+        raise NodeMismatchError(
+            f"this node ({socket.gethostname()}: {topology.hardware()}) differs from the node "
+            f"the job's plan was made on ({host}: {plan.topology.get('hardware')}; hardware "
+            f"fingerprints {mine} and {theirs}); run the job on nodes with the same GPUs and "
+            f"links, or start it separately on each kind of node"
+            + ("; the rendezvous was closed, so the other nodes end too" if closed else ""))
+    why = Reason(f"the plan {host} made for every node of the job (it hosts the rendezvous "
+                 f"store at {ep.where}); this node's hardware is the same ({topology.hardware()})",
+                 "multi-node: one decision for the job")
+    plan = dataclasses.replace(plan, reasons=plan.reasons + (why,),
+                               numa=_local_numa(plan, topology, policy, request))
+    return plan, topology, policy
+
+
+def _wait_plan(store, ep: Endpoint) -> dict:
+    """The published message; RendezvousError if the deciding node went away first."""
+    while True:
+        try:
+            if store.check([KEY_PLAN]):
+                return json.loads(store.get(KEY_PLAN))
+        except (RuntimeError, ValueError) as exc:   # torch's DistNetworkError: the node ended
+            raise RendezvousError(
+                f"lost the rendezvous store at {ep.where} before the plan came: the node that "
+                f"decides for the job ended (its own output says why)") from exc
+        time.sleep(POLL_S)
+
+
+def _local_numa(plan: Plan, topology, policy, request):
+    """The NUMA bindings for this node's CPUs: the decider's name its own."""
+    if getattr(request.torchrun_args, "numa_binding", None) is not None or not plan.numa:
+        return plan.numa
+    from smartlaunch.decide.prepare import bindings
+    return bindings(plan, topology, policy.launch.numa_binding)
+
+
+def _close_rendezvous(request) -> bool:
+    """Close the job's torch rendezvous (its own `set_closed`), so the nodes waiting in it end
+    with "closed" instead of waiting out the join timeout; False where it could not be."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+    args = request.torchrun_args
+    ep = endpoint_of(args)
+    try:
+        params = RendezvousParameters(backend="c10d", endpoint=f"{ep.host}:{ep.port}",
+                                      run_id=ep.run_id, min_nodes=ep.min_nodes,
+                                      max_nodes=ep.max_nodes, **ep.conf)
+        handler = get_rendezvous_handler(params)
+        handler.set_closed()
+        handler.shutdown()
+        return True
+    except Exception:       # torch's rendezvous errors: the others then wait out join_timeout
+        return False
