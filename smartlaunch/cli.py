@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     except SmartlaunchError as exc:
         if debug:
             raise
-        print(f"smartlaunch: error: {exc}", file=sys.stderr, flush=True)
+        print(f"smartlaunch: {'error: ' if exc.exit_code else ''}{exc}", file=sys.stderr,
+              flush=True)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 128 + 2

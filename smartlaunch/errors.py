@@ -75,3 +75,9 @@ class RendezvousError(SmartlaunchError):
 
 class NodeMismatchError(SmartlaunchError):
     exit_code = ExitCode.NODE_MISMATCH
+
+
+class NodeNotNeeded(SmartlaunchError):
+    """This node of a multi-node job is not used by the job's plan (it runs on fewer nodes):
+    the one line says why, and the node exits 0."""
+    exit_code = ExitCode.OK

@@ -102,7 +102,7 @@ def _make_plan(request, given, environ, status, cores, early):
     clock.lap("topology")
     if request.multi_node:      # one node decides for all (pipeline_nodes.py)
         from smartlaunch.pipeline_nodes import one_decision
-        return one_decision(request, topology, policy, lambda: _decide_here(
+        return one_decision(request, topology, policy, environ, lambda: _decide_here(
             request, policy, topology, environ, status, cores, early, clock, notes, slurm),
             status)
     return _decide_here(request, policy, topology, environ, status, cores, early, clock, notes,

@@ -25,10 +25,13 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from smartlaunch.decide.plan import Plan, Reason
-from smartlaunch.errors import NodeMismatchError, RendezvousError, SmartlaunchError
+from smartlaunch.errors import (NodeMismatchError, NodeNotNeeded, RendezvousError,
+                                SmartlaunchError)
 
 KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
 KEY_READ = "read"           # a counter: the nodes that have read it
+RULE_NODES = "multi-node: the all-reduce between nodes, measured"
+KEY_ARRIVED = "arrived"     # a counter: the other nodes that have come (their rank between nodes)
 POLL_S = 0.1                # between store checks: Ctrl-C is seen between two
 CONNECT_TRY_S = 2           # one connection attempt (the whole wait is join_timeout)
 DEFAULT_PORT = 29400        # torch's c10d default
@@ -76,7 +79,8 @@ def endpoint_of(args) -> Endpoint | None:
     return Endpoint(host, port, str(args.rdzv_id), conf, lo, hi, join)
 
 
-def one_decision(request, topology, policy, decide: Callable[[], tuple], status=None) -> tuple:
+def one_decision(request, topology, policy, environ, decide: Callable[[], tuple],
+                 status=None) -> tuple:
     """(plan, topology, policy) for this node of a multi-node job: `decide()`'s on the node
     that hosts the store (published for the others), the published one elsewhere."""
     ep = endpoint_of(request.torchrun_args)
@@ -90,8 +94,8 @@ def one_decision(request, topology, policy, decide: Callable[[], tuple], status=
     store, hosting = _open(ep)
     me = socket.gethostname()
     if hosting:
-        return _decide_for_all(store, ep, me, request, decide, status)
-    return _read_plan(store, ep, request, topology, policy)
+        return _decide_for_all(store, ep, me, request, decide, status, environ)
+    return _read_plan(store, ep, request, topology, policy, environ)
 
 
 def _prefixed(store, ep: Endpoint):
@@ -132,9 +136,11 @@ def _open(ep: Endpoint):
                     f"node") from None
 
 
-def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tuple:
+def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, environ) -> tuple:
     try:
         plan, topo, policy = decide()
+        if _choosable(plan, ep):
+            plan = _across_nodes(store, ep, plan, topo, policy, environ, status)
     except SmartlaunchError as exc:
         _publish(store, {"host": me, "error": str(exc), "code": int(exc.exit_code)})
         _serve(store, ep, status, "read why this node stopped")
@@ -149,6 +155,56 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tu
     else:                       # the agent's rendezvous uses this server; late nodes read it
         _SERVING.append(store)
     return plan, topo, policy
+
+
+def _choosable(plan: Plan, ep: Endpoint) -> bool:
+    """Whether how many nodes to use is a choice: a DDP plan with a usable profile (a dry run
+    on the deciding node's GPU) and a fixed node count (a range is torch's elastic choice)."""
+    return (ep.min_nodes == ep.max_nodes >= 2 and plan.profile is not None
+            and plan.profile.usable and bool(plan.profile.step_time_s) and not plan.forced)
+
+
+def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status) -> Plan:
+    """Once every node has arrived: the all-reduce between them (one leader rank per node),
+    the two-level curve, and how many nodes run the job (decide/nodes.py)."""
+    from smartlaunch.decide.nodes import TwoLevelCurve, choose_nodes
+    from smartlaunch.profile import internode
+    from smartlaunch.profile.api import CommCurve
+    n, rule = ep.max_nodes, RULE_NODES
+
+    def keep(why: str) -> Plan:
+        return dataclasses.replace(plan, reasons=plan.reasons + (
+            Reason(f"all {n} nodes: {why}", rule),))
+    deadline = time.monotonic() + ep.join_timeout_s
+    if status is not None:
+        status.ticking(f"waiting for the other {n - 1} node(s) to measure the all-reduce "
+                       f"between nodes (at most {ep.join_timeout_s:g} s)")
+    while store.add(KEY_ARRIVED, 0) < n - 1:
+        if time.monotonic() > deadline:
+            return keep(f"not every node arrived within join_timeout={ep.join_timeout_s:g} s "
+                        f"to measure the all-reduce between nodes")
+        time.sleep(POLL_S)
+    from smartlaunch.profile.comm import device_for
+    device = device_for(topo) if plan.device == "cuda" else "cpu"   # a fake topology: gloo
+    cuda = device == "cuda"
+    spec = internode.offer(store, addr=ep.host, nodes=n, device=device,
+                           sizes=internode.sizes_for(plan.profile.grad_bytes, device),
+                           env=plan.env_dict(), gpu=plan.gpus[0] if cuda and plan.gpus else None)
+    if status is not None:
+        status.ticking(f"measuring the all-reduce between the {n} nodes (one rank on each)")
+    try:
+        inter = internode.measure(spec, 0, environ)
+    except RuntimeError as exc:
+        return keep(f"the all-reduce between nodes could not be measured ({exc})")
+    intra = None
+    if plan.nproc_per_node > 1 and plan.comm is not None:
+        intra = CommCurve.from_points(plan.comm.world_size, plan.comm.backend, plan.comm.points)
+    elif plan.nproc_per_node > 1:
+        return keep("the within-node all-reduce curve is missing, so nothing to weigh")
+    choice = choose_nodes(plan.profile, TwoLevelCurve(intra, inter, plan.nproc_per_node),
+                          allowed=lambda ranks: ranks in policy.decision.world_sizes)
+    return dataclasses.replace(plan, nnodes=str(choice.nodes),
+                               reasons=plan.reasons + (Reason(choice.text, rule),))
 
 
 def _publish(store, message: dict) -> None:
@@ -166,8 +222,9 @@ def _serve(store, ep: Endpoint, status, what: str) -> None:
         time.sleep(POLL_S)
 
 
-def _read_plan(store, ep: Endpoint, request, topology, policy) -> tuple:
-    message = _wait_plan(store, ep)
+def _read_plan(store, ep: Endpoint, request, topology, policy, environ) -> tuple:
+    place = store.add(KEY_ARRIVED, 1)      # 1, 2, ...: this node's rank between nodes
+    message = _wait_plan(store, ep, place, environ)
     store.add(KEY_READ, 1)
     host = message.get("host", "?")
     if "error" in message:
@@ -184,6 +241,11 @@ def _read_plan(store, ep: Endpoint, request, topology, policy) -> tuple:
             f"fingerprints {mine} and {theirs}); run the job on nodes with the same GPUs and "
             f"links, or start it separately on each kind of node"
             + ("; the rendezvous was closed, so the other nodes end too" if closed else ""))
+    used = int(plan.nnodes) if plan.nnodes.isdigit() else ep.max_nodes
+    if place >= used:
+        why = next((r.text for r in plan.reasons if r.rule == RULE_NODES), "")
+        raise NodeNotNeeded(f"this node is not used: the job runs on {used} of its "
+                            f"{ep.max_nodes} nodes (decided on {host}): {why}")
     why = Reason(f"the plan {host} made for every node of the job (it hosts the rendezvous "
                  f"store at {ep.where}); this node's hardware is the same ({topology.hardware()})",
                  "multi-node: one decision for the job")
@@ -192,12 +254,22 @@ def _read_plan(store, ep: Endpoint, request, topology, policy) -> tuple:
     return plan, topology, policy
 
 
-def _wait_plan(store, ep: Endpoint) -> dict:
-    """The published message; RendezvousError if the deciding node went away first."""
+def _wait_plan(store, ep: Endpoint, place: int, environ) -> dict:
+    """The published message; RendezvousError if the deciding node went away first. Meanwhile
+    this node's leader rank joins the all-reduce between nodes when the decider offers one."""
+    from smartlaunch.profile import internode
+    measured = False
     while True:
         try:
             if store.check([KEY_PLAN]):
                 return json.loads(store.get(KEY_PLAN))
+            if not measured and store.check([internode.KEY]):
+                measured = True
+                spec = json.loads(store.get(internode.KEY))
+                try:
+                    internode.measure(spec, place, environ)
+                except RuntimeError:
+                    pass        # rank 0 fails too and says so in the plan
         except (RuntimeError, ValueError) as exc:   # torch's DistNetworkError: the node ended
             raise RendezvousError(
                 f"lost the rendezvous store at {ep.where} before the plan came: the node that "

@@ -61,6 +61,37 @@ dist.destroy_process_group()
 """
 
 
+# A training job whose cost is known: each step "computes" for STEP_S (a sleep: the device
+# works, the host waits, as on a GPU node) and all-reduces a gradient of GRAD_BYTES through
+# DDP over gloo; rank 0 prints the job's samples/s over the steps after the first two.
+TRAIN_SCRIPT = """\
+import os, sys, time
+import torch
+
+step_s, grad_bytes, steps = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+world = int(os.environ.get("WORLD_SIZE", "1"))
+torch.set_num_threads(1)
+width = max(1, grad_bytes // 4 // 64)
+model = torch.nn.Linear(width, 64, bias=False)
+if world > 1:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.0)
+x = torch.ones(8, width)
+for i in range(steps):
+    if i == 2:
+        t0 = time.perf_counter()
+    time.sleep(step_s)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+rate = (steps - 2) * 8 * world / (time.perf_counter() - t0)
+if int(os.environ.get("RANK", "0")) == 0:
+    print(f"train: world {world} samples/s {rate:.3f}", flush=True)
+"""
+
+
 class Unavailable(Exception):
     """Network namespaces cannot be made here; the message says why."""
 
@@ -150,6 +181,7 @@ class Cluster:
         self.spaces = [f"slmn{self.tag}n{k}" for k in range(n)]
         self.hostnames = [f"node{k}-{self.tag}" for k in range(n)]
         self.script = root / f"job-{self.tag}.py"     # in every job process's command line
+        self.train = root / f"train-{self.tag}.py"    # TRAIN_SCRIPT, likewise
         self.nodes: list[Node] = []
         self._made: list[str] = []
 
@@ -190,7 +222,26 @@ class Cluster:
             raise Unavailable(f"cannot run a command as a node (hostname and hosts file in its "
                               f"namespaces): {probe.stderr.strip() or probe.stdout.strip()}")
         self.script.write_text(JOB_SCRIPT)
+        self.train.write_text(TRAIN_SCRIPT)
         return self
+
+    def shape(self, rate: str) -> str:
+        """Every node's link limited to `rate` (tc's words: "1gbit") by a token bucket on its
+        eth0, with 0.2 ms of delay where the kernel has netem; the qdisc used, in words."""
+        bits = float(re.match(r"[\d.]+", rate)[0]) * {"k": 1e3, "m": 1e6, "g": 1e9}[
+            rate.rstrip("bit")[-1].lower()]
+        burst = max(32 << 10, int(bits / 8 / 250))         # 4 ms of traffic
+        used = ""
+        for ns in self.spaces:
+            try:
+                _ip("netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root",
+                    "netem", "delay", "0.2ms", "rate", rate)
+                used = f"netem rate {rate} delay 0.2ms"
+            except RuntimeError:     # no sch_netem in this kernel: the rate alone
+                _ip("netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root",
+                    "tbf", "rate", rate, "burst", str(burst), "latency", "50ms")
+                used = f"tbf rate {rate} burst {burst} (no netem here: no added delay)"
+        return used
 
     def _add(self, ns: str) -> None:
         _ip("netns", "add", ns)
@@ -214,13 +265,13 @@ class Cluster:
 
     def launch(self, k: int, *options: str, job: tuple[str, ...] = ("once",),
                nnodes: int | None = None, join_timeout: int = 60,
-               env: dict | None = None) -> Node:
+               env: dict | None = None, script: Path | None = None) -> Node:
         """smartlaunch on node k: `--nnodes` (default: every node), c10d on the first node,
         OPTIONS, then the job script with `job` as its arguments; `env` added to the node's."""
         argv = [sys.executable, "-m", "smartlaunch.cli", "--nnodes", str(nnodes or self.n),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
                 "--rdzv-id", f"job-{self.tag}", "--rdzv-conf", f"join_timeout={join_timeout}",
-                "--monitor-interval", "0.2", *options, str(self.script), *job]
+                "--monitor-interval", "0.2", *options, str(script or self.script), *job]
         cwd = self.root / f"node{k}"
         cwd.mkdir(parents=True, exist_ok=True)
         node = Node(k, self._as_node(k, argv), {**self.env(k), **(env or {})}, cwd)
@@ -233,7 +284,8 @@ class Cluster:
         for p in psutil.process_iter(["cmdline", "status"]):
             try:
                 if p.info["status"] != psutil.STATUS_ZOMBIE and \
-                        any(str(self.script) in a for a in p.info["cmdline"] or ()):
+                        any(str(self.script) in a or str(self.train) in a
+                            for a in p.info["cmdline"] or ()):
                     out.append(p)
             except (psutil.Error, TypeError):
                 continue

@@ -202,3 +202,40 @@ def test_a_node_that_never_joins_ends_the_launch_at_the_join_timeout(cluster):
                      r"start smartlaunch on every node", lines[1]), lines[1]
     assert c.left_running() == []
 
+
+
+def train(step_s: float, grad_bytes: int, steps: int = 30) -> tuple[str, ...]:
+    return (str(step_s), str(grad_bytes), str(steps))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate,nodes", [(None, 2), ("10mbit", 1)])
+def test_how_many_nodes_follows_the_measured_link_between_them(cluster, rate, nodes):
+    # GPU nodes (a fixture; the dry run and the benchmarks then run on the CPU, gloo) with a
+    # job of 50 ms steps and 256 KiB of gradients. Unshaped, the all-reduce between nodes
+    # costs a few ms: both nodes. At 10 Mbit/s it costs ~0.2 s a step: one node runs the
+    # job, the other ends with exit 0 and one line saying why.
+    c = cluster(2)
+    if rate:
+        c.shape(rate)
+    nodes_ = [c.launch(k, "--explain=json", "--nproc-per-node", "1", script=c.train,
+                       job=train(0.05, 256 << 10), env=fake("pcie-phb-4070ti-pair"))
+              for k in range(2)]
+    codes = [node.wait(START_S * 2) for node in nodes_]
+    assert codes == [0, 0], "\n---\n".join(node.output_tail() for node in nodes_)
+    plan = printed_plan(nodes_[0])
+    assert plan["nnodes"] == str(nodes), plan["reasons"]
+    why = plan["reasons"][-2]
+    assert why["rule"] == "multi-node: the all-reduce between nodes, measured", plan["reasons"]
+    assert "between nodes measured, gloo" in why["text"], why
+    if nodes == 2:
+        assert why["text"].startswith("all 2 nodes: DDP×2 predicted "), why
+        assert printed_plan(nodes_[1])["nnodes"] == "2"
+    else:
+        assert why["text"].startswith("1 of the 2 nodes: DDP×1 predicted "), why
+        lines = smartlaunch_lines(nodes_[1])
+        assert len(lines) == 1 and lines[0].startswith(
+            f"smartlaunch: this node is not used: the job runs on 1 of its 2 nodes (decided "
+            f"on {c.hostnames[0]}): 1 of the 2 nodes: "), lines
+        assert "{" not in nodes_[1].output
+    assert c.left_running() == []

@@ -96,6 +96,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     if request.multi_node:
         choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons,
                              units)
+        if len(choice.gpus) > 1:
+            ctx.predict(choice.gpus)    # its curve: the within-node level across nodes (nodes.py)
     elif forced:
         choice = units[request.strategy].forced(ctx)
     else:

@@ -53,9 +53,10 @@ def probe(request: Request, topology: Topology, policy: Policy, *, units: Units,
 
 def needs_profile(request: Request, topology: Topology, usable: list[int]) -> bool:
     """A dry run only pays off when auto has a real choice to make."""
-    if request.strategy != "auto" or request.no_python or request.multi_node:
+    if request.strategy != "auto" or request.no_python or not topology.gpus:
         return False
-    if not topology.gpus:
-        return False
+    if request.multi_node:      # how many nodes to use (decide/nodes.py): fixed --nnodes only
+        lo, _, hi = request.nnodes.partition(":")
+        return (hi or lo) == lo and not request.variants
     limit = request.max_gpus or len(usable)
     return min(limit, len(usable)) > 1 and not request.variants

@@ -69,6 +69,7 @@ class DDPLauncher:
         args = argparse.Namespace(**vars(ctx.torchrun_args))
         _torchrun_preprocess(args)
         args.nproc_per_node = str(plan.nproc_per_node)
+        args.nnodes = plan.nnodes       # a multi-node plan may use fewer nodes (decide/nodes.py)
         self.run_dir = run_dir = ctx.new_run_dir()
         self.run_id = run_id = os.path.basename(run_dir)
         user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"

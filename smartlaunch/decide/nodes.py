@@ -1,0 +1,123 @@
+"""Across nodes: the two-level all-reduce curve and how many of the job's nodes run it.
+
+A DDP gradient of b bytes over k nodes of g ranks each is reduced in two levels, as NCCL does
+across nodes (within the node over its links, between nodes over the network, the node's g
+ranks sharing its network link):
+
+    t_k(b) = t_intra(b) + t_inter_k(b)
+
+    t_intra    the node's own curve over its g GPUs (decide's, as for one node); 0 for g = 1
+    t_inter_k  the leader curve: one rank per node, all N nodes of the job, the job's backend
+               and NCCL environment (profile/internode.py), scaled to k nodes by the ring's
+               traffic per node, 2(k-1)/k: t_inter_k(b) = lat + (t_inter_N(b) - lat) *
+               ((k-1)/k) / ((N-1)/N); 0 for k = 1
+
+The job on k nodes is then predicted as one DDP world of k*g ranks by the single-node cost
+model (cost.predict_ddp) over t_k, and its samples/s is k*g x the per-rank batch / step.
+The choice keeps every node unless fewer nodes are predicted faster by more than `margin`
+(the model's error band): the nodes not needed end (exit 0, one line) and the job runs on the
+first k to arrive, its global batch k*g x the per-rank batch (torchrun semantics).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smartlaunch.decide.cost import CostModel, predict_ddp, predict_single
+from smartlaunch.profile.api import CommCurve, ModelProfile
+
+
+@dataclass(frozen=True)
+class TwoLevelCurve:
+    """The within-node curve (None for one rank per node) and the leader curve over N nodes."""
+    intra: CommCurve | None
+    inter: CommCurve
+    per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return self.inter.world_size
+
+    def inter_time(self, k: int, nbytes: float) -> float:
+        if k <= 1 or nbytes <= 0:
+            return 0.0
+        n = self.nodes
+        lat = self.inter.latency_s
+        scale = ((k - 1) / k) / ((n - 1) / n)
+        return lat + max(0.0, self.inter.time(nbytes) - lat) * scale
+
+    def time(self, k: int, nbytes: float) -> float:
+        intra = self.intra.time(nbytes) if self.intra is not None and self.per_node > 1 else 0.0
+        return intra + self.inter_time(k, nbytes)
+
+    def curve(self, k: int) -> CommCurve:
+        """t_k as a CommCurve over the measured sizes, for cost.predict_ddp."""
+        sizes = sorted({b for b, _ in self.inter.points} |
+                       ({b for b, _ in self.intra.points} if self.intra is not None else set()))
+        pts = [(b, self.time(k, b)) for b in sizes]
+        return CommCurve.from_points(k * self.per_node, self.inter.backend, pts,
+                                     env=dict(self.inter.env))
+
+
+@dataclass(frozen=True)
+class NodeOption:
+    nodes: int
+    ranks: int
+    step_s: float
+    samples_per_s: float         # all ranks: ranks x per-rank batch / step (batch 1 if unknown)
+    comm_s: float                # what communication adds to the step (cost model)
+
+
+@dataclass(frozen=True)
+class NodeChoice:
+    nodes: int                   # how many of the job's nodes run it
+    options: tuple[NodeOption, ...]
+    text: str                    # why, with the numbers
+
+
+def predict_nodes(profile: ModelProfile, curves: TwoLevelCurve, k: int,
+                  model: CostModel = CostModel()) -> NodeOption:
+    ranks = k * curves.per_node
+    batch = profile.batch_size or 1
+    if ranks == 1:
+        p = predict_single(profile, model)
+        return NodeOption(k, 1, p.step_s, batch / p.step_s, 0.0)
+    p = predict_ddp(profile, curves.curve(k), ranks, model)
+    return NodeOption(k, ranks, p.step_s, ranks * batch / p.step_s, p.comm_cost_s)
+
+
+def choose_nodes(profile: ModelProfile, curves: TwoLevelCurve, *, least: int = 1,
+                 allowed=lambda ranks: True, margin: float = 0.05,
+                 model: CostModel = CostModel()) -> NodeChoice:
+    """All N nodes, or fewer (at least `least`, with a world size `allowed`) when predicted
+    faster by more than `margin`."""
+    n = curves.nodes
+    options = tuple(predict_nodes(profile, curves, k, model)
+                    for k in range(n, max(1, least) - 1, -1)
+                    if k == n or allowed(k * curves.per_node))
+    every = options[0]
+    best = max(options, key=lambda o: o.samples_per_s)
+    link = _link_words(curves)
+    if best.nodes == n or best.samples_per_s <= every.samples_per_s * (1 + margin):
+        pick = every
+        why = (f"all {n} nodes: DDP×{every.ranks} predicted {every.samples_per_s:.3g} samples/s "
+               f"(communication {every.comm_s * 1e3:.1f} ms of a {every.step_s * 1e3:.1f} ms "
+               f"step over {link})")
+        if best is not every:
+            why += (f"; {best.nodes} node(s) would give {best.samples_per_s:.3g}, within the "
+                    f"{margin:.0%} margin")
+        elif len(options) > 1:
+            runner_up = max(options[1:], key=lambda o: o.samples_per_s)
+            why += f"; {runner_up.nodes} node(s) {runner_up.samples_per_s:.3g}"
+    else:
+        pick = best
+        why = (f"{best.nodes} of the {n} nodes: DDP×{best.ranks} predicted "
+               f"{best.samples_per_s:.3g} samples/s against {every.samples_per_s:.3g} on all "
+               f"{n} (communication {every.comm_s * 1e3:.1f} ms of a {every.step_s * 1e3:.1f} "
+               f"ms step over {link}); the other {n - best.nodes} node(s) are not used")
+    return NodeChoice(pick.nodes, options, why)
+
+
+def _link_words(curves: TwoLevelCurve) -> str:
+    """"the network (measured 0.11 GB/s between nodes, gloo)"."""
+    bw = curves.inter.bandwidth_Bps
+    return f"the network ({bw / 1e9:.3g} GB/s between nodes measured, {curves.inter.backend})"
