@@ -69,6 +69,7 @@ import os, sys, time
 import torch
 
 step_s, grad_bytes, steps = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+batch = int(sys.argv[4]) if len(sys.argv) > 4 else 8
 world = int(os.environ.get("WORLD_SIZE", "1"))
 torch.set_num_threads(1)
 width = max(1, grad_bytes // 4 // 64)
@@ -78,7 +79,7 @@ if world > 1:
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.0)
-x = torch.ones(8, width)
+x = torch.ones(batch, width)
 for i in range(steps):
     if i == 2:
         t0 = time.perf_counter()
@@ -86,7 +87,7 @@ for i in range(steps):
     opt.zero_grad()
     model(x).sum().backward()
     opt.step()
-rate = (steps - 2) * 8 * world / (time.perf_counter() - t0)
+rate = (steps - 2) * batch * world / (time.perf_counter() - t0)
 if int(os.environ.get("RANK", "0")) == 0:
     print(f"train: world {world} samples/s {rate:.3f}", flush=True)
 """

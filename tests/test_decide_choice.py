@@ -271,11 +271,14 @@ def test_multi_node_is_deterministic_and_uses_all_allowed_local_gpus(clean_env):
     req = request(nnodes="2", max_gpus=4)
     trial = FakeTrial({("single", 1): 100.0})
     a, comm = run(nvswitch8(), None, req=req, trial=trial)
-    b, _ = run(nvswitch8(), profile(**GPT), req=req, trial=trial)
+    b, comm_b = run(nvswitch8(), profile(**GPT), req=req, trial=trial)
     assert a.strategy == b.strategy == Strategy.DDP and a.gpus == b.gpus == (0, 1, 2, 3)
     assert a.nproc_per_node == 4 and a.nnodes == "2"
-    assert trial.calls == [] and comm.calls == []
-    assert any("every node decides the same" in r.text for r in a.reasons)
+    # No trial on one node; the group's own curve only with a profile (the within-node level
+    # of the choice between nodes, decide/nodes.py).
+    assert trial.calls == [] and comm.calls == [] and comm_b.calls == [(0, 1, 2, 3)]
+    assert b.comm is not None and b.comm.gpus == (0, 1, 2, 3)
+    assert any("one node decides for every node" in r.text for r in a.reasons)
 
 
 def test_multi_node_on_the_cpu_is_torchruns_job_on_every_node(clean_env):

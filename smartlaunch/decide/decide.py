@@ -1,7 +1,8 @@
 """(Request, Topology, Policy, ModelProfile, all-reduce curves) -> Plan.
 
 A job across nodes (--nnodes > 1, or Slurm's several nodes) is launched as torchrun would on
-every node, with nothing measured: smartlaunch decides only single-node jobs (_multi_node).
+every node (_multi_node); how many of its nodes run it is decided after, by the node that
+decides for all (decide/nodes.py, pipeline_nodes.py).
 
 Order: validate the request against what is visible and what the policy allows; screen the
 GPUs (health, leases, foreign processes, memory); build candidates (single, DDP x N on the
@@ -224,8 +225,8 @@ def _check_multi_node(request: Request, units: Units) -> None:
 def _multi_node_reason(request: Request, unit, n: int, where: str, given: str) -> Reason:
     return Reason(
         f"multi-node job ({request.nnodes_words()}): launched as torchrun would, {unit.WORD} "
-        f"with {n} process(es) on this node {where}; smartlaunch decides only single-node "
-        f"jobs, so nothing is measured and every node decides the same",
+        f"with {n} process(es) on this node {where}; one node decides for every node, and "
+        f"only how many nodes to use is measured (between nodes), never what runs on each",
         given)
 
 

@@ -230,7 +230,8 @@ def decision_line(plan: Plan, units: Units) -> str:
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
                   and units[c.strategy].COLLECTIVE), None)
     if plan.multi_node:
-        why = "multi-node job: launched as torchrun would; smartlaunch decides only single-node jobs"
+        why = (f"multi-node job on {plan.nnodes} node(s): launched as torchrun would, one "
+               f"plan for every node")
     elif plan.forced:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
