@@ -34,6 +34,8 @@ RULE_NODES = "multi-node: the all-reduce between nodes, measured"
 KEY_ARRIVED = "arrived"     # a counter: the other nodes that have come (their rank between nodes)
 POLL_S = 0.1                # between store checks: Ctrl-C is seen between two
 CONNECT_TRY_S = 2           # one connection attempt (the whole wait is join_timeout)
+STORE_OP_S = 10             # one store operation of a node that does not host it: a lost
+#                             server is noticed within this (the client retries until then)
 DEFAULT_PORT = 29400        # torch's c10d default
 # The deciding node's store, kept until the process ends: its server is the one torch's agent
 # uses for the job's rendezvous (multi-tenant), and late nodes read the plan from it.
@@ -123,17 +125,20 @@ def _open(ep: Endpoint):
     while True:
         left = deadline - time.monotonic()
         try:
+            # A plain connection first: c10d logs every attempt that fails, we only wait.
+            socket.create_connection((ep.host, ep.port), timeout=CONNECT_TRY_S).close()
             client = TCPStore(ep.host, ep.port, is_master=False, wait_for_workers=False,
-                              timeout=timedelta(seconds=max(0.5, min(CONNECT_TRY_S, left))))
-            client.set_timeout(timeout)
+                              timeout=timedelta(seconds=CONNECT_TRY_S))
+            client.set_timeout(timedelta(seconds=STORE_OP_S))
             return _prefixed(client, ep), False
-        except (RuntimeError, ValueError, TimeoutError):
+        except (OSError, RuntimeError, ValueError, TimeoutError):
             if left <= 0:
                 raise RendezvousError(
                     f"cannot reach the rendezvous store at {ep.where} within join_timeout="
                     f"{ep.join_timeout_s:g} s: the node it names decides for the job; start "
                     f"smartlaunch there, and check that its port is reachable from this "
                     f"node") from None
+            time.sleep(POLL_S)
 
 
 def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, environ) -> tuple:
@@ -170,6 +175,7 @@ def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status
     from smartlaunch.decide.nodes import TwoLevelCurve, choose_nodes
     from smartlaunch.profile import internode
     from smartlaunch.profile.api import CommCurve
+    from smartlaunch.profile.comm import device_for
     n, rule = ep.max_nodes, RULE_NODES
 
     def keep(why: str) -> Plan:
@@ -184,7 +190,6 @@ def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status
             return keep(f"not every node arrived within join_timeout={ep.join_timeout_s:g} s "
                         f"to measure the all-reduce between nodes")
         time.sleep(POLL_S)
-    from smartlaunch.profile.comm import device_for
     device = device_for(topo) if plan.device == "cuda" else "cpu"   # a fake topology: gloo
     cuda = device == "cuda"
     spec = internode.offer(store, addr=ep.host, nodes=n, device=device,

@@ -62,8 +62,9 @@ dist.destroy_process_group()
 
 
 # A training job whose cost is known: each step "computes" for STEP_S (a sleep: the device
-# works, the host waits, as on a GPU node) and all-reduces a gradient of GRAD_BYTES through
-# DDP over gloo; rank 0 prints the job's samples/s over the steps after the first two.
+# works, the host waits, as on a GPU node; the model's own host work is a few ms) and
+# all-reduces a gradient of GRAD_BYTES through DDP over gloo; rank 0 prints the job's
+# samples/s over the steps after the first two.
 TRAIN_SCRIPT = """\
 import os, sys, time
 import torch
@@ -72,14 +73,24 @@ step_s, grad_bytes, steps = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3
 batch = int(sys.argv[4]) if len(sys.argv) > 4 else 8
 world = int(os.environ.get("WORLD_SIZE", "1"))
 torch.set_num_threads(1)
-width = max(1, grad_bytes // 4 // 64)
-model = torch.nn.Linear(width, 64, bias=False)
+
+
+class Model(torch.nn.Module):       # every parameter gets a gradient, at little host work
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(max(16, grad_bytes // 4)))
+
+    def forward(self, x):
+        return self.w[:16] * x
+
+
+model = Model()
 if world > 1:
     import torch.distributed as dist
     dist.init_process_group("gloo")
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.0)
-x = torch.ones(batch, width)
+x = torch.ones(batch, 16)
 for i in range(steps):
     if i == 2:
         t0 = time.perf_counter()

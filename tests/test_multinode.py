@@ -239,3 +239,26 @@ def test_how_many_nodes_follows_the_measured_link_between_them(cluster, rate, no
             f"on {c.hostnames[0]}): 1 of the 2 nodes: "), lines
         assert "{" not in nodes_[1].output
     assert c.left_running() == []
+
+
+@pytest.mark.slow
+def test_the_deciding_node_killed_while_deciding_ends_the_others_and_leaves_nothing(cluster):
+    # Node 0 dry-runs the job (it looks like a GPU node); SIGKILL it while the dry run runs:
+    # node 1, waiting for the plan, ends with one line and exit 11, and no process of either
+    # node outlives them (the dry run's guard kills it with its launcher).
+    from helpers_common import wait_until
+    c = cluster(2)
+    other = c.launch(1, "--nproc-per-node", "1", script=c.train, job=train(0.05, 256 << 10, 400),
+                     env=fake("pcie-phb-4070ti-pair"))
+    decider = c.launch(0, "--nproc-per-node", "1", script=c.train,
+                       job=train(0.05, 256 << 10, 400), env=fake("pcie-phb-4070ti-pair"))
+    wait_until(lambda: [p for p in c.job_processes() if "smartlaunch.cli" not in p.cmdline()],
+               START_S, "the deciding node's dry run")
+    decider.kill()
+    assert other.wait(END_S) == ExitCode.RENDEZVOUS, other.output_tail()
+    lines = smartlaunch_lines(other)
+    assert len(lines) == 1 and "Traceback" not in other.output, other.output
+    assert lines[0] == (f"smartlaunch: error: lost the rendezvous store at {c.endpoint} (rdzv "
+                        f"id job-{c.tag}) before the plan came: the node that decides for the "
+                        f"job ended (its own output says why)"), lines[0]
+    assert c.left_running() == []

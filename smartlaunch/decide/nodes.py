@@ -15,8 +15,11 @@ ranks sharing its network link):
 The job on k nodes is then predicted as one DDP world of k*g ranks by the single-node cost
 model (cost.predict_ddp) over t_k, and its samples/s is k*g x the per-rank batch / step.
 The choice keeps every node unless fewer nodes are predicted faster by more than `margin`
-(the model's error band): the nodes not needed end (exit 0, one line) and the job runs on the
-first k to arrive, its global batch k*g x the per-rank batch (torchrun semantics).
+(MARGIN: fewer nodes change the global batch, so a tie keeps the nodes asked for; a wider
+margin cost 9.8% of throughput at 2 Gbit/s in bench/results/multinode-link-cpu-2026-11-26-
+margin5.md, where the prediction of two nodes was 7% high): the nodes not needed end (exit 0,
+one line) and the job runs on the first k to arrive, its global batch k*g x the per-rank
+batch (torchrun semantics).
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 
 from smartlaunch.decide.cost import CostModel, predict_ddp, predict_single
 from smartlaunch.profile.api import CommCurve, ModelProfile
+
+MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def predict_nodes(profile: ModelProfile, curves: TwoLevelCurve, k: int,
 
 
 def choose_nodes(profile: ModelProfile, curves: TwoLevelCurve, *, least: int = 1,
-                 allowed=lambda ranks: True, margin: float = 0.05,
+                 allowed=lambda ranks: True, margin: float = MARGIN,
                  model: CostModel = CostModel()) -> NodeChoice:
     """All N nodes, or fewer (at least `least`, with a world size `allowed`) when predicted
     faster by more than `margin`."""
