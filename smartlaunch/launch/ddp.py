@@ -301,8 +301,10 @@ def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES)
     if not log_root:
         return None, ""
     root = Path(log_root)
-    found = sorted([*root.glob(f"*/attempt_*/{local_rank}/std*.log"), *root.glob(f"{local_rank}/std*.log")],
-                   key=lambda p: (p.stat().st_mtime, p.name == "stderr.log"))
+    found = [*root.glob(f"*/attempt_*/{local_rank}/std*.log"), *root.glob(f"{local_rank}/std*.log")]
+    # The newest attempt's directory, its stderr first: a rank's last stdout line may be
+    # copied after its traceback (the two are copied apart), and the error is in stderr.
+    found.sort(key=lambda p: (p.parent.stat().st_mtime, p.parent, p.name == "stderr.log"))
     for path in reversed(found):
         text = path.read_text(errors="replace").rstrip()
         if text:
