@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from helpers_common import fixture_path
-from helpers_multinode import Cluster, Unavailable
+from helpers_multinode import RDZV_PORT, Cluster, Unavailable
 from smartlaunch.errors import ExitCode
 
 START_S = 120      # a loaded 2-core box: torch imported by every launcher and every rank
@@ -53,6 +53,16 @@ def printed_plan(node) -> dict:
     """The --explain=json plan a launcher printed."""
     out = node.output
     return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+
+
+def connected(pid: int, port: int) -> bool:
+    """Whether the network namespace of process `pid` (a node: only its own processes) has an
+    established TCP connection to `port` (/proc/PID/net/tcp* show that namespace's)."""
+    rows = []
+    for name in ("tcp", "tcp6"):        # c10d's sockets may be IPv6 ones (v4-mapped)
+        with open(f"/proc/{pid}/net/{name}") as f:
+            rows += [line.split() for line in f.readlines()[1:]]
+    return any(r[2].endswith(f":{port:04X}") and r[3] == "01" for r in rows)
 
 
 def fake(name: str) -> dict:
@@ -254,6 +264,8 @@ def test_the_deciding_node_killed_while_deciding_ends_the_others_and_leaves_noth
                        job=train(0.05, 256 << 10, 400), env=fake("pcie-phb-4070ti-pair"))
     wait_until(lambda: [p for p in c.job_processes() if "smartlaunch.cli" not in p.cmdline()],
                START_S, "the deciding node's dry run")
+    # ... once node 1 has reached the store (else it waits for it up to the join timeout).
+    wait_until(lambda: connected(other.proc.pid, RDZV_PORT), START_S, "node 1 on the store")
     decider.kill()
     assert other.wait(END_S) == ExitCode.RENDEZVOUS, other.output_tail()
     lines = smartlaunch_lines(other)
