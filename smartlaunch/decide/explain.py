@@ -196,7 +196,7 @@ TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),
                 ("killed", "killed at the time limit after {:.2f} s"))   # no step, no result
 
 
-# Seconds shown beside a stage (pipeline_pools.EarlySweep): the dry run's first forward held
+# Seconds shown beside a stage (profile/early.py): the dry run's first forward held
 # for the all-reduce sweep, and the sweep's own length (beside the dry run, not after it).
 STAGE_NOTES = {"profile": ("profile_gate", "waited {:.2f} at its gate for the all-reduce sweep"),
                "allreduce": ("allreduce_early", "swept during the dry run in {:.2f}")}

@@ -59,7 +59,7 @@ class ModelProfile:
     startup_s: float | None = None               # script start -> first optimizer step
     #                                              (less gate_wait_s: the script's own set-up)
     gate_wait_s: float | None = None             # its first forward held for the all-reduce
-    #                                              sweep beside it (pipeline_pools); None: no gate
+    #                                              sweep beside it (profile/early.py); None: no gate
     dry_run_s: float | None = None               # total cost of the dry run
     device: str = "cpu"                          # "cuda:0 (NVIDIA H200)" or "cpu"
     exit_code: int | None = None                 # the script's, when it crashed

@@ -2,12 +2,13 @@
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
         --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F \
-        [--progress P] [--gate PATH]
+        [--gate]
 
 Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
 per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
-[[bytes, seconds], ...] as JSON to --out. Rank 0 keeps "size k of n" in --progress (tick.py) for
-the parent's status line.
+[[bytes, seconds], ...] as JSON to --out. Rank 0 says "size k of n" on its control socket
+(profile/control.py) for the parent's status line, and that its result is written; --gate: once
+the group is up, every rank waits for its go there before the first size.
 """
 from __future__ import annotations
 
@@ -44,27 +45,24 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--stat", default="median", choices=("median", "min"))
     ap.add_argument("--out", required=True)
-    ap.add_argument("--progress", default=None)
-    ap.add_argument("--gate", default=None, help="joined, wait for this file before measuring")
+    ap.add_argument("--gate", action="store_true", help="joined, wait for the go to measure")
     args = ap.parse_args(argv)
     import torch
     import torch.distributed as dist
+    from smartlaunch.profile.control import Control
 
+    control = Control.from_env()
     device, sync = join_group(args.backend, args.device_index)
     try:
-        if args.gate:               # the group is up; measure when the GPUs are ours alone
-            from smartlaunch.profile.gate import wait
-            wait(args.gate)
+        if args.gate and control is not None:   # the group is up; measure when the GPUs are ours alone
+            control.gate()
             dist.barrier()
         sizes = [int(s) for s in args.sizes.split(",")]
         medians = []
-        tick = None
-        if dist.get_rank() == 0:
-            from smartlaunch.profile.tick import open_writer
-            tick = open_writer(args.progress)
+        tick = control if dist.get_rank() == 0 else None
         for k, nbytes in enumerate(sizes, 1):
             if tick is not None:
-                tick.set(k, len(sizes))
+                tick.step(k, len(sizes))
             buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
             for _ in range(args.warmup):
                 dist.all_reduce(buf)
@@ -86,6 +84,8 @@ def main(argv=None) -> None:
             with open(tmp, "w") as f:
                 json.dump([[s, t] for s, t in zip(sizes, worst.tolist())], f)
             os.replace(tmp, args.out)
+            if control is not None:
+                control.done()
     finally:
         dist.destroy_process_group()
 
