@@ -25,21 +25,19 @@ class Rank:
 
 
 def start_ranks(module: str, argvs: list[list[str]], envs: list[dict[str, str]], *,
-                logs: list[str | None] | None = None,
+                logs: list[str | None] | None = None, fds: list[int] | None = None,
                 python: str = sys.executable) -> list[Rank]:
     """Rank r runs `python -m module argvs[r]` with exactly envs[r]. logs[r]: its output file
-    (None: inherit ours). A control descriptor in envs[r] (profile/control.py) is passed on."""
-    from smartlaunch.profile.control import ENV_VAR
+    (None: inherit ours). fds[r]: a descriptor it inherits (its control socket)."""
     ranks: list[Rank] = []
     try:
         for r, (argv, env) in enumerate(zip(argvs, envs)):
             path = logs[r] if logs else None
-            fd = env.get(ENV_VAR, "")
             out = open(path, "ab") if path else None
             try:
                 child = proc.spawn([python, "-m", module, *argv], env=env, stdout=out,
                                    stderr=subprocess.STDOUT if out else None,
-                                   pass_fds=(int(fd),) if fd.isdigit() else ())
+                                   pass_fds=(fds[r],) if fds else ())
             finally:
                 if out is not None:
                     out.close()

@@ -36,7 +36,7 @@ from smartlaunch import proc, sandbox
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
-from smartlaunch.profile.session import Session, Stage, State
+from smartlaunch.profile.session import Session, Stage, State, owned
 from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
 from smartlaunch.vocab import Strategy
@@ -45,14 +45,14 @@ KILL_GRACE_S = 5.0
 
 
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
-                      *, session: Session, expected_step_s: float | None = None,
+                      *, session: Session | None = None, expected_step_s: float | None = None,
                       expected_setup_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
                       phases: Callable[[dict[str, float]], None] | None = None,
                       early: "Trial | None" = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in
-    `session`. None: the trial could not measure (script failed, stalled, --no-python).
+    `session` (None: one of its own per trial). None: the trial could not measure (script failed, stalled, --no-python).
     phases(seconds by phase): told after each trial where its seconds went (trial_phases).
     early: a trial set up beside the dry run (profile/early.py), waiting at its gate: used
     when decide asks for exactly its candidate, else left to the session to end.
@@ -64,9 +64,13 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
     why: dict = {}
 
     def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
-        nonlocal last_step
         if request.no_python or not request.script:
             return None
+        with owned(session) as s:
+            return measure(s, strategy, gpus)
+
+    def measure(session: Session, strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
+        nonlocal last_step
         isolated, note = isolation_check(request, policy, environ)
         if not isolated and policy.dryrun.isolation == "require":
             if log is not None:

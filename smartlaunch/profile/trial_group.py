@@ -42,25 +42,27 @@ def omp_env(environ, nproc: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1"} if "OMP_NUM_THREADS" not in environ and nproc > 1 else {}
 
 
-def rank_envs(environ, nproc: int) -> list[dict[str, str]]:
-    """Each rank's environment: torchrun's contract, and its own control descriptor when the
+def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | None]:
+    """Each rank's environment (torchrun's contract), and its own control descriptor when the
     spawner was given one per rank."""
     port, run_id = free_port(), str(uuid.uuid4())
     base = {**environ, **omp_env(environ, nproc)}
-    fds = base.pop(ENV_VAR, "").split(",")
+    given = base.pop(ENV_VAR, "").split(",")
     envs = [{**base, **rank_env(r, nproc, master_port=port, run_id=run_id, environ=environ)}
             for r in range(nproc)]
-    if len(fds) == nproc and all(f.isdigit() for f in fds):
-        for env, fd in zip(envs, fds):
-            env[ENV_VAR] = fd
-    return envs
+    if len(given) != nproc or not all(f.isdigit() for f in given):
+        return envs, None
+    for env, fd in zip(envs, given):
+        env[ENV_VAR] = fd
+    return envs, [int(f) for f in given]
 
 
 def run_group(nproc: int, shim_args: list[str]) -> int:
     """Start the ranks, wait for all; one failing (or a signal to us) ends the rest."""
     group: list[ranks.Rank] = []
     try:
-        group = ranks.start_ranks(SHIM, [shim_args] * nproc, rank_envs(os.environ, nproc))
+        envs, fds = rank_envs(os.environ, nproc)
+        group = ranks.start_ranks(SHIM, [shim_args] * nproc, envs, fds=fds)
         failed = ranks.wait_all(group, float("inf"))
         if failed is None:
             return 0
