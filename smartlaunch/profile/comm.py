@@ -159,7 +159,8 @@ def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: fl
         stage, tmp = start_ranks(s, module, gpus, device, environ, args, what=what)
         stage.on_step = progress
         if not s.wait(lambda: stage.over, time_limit_s):
-            s.kill(stage, f"it did not finish within {time_limit_s:g} s")
+            rank = next((r for r, c in enumerate(stage.children) if c.returncode is None), 0)
+            s.kill(stage, f"rank {rank} did not finish within {time_limit_s:g} s")
         return ranks_result(stage, tmp, gpus, device, what, hint)
 
 
