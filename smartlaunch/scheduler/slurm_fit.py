@@ -92,8 +92,9 @@ def release_unused(plan, policy, environ: Mapping[str, str], *,
     used = nodes_used(ctx, plan)
     idle = ctx.job_nnodes - used
     gpus_kept = len(ctx.gpus) - len(plan.gpus) if ctx.gpus else 0
-    kept = (f"the {_plural(gpus_kept, 'idle GPU')} on this node stay allocated (Slurm changes a "
-            f"running job's GPUs only by releasing whole nodes)") if gpus_kept > 0 else ""
+    kept = (f"the {_plural(gpus_kept, 'idle GPU')} on this node "
+            f"{'stays' if gpus_kept == 1 else 'stay'} allocated (Slurm changes a running job's "
+            f"GPUs only by releasing whole nodes)") if gpus_kept > 0 else ""
     if idle <= 0:
         return (f"{key}: Slurm job {job} keeps all its nodes: {kept}; ask for the GPUs the plan "
                 f"uses next time" if kept else ""), environ
