@@ -48,6 +48,10 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         for r in final_plan.reasons:        # an idle Slurm allocation: said even with --quiet
             if r.rule == SLURM_IDLE_RULE:
                 status.line(r.text)
+    from smartlaunch.scheduler.slurm_fit import release_unused
+    released, environ = release_unused(plan, policy, environ)  # slurm.release_unused
+    if released:
+        status.line(released)
     code = 1
     try:
         ctx = context(request, policy, topology, environ=environ, status=status,
@@ -199,21 +203,15 @@ def _trial_wanted(request, policy, topology, environ, group) -> bool:
                         strategy=Strategy.DDP, gpus=group) is None
 
 
-SLURM_IDLE_RULE = "slurm allocation: idle GPUs"
+SLURM_IDLE_RULE = "slurm allocation: idle GPUs or nodes"
 
 
 def slurm_idle(slurm, plan) -> str:
-    """One sentence when the plan leaves GPUs Slurm allocated on this node idle, with the
-    request that would fit next time; '' otherwise. Admins read wasted allocations from job
-    logs, so the launch prints it too (`run`), not only --explain."""
-    if slurm is None or not slurm.gpus or len(plan.gpus) >= len(slurm.gpus):
-        return ""
-    n = max(1, len(plan.gpus))
-    free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
-    return (f"the plan uses {len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm allocated on this "
-            f"node ({len(slurm.gpus) - len(plan.gpus)} idle for the whole job; GPUs left free: "
-            f"{free}); a request that fits this plan next time: `sbatch --nodes={slurm.job_nnodes} "
-            f"--gpus-per-node={n}` (or `srun --gpus-per-node={n}`)")
+    """One sentence when the plan leaves GPUs or nodes Slurm allocated idle, with the request
+    that would fit next time (scheduler/slurm_fit.py); '' otherwise. Admins read wasted
+    allocations from job logs, so the launch prints it too (`run`), not only --explain."""
+    from smartlaunch.scheduler.slurm_fit import idle_line
+    return idle_line(slurm, plan)
 
 
 def _check_paths(request: Request, policy, environ) -> None:

@@ -116,12 +116,21 @@ class PathsPolicy:
 
 
 @dataclass(frozen=True)
+class SlurmPolicy:
+    # Shrink a Slurm job to the nodes its plan uses before launching (`scontrol update
+    # JobId=... NumNodes=N`, from the batch script only); GPUs of a running job cannot be
+    # released (docs/slurm-admin.md).
+    release_unused: bool = False
+
+
+@dataclass(frozen=True)
 class Policy:
     decision: DecisionPolicy = field(default_factory=DecisionPolicy)
     launch: LaunchPolicy = field(default_factory=LaunchPolicy)
     dryrun: DryRunPolicy = field(default_factory=DryRunPolicy)
     jobs: JobsPolicy = field(default_factory=JobsPolicy)
     paths: PathsPolicy = field(default_factory=PathsPolicy)
+    slurm: SlurmPolicy = field(default_factory=SlurmPolicy)
     # dotted key -> "built-in" | "admin:/etc/smartlaunch/policy.yaml" | "user:<path>" |
     #   "env:SMARTLAUNCH_LOG_DIR" | "cli:--nproc-per-node" | "enforced:/etc/..." ; filled by
     #   the loader. Keys: "section.field", plus "launch.nccl.<FAMILY>", "launch.env.<NAME>".
