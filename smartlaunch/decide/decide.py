@@ -287,6 +287,8 @@ class _Ctx:
         self.units: Units = {}
         self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
         self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
+        self.packings: list = []        # pack.Packing: the variants as DDP groups (pack.py)
+        self.packed = None              # pack.Packed: the chosen one, None: one GPU each
 
     @property
     def predictable(self) -> bool:
@@ -314,7 +316,7 @@ class _Ctx:
     def predict(self, group: tuple[int, ...]) -> Prediction | None:
         if not self.predictable:
             return None
-        curve = self.comm_for(group)
+        curve = self.curves.get(group) or self.comm_for(group)
         if curve is None:
             return None
         self.curves[group] = curve

@@ -94,7 +94,10 @@ def choose_auto(ctx, cands: dict) -> Choice:
         rival = (ctx.units[best[0]].WORD, preds[best].speedup) if best else \
             (_scaled_word(ctx), None)
         if ctx.units[sweep[0]].prefer(ctx, sweep, preds[sweep], rival):
-            return Choice(sweep[0], sweep[1], "model")
+            # More GPUs than variants: a DDP group each, when that gives more (pack.py).
+            from smartlaunch.decide.pack import choose
+            packed = choose(ctx, cands, sweep)
+            return packed if packed is not None else Choice(sweep[0], sweep[1], "model")
 
     if not scaled:
         why = (f"only {ctx.cap} GPU allowed" if ctx.cap < 2 else
