@@ -118,6 +118,18 @@ def test_more_variants_than_gpus_queue_on_single_gpus_and_a_forced_independent_n
     assert plan.nproc_per_node == 2 and groups(plan) == [(0, 1), (2, 3)]
 
 
+def test_a_dry_run_is_planned_only_when_the_variants_could_get_ddp_groups(clean_env):
+    from smartlaunch.decide.probe import probe
+
+    def gpu(req, pol=None):
+        return probe(req, pcie4(), pol or policy(), units=REGISTRY,
+                     leased=lambda: frozenset()).profile_gpu
+    assert gpu(sweep(2)) == 0                       # 2 × DDP×2 fits 4 GPUs: worth measuring
+    assert gpu(sweep(3)) is None                    # 3 × 2 does not: one GPU each, as before
+    assert gpu(sweep(2), policy(world_sizes=(1, 4))) is None
+    assert gpu(sweep(2, strategy="independent")) is None
+
+
 def test_groups_are_disjoint_best_linked_and_numa_aware(clean_env):
     topo = dual_socket()          # PIX pairs on each socket, SYS across
     assert disjoint_groups(topo, [0, 1, 2, 3], 2, 2, ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")) \

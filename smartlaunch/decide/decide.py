@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
+from smartlaunch.decide import pack
 from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
@@ -104,6 +105,10 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     cands = ctx.candidates(choice)
     if choice is None:
         choice = choose_auto(ctx, cands)
+        if ctx.packings and (choice.strategy, choice.gpus) in cands \
+                and units[choice.strategy].ROLE == Role.SWEEP:
+            # More GPUs than variants: a DDP group each, when that gives more (pack.py).
+            choice = pack.choose(ctx, cands, (choice.strategy, choice.gpus)) or choice
     plan_cands, comm = ctx.finish(choice, cands)
     ctx.left = tuple(g for g in usable if g not in choice.gpus)
     fields = units[choice.strategy].plan_fields(ctx, choice)

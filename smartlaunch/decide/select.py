@@ -94,10 +94,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
         rival = (ctx.units[best[0]].WORD, preds[best].speedup) if best else \
             (_scaled_word(ctx), None)
         if ctx.units[sweep[0]].prefer(ctx, sweep, preds[sweep], rival):
-            # More GPUs than variants: a DDP group each, when that gives more (pack.py).
-            from smartlaunch.decide.pack import choose
-            packed = choose(ctx, cands, sweep)
-            return packed if packed is not None else Choice(sweep[0], sweep[1], "model")
+            return Choice(sweep[0], sweep[1], "model")
 
     if not scaled:
         why = (f"only {ctx.cap} GPU allowed" if ctx.cap < 2 else
@@ -520,7 +517,8 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
     role, win_role = ctx.units[c.strategy].ROLE, ctx.units[win.strategy].ROLE
     if choice.basis == "forced":
         tail = ": not asked for"
-    elif role == Role.SCALED and c.efficiency is not None and c.efficiency < floor:
+    elif (role == Role.SCALED or (c.per_variant or 1) > 1) and c.efficiency is not None \
+            and c.efficiency < floor:           # a DDP job, or variants as DDP groups (pack.py)
         tail = f": below the policy's {pct(floor)}" + (
             f" even at +{pct(error[0])}" if fix is not None and
             c.efficiency * (1 + error[0]) < floor else "")

@@ -90,7 +90,8 @@ def sentence(ctx, c: Candidate, pred, error) -> str:
     if (c.per_variant or 1) > 1:
         head = f"{_groups_words(c)} ({c.per_variant} GPUs per variant)"
     if c.speedup is not None:
-        head += f": {how} {times(c.speedup)} one job's rate ({rate(c.predicted_samples_per_s)})"
+        one = "one GPU's" if (c.per_variant or 1) > 1 else "one job's"
+        head += f": {how} {times(c.speedup)} {one} rate ({rate(c.predicted_samples_per_s)})"
     return head
 
 
