@@ -160,6 +160,11 @@ def test_plan_json_and_explain_show_each_variants_group_with_its_numbers(clean_e
     assert "variant 1 (--lr 0.2): DDP×4 on GPUs 4,5,6,7 (worst link NV18), predicted" in text
     assert "local rank 0 → GPU4: NUMA node 1" in text
     assert "independent, DDP×4 each" in text and "independent, DDP×2 each" in text
+    from smartlaunch.decide.explain import decision_line
+    assert decision_line(plan, REGISTRY).startswith(
+        "2 variants, each as DDP×4 on its own group: GPUs 0,1,2,3 | 4,5,6,7 — predicted ")
+    assert "one GPU's samples/s in all; each variant's global batch 4 × 64 = 256" in \
+        decision_line(plan, REGISTRY)
     one = plan.group_plan(1)
     assert one.strategy == Strategy.DDP and one.gpus == (4, 5, 6, 7) and one.nproc_per_node == 4
     assert one.command[-2:] == ("--lr", "0.2") and one.variants == () and one.groups == ()
