@@ -259,3 +259,59 @@ def test_two_variants_run_as_two_ddp2_groups_and_one_failing_leaves_the_other(cl
     assert "groups: 1 of 2 succeeded" in err
     assert "group 1: rank 1 (local 1" in err and "exit code 3" in err
     assert LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).taken(topo) == set()
+
+
+DRIVER = textwrap.dedent("""
+    import json, os, sys
+    from torch.distributed.run import get_args_parser
+    from helpers_decide import fixture, profile, FakeComm, TEST_MODEL
+    from helpers_ddp import make_policy
+    from smartlaunch.decide import decide
+    from smartlaunch.decide.prepare import prepare
+    from smartlaunch.launch import execute
+    from smartlaunch.launch.api import context
+    from smartlaunch.request import Request
+    from smartlaunch.strategies import REGISTRY
+    script, out, logs = sys.argv[1:4]
+    topo = fixture("pcie-4gpu-x8")
+    variants = (("--tag", "a", "--wait-for", "never"), ("--tag", "b", "--wait-for", "never"))
+    ns = get_args_parser().parse_args([script, "--out", out])
+    req = Request(script=script, script_args=("--out", out), torchrun_args=ns, variants=variants)
+    pol = make_policy(logs)
+    plan = decide(req, topo, pol, profile(params=6_900_000, step_ms=30.0), units=REGISTRY,
+                  comm_for=FakeComm(topo), model=TEST_MODEL)
+    plan = prepare(plan, topo, pol, os.environ, units=REGISTRY, numactl="")
+    assert len(plan.groups) == 2
+    sys.exit(execute(plan, context(req, pol, topo), REGISTRY))
+""")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_group_and_exits_143(clean_env):
+    import signal
+    import subprocess
+    import sys
+    from helpers_common import wait_until
+    from helpers_ddp import wait_gone
+    out = clean_env / "out"
+    out.mkdir()
+    (clean_env / "rank.py").write_text(RANK_SCRIPT)
+    (clean_env / "driver.py").write_text(DRIVER)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": tests + os.pathsep + os.environ["PYTHONPATH"]}
+    p = subprocess.Popen([sys.executable, str(clean_env / "driver.py"), str(clean_env / "rank.py"),
+                          str(out), str(clean_env / "logs")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(list(out.glob("*-*.json"))) == 4 or p.poll() is not None,
+                   timeout=120, what="both groups' ranks")
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        pids = [json.loads(f.read_text())["pid"] for f in out.glob("*-*.json")]
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert wait_gone(pids, 10) == []
+    assert "groups: 0 of 2 succeeded" in err
