@@ -140,8 +140,10 @@ def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
                         "~/.config/smartlaunch/policy.yaml)")
     g.add_argument("--reprofile", action="store_true", help="ignore the cached profile")
     g.add_argument("--each", action="append", default=[], metavar="ARGS",
-                   help="run the script once per --each as independent single-GPU jobs, "
-                        "ARGS appended to the script's arguments (repeatable)")
+                   help="run the script once per --each as independent jobs (one GPU each, "
+                        "or a DDP group each when GPUs outnumber variants and that gives "
+                        "more samples/s), ARGS appended to the script's arguments "
+                        "(repeatable)")
     g.add_argument("--each-file", metavar="FILE",
                    help="like --each, one variant per line (# comments)")
     g.add_argument("--no-wait", action="store_true",

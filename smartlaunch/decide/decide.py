@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
+from smartlaunch.decide import pack
 from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
@@ -104,6 +105,10 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     cands = ctx.candidates(choice)
     if choice is None:
         choice = choose_auto(ctx, cands)
+        if ctx.packings and (choice.strategy, choice.gpus) in cands \
+                and units[choice.strategy].ROLE == Role.SWEEP:
+            # More GPUs than variants: a DDP group each, when that gives more (pack.py).
+            choice = pack.choose(ctx, cands, (choice.strategy, choice.gpus)) or choice
     plan_cands, comm = ctx.finish(choice, cands)
     ctx.left = tuple(g for g in usable if g not in choice.gpus)
     fields = units[choice.strategy].plan_fields(ctx, choice)
@@ -287,6 +292,8 @@ class _Ctx:
         self.units: Units = {}
         self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
         self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
+        self.packings: list = []        # pack.Packing: the variants as DDP groups (pack.py)
+        self.packed = None              # pack.Packed: the chosen one, None: one GPU each
 
     @property
     def predictable(self) -> bool:
@@ -314,7 +321,7 @@ class _Ctx:
     def predict(self, group: tuple[int, ...]) -> Prediction | None:
         if not self.predictable:
             return None
-        curve = self.comm_for(group)
+        curve = self.curves.get(group) or self.comm_for(group)
         if curve is None:
             return None
         self.curves[group] = curve

@@ -233,6 +233,9 @@ def decision_line(plan: Plan, units: Units) -> str:
         why = "multi-node job: launched as torchrun would; smartlaunch decides only single-node jobs"
     elif plan.forced:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
+    elif plan.groups and chosen is not None and chosen.speedup is not None:
+        why = (f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one "
+               f"GPU's samples/s in all")
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU" \
             + (", as trials of other sizes corrected it" if chosen.corrected else "")

@@ -517,7 +517,8 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
     role, win_role = ctx.units[c.strategy].ROLE, ctx.units[win.strategy].ROLE
     if choice.basis == "forced":
         tail = ": not asked for"
-    elif role == Role.SCALED and c.efficiency is not None and c.efficiency < floor:
+    elif (role == Role.SCALED or (c.per_variant or 1) > 1) and c.efficiency is not None \
+            and c.efficiency < floor:           # a DDP job, or variants as DDP groups (pack.py)
         tail = f": below the policy's {pct(floor)}" + (
             f" even at +{pct(error[0])}" if fix is not None and
             c.efficiency * (1 + error[0]) < floor else "")
