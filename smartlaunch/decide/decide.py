@@ -19,6 +19,7 @@ from typing import Callable
 from smartlaunch.decide import groups as G
 from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
+from smartlaunch.decide.curves import derived_note, group_curves
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.select import Choice, choose_auto, comm_summary, uncertainty
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
@@ -102,6 +103,9 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     if choice is None:
         _note_world_sizes(ctx)
     cands = ctx.candidates(choice)
+    derived = derived_note(topology, ctx.curves)
+    if derived:
+        reasons.append(Reason(derived, "decide/curves.py"))
     if choice is None:
         choice = choose_auto(ctx, cands)
     plan_cands, comm = ctx.finish(choice, cands)
@@ -311,14 +315,17 @@ class _Ctx:
         unit = self.units[key[0]]
         return unit.ROLE != Role.SCALED or len(key[1]) in self.policy.decision.world_sizes
 
-    def predict(self, group: tuple[int, ...]) -> Prediction | None:
+    def predict(self, groups) -> dict[tuple[int, ...], Prediction | None]:
+        """The DDP prediction of every group, each with its group's all-reduce curve:
+        measured, or derived from a measured group with the same links (decide/curves.py:
+        one sweep per kind of link, largest group first)."""
+        groups = [tuple(g) for g in groups]
         if not self.predictable:
-            return None
-        curve = self.comm_for(group)
-        if curve is None:
-            return None
-        self.curves[group] = curve
-        return predict_ddp(self.profile, curve, len(group), self.model)
+            return {g: None for g in groups}
+        got = group_curves(groups, self.topology, self.comm_for)
+        self.curves.update({g: c for g, c in got.items() if c is not None})
+        return {g: predict_ddp(self.profile, got[g], len(g), self.model)
+                if got.get(g) is not None else None for g in groups}
 
     def finish(self, choice: Choice, cands):
         from smartlaunch.decide.select import describe
