@@ -159,8 +159,9 @@ def _comm(c: CommSummary | None) -> list[str]:
     if c is None:
         return ["all-reduce: not measured"]
     at_grad = c.busbw_at_grad_GBps
-    return [f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, "
-            f"{'cached' if c.cached else 'measured'}): busbw "
+    how = f"derived from {gpu_list(c.derived_from)}'s {'cached' if c.cached else 'measured'}" \
+        f" curve" if c.derived_from else "cached" if c.cached else "measured"
+    return [f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, {how}): busbw "
             f"{gbps(c.busbw_256MiB_GBps * 1e9)} at 256 MiB"
             + (f", {gbps(at_grad * 1e9)} at the gradient size" if at_grad else "")
             + f", latency {c.latency_us:.0f} µs"]

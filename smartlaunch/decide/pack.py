@@ -106,7 +106,7 @@ def _predictions(ctx, groups) -> tuple[Prediction | None, ...]:
         like = seen.get(_shape(ctx.topology, group))
         if like is not None and like in ctx.curves:
             ctx.curves.setdefault(group, ctx.curves[like])
-        out.append(ctx.predict(group))
+        out.append(ctx.predict([group])[group])
         seen.setdefault(_shape(ctx.topology, group), group)
     return tuple(out)
 

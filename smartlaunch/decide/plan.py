@@ -79,10 +79,13 @@ class CommSummary:
     # The measured curve itself, so a decision can be replayed and audited offline.
     points: tuple[tuple[int, float], ...]
     bandwidth_Bps: float
+    # The measured group this curve was derived from (decide/curves.py); () when measured.
+    derived_from: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["gpus"] = list(self.gpus)
+        d["derived_from"] = list(self.derived_from)
         d["points"] = [[int(b), float(t)] for b, t in self.points]
         return d
 

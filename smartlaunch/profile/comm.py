@@ -149,6 +149,35 @@ def _tail(tmp: str, rank: int, lines: int = 5) -> list[str]:
         return []
 
 
+def measure_groups(groups, *, device: str, environ, max_bytes: int | None = None,
+                   time_limit_s: float = TIME_LIMIT_S, progress=None,
+                   session: Session | None = None) -> dict[tuple[int, ...], CommCurve]:
+    """The curve of each group (CUDA ordinals), measured one group after another by one rank
+    per GPU of their union, joined once (comm_worker --groups): one process start and one
+    NCCL initialisation for all of them, each group over a communicator of its own.
+    progress(size, k, n): k counts the sizes of every group. session: as measure_allreduce's."""
+    groups = [tuple(g) for g in groups]
+    if not groups or any(len(g) < 2 for g in groups):
+        raise CommBenchError(f"an all-reduce benchmark needs groups of at least 2 GPUs, got "
+                             f"{[list(g) for g in groups]}; pass --gpus with two or more indices")
+    union = tuple(sorted({i for g in groups for i in g}))
+    rank = {gpu: r for r, gpu in enumerate(union)}
+    sizes = sizes_for(device, max_bytes)
+    spec = ";".join(",".join(str(rank[i]) for i in g) for g in groups)
+
+    def at(k: int, of: int) -> None:
+        if progress is not None and k >= 1:
+            progress(sizes[(k - 1) % len(sizes)], k, of)
+    got = run_ranks(WORKER, union, device, environ,
+                    [*_worker_args(device, sizes), "--groups", spec],
+                    time_limit_s=time_limit_s, what=WHAT, hint=HINT, progress=at,
+                    session=session)
+    if not isinstance(got, list) or len(got) != len(groups):
+        raise CommBenchError(f"all-reduce benchmark over GPUs {list(union)} wrote no result; "
+                             "run `smartlaunch-node bench-comm --debug` to see why")
+    return {g: _curve(entry["points"], g, device, environ) for g, entry in zip(groups, got)}
+
+
 def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
               hint: str, progress=None, session: Session | None = None):
     """Ranks of `module` (start_ranks), bounded by time_limit_s; every rank is ended on

@@ -9,6 +9,11 @@ per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank set
 [[bytes, seconds], ...] as JSON to --out. Rank 0 says "size k of n" on its control socket
 (profile/control.py) for the parent's status line, and that its result is written; --gate: once
 the group is up, every rank waits for its go there before the first size.
+
+--groups "0,1,2,3;0,1": one curve per group of ranks, one group after another, each over a
+communicator of its own (what a world of those ranks alone would build), measured by these
+processes joined once; the others wait on a CPU barrier meanwhile. --out then holds
+[{"ranks": [...], "points": [[bytes, seconds], ...]}, ...] in the order given.
 """
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ def main(argv=None) -> None:
     ap.add_argument("--stat", default="median", choices=("median", "min"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--gate", action="store_true", help="joined, wait for the go to measure")
+    ap.add_argument("--groups", default=None,
+                    help='one curve per group of ranks, e.g. "0,1,2,3;0,1" (see above)')
     args = ap.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -58,36 +65,71 @@ def main(argv=None) -> None:
             control.gate()
             dist.barrier()
         sizes = [int(s) for s in args.sizes.split(",")]
-        medians = []
         tick = control if dist.get_rank() == 0 else None
-        for k, nbytes in enumerate(sizes, 1):
-            if tick is not None:
-                tick.step(k, len(sizes))
-            buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-            for _ in range(args.warmup):
-                dist.all_reduce(buf)
-            sync()
-            times = []
-            for _ in range(args.iters):
-                dist.barrier()  # start together: rank skew would count as all-reduce time
-                sync()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                sync()
-                times.append(time.perf_counter() - t0)
-            medians.append(statistics.median(times) if args.stat == "median" else min(times))
-            del buf
-        worst = torch.tensor(medians, dtype=torch.float64, device=device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        if args.groups:
+            result = _each_group(args, sizes, device, sync, tick)
+        else:
+            result = [[s, t] for s, t in zip(sizes, _sweep(args, sizes, device, sync, tick))]
         if dist.get_rank() == 0:
             tmp = args.out + ".tmp"
             with open(tmp, "w") as f:
-                json.dump([[s, t] for s, t in zip(sizes, worst.tolist())], f)
+                json.dump(result, f)
             os.replace(tmp, args.out)
             if control is not None:
                 control.done()
     finally:
         dist.destroy_process_group()
+
+
+
+def _sweep(args, sizes, device, sync, tick, group=None, done: int = 0, total: int = 0):
+    """Seconds per size over `group` (None: every rank), the slowest rank's median (or min).
+    tick: rank 0's control (step k of n), None elsewhere."""
+    import torch
+    import torch.distributed as dist
+    medians = []
+    for k, nbytes in enumerate(sizes, 1):
+        if tick is not None:
+            tick.step(done + k, total or len(sizes))
+        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        for _ in range(args.warmup):
+            dist.all_reduce(buf, group=group)
+        sync()
+        times = []
+        for _ in range(args.iters):
+            dist.barrier(group=group)  # start together: rank skew would count as all-reduce time
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            sync()
+            times.append(time.perf_counter() - t0)
+        medians.append(statistics.median(times) if args.stat == "median" else min(times))
+        del buf
+    worst = torch.tensor(medians, dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return worst.tolist()
+
+
+def _each_group(args, sizes, device, sync, tick) -> list[dict]:
+    """--groups: each group's curve in turn; every rank takes part in making every group
+    (new_group is collective), only the members measure, a gloo broadcast of the group's
+    times keeps the groups apart."""
+    import torch
+    import torch.distributed as dist
+    groups = [[int(r) for r in g.split(",")] for g in args.groups.split(";") if g]
+    cpu = dist.new_group(backend="gloo")
+    subs = [dist.new_group(ranks=g) for g in groups]
+    me, out = dist.get_rank(), []
+    for i, (ranks, sub) in enumerate(zip(groups, subs)):
+        points = torch.zeros(len(sizes), dtype=torch.float64)
+        if me in ranks:
+            points = torch.tensor(_sweep(args, sizes, device, sync, tick, sub,
+                                         i * len(sizes), len(groups) * len(sizes)),
+                                  dtype=torch.float64)
+        # the group's times to every rank; the next group starts once its members are done
+        dist.broadcast(points, src=ranks[0], group=cpu)
+        out.append({"ranks": ranks, "points": [[s, t] for s, t in zip(sizes, points.tolist())]})
+    return out
 
 
 if __name__ == "__main__":
