@@ -159,17 +159,23 @@ def _start_early(request, policy, topology, environ, first, cores, session):
     """What a cold decision starts with its dry run (profile/early.py), started; None: none."""
     from smartlaunch.profile import early as early_work
     from smartlaunch.vocab import Strategy
+    from smartlaunch.decide.groups import best_group
     usable = [g.index for g in topology.gpus if g.index not in first.unavailable
               and not g.busy and topology.healthy(g.index)]
-    size = policy.decision.early_group(len(usable), request.max_gpus,
-                                       request.strategy == Strategy.DDP.value)
+    cap = request.max_gpus
+    if request.variants:       # a sweep packs at most len(usable) // variants GPUs a variant
+        cap = min(cap or len(usable), len(usable) // len(request.variants))
+    size = policy.decision.early_group(len(usable), cap, request.strategy == Strategy.DDP.value)
     due = first.profile_gpu is not None and first.measure and policy.decision.prestart
     if not due or size < 2:
         return None
-    group = tuple(usable[:size])
+    # the group decide weighs first for this size (decide/groups.py)
+    group = best_group(topology, usable, size, policy.decision.ddp_link_classes)
+    if group is None:
+        return None
     isolated = _isolated(request, policy, environ)
     work = early_work.what_to_start(
-        dry_run=True, usable=usable, group_size=size,
+        dry_run=True, group=group,
         cores=len(os.sched_getaffinity(0)) if cores is None else cores,
         sweep_cached=_comm_cached(topology, group, policy, environ),
         trial_wanted=(isolated or policy.dryrun.isolation != "require")

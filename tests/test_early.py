@@ -49,18 +49,17 @@ def start(s: Session, role: str, **env):
 @pytest.mark.parametrize("kw, want", [
     ({}, EarlyWork((0, 1), sweep=True, trial=True)),
     ({"dry_run": False}, None),                         # nothing measures: nothing starts
-    ({"group_size": 1}, None),                          # no DDP candidate
+    ({"group": None}, None),                            # no DDP candidate
     ({"cores": 2}, None),                               # CI's two cores: not one to spare
     ({"cores": 4}, EarlyWork((0, 1), sweep=True, trial=False)),
     ({"cores": 4, "sweep_cached": True}, EarlyWork((0, 1), sweep=False, trial=True)),
     ({"trial_wanted": False}, EarlyWork((0, 1), sweep=True, trial=False)),
     ({"sweep_cached": True, "trial_wanted": False}, None),
-    ({"usable": [2, 3, 5, 6], "group_size": 4, "cores": 64},
-     EarlyWork((2, 3, 5, 6), sweep=True, trial=True)),
+    ({"group": (2, 3, 5, 6), "cores": 64}, EarlyWork((2, 3, 5, 6), sweep=True, trial=True)),
 ])
 def test_what_starts_early_follows_from_plain_facts(kw, want):
-    facts = {"dry_run": True, "usable": [0, 1], "group_size": 2, "cores": 16,
-             "sweep_cached": False, "trial_wanted": True, **kw}
+    facts = {"dry_run": True, "group": (0, 1), "cores": 16, "sweep_cached": False,
+             "trial_wanted": True, **kw}
     assert what_to_start(**facts) == want
 
 

@@ -40,20 +40,20 @@ class EarlyWork:
     trial: bool                 # its DDP trial, set up beside the dry run
 
 
-def what_to_start(*, dry_run: bool, usable: list[int], group_size: int, cores: int,
+def what_to_start(*, dry_run: bool, group: tuple[int, ...] | None, cores: int,
                   sweep_cached: bool, trial_wanted: bool) -> EarlyWork | None:
     """What to start with the dry run, from plain facts: a decision will measure (`dry_run`:
-    auto, a profile GPU, `decision.prestart`), the usable GPUs, the largest DDP candidate's
-    size (DecisionPolicy.early_group), the cores this process may use, whether the group's
-    curve is cached and whether its trial is wanted (trials on, a Python script, not cached,
-    isolation as the policy asks). Each start costs about a core per rank for the seconds of
-    its import, which a 2-core machine would take from the dry run itself."""
-    if not dry_run or group_size < 2 or len(usable) < group_size:
+    auto, a profile GPU, `decision.prestart`), the largest DDP candidate's group as decide
+    will pick it (None: no DDP candidate), the cores this process may use, whether the
+    group's curve is cached and whether its trial is wanted (trials on, a Python script, not
+    cached, isolation as the policy asks). Each start costs about a core per rank for the
+    seconds of its import, which a 2-core machine would take from the dry run itself."""
+    if not dry_run or group is None or len(group) < 2:
         return None
-    budget = cores - SPARE_CORES
-    sweep = budget >= group_size and not sweep_cached
-    trial = budget - group_size * sweep >= group_size and trial_wanted
-    return EarlyWork(tuple(usable[:group_size]), sweep, trial) if sweep or trial else None
+    n, budget = len(group), cores - SPARE_CORES
+    sweep = budget >= n and not sweep_cached
+    trial = budget - n * sweep >= n and trial_wanted
+    return EarlyWork(tuple(group), sweep, trial) if sweep or trial else None
 
 
 class Early:
