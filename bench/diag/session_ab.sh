@@ -21,10 +21,26 @@ NEW=$PWD
 for s in ${SCRIPTS:-hf-style-b32 embbag-b4096}; do
   for v in new old; do
     pp=$NEW; [ $v = old ] && pp=$NEW/$OLD
-    PYTHONPATH=$pp timeout 400 python3 bench/cold_decision.py --scripts $s --conditions nvlink \
+    CUDA_VISIBLE_DEVICES=${AB_GPUS:-0,1} PYTHONPATH=$pp timeout 400 python3 bench/cold_decision.py --scripts $s --conditions nvlink \
       --which ${WHICH:-trials,throughput} --json $OUT/cold-$s-$v.json --out $OUT/cold-$s-$v.md \
       > $OUT/log-$s-$v.txt 2>&1
+    rc=$?
     left=$(pgrep -fc "smartlaunch\.(profile|warm)" || true)
-    echo "$s $v rc=$? left=$left" >> $OUT/summary.txt
+    echo "$s $v rc=$rc left=$left" >> $OUT/summary.txt
   done
 done
+# The DataLoader pattern that once hung the warm path (6 persistent pinned workers), new code,
+# through the early-start path (default on a node with cores to spare), then what is left.
+rm -rf /tmp/h; mkdir -p /tmp/h
+t0=$(date +%s.%N)
+CUDA_VISIBLE_DEVICES=${AB_GPUS:-0,1} HOME=/tmp/h XDG_CACHE_HOME=/tmp/h/.cache timeout 170 smartlaunch --explain=json \
+  bench/diag/loader_train.py --batch 128 --workers 6 --steps 200 > $OUT/loader6-plan.json 2> $OUT/loader6-err.txt
+rc=$?; t1=$(date +%s.%N)
+echo "loader6 rc=$rc wall=$(python3 -c "print(round($t1 - $t0, 1))") left=$(pgrep -fc 'smartlaunch\.profile|loader_train' || true)" >> $OUT/summary.txt
+# Derived all-reduce curves against measured ones on every GPU of the node
+if [ -n "${DERIVE:-}" ]; then
+  PYTHONPATH=$NEW timeout 120 python3 bench/comm_derive.py --ns 2,3,4 --conditions nvlink,host \
+    --out $OUT/comm-derive > $OUT/comm-derive.log 2>&1
+  echo "comm_derive rc=$?" >> $OUT/summary.txt
+fi
+cat $OUT/summary.txt $OUT/parser-check.txt
