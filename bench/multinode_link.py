@@ -97,7 +97,8 @@ def main() -> int:
              f"gradients (DDP, gloo), batch {args.batch} a rank, {args.steps} steps (rate over "
              f"the last {args.steps - 2}). Load average at the end: "
              f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs).", "",
-             "| link | qdisc | chosen | measured 2 nodes | measured 1 node | best | regret | decision s |",
+             "| link | qdisc | chosen | measured 2 nodes | measured 1 node | best | regret "
+             "| decision s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["measured_sps"]

@@ -78,12 +78,51 @@ TORCHRUN_SHOWN = {
 }
 
 
+def torchrun_parser() -> argparse.ArgumentParser:
+    """torchrun's own parser (torch.distributed.run.get_args_parser), built without importing
+    torch (3-6 s on a GPU node: the whole command line is known before anything starts, so a
+    cold decision starts its dry run at once). Its definition is read from the installed
+    torch's source and run with what it uses: argparse, torch.distributed.argparse_util (which
+    imports only the standard library) and torch.numa.binding's AffinityMode. Anything
+    unexpected in a torch release and torch is imported instead: slower, never different
+    (tests/test_cli_parser.py compares the two option by option)."""
+    try:
+        return _torchrun_parser_from_source()
+    except Exception:
+        from torch.distributed.run import get_args_parser
+        return get_args_parser()
+
+
+def _torchrun_parser_from_source() -> argparse.ArgumentParser:
+    import ast
+    import enum
+    from pathlib import Path
+    spec = importlib.util.find_spec("torch")          # found, not imported
+    root = Path(spec.origin).parent
+
+    def defs(relative: str, *names: str) -> list:
+        tree = ast.parse((root / relative).read_text(), relative)
+        found = [n for n in tree.body if getattr(n, "name", None) in names]
+        if len(found) != len(names):
+            raise LookupError(f"{relative}: {names} not found")
+        return found
+    util_spec = importlib.util.spec_from_file_location(
+        "smartlaunch._torchrun_argparse_util", root / "distributed" / "argparse_util.py")
+    util = importlib.util.module_from_spec(util_spec)
+    util_spec.loader.exec_module(util)
+    ns = {"__name__": "smartlaunch._torchrun", "os": os, "Enum": enum.Enum,
+          "ArgumentParser": argparse.ArgumentParser, "REMAINDER": argparse.REMAINDER,
+          "check_env": util.check_env, "env": util.env}
+    exec(compile(ast.Module(defs("numa/binding.py", "AffinityMode"), []), "binding", "exec"), ns)
+    ns["_AffinityMode"] = ns["AffinityMode"]
+    exec(compile(ast.Module(defs("distributed/run.py", "get_args_parser"), []), "run", "exec"), ns)
+    return ns["get_args_parser"]()
+
+
 def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
     """torchrun's parser with smartlaunch's group added and listed first. torchrun_help: list
     every torchrun option in --help (else TORCHRUN_SHOWN only); parsing is the same."""
-    from torch.distributed.run import get_args_parser
-
-    parser = get_args_parser()
+    parser = torchrun_parser()
     parser.__class__ = _OneLineParser
     parser.prog = "smartlaunch"
     parser.usage = "%(prog)s [options] training_script [script args ...]"
@@ -101,8 +140,10 @@ def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
                         "~/.config/smartlaunch/policy.yaml)")
     g.add_argument("--reprofile", action="store_true", help="ignore the cached profile")
     g.add_argument("--each", action="append", default=[], metavar="ARGS",
-                   help="run the script once per --each as independent single-GPU jobs, "
-                        "ARGS appended to the script's arguments (repeatable)")
+                   help="run the script once per --each as independent jobs (one GPU each, "
+                        "or a DDP group each when GPUs outnumber variants and that gives "
+                        "more samples/s), ARGS appended to the script's arguments "
+                        "(repeatable)")
     g.add_argument("--each-file", metavar="FILE",
                    help="like --each, one variant per line (# comments)")
     g.add_argument("--no-wait", action="store_true",
@@ -227,7 +268,8 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
         torchrun_args=torchrun_ns,
     )
     _check_nnodes(request.nnodes)
-    _check_rendezvous(torchrun_ns, typed, environ)
+    if any(d.startswith("rdzv") for d in given) or any(v.startswith("PET_RDZV") for v in environ):
+        _check_rendezvous(torchrun_ns, typed, environ)     # the defaults need no torch to check
     _check_entrypoint(request)
     if request.variants and _forbids_variants(request.strategy):
         raise UsageError(f"--each/--each-file run independent jobs; they cannot be combined "
@@ -397,16 +439,12 @@ def _check_program(name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    debug, early = False, None
+    debug = False
     try:
-        # Before torch's import for torchrun's parser: the dry run's own python imports torch
-        # meanwhile (profile/early.py).
-        from smartlaunch.profile import early as early_dry_run
-        early = early_dry_run.start(argv, os.environ)
         debug = "--debug" in argv[:_script_index(build_parser(), argv)]
         request, given = parse(argv)
         from smartlaunch.pipeline import run
-        return run(request, given, early=early)
+        return run(request, given)
     except SmartlaunchError as exc:
         if debug:
             raise
@@ -421,9 +459,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"smartlaunch: {exc.line()}", file=sys.stderr, flush=True)
         return int(exc.code)
-    finally:
-        if early is not None:
-            early.close()
 
 
 def console_main() -> None:

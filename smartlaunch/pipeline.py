@@ -12,17 +12,15 @@ from collections.abc import Mapping
 
 from smartlaunch.decide.plan import Reason
 from smartlaunch.errors import DryRunError
+from smartlaunch.profile.session import Session
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 
 
-def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ,
-        early=None) -> int:
-    """early: the dry run's process started before the command line was parsed
-    (profile/early.py); used or closed by make_plan."""
+def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ) -> int:
     status = StatusLine()
     try:
-        plan, topology, policy = make_plan(request, given, environ, status, early=early)
+        plan, topology, policy = make_plan(request, given, environ, status)
     finally:
         status.clear()           # an error line or the plan starts at column 0
     if request.explain == "json":
@@ -50,6 +48,10 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         for r in final_plan.reasons:        # an idle Slurm allocation: said even with --quiet
             if r.rule == SLURM_IDLE_RULE:
                 status.line(r.text)
+    from smartlaunch.scheduler.slurm_fit import release_unused
+    released, environ = release_unused(plan, policy, environ)  # slurm.release_unused
+    if released:
+        status.line(released)
     code = 1
     try:
         ctx = context(request, policy, topology, environ=environ, status=status,
@@ -65,17 +67,14 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
 
 
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
-              status: StatusLine | None = None, *, cores: int | None = None, early=None):
-    """cores: CPUs to count for the warm pools (pipeline_pools; default: this process's).
-    early: as run's; closed here unless the dry run takes it."""
-    try:
-        return _make_plan(request, given, environ, status, cores, early)
-    finally:
-        if early is not None:
-            early.close()
+              status: StatusLine | None = None, *, cores: int | None = None):
+    """cores: CPUs to count for starting measurements early (profile/early.py; default: this
+    process's). Every process the decision starts belongs to one Session, closed here."""
+    with Session() as session:
+        return _make_plan(request, given, environ, status, cores, session)
 
 
-def _make_plan(request, given, environ, status, cores, early):
+def _make_plan(request, given, environ, status, cores, session):
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
@@ -84,9 +83,6 @@ def _make_plan(request, given, environ, status, cores, early):
     clock = _Clock()
     status = status if status is not None else StatusLine(tty=False, stream=_Null())
     policy = apply_request(load_policy(request.policy_path, environ=environ), request)
-    if early is not None and not policy.decision.prestart:
-        early.close()               # started on a guess; this policy wants none
-        early = None
     notes: list[tuple[str, str]] = []   # (reason, rule) added to the plan's reasons
     slurm = detect(environ)
     if slurm is not None and request.torchrun_args is not None:
@@ -103,13 +99,14 @@ def _make_plan(request, given, environ, status, cores, early):
     if request.multi_node:      # one node decides for all (pipeline_nodes.py)
         from smartlaunch.pipeline_nodes import one_decision
         return one_decision(request, topology, policy, environ, lambda: _decide_here(
-            request, policy, topology, environ, status, cores, early, clock, notes, slurm),
+            request, policy, topology, environ, status, cores, session, clock, notes, slurm),
             status)
-    return _decide_here(request, policy, topology, environ, status, cores, early, clock, notes,
-                        slurm)
+    return _decide_here(request, policy, topology, environ, status, cores, session, clock,
+                        notes, slurm)
 
 
-def _decide_here(request, policy, topology, environ, status, cores, early, clock, notes, slurm):
+def _decide_here(request, policy, topology, environ, status, cores, session, clock, notes,
+                 slurm):
     from smartlaunch.decide import decide
     from smartlaunch.decide.probe import probe
     from smartlaunch.decide.prepare import prepare
@@ -119,54 +116,42 @@ def _decide_here(request, policy, topology, environ, status, cores, early, clock
     first = probe(request, topology, policy, units=REGISTRY, environ=environ,
                   leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
     clock.lap("leases")
-    from smartlaunch import pipeline_pools
-    if early is not None and early.isolated != _isolated(request, policy, environ):
-        early.close()               # started on a guess this request's dry run does not share
-        early = None
-    pools = pipeline_pools.start(request, policy, topology, environ, first, cores=cores,
-                                 gate_dir=early.result_dir if early is not None else None,
-                                 early_trial=early.take_trial() if early is not None else None)
+    early = _start_early(request, policy, topology, environ, first, cores, session)
+    if not request.explain:
+        import torch.distributed.run  # noqa: F401  (the launch's; its ~3 s beside the dry run)
     try:
-        try:
-            profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
-                               pools.gate, early)
-        except DryRunError as exc:
-            if not (exc.out_of_memory and pools.drop_early_trial()):
-                raise
-            # Its GPU memory was shared with the trial's ranks set up beside it: measure
-            # again alone rather than fail a job that fits a GPU on its own.
-            status.line("the dry run ran out of GPU memory beside the trial set up with it; "
-                        "running it again alone")
-            early = None
-            profile = _profile(request, policy, topology, environ, first.profile_gpu, status)
-        if early is not None:
-            early.close()           # a cache hit, or no dry run due: not needed after all
-        if pools.keeper is not None:
-            pools.keeper.done.set()     # no dry run waits at the gate any more
-            if pools.keeper.dropped:
-                notes.append((f"the trial set up beside the dry run was stopped "
-                              f"({pools.keeper.dropped}); a trial starts the script again",
-                              "decision.prestart"))
-        clock.lap("profile")
-        if profile is not None and not profile.cached and profile.gate_wait_s:
-            clock.add({"profile_gate": profile.gate_wait_s})
-        trial = _trial_runner(request, policy, environ, topology, profile, status, clock,
-                              REGISTRY, pools.trial) if first.measure else None
-        model, model_note = _cost_model(policy, topology, environ, profile)
-        notes += model_note
-        plan = decide(
-            request, topology, policy, profile, units=REGISTRY,
-            comm_for=clock.timed("allreduce",
-                                 _comm_for(topology, policy, environ, profile, status, pools,
-                                           clock)),
-            trial=trial,
-            unavailable=first.unavailable,
-            model=model,
-            launched=_launched(request, policy, topology, environ) if profile is not None else None,
-            environ=environ, wait_reason=first.wait_reason,
-        )
-    finally:
-        pools.close()
+        profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
+                           session, early is not None)
+    except DryRunError as exc:
+        if not (exc.out_of_memory and early is not None and early.drop_trial()):
+            raise
+        # Its GPU memory was shared with the trial's ranks set up beside it: measure
+        # again alone rather than fail a job that fits a GPU on its own.
+        status.line("the dry run ran out of GPU memory beside the trial set up with it; "
+                    "running it again alone")
+        profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
+                           session)
+    if early is not None and early.dropped:
+        notes.append((f"the trial set up beside the dry run was stopped ({early.dropped}); "
+                      f"a trial starts the script again", "decision.prestart"))
+    clock.lap("profile")
+    if profile is not None and not profile.cached and profile.gate_wait_s:
+        clock.add({"profile_gate": profile.gate_wait_s})
+    trial = _trial_runner(request, policy, environ, topology, profile, status, clock,
+                          REGISTRY, session, early) if first.measure else None
+    model, model_note = _cost_model(policy, topology, environ, profile)
+    notes += model_note
+    plan = decide(
+        request, topology, policy, profile, units=REGISTRY,
+        comm_for=clock.timed("allreduce",
+                             _comm_for(topology, policy, environ, profile, status, session,
+                                       early, clock)),
+        trial=trial,
+        unavailable=first.unavailable,
+        model=model,
+        launched=_launched(request, policy, topology, environ) if profile is not None else None,
+        environ=environ, wait_reason=first.wait_reason,
+    )
     status.clear()
     clock.lap("decide")
     plan = prepare(plan, topology, policy, environ, units=REGISTRY,
@@ -181,21 +166,69 @@ def _decide_here(request, policy, topology, environ, status, cores, early, clock
     return dataclasses.replace(plan, timings=clock.result()), topology, policy
 
 
-SLURM_IDLE_RULE = "slurm allocation: idle GPUs"
+def _start_early(request, policy, topology, environ, first, cores, session):
+    """What a cold decision starts with its dry run (profile/early.py), started; None: none."""
+    from smartlaunch.profile import early as early_work
+    from smartlaunch.vocab import Strategy
+    from smartlaunch.decide.groups import best_group
+    usable = [g.index for g in topology.gpus if g.index not in first.unavailable
+              and not g.busy and topology.healthy(g.index)]
+    cap = request.max_gpus
+    if request.variants:       # a sweep packs at most len(usable) // variants GPUs a variant
+        cap = min(cap or len(usable), len(usable) // len(request.variants))
+    size = policy.decision.early_group(len(usable), cap, request.strategy == Strategy.DDP.value)
+    due = first.profile_gpu is not None and first.measure and policy.decision.prestart
+    if not due or size < 2:
+        return None
+    # the group decide weighs first for this size (decide/groups.py)
+    group = best_group(topology, usable, size, policy.decision.ddp_link_classes)
+    if group is None:
+        return None
+    isolated = _isolated(request, policy, environ)
+    work = early_work.what_to_start(
+        dry_run=True, group=group,
+        cores=len(os.sched_getaffinity(0)) if cores is None else cores,
+        sweep_cached=_comm_cached(topology, group, policy, environ),
+        trial_wanted=(isolated or policy.dryrun.isolation != "require")
+        and _trial_wanted(request, policy, topology, environ, group))
+    if work is None:
+        return None
+    from smartlaunch.profile.comm import TIME_LIMIT_S, Sweep
+    from smartlaunch.profile.trial import Trial
+    limit = float(policy.dryrun.time_limit_s)
+    sweep = Sweep(session, topology, work.group, policy, environ) if work.sweep else None
+    trial = Trial.start(session, request, policy, environ, isolated, work.group, gate=True) \
+        if work.trial else None
+    # The sweep's ranks wait at most about a dry run's time at their gate, then half its limit.
+    return early_work.Early(session, trial, sweep,
+                            sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
+
+
+def _comm_cached(topology, group, policy, environ) -> bool:
+    from smartlaunch.profile.cache import cached_comm
+    from smartlaunch.profile.comm import backend_for, device_for
+    return cached_comm(policy, topology, tuple(group), backend_for(device_for(topology)), environ,
+                       need_bytes=0) is not None
+
+
+def _trial_wanted(request, policy, topology, environ, group) -> bool:
+    if not policy.decision.trials or request.no_python or not request.script:
+        return False
+    from smartlaunch.profile.cache import cached_trial
+    from smartlaunch.vocab import Strategy
+    return cached_trial(request, policy, topology=topology, environ=environ,
+                        strategy=Strategy.DDP, gpus=group) is None
+
+
+SLURM_IDLE_RULE = "slurm allocation: idle GPUs or nodes"
 
 
 def slurm_idle(slurm, plan) -> str:
-    """One sentence when the plan leaves GPUs Slurm allocated on this node idle, with the
-    request that would fit next time; '' otherwise. Admins read wasted allocations from job
-    logs, so the launch prints it too (`run`), not only --explain."""
-    if slurm is None or not slurm.gpus or len(plan.gpus) >= len(slurm.gpus):
-        return ""
-    n = max(1, len(plan.gpus))
-    free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
-    return (f"the plan uses {len(plan.gpus)} of the {len(slurm.gpus)} GPUs Slurm allocated on this "
-            f"node ({len(slurm.gpus) - len(plan.gpus)} idle for the whole job; GPUs left free: "
-            f"{free}); a request that fits this plan next time: `sbatch --nodes={slurm.job_nnodes} "
-            f"--gpus-per-node={n}` (or `srun --gpus-per-node={n}`)")
+    """One sentence when the plan leaves GPUs or nodes Slurm allocated idle, with the request
+    that would fit next time (scheduler/slurm_fit.py); '' otherwise. Admins read wasted
+    allocations from job logs, so the launch prints it too (`run`), not only --explain."""
+    from smartlaunch.scheduler.slurm_fit import idle_line
+    return idle_line(slurm, plan)
 
 
 def _check_paths(request: Request, policy, environ) -> None:
@@ -299,7 +332,7 @@ def _isolated(request, policy, environ) -> bool:
     return isolation_check(request, policy, environ)[0]
 
 
-def _profile(request, policy, topology, environ, gpu, status, gate=None, early=None):
+def _profile(request, policy, topology, environ, gpu, status, session, gate=False):
     if gpu is None:
         return None
     from smartlaunch.worker_env import narrow_visible
@@ -317,10 +350,10 @@ def _profile(request, policy, topology, environ, gpu, status, gate=None, early=N
                               gpu_model=topology.gpu(gpu).name, environ=environ,
                               announce=announce, progress=progress,
                               echo=status.echo(binary) if binary is not None else None,
-                              real_gpu=topology.source == "nvml", gate=gate, early=early)
+                              real_gpu=topology.source == "nvml", session=session, gate=gate)
 
 
-def _comm_for(topology, policy, environ, profile, status, pools, clock):
+def _comm_for(topology, policy, environ, profile, status, session, early, clock):
     if not topology.gpus:
         return lambda group: None
     from smartlaunch.profile.comm import comm_curve
@@ -335,23 +368,21 @@ def _comm_for(topology, policy, environ, profile, status, pools, clock):
 
         def progress(size: int, k: int, n: int) -> None:
             status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
-        early = pools.comm
-        if early is not None:     # the sweep started with the dry run; no benchmark beside it
+        sweep = early.sweep if early is not None else None
+        if sweep is not None and sweep.gpus == tuple(group):
+            # started with the dry run; no benchmark beside it
             status.ticking(f"{what} up to the largest size (started with the dry run; cached "
                            f"afterwards)")
-            from smartlaunch.proc import stage
-            with stage("the all-reduce benchmark"):     # Ctrl-C while we wait: one line
-                curve = early.curve(group, progress)
-            pools.comm = None
-            early.close()
-            clock.add({"allreduce_early": early.seconds or 0.0})
+            curve = sweep.curve(progress)
+            clock.add({"allreduce_early": sweep.stage_seconds()})
             if curve is not None:
                 return curve
+
         def announce() -> None:        # a cached curve is read without a word
             status.ticking(f"{what} up to {mb(max_bytes) if max_bytes else 'the largest size'} "
                            f"(cached afterwards)")
         return comm_curve(topology, tuple(group), policy, environ, max_bytes=max_bytes,
-                          progress=progress, announce=announce)
+                          progress=progress, announce=announce, session=session)
     return comm_for
 
 
@@ -375,17 +406,18 @@ def _launched(request, policy, topology, environ):
     return load_rates(policy, job_key(request, policy, topology, environ), environ)
 
 
-def _trial_runner(request, policy, environ, topology, profile, status, clock, units, pool):
+def _trial_runner(request, policy, environ, topology, profile, status, clock, units, session,
+                  early):
     if not policy.decision.trials or request.no_python:
         return None
     from smartlaunch.profile.trial import make_trial_runner
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     setup = profile.startup_s if profile is not None else None
-    runner = make_trial_runner(request, policy, environ, expected_step_s=step,
+    runner = make_trial_runner(request, policy, environ, session=session, expected_step_s=step,
                                expected_setup_s=setup,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}),
-                               pool=pool)
+                               early=early.take_trial() if early is not None else None)
     trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
                                                      topology=topology, environ=environ))

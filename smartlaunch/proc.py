@@ -389,7 +389,7 @@ def spawn(argv: list[str], *, env: dict[str, str] | None = None, stage: str | No
     stage: what the child measures, for `with spawn(...)`: a signal to us in the block raises
     Interrupted(stage) once the child has ended."""
     g = guard()
-    with _spawn_lock:       # the early all-reduce sweep spawns from its thread (pipeline_pools)
+    with _spawn_lock:       # spawns may come from threads (the launch's monitors)
         g.spawned += 1
         tag = f"{g.tag}-{g.spawned}-"     # the trailing dash: child 1 must not match child 10
     env = dict(os.environ if env is None else env)

@@ -2,10 +2,9 @@
 
 The one place smartlaunch starts N cooperating ranks of its own modules: the all-reduce
 benchmark and the node calibration (profile/comm.py `run_ranks`) and a trial's ranks
-(profile/trial_group.py). Each rank is a `proc.spawn` child (its own session, guarded), started
-cold (`python -m module`) or handed to a warm process that has already imported torch
-(smartlaunch.warm). One rank failing ends the others; `stop_all` passes a signal to every
-rank's group, then SIGKILLs what is left after the grace.
+(profile/trial_group.py). Each rank is a `proc.spawn` child (its own session, guarded). One
+rank failing ends the others; `stop_all` passes a signal to every rank's group, then SIGKILLs
+what is left after the grace.
 """
 from __future__ import annotations
 
@@ -26,23 +25,19 @@ class Rank:
 
 
 def start_ranks(module: str, argvs: list[list[str]], envs: list[dict[str, str]], *,
-                logs: list[str | None] | None = None, pool=None,
+                logs: list[str | None] | None = None, fds: list[int] | None = None,
                 python: str = sys.executable) -> list[Rank]:
-    """Rank r runs `python -m module argvs[r]` with exactly envs[r]; from `pool` (a
-    warm.WarmPool) while it has a process, else cold. logs[r]: a cold rank's output file
-    (None: inherit ours); a warm rank writes where its pool put it."""
+    """Rank r runs `python -m module argvs[r]` with exactly envs[r]. logs[r]: its output file
+    (None: inherit ours). fds[r]: a descriptor it inherits (its control socket)."""
     ranks: list[Rank] = []
     try:
         for r, (argv, env) in enumerate(zip(argvs, envs)):
-            warm = pool.take(module, argv, env) if pool is not None else None
-            if warm is not None:
-                ranks.append(Rank(*warm))
-                continue
             path = logs[r] if logs else None
             out = open(path, "ab") if path else None
             try:
                 child = proc.spawn([python, "-m", module, *argv], env=env, stdout=out,
-                                   stderr=subprocess.STDOUT if out else None)
+                                   stderr=subprocess.STDOUT if out else None,
+                                   pass_fds=(fds[r],) if fds else ())
             finally:
                 if out is not None:
                     out.close()
@@ -53,13 +48,10 @@ def start_ranks(module: str, argvs: list[list[str]], envs: list[dict[str, str]],
     return ranks
 
 
-def wait_all(ranks: list[Rank], limit: float, poll=None) -> tuple[int, str] | None:
-    """None when every rank exited 0; else (rank, reason) of the first failure. poll(): called
-    meanwhile (a TickWatch's progress)."""
+def wait_all(ranks: list[Rank], limit: float) -> tuple[int, str] | None:
+    """None when every rank exited 0; else (rank, reason) of the first failure."""
     deadline = time.monotonic() + limit
     while True:
-        if poll is not None:
-            poll()
         codes = [r.child.returncode for r in ranks]
         for rank, code in enumerate(codes):
             if code not in (None, 0):

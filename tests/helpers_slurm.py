@@ -199,12 +199,118 @@ class SlurmCluster:
 
     def logs(self, tail: int = 30) -> str:
         out = []
-        for name in ("slurmctld.log", "slurmd.log", "munge/munged.log"):
+        slurmds = sorted(p.name for p in self.dir.glob("slurmd*.log"))
+        for name in ("slurmctld.log", *slurmds, "munge/munged.log"):
             p = self.dir / name
             if p.exists():
                 lines = p.read_text(errors="replace").splitlines()[-tail:]
                 out.append(f"--- {name}\n" + "\n".join(lines))
         return "\n".join(out)
+
+
+class NodesCluster(SlurmCluster):
+    """Several slurmd on this host, one per node name (`slurmd -N n1`, each its own port, spool
+    and PID file), so jobs span real nodes of one slurmctld. No node hooks; its job_submit.lua
+    refuses job modifications while `deny_modify` exists (a site that forbids resizing)."""
+
+    def __init__(self, root: Path, names: tuple[str, ...] = ("n1", "n2")):
+        super().__init__(root)
+        self.names = names
+        self.deny_modify = root / "deny-modify"
+
+    def write_config(self, hooks_settings: dict[str, str]) -> None:
+        super().write_config(hooks_settings)
+        d = self.dir
+        drop = ("NodeName=", "PartitionName=", "SlurmdPidFile=", "SlurmdSpoolDir=",
+                "SlurmdLogFile=", "Prolog=", "Epilog=")
+        lines = [x for x in self.conf.read_text().splitlines() if not x.startswith(drop)]
+        lines += [f"SlurmdPidFile={d}/slurmd-%n.pid", f"SlurmdSpoolDir={d}/spool-%n",
+                  f"SlurmdLogFile={d}/slurmd-%n.log"]
+        lines += [f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={free_port()} "
+                  f"CPUs=1 RealMemory=1000 Gres=gpu:2 State=UNKNOWN" for n in self.names]
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+        (d / "job_submit.lua").write_text(f"""\
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   local f = io.open("{self.deny_modify}", "r")
+   if f ~= nil then
+      f:close()
+      slurm.log_user("site policy: jobs may not be resized here")
+      return slurm.ERROR
+   end
+   return slurm.SUCCESS
+end
+return slurm.SUCCESS
+""")
+
+    def start(self) -> None:
+        d = self.dir
+        os.chown(d / "munge", _uid("munge"), _gid("munge"))
+        os.chmod(d / "munge", 0o755)
+        self._daemon("munged", ["runuser", "-u", "munge", "--", _sbin("munged"), "--force",
+                                f"--socket={d}/munge/munge.socket",
+                                f"--pid-file={d}/munge/munged.pid",
+                                f"--log-file={d}/munge/munged.log",
+                                f"--seed-file={d}/munge/munged.seed"], d / "munge" / "munged.pid")
+        self._daemon("slurmctld", [_sbin("slurmctld"), "-i", "-f", str(self.conf)],
+                     d / "slurmctld.pid")
+        for n in self.names:
+            (d / f"spool-{n}").mkdir(exist_ok=True)
+            self._daemon(f"slurmd-{n}", [_sbin("slurmd"), "-N", n, "-f", str(self.conf)],
+                         d / f"slurmd-{n}.pid")
+        deadline = time.monotonic() + 30
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            out = self.client("sinfo", "-h", "-N", "-o", "%N %T", timeout=15).stdout.split("\n")
+            states = [x.split()[-1] for x in out if x.strip()]
+            if len(states) == len(self.names) and all(s == "idle" for s in states):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"nodes not idle after 30 s ({states})\n{self.logs()}")
+
+    def stop(self) -> None:
+        for n in self.names:                 # slurmd first, as the one-node cluster does
+            pid = self.pids.pop(f"slurmd-{n}", None)
+            if pid is not None:
+                _stop_pid(pid)
+        super().stop()
+
+
+def _stop_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def slurm_nodes():
+    """A two-node Slurm (NodesCluster) for one test module."""
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="smartlaunch-slurm-nodes-"))
+    os.chmod(root, 0o755)
+    cluster = NodesCluster(root)
+    cluster.write_config({})
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -78,7 +78,8 @@ def test_nvswitch_groups_stay_on_one_socket_and_all_eight_scale(clean_env):
     topo = fixture("nvswitch-8gpu")
     plan, comm = run(topo, profile(**GPT))
     rows = ddp_by_n(plan)
-    assert sorted(rows) == list(range(2, 9)) and len(comm.calls) == 7
+    # every pair NV18: one sweep, of the largest group; the six others derived from it
+    assert sorted(rows) == list(range(2, 9)) and comm.calls == [tuple(range(8))]
     for n in (2, 3, 4):
         assert rows[n].gpus == tuple(range(n)) and numa(topo, rows[n].gpus) == {0}
         assert "1 NUMA node," in rows[n].reason
@@ -98,13 +99,21 @@ def test_nvswitch_with_a_leased_gpu_takes_the_other_socket_for_four(clean_env):
 @pytest.mark.parametrize("params, want", [(60_000_000, (0, 1, 2)), (160_000_000, (0, 1))])
 def test_nvswitch_fewer_beat_four_when_the_group_of_four_measures_slower(clean_env, params, want):
     # What the group measured decides, not its link class: here the 4-group's curve has
-    # 10x the latency and a fifth of the bandwidth (a degraded NVSwitch plane, say).
+    # 10x the latency and a fifth of the bandwidth (GPU3 with NVLinks down, NV12 to the
+    # others). Its links differ from the 3-group's, so neither curve is derived from the
+    # other (decide/curves.py); the pair's is derived from the 3-group's (every pair NV18).
+    topo = machine([gpu(i) for i in range(4)], lambda a, b: "NV12" if b == 3 else "NV18",
+                   name="nvswitch-4gpu-gpu3-degraded")
+    asked = []
+
     def comm(group):
+        asked.append(group)
         return curve(len(group), 296e9 if len(group) < 4 else 60e9,
                      30e-6 if len(group) < 4 else 300e-6, gpus=group)
-    plan, _ = run(fixture("nvswitch-8gpu"), profile(params=params, step_ms=4.0),
-                  req=request(max_gpus=4), comm=comm)
+    plan, _ = run(topo, profile(params=params, step_ms=4.0), comm=comm)
+    assert asked == [(0, 1, 2, 3), (0, 1, 2)]
     rows = ddp_by_n(plan)
+    assert "derived from the curve measured on GPUs 0,1,2" in rows[2].reason
     assert plan.strategy == Strategy.DDP and plan.gpus == want
     assert rows[4].efficiency < 0.7 and "below the policy's 70%" in rows[4].reason
     assert f"predicted {rows[4].speedup:.2f}×" in rows[4].reason

@@ -11,6 +11,7 @@ import pytest
 from helpers_decide import FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, policy, profile, request
 from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
 from smartlaunch.decide.plan import SCHEMA_VERSION, Plan
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.topology.api import cpu_only
 from smartlaunch.strategies import REGISTRY
 
@@ -48,6 +49,9 @@ def plans():
     yield decide(request(variants=(("a",), ("b",))), pcie4(), policy(), None,
                  comm_for=FakeComm(pcie4()))
     yield decide(request(), cpu_only("no NVML"), policy(), None, comm_for=lambda g: None)
+    packed = decide(request(variants=(("a",), ("b",))), pcie4(), policy(),
+                    profile(params=6_900_000, step_ms=30), comm_for=FakeComm(pcie4()))
+    yield prepare(packed, pcie4(), policy(), {}, units=REGISTRY, numactl="")
 
 
 @pytest.mark.parametrize("plan", list(plans()), ids=lambda p: p.strategy.value)
@@ -58,7 +62,7 @@ def test_from_dict_reads_back_what_to_json_wrote(clean_env, plan):
 
 def test_the_doc_has_every_section():
     assert set(documented()) >= {"Plan", "Candidate", "Reason", "EnvVar", "NumaBinding", "Comm",
-                                 "Topology"}
+                                 "Topology", "VariantGroup"}
 
 
 @pytest.mark.parametrize("plan", list(plans()), ids=lambda p: p.strategy.value)
@@ -78,9 +82,14 @@ def test_to_dict_matches_the_documented_fields(clean_env, plan):
         assert set(e) == doc["EnvVar"]
     for b in d["numa"]:
         assert set(b) == doc["NumaBinding"]
+    for g in d["groups"]:
+        assert set(g) == doc["VariantGroup"]
+        assert all(set(b) == doc["NumaBinding"] for b in g["numa"])
+        assert all(set(e) == doc["EnvVar"] for e in g["env"])
 
 
 def test_the_plans_exercise_every_nested_section(clean_env):
     ds = [p.to_dict() for p in plans()]
     assert any(d["comm"] for d in ds) and any(d["env"] for d in ds) and any(d["numa"] for d in ds)
     assert any(c["measured"] for d in ds for c in d["candidates"])
+    assert any(g["numa"] for d in ds for g in d["groups"])

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from helpers_common import REPO, fixture_path
-from test_warm import private_tmp, tagged_left
+from helpers_early import private_tmp, tagged_left
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

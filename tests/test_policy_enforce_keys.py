@@ -68,6 +68,7 @@ CASES = {
     "paths.decision_log": ("/admin/decisions.jsonl", "/user/decisions.jsonl",
                            "/admin/decisions.jsonl"),
     "paths.node_cache": ("/admin/node", "/user/node", "/admin/node"),
+    "slurm.release_unused": (True, False, True),
 }
 # The environment variables that set a key (they rank above the user file, below enforce).
 ENV_OVER = {"paths.cache_dir": ("SMARTLAUNCH_CACHE_DIR", "/env/cache"),

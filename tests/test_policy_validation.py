@@ -23,7 +23,7 @@ MALFORMED = {
     "unknown section": (
         "decisions:\n  min_efficiency: 0.5\n",
         "1: decisions: unknown section; did you mean 'decision'? valid sections: decision, "
-        "launch, dryrun, jobs, paths, enforce"),
+        "launch, dryrun, jobs, paths, slurm, enforce"),
     "bad indentation": (
         "decision:\n  min_efficiency: 0.5\n   trials: true\n",
         f"3: malformed YAML: mapping values are not allowed here; {SYNTAX}"),
@@ -36,8 +36,8 @@ MALFORMED = {
         f"document; {SYNTAX}"),
     "top level list": (
         "- decision\n",
-        "1: expected a mapping of sections (decision, launch, dryrun, jobs, paths), got a list; "
-        "write it as 'name: value' lines indented under it"),
+        "1: expected a mapping of sections (decision, launch, dryrun, jobs, paths, slurm), got "
+        "a list; write it as 'name: value' lines indented under it"),
     "section is a number": (
         "decision: 3\n",
         "1: decision: expected a mapping of decision keys, got int 3; write it as 'name: value' "
@@ -178,7 +178,7 @@ MALFORMED = {
     "misspelt enforce section": (
         "enforce:\n  decison:\n    max_gpus: 4\n",
         "2: enforce.decison: unknown section; did you mean 'decision'? valid sections: decision, "
-        "launch, dryrun, jobs, paths"),
+        "launch, dryrun, jobs, paths, slurm"),
     "misspelt enforce key": (
         "enforce:\n  decision:\n    max_gpu: 4\n",
         "3: enforce.decision.max_gpu: unknown key; did you mean 'max_gpus'? valid keys: "
@@ -186,7 +186,7 @@ MALFORMED = {
     "enforce inside enforce": (
         "enforce:\n  enforce:\n    decision: {}\n",
         "2: enforce.enforce: unknown section; valid sections: decision, launch, dryrun, jobs, "
-        "paths"),
+        "paths, slurm"),
     "out of range inside enforce": (
         "enforce:\n  decision:\n    max_gpus: -4\n",
         "3: enforce.decision.max_gpus: -4 is out of range; use a value from 1 to 1024, or null "

@@ -91,3 +91,19 @@ def test_bench_comm_fills_the_cache_then_reads_it(clean_env, monkeypatch, capsys
 def _children() -> list[str]:
     import psutil
     return [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+
+
+def test_one_set_of_ranks_measures_each_group_over_a_communicator_of_its_own(clean_env):
+    # comm_worker --groups: three gloo ranks joined once, a 3-group's curve then a pair's
+    seen = []
+    got = comm.measure_groups([(0, 1, 2), (0, 2)], device="cpu", environ=dict(os.environ),
+                              max_bytes=256 << 10, progress=lambda *a: seen.append(a))
+    assert list(got) == [(0, 1, 2), (0, 2)]
+    for group, curve in got.items():
+        assert curve.world_size == len(group) and curve.gpus == group
+        assert [s for s, _ in curve.points] == [64 << 10, 128 << 10, 256 << 10]
+        assert all(t > 0 for _, t in curve.points) and curve.derived_from == ()
+    assert seen and seen[-1] == (256 << 10, 6, 6), seen          # both groups' sizes counted
+    assert not [p for p in _children() if "comm_worker" in p]
+    with pytest.raises(comm.CommBenchError, match="at least 2 GPUs"):
+        comm.measure_groups([(0, 1), (2,)], device="cpu", environ={})

@@ -120,30 +120,6 @@ echo '{{"step_time_s": 0.002, "batch_size": 8}}' > "$out/rank0.json"
     assert seen.read_text().split()[-1] == "50"
 
 
-def test_a_trial_setup_closed_from_two_threads_at_once_closes_once(clean_env):
-    """The Gate's thread drops a slow early trial while the pipeline drops it after a dry run
-    out of GPU memory: both may call close; neither may fail, and nothing is left."""
-    import threading
-    from smartlaunch.profile.trial import TrialSetup
-    setup = TrialSetup(Request(script=SCRIPT), QUICK, dict(os.environ), False, warm=2)
-    pid, tmp = setup.child.pid, setup.tmp
-    errors = []
-
-    def close():
-        try:
-            setup.close()
-        except Exception as exc:     # noqa: BLE001  (the assertion below names it)
-            errors.append(exc)
-    threads = [threading.Thread(target=close) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert errors == [] and setup.child is None and not os.path.exists(tmp)
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-
-
 def test_trial_deadlines_come_from_the_dry_run_with_floors_and_the_limit():
     from smartlaunch.profile.trial import Deadlines
     d = Deadlines.from_dry_run(20.0, 0.05, 120.0)          # a compile of 20 s, 50 ms steps

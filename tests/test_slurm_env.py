@@ -212,3 +212,110 @@ def test_an_idle_slurm_allocation_is_said_at_launch_with_the_request_that_fits(c
                      "(1 idle for the whole job; GPUs left free: GPU1); a request that fits "
                      "this plan next time: `sbatch --nodes=1 --gpus-per-node=1` (or `srun "
                      "--gpus-per-node=1`)"], r.stderr
+
+
+def _plan(gpus=(0,), left_free=(), nnodes="1"):
+    """The fields of a Plan the Slurm fit reads (scheduler/slurm_fit.py)."""
+    import types
+    return types.SimpleNamespace(gpus=gpus, left_free=left_free, nnodes=nnodes,
+                                 multi_node=nnodes not in ("1", "1:1"))
+
+
+BATCH_3 = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "g[1-3]", "SLURM_JOB_NUM_NODES": "3",
+           "SLURM_NNODES": "3", "SLURMD_NODENAME": "g1"}
+
+
+def test_idle_nodes_are_said_with_the_request_that_fits():
+    from smartlaunch.scheduler.slurm_fit import idle_line
+    batch = detect(BATCH_3, runner=hostnames_runner())
+    # A batch script runs on the first node only; no GPUs asked.
+    assert idle_line(batch, _plan(gpus=())) == (
+        "the plan uses 1 of the 3 nodes Slurm allocated to job 7 (2 idle for the whole job); a "
+        "request that fits this plan next time: `sbatch --nodes=1` (or `srun --nodes=1`)")
+    # A step over every node, each node its own launch: nothing idle.
+    step = {**BATCH_3, "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "g[1-3]",
+            "SLURM_STEP_NUM_NODES": "3", "SLURM_NODEID": "0", "SLURM_JOB_GPUS": "0,1",
+            "CUDA_VISIBLE_DEVICES": "0,1"}
+    ctx = detect(step, runner=hostnames_runner())
+    assert idle_line(ctx, _plan(gpus=(0, 1))) == ""
+    # A multi-node plan that takes 2 of the step's 3 nodes (plan.nnodes says how many).
+    assert idle_line(ctx, _plan(gpus=(0, 1), nnodes="2")) == (
+        "the plan uses 2 of the 3 nodes Slurm allocated to job 7 (1 outside this srun step 7.0: "
+        "idle unless another step uses them); a request that fits this plan next time: "
+        "`sbatch --nodes=2 --gpus-per-node=2` (or `srun --nodes=2 --gpus-per-node=2`)")
+
+
+def test_release_unused_refusals_are_one_line_and_keep_the_environment():
+    import dataclasses
+    from smartlaunch.policy.api import Policy, SlurmPolicy
+    from smartlaunch.scheduler.slurm_fit import release_unused
+    on = dataclasses.replace(Policy(slurm=SlurmPolicy(release_unused=True)),
+                             sources={"slurm.release_unused": "user:p.yaml"})
+    calls = []
+
+    def scontrol(show: str, update_rc: int, update_err: str = ""):
+        def run(argv, timeout_s):
+            calls.append(list(argv))
+            if argv[1] == "show" and argv[2] == "hostnames":
+                return Completed(tuple(argv), 0, "g1\ng2\ng3\n", "")
+            if argv[1] == "-o":
+                return Completed(tuple(argv), 0, show, "")
+            return Completed(tuple(argv), update_rc, "", update_err)
+        return run
+
+    env = dict(BATCH_3)
+    denied = scontrol("JobId=7 NumNodes=3 NodeList=g[1-3]", 1,
+                      "Access/permission denied for job 7\n")
+    line, out = release_unused(_plan(), on, env, runner=denied)
+    assert out is env and line == (
+        "slurm.release_unused (user:p.yaml): Slurm job 7 not shrunk: `scontrol update JobId=7 "
+        "NumNodes=1` failed with exit code 1: 'Access/permission denied for job 7'; the launch "
+        "goes on with the job's 3 nodes (the cluster does not let this job shrink: ask the "
+        "admins, or set slurm.release_unused: false)")
+    assert calls[-1] == ["scontrol", "update", "JobId=7", "NumNodes=1"]
+    # An earlier launch of the same batch script shrank it: nothing to do, nothing said.
+    calls.clear()
+    line, out = release_unused(_plan(), on, env, runner=scontrol("JobId=7 NumNodes=1", 0))
+    assert (line, out) == ("", env) and not any(c[1] == "update" for c in calls)
+    # The key off: scontrol is not asked at all.
+    calls.clear()
+    assert release_unused(_plan(), Policy(), env, runner=denied) == ("", env) and not calls
+
+
+def test_resize_script_variables_are_read():
+    from smartlaunch.scheduler.slurm_fit import resize_env
+    # slurm_job_1_resize.sh as scontrol 22.05.8 wrote it on the two-node test cluster.
+    text = ('export SLURM_NODELIST="n1"\nexport SLURM_JOB_NODELIST="n1"\nexport SLURM_NNODES=1\n'
+            'export SLURM_JOB_NUM_NODES=1\nexport SLURM_JOB_CPUS_PER_NODE="1"\n'
+            'unset SLURM_NPROCS\nunset SLURM_NTASKS\nunset SLURM_TASKS_PER_NODE\n'
+            'export PATH=/evil\nrm -rf /\n')
+    assert resize_env(text) == {
+        "SLURM_NODELIST": "n1", "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1",
+        "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_CPUS_PER_NODE": "1", "SLURM_NPROCS": None,
+        "SLURM_NTASKS": None, "SLURM_TASKS_PER_NODE": None}
+
+
+def test_without_scontrol_the_launch_says_so_and_runs_unshrunk(clean_env):
+    """A batch script on a 2-node allocation, slurm.release_unused on, no Slurm commands on
+    PATH (a container): one line naming the missing command, and the script runs."""
+    import subprocess
+    import sys
+    from helpers_jobs import python_env
+    (clean_env / "t.py").write_text("print('ran')\n")
+    (clean_env / "p.yaml").write_text("slurm:\n  release_unused: true\n")
+    env = python_env(SMARTLAUNCH_FAKE_TOPOLOGY="h200-nv18-pair", SLURM_JOB_ID="42",
+                     SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2", SLURM_NNODES="2",
+                     SLURM_JOB_GPUS="0", CUDA_VISIBLE_DEVICES="0", SLURMD_NODENAME="node1",
+                     PATH=str(clean_env / "empty-bin"))
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--strategy", "single",
+                        "--quiet", "--policy", "p.yaml", "t.py"], cwd=clean_env, env=env,
+                       capture_output=True, text=True, timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.startswith("smartlaunch:")]
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+    assert lines == [
+        f"smartlaunch: slurm.release_unused (user:{clean_env}/p.yaml): Slurm job 42 not shrunk: "
+        "`scontrol` not found: install Slurm's client commands (Debian: slurm-client) or put "
+        "them on PATH; the launch goes on with the job's 2 nodes",
+        "smartlaunch: the plan uses 1 of the 2 nodes Slurm allocated to job 42 (1 idle for the "
+        "whole job); a request that fits this plan next time: `sbatch --nodes=1 "
+        "--gpus-per-node=1` (or `srun --nodes=1 --gpus-per-node=1`)"], r.stderr

@@ -1,5 +1,5 @@
 """Is the all-reduce curve measured beside a dry run the curve an idle node measures? (issue 15,
-item 7: pipeline_pools.EarlySweep measures it while the dry run's script sets itself up, and
+item 7: profile/comm.Sweep measures it while the dry run's script sets itself up, and
 caches it for every later decision on the node.)
 
 Each round, with fresh caches: a cold decision (`smartlaunch --explain=json`, trials off, warm

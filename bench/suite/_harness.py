@@ -47,6 +47,10 @@ def parser(description: str, *, batch: int, steps: int, warmup: int) -> argparse
     p.add_argument("--amp", choices=("bf16", "off"), default=None,
                    help="autocast dtype on CUDA (default: the script's own choice)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunks", type=int, default=0,
+                   help="also print the timed window's mean step time in this many equal parts "
+                        "(device events at the parts' ends only, no sync inside the window): a "
+                        "window whose later steps run slower than its first shows it")
     return p
 
 
@@ -113,9 +117,13 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
     sync()
     if ctx.world > 1:
         dist.barrier()      # ranks start the clock together; outside the timed region
+    ends = chunk_ends(args.steps, getattr(args, "chunks", 0))
+    marks = [mark(ctx)] if ends else []
     t0 = time.perf_counter()
     for i in range(args.steps):
         loss = step(args.warmup + i)
+        if i + 1 in ends:
+            marks.append(mark(ctx))
     sync()
     seconds = time.perf_counter() - t0
 
@@ -125,6 +133,10 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
         extra = f" micro_batch={args.batch_size} accum={accum}" if accum > 1 else ""
         print(f"model={name} params={n_params} batch={args.batch_size * accum}{extra} "
               f"loss={float(loss.detach()):.4f}", flush=True)
+        if marks:
+            print("chunks: step_ms=" + ",".join(
+                f"{elapsed(a, b) / (j - i) * 1e3:.3f}"
+                for a, b, i, j in zip(marks, marks[1:], [0, *ends], ends)), flush=True)
         print(f"throughput: samples/s={per_rank * ctx.world:.1f} per_rank={per_rank:.1f} "
               f"world={ctx.world} step_ms={seconds / args.steps * 1e3:.3f}", flush=True)
     if ctx.world > 1:
@@ -135,6 +147,26 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+
+
+def chunk_ends(steps: int, chunks: int) -> list[int]:
+    """The step counts after which each of `chunks` near-equal parts of the window ends."""
+    k = max(0, min(chunks, steps))
+    return [round(steps * (c + 1) / k) for c in range(k)] if k else []
+
+
+def mark(ctx: Ctx):
+    """A point in the window: a CUDA event on the current stream (read after the closing
+    sync, so the steps run free), or the host clock on CPU."""
+    if ctx.cuda:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
+
+
+def elapsed(a, b) -> float:
+    return a.elapsed_time(b) / 1e3 if hasattr(a, "elapsed_time") else b - a
 
 
 def pool(n: int, make: Callable[[int], tuple]) -> Callable[[int], tuple]:

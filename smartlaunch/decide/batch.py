@@ -26,6 +26,10 @@ def global_batch(plan: Plan, units: Units) -> str | None:
     up = lo not in ("", nodes)           # an elastic range, "1:4": the most it may give
     if unit.ROLE == Role.BASELINE and (b is None or room < 2 or plan.forced):
         return None
+    if plan.groups:          # variants as DDP groups (pack.py): each its own world of k
+        k = len(plan.groups[0].gpus)
+        return (f"each variant's global batch {k} × {b} = {k * b:,}" if b is not None else
+                f"each variant's global batch = {k} × the per-rank batch")
     if unit.ROLE != Role.BASELINE and not (unit.COLLECTIVE and unit.TORCHRUN):
         return None          # not torchrun's ranks: their batch is their unit's to say
     if nodes != "1":

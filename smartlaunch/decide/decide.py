@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from typing import Callable
 
 from smartlaunch.decide import groups as G
+from smartlaunch.decide import pack
 from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
+from smartlaunch.decide.curves import derived_note, group_curves
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.select import Choice, choose_auto, comm_summary, uncertainty
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
@@ -58,7 +60,8 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     _check_variants(request, policy, units)
     topo = {"fingerprint": topology.fingerprint(), "source": topology.source,
             "note": topology.note, "hostname": topology.hostname,
-            "hardware": topology.hardware(), "hardware_fingerprint": topology.hardware_fingerprint()}
+            "hardware": topology.hardware(),
+            "hardware_fingerprint": topology.hardware_fingerprint()}
     base = dict(profile=profile, topology=topo, nnodes=request.nnodes, forced=forced,
                 variants=tuple(request.variants), wait_for_lease=not request.no_wait,
                 wait_timeout_s=policy.jobs.wait_timeout_s, wait_reason=wait_reason,
@@ -98,7 +101,7 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
         choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons,
                              units)
         if len(choice.gpus) > 1:
-            ctx.predict(choice.gpus)    # its curve: the within-node level across nodes (nodes.py)
+            ctx.predict([choice.gpus])  # the within-node level across nodes (nodes.py)
     elif forced:
         choice = units[request.strategy].forced(ctx)
     else:
@@ -106,8 +109,15 @@ def decide(request: Request, topology: Topology, policy: Policy, profile: ModelP
     if choice is None:
         _note_world_sizes(ctx)
     cands = ctx.candidates(choice)
+    derived = derived_note(topology, ctx.curves)
+    if derived:
+        reasons.append(Reason(derived, "decide/curves.py"))
     if choice is None:
         choice = choose_auto(ctx, cands)
+        if ctx.packings and (choice.strategy, choice.gpus) in cands \
+                and units[choice.strategy].ROLE == Role.SWEEP:
+            # More GPUs than variants: a DDP group each, when that gives more (pack.py).
+            choice = pack.choose(ctx, cands, (choice.strategy, choice.gpus)) or choice
     plan_cands, comm = ctx.finish(choice, cands)
     ctx.left = tuple(g for g in usable if g not in choice.gpus)
     fields = units[choice.strategy].plan_fields(ctx, choice)
@@ -291,6 +301,8 @@ class _Ctx:
         self.units: Units = {}
         self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
         self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
+        self.packings: list = []        # pack.Packing: the variants as DDP groups (pack.py)
+        self.packed = None              # pack.Packed: the chosen one, None: one GPU each
 
     @property
     def predictable(self) -> bool:
@@ -315,14 +327,21 @@ class _Ctx:
         unit = self.units[key[0]]
         return unit.ROLE != Role.SCALED or len(key[1]) in self.policy.decision.world_sizes
 
-    def predict(self, group: tuple[int, ...]) -> Prediction | None:
+    def predict(self, groups) -> dict[tuple[int, ...], Prediction | None]:
+        """The DDP prediction of every group, each with its group's all-reduce curve:
+        measured, or derived from a measured group with the same links (decide/curves.py:
+        one sweep per kind of link, largest group first)."""
+        groups = [tuple(g) for g in groups]
         if not self.predictable:
-            return None
-        curve = self.comm_for(group)
-        if curve is None:
-            return None
-        self.curves[group] = curve
-        return predict_ddp(self.profile, curve, len(group), self.model)
+            return {g: None for g in groups}
+        # Curves measured earlier in this decision come first, so a group added later (a
+        # sweep's packed groups: pack.py) derives from one of its kind instead of a new sweep.
+        known = [g for g, c in self.curves.items() if c is not None and not c.derived_from]
+        got = group_curves([*groups, *known], self.topology,
+                           lambda g: self.curves.get(g) or self.comm_for(g))
+        self.curves.update({g: got[g] for g in groups if got.get(g) is not None})
+        return {g: predict_ddp(self.profile, got[g], len(g), self.model)
+                if got.get(g) is not None else None for g in groups}
 
     def finish(self, choice: Choice, cands):
         from smartlaunch.decide.select import describe

@@ -159,8 +159,9 @@ def _comm(c: CommSummary | None) -> list[str]:
     if c is None:
         return ["all-reduce: not measured"]
     at_grad = c.busbw_at_grad_GBps
-    return [f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, "
-            f"{'cached' if c.cached else 'measured'}): busbw "
+    how = f"derived from {gpu_list(c.derived_from)}'s {'cached' if c.cached else 'measured'}" \
+        f" curve" if c.derived_from else "cached" if c.cached else "measured"
+    return [f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, {how}): busbw "
             f"{gbps(c.busbw_256MiB_GBps * 1e9)} at 256 MiB"
             + (f", {gbps(at_grad * 1e9)} at the gradient size" if at_grad else "")
             + f", latency {c.latency_us:.0f} µs"]
@@ -196,7 +197,7 @@ TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),
                 ("killed", "killed at the time limit after {:.2f} s"))   # no step, no result
 
 
-# Seconds shown beside a stage (pipeline_pools.EarlySweep): the dry run's first forward held
+# Seconds shown beside a stage (profile/early.py): the dry run's first forward held
 # for the all-reduce sweep, and the sweep's own length (beside the dry run, not after it).
 STAGE_NOTES = {"profile": ("profile_gate", "waited {:.2f} at its gate for the all-reduce sweep"),
                "allreduce": ("allreduce_early", "swept during the dry run in {:.2f}")}
@@ -234,6 +235,9 @@ def decision_line(plan: Plan, units: Units) -> str:
                f"plan for every node")
     elif plan.forced:
         why = f"forced by --strategy {strategy_name(plan.strategy)}"
+    elif plan.groups and chosen is not None and chosen.speedup is not None:
+        why = (f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one "
+               f"GPU's samples/s in all")
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU" \
             + (", as trials of other sizes corrected it" if chosen.corrected else "")

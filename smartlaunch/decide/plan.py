@@ -50,6 +50,9 @@ class Candidate:
     # Not tried, but the model's prediction scaled by what trials of other group sizes measured
     # against theirs (decide/rerank.py): speedup, efficiency, step and samples/s are corrected.
     corrected: bool = False
+    # Independent jobs: the GPUs each variant runs on (k of V variants as V × DDP×k groups,
+    # decide/pack.py); None for the other strategies.
+    per_variant: int | None = None
     chosen: bool = False
     reason: str = ""
 
@@ -76,12 +79,30 @@ class CommSummary:
     # The measured curve itself, so a decision can be replayed and audited offline.
     points: tuple[tuple[int, float], ...]
     bandwidth_Bps: float
+    # The measured group this curve was derived from (decide/curves.py); () when measured.
+    derived_from: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["gpus"] = list(self.gpus)
+        d["derived_from"] = list(self.derived_from)
         d["points"] = [[int(b), float(t)] for b, t in self.points]
         return d
+
+
+@dataclass(frozen=True)
+class VariantGroup:
+    """One variant's DDP group when --each packs the variants into groups (decide/pack.py):
+    the variant runs as a job of `strategy` on `gpus`, with its own NCCL variables and NUMA
+    bindings (prepare.py), its own lease and rendezvous."""
+    variant: int                       # index into Plan.variants
+    strategy: Strategy                 # how the group runs: the SCALED unit (ddp)
+    gpus: tuple[int, ...]
+    link_class: str | None             # worst link inside the group
+    speedup: float | None              # the group's samples/s over one GPU
+    basis: str                         # measured | corrected | predicted | launch
+    env: tuple[EnvVar, ...] = ()       # the whole plan's, plus the group's NCCL table
+    numa: tuple[NumaBinding, ...] = ()  # one per local rank of the group
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,9 @@ class Plan:
     wait_reason: str = ""                        # why the plan expects to wait; "": GPUs free
     link_class: str | None = None                # worst link inside the DDP group
     variants: tuple[tuple[str, ...], ...] = ()   # independent jobs: script args per job
+    # Independent jobs packed into DDP groups, one per variant (decide/pack.py); () when each
+    # variant runs on one GPU.
+    groups: tuple[VariantGroup, ...] = ()
     profile: ModelProfile | None = None          # the dry run's, None without one
     comm: CommSummary | None = None              # None when no curve was measured
     topology: dict[str, Any] = field(default_factory=dict)    # fingerprint, source, note
@@ -127,6 +151,8 @@ class Plan:
         d["jobs_per_gpu"] = {str(g): n for g, n in sorted(self.jobs_per_gpu.items())}
         for c in d["candidates"]:
             c["strategy"] = strategy_name(c["strategy"])
+        for g in d["groups"]:
+            g["strategy"] = strategy_name(g["strategy"])
         return d
 
     def to_json(self) -> str:
@@ -143,6 +169,11 @@ class Plan:
         d["candidates"] = tuple(Candidate(**{**c, "strategy": _strategy(c["strategy"]),
                                              "gpus": tuple(c["gpus"])}) for c in d["candidates"])
         d["reasons"] = tuple(Reason(**r) for r in d["reasons"])
+        d["groups"] = tuple(VariantGroup(**{
+            **g, "strategy": _strategy(g["strategy"]), "gpus": tuple(g["gpus"]),
+            "env": tuple(EnvVar(**e) for e in g["env"]),
+            "numa": tuple(NumaBinding(**{**b, "cpus": tuple(b["cpus"])}) for b in g["numa"])})
+            for g in d.get("groups", ()))
         for key in ("gpus", "left_free", "fallback_gpus", "command"):
             d[key] = tuple(d[key])
         d["variants"] = tuple(tuple(v) for v in d["variants"])
@@ -150,7 +181,8 @@ class Plan:
         d["profile"] = ModelProfile.from_dict(d["profile"]) if d["profile"] else None
         c = d["comm"]
         d["comm"] = CommSummary(**{**c, "gpus": tuple(c["gpus"]), "points": tuple(
-            (int(b), float(t)) for b, t in c["points"])}) if c else None
+            (int(b), float(t)) for b, t in c["points"]),
+            "derived_from": tuple(c.get("derived_from", ()))}) if c else None
         return cls(**d)
 
     @property
@@ -164,6 +196,16 @@ class Plan:
     def binding(self, gpu: int | None) -> NumaBinding | None:
         """The NUMA binding of the one process that runs on `gpu` (single or independent)."""
         return next((b for b in self.numa if b.gpu == gpu), None) if gpu is not None else None
+
+    def group_plan(self, i: int) -> "Plan":
+        """Variant i's group as the plan of one job of its strategy on its GPUs (what its
+        launcher runs): its GPUs, link class, environment and NUMA bindings, no variants."""
+        g = self.groups[i]
+        return dataclasses.replace(
+            self, strategy=g.strategy, gpus=g.gpus, nproc_per_node=len(g.gpus),
+            requested_max=len(g.gpus), link_class=g.link_class, env=g.env, numa=g.numa,
+            variants=(), groups=(), fallback_gpus=(), jobs_per_gpu={}, left_free=(),
+            command=self.command + self.variants[g.variant])
 
     def jobs_on(self, gpu: int) -> int:
         """Independent jobs that may run at once on `gpu`."""

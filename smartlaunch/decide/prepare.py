@@ -32,7 +32,23 @@ def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str
             why = Reason(f"torchrun --numa-binding {torchrun_numa} given: torch's agent binds "
                          f"the ranks, smartlaunch does not", f"user: --numa-binding {torchrun_numa}")
             return dataclasses.replace(plan, env=env, numa=(), reasons=plan.reasons + (why,))
-    return dataclasses.replace(plan, env=env, numa=bindings(plan, topology, mode, numactl))
+    plan = dataclasses.replace(plan, env=env, numa=bindings(plan, topology, mode, numactl))
+    if plan.groups:
+        plan = dataclasses.replace(plan, groups=tuple(
+            _group(plan, i, topology, policy, environ, mode, numactl, torchrun_numa)
+            for i in range(len(plan.groups))))
+    return plan
+
+
+def _group(plan: Plan, i: int, topology, policy, environ, mode, numactl, torchrun_numa):
+    """A variant's DDP group (decide/pack.py) gets what a DDP plan on its GPUs would: the NCCL
+    table of its link class, one NUMA binding per local rank (none when torchrun's own
+    --numa-binding binds the ranks)."""
+    g = plan.groups[i]
+    one = plan.group_plan(i)
+    env = _merge(plan.env, nccl.nccl_env(one, topology, policy, environ))
+    numa = () if torchrun_numa is not None else bindings(one, topology, mode, numactl)
+    return dataclasses.replace(g, env=env, numa=numa)
 
 
 def bindings(plan: Plan, topology: Topology, mode: str, numactl: str | None = None

@@ -48,15 +48,21 @@ def probe(request: Request, topology: Topology, policy: Policy, *, units: Units,
     usable = [g.index for g in topology.gpus
               if g.index not in unavailable and not g.busy and topology.healthy(g.index)]
     return Probe(unavailable, True,
-                 usable[0] if needs_profile(request, topology, usable) else None)
+                 usable[0] if needs_profile(request, topology, usable, policy) else None)
 
 
-def needs_profile(request: Request, topology: Topology, usable: list[int]) -> bool:
-    """A dry run only pays off when auto has a real choice to make."""
+def needs_profile(request: Request, topology: Topology, usable: list[int],
+                  policy: Policy | None = None) -> bool:
+    """A dry run only pays off when auto has a real choice to make: for variants, whether
+    each may run as a DDP group of a world size the policy allows (pack.py); across a fixed
+    number of nodes, how many of them to use (decide/nodes.py)."""
     if request.strategy != "auto" or request.no_python or not topology.gpus:
         return False
-    if request.multi_node:      # how many nodes to use (decide/nodes.py): fixed --nnodes only
+    if request.multi_node:
         lo, _, hi = request.nnodes.partition(":")
         return (hi or lo) == lo and not request.variants
-    limit = request.max_gpus or len(usable)
-    return min(limit, len(usable)) > 1 and not request.variants
+    room = min(request.max_gpus or len(usable), len(usable))
+    if request.variants:
+        sizes = policy.decision.world_sizes if policy is not None else (2,)
+        return any(k >= 2 and len(request.variants) * k <= room for k in sizes)
+    return room > 1

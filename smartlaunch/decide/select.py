@@ -485,7 +485,8 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
 
 def group_note(ctx, gpus: tuple[int, ...]) -> str:
     """Why this group for its N, and the curve its prediction used: "worst link NV18, 1 NUMA
-    node, all-reduce 230 GB/s at the gradient size measured on this group"."""
+    node, all-reduce 230 GB/s at the gradient size measured on this group" (or "derived from
+    the curve measured on GPUs 0,1,2,3": decide/curves.py)."""
     from smartlaunch.decide.groups import family_link, numa_nodes
     k = numa_nodes(ctx.topology, gpus)
     text = f"worst link {family_link(ctx.topology, gpus)}, {k} NUMA node{'s' if k != 1 else ''}"
@@ -494,7 +495,9 @@ def group_note(ctx, gpus: tuple[int, ...]) -> str:
         grad = ctx.profile.grad_bytes if ctx.profile is not None and ctx.profile.grad_bytes \
             else 256 * MiB
         where = "at the gradient size" if grad != 256 * MiB else "at 256 MiB"
-        text += f", all-reduce {gbps(curve.bus_bandwidth_Bps(grad))} {where} measured on this group"
+        how = f"derived from the curve measured on {gpu_list(curve.derived_from)}" if curve.derived_from else \
+            "measured on this group"
+        text += f", all-reduce {gbps(curve.bus_bandwidth_Bps(grad))} {where} {how}"
     elif ctx.predictable:
         text += ", no all-reduce curve measured on this group"
     return text
@@ -517,7 +520,8 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
     role, win_role = ctx.units[c.strategy].ROLE, ctx.units[win.strategy].ROLE
     if choice.basis == "forced":
         tail = ": not asked for"
-    elif role == Role.SCALED and c.efficiency is not None and c.efficiency < floor:
+    elif (role == Role.SCALED or (c.per_variant or 1) > 1) and c.efficiency is not None \
+            and c.efficiency < floor:           # a DDP job, or variants as DDP groups (pack.py)
         tail = f": below the policy's {pct(floor)}" + (
             f" even at +{pct(error[0])}" if fix is not None and
             c.efficiency * (1 + error[0]) < floor else "")
@@ -555,4 +559,4 @@ def comm_summary(curve, profile) -> CommSummary | None:
         busbw_at_grad_GBps=round(curve.bus_bandwidth_Bps(grad) / 1e9, 3) if grad else None,
         grad_bytes=grad, latency_us=round(curve.latency_s * 1e6, 3), cached=curve.cached,
         env=dict(curve.env), points=tuple((int(b), float(t)) for b, t in curve.points),
-        bandwidth_Bps=curve.bandwidth_Bps)
+        bandwidth_Bps=curve.bandwidth_Bps, derived_from=tuple(curve.derived_from))

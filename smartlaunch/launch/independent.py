@@ -105,6 +105,8 @@ def _samples_per_s(path: str) -> float | None:
 class IndependentLauncher:
     """start() / poll() / forward() / close(sig) over a queue of single-GPU jobs (launch/api.py)."""
 
+    NOUN = "job"              # what its log lines call one (groups.py: "group")
+
     def __init__(self, plan, ctx: LaunchContext):
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
         self.run_id = self.log_dir = ""        # start(): the run directory, its name
@@ -239,11 +241,11 @@ class IndependentLauncher:
                     job.child.send(signal.SIGKILL)
                 continue
             job.finish(code)
-            self.log(f"job {job.index} {job.state.value} ({job.exit_text()}) after {job.wall_s:.1f} s")
+            self.log(f"{self.NOUN} {job.index} {job.state.value} ({job.exit_text()}) after {job.wall_s:.1f} s")
             if job.state == JobState.FAILED and self.first_failure is None:
                 self.first_failure = job
                 if self.ctx.policy.jobs.fail_fast and not self._stopping:
-                    self.log(f"jobs.fail_fast=true: stopping the other jobs after job {job.index} failed")
+                    self.log(f"jobs.fail_fast=true: stopping the others after {self.NOUN} {job.index} failed")
                     self._stop(signal.SIGTERM, "skipped after a failure (jobs.fail_fast)")
         self._release_idle_gpus()
         if self.gpu_mode and not self._stopping:
@@ -272,7 +274,7 @@ class IndependentLauncher:
         sig = self.ctx.signals[0] if self.ctx.signals else None
         lines = self.summary()
         if first is not None:
-            lines.append(f"job {first.index} ({shlex.join(first.args)}) {first.state.value}: "
+            lines.append(f"{self.NOUN} {first.index} ({shlex.join(first.args)}) {first.state.value}: "
                          f"{first.exit_text()}; log {first.log_path or '(none)'}")
         jobs_code = ExitCode.WORKER_FAILED if bad else ExitCode.OK
         state = RunState.INTERRUPTED if sig else RunState.FAILED if bad else RunState.SUCCEEDED

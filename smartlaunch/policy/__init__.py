@@ -6,7 +6,7 @@ for the variables the launcher must set over the user's environment, `policy.rul
 --explain.
 """
 from smartlaunch.policy.api import (  # noqa: F401
-    DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy, Policy,
+    DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy, Policy, SlurmPolicy,
 )
 
 

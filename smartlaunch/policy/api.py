@@ -21,10 +21,9 @@ class DecisionPolicy:
     trials: bool = True                   # run measured trials inside the band
     trial_steps: int = 20                 # at least this many measured steps per trial
     trial_seconds: float = 1.0            # and at least this long a measured window
-    # Start the dry run's process before the command line is parsed (profile/early.py), and the
-    # all-reduce benchmark's and first trial's while the dry run sets itself up, the benchmark
-    # measuring at once behind the dry run's gate (pipeline_pools.py); each imports torch
-    # meanwhile, on spare cores. false: start each when it is needed.
+    # Start the all-reduce benchmark's ranks and the first DDP trial's with the dry run, on
+    # spare cores, the benchmark measuring before the dry run's first forward and the trial
+    # waiting, set up, until decide asks (profile/early.py). false: start each when needed.
     prestart: bool = True
     allowed_strategies: tuple[str, ...] = STRATEGIES
     max_gpus: int | None = None           # per job; None = all visible
@@ -42,8 +41,8 @@ class DecisionPolicy:
     def early_group(self, usable: int, nproc: int | None, explicit_ddp: bool = False) -> int:
         """The GPU count of the largest DDP candidate decide will weigh, from what is known
         before it runs: `usable` GPUs, the `nproc` cap (--nproc-per-node) and this policy.
-        One function for every early start (profile/early.py before the parse, pipeline_pools
-        after it), so they start the trial decide will ask for. 1: no DDP candidate."""
+        Decide and the early start (pipeline._start_early) both use it, so the trial started
+        early is the one decide will ask for. 1: no DDP candidate."""
         n = min(x for x in (usable, nproc, self.max_gpus) if x is not None)
         if explicit_ddp and nproc is not None:
             return n                      # --strategy ddp --nproc-per-node N runs N as asked
@@ -117,12 +116,21 @@ class PathsPolicy:
 
 
 @dataclass(frozen=True)
+class SlurmPolicy:
+    # Shrink a Slurm job to the nodes its plan uses before launching (`scontrol update
+    # JobId=... NumNodes=N`, from the batch script only); GPUs of a running job cannot be
+    # released (docs/slurm-admin.md).
+    release_unused: bool = False
+
+
+@dataclass(frozen=True)
 class Policy:
     decision: DecisionPolicy = field(default_factory=DecisionPolicy)
     launch: LaunchPolicy = field(default_factory=LaunchPolicy)
     dryrun: DryRunPolicy = field(default_factory=DryRunPolicy)
     jobs: JobsPolicy = field(default_factory=JobsPolicy)
     paths: PathsPolicy = field(default_factory=PathsPolicy)
+    slurm: SlurmPolicy = field(default_factory=SlurmPolicy)
     # dotted key -> "built-in" | "admin:/etc/smartlaunch/policy.yaml" | "user:<path>" |
     #   "env:SMARTLAUNCH_LOG_DIR" | "cli:--nproc-per-node" | "enforced:/etc/..." ; filled by
     #   the loader. Keys: "section.field", plus "launch.nccl.<FAMILY>", "launch.env.<NAME>".

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smartlaunch.policy.api import (
-    DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy,
+    DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy, SlurmPolicy,
 )
 from smartlaunch.vocab import ISOLATION_MODES, LINK_FAMILIES, NUMA_MODES, STRATEGIES
 
@@ -25,6 +25,7 @@ SECTIONS: dict[str, type] = {
     "dryrun": DryRunPolicy,
     "jobs": JobsPolicy,
     "paths": PathsPolicy,
+    "slurm": SlurmPolicy,
 }
 DAY_S = 24 * 3600.0
 

@@ -59,7 +59,7 @@ class ModelProfile:
     startup_s: float | None = None               # script start -> first optimizer step
     #                                              (less gate_wait_s: the script's own set-up)
     gate_wait_s: float | None = None             # its first forward held for the all-reduce
-    #                                              sweep beside it (pipeline_pools); None: no gate
+    #                                              sweep beside it (profile/early.py); None: no gate
     dry_run_s: float | None = None               # total cost of the dry run
     device: str = "cpu"                          # "cuda:0 (NVIDIA H200)" or "cpu"
     exit_code: int | None = None                 # the script's, when it crashed
@@ -126,6 +126,8 @@ class CommCurve:
 
     points: (message bytes, seconds) measured, sorted by size. Between points: linear
     interpolation; outside: the alpha-beta fit (latency_s + bytes / bandwidth).
+    derived_from: empty for a measured curve; for one carried from another group's
+    (`for_group`), that group's GPUs.
     """
     world_size: int
     backend: str                                 # "nccl" or "gloo"
@@ -135,6 +137,7 @@ class CommCurve:
     env: dict[str, str] = field(default_factory=dict)   # NCCL_* in effect when measured
     gpus: tuple[int, ...] = ()
     cached: bool = False
+    derived_from: tuple[int, ...] = ()
 
     def time(self, nbytes: float) -> float:
         if nbytes <= 0:
@@ -153,6 +156,21 @@ class CommCurve:
         """nccl-tests' busbw: algbw * 2(n-1)/n, comparable across group sizes."""
         n = self.world_size
         return nbytes / self.time(nbytes) * 2 * (n - 1) / n
+
+    def for_group(self, gpus) -> "CommCurve":
+        """This curve carried to the group `gpus`, for a group whose every link is like this
+        group's (decide/curves.py checks that). A ring all-reduce of S bytes over n ranks moves
+        2(n-1)/n x S per rank, so nccl-tests' bus bandwidth (algbw x 2(n-1)/n) is the link's
+        and the same for every n; the per-call latency is kept as measured:
+            t_n(S) = t_m(S) - (1 - r) x max(0, t_m(S) - latency),  r = ((n-1)/n) / ((m-1)/m)
+        Its error against measured curves: bench/comm_derive.py, docs/decision.md."""
+        gpus = tuple(gpus)
+        m, n = self.world_size, len(gpus)
+        r = ((n - 1) / n) / ((m - 1) / m)
+        pts = [(s, t - (1.0 - r) * max(0.0, t - self.latency_s)) for s, t in self.points]
+        return CommCurve.from_points(n, self.backend, pts, env=dict(self.env), gpus=gpus,
+                                     cached=self.cached,
+                                     derived_from=self.derived_from or self.gpus)
 
     @staticmethod
     def fit(points) -> tuple[float, float]:
@@ -179,6 +197,7 @@ class CommCurve:
         d = {k: v for k, v in d.items() if k in names}
         d["points"] = tuple((int(a), float(b)) for a, b in d["points"])
         d["gpus"] = tuple(d.get("gpus", ()))
+        d["derived_from"] = tuple(d.get("derived_from", ()))
         return cls(**d)
 
     @classmethod

@@ -73,8 +73,7 @@ def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: in
     spec = ",".join(f"{w}x{l}x{b}" for w, l, b in models)
     t0 = time.monotonic()
     data = run_ranks("smartlaunch.profile.baseline_worker", gpus, device, environ,
-                     lambda tmp: ["--models", spec, "--windows", str(windows),
-                                  "--window-s", str(window_s)],
+                     ["--models", spec, "--windows", str(windows), "--window-s", str(window_s)],
                      time_limit_s=time_limit_s, what="node calibration",
                      hint="check the GPUs are idle and healthy and the NCCL_* environment.")
     try:

@@ -94,11 +94,11 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
                        announce=None, echo=None, progress=None,
-                       real_gpu: bool = False, gate: str | None = None,
-                       early=None) -> ModelProfile:
+                       real_gpu: bool = False, session=None, gate: bool = False
+                       ) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
     announce() is called just before a dry run starts (not on a cache hit); echo,
-    progress(k, n), gate and early: as runner.run_dry_run (early is left unused on a hit)."""
+    progress(k, n), session and gate: as runner.run_dry_run."""
     from filelock import FileLock
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
@@ -117,34 +117,14 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if announce is not None:
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
-                              progress=progress, real_gpu=real_gpu, gate=gate, early=early)
+                              progress=progress, real_gpu=real_gpu, session=session, gate=gate)
         # UNMEASURABLE too (the script fixes its world size, or ran on the CPU though given
         # a GPU): it is the script's, not the moment's, and the next launch would pay a whole
         # dry run to learn it again. --reprofile measures again.
         if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
                               ProfileStatus.UNMEASURABLE):
             write_json(path, profile.to_dict())
-            _mark_seen(request, policy, environ)
         return profile
-
-
-def seen_marker(root: Path, cwd: str, script: str, args) -> Path:
-    """A hint, not a key: this command line (run from cwd) has a stored profile. profile/early.py
-    reads it before smartlaunch has parsed its command line (so without the profile's real key:
-    topology, policy, environment) and starts no early dry run for a launch that will likely hit
-    the cache (a resubmitted job, twenty launchers queued for one node's GPUs)."""
-    text = json.dumps([os.path.realpath(cwd), script, list(args)])
-    return root / "profiles" / "seen" / hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _mark_seen(request, policy, environ) -> None:
-    marker = seen_marker(cache_root(policy, environ), os.getcwd(), request.script,
-                         request.script_args)
-    try:
-        private_dir(marker.parent)
-        marker.touch()
-    except (OSError, PolicyError):
-        pass                            # only a hint: the next launch starts one more process
 
 
 def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:

@@ -11,15 +11,16 @@ NCCL_P2P_DISABLE=1, 3.1 GB/s with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1.
 from __future__ import annotations
 
 import os
-import signal
-import tempfile
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from smartlaunch import proc, ranks
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import cached_comm, comm_key, nccl_env, read_json, store_comm
-from smartlaunch.profile.tick import TickWatch
+from smartlaunch.profile.session import Session, Stage, owned
 from smartlaunch.worker_env import free_port
 
 MB = 1 << 20
@@ -53,95 +54,182 @@ def sizes_for(device: str, max_bytes: int | None) -> tuple[int, ...]:
     return sizes
 
 
+WORKER = "smartlaunch.profile.comm_worker"
+WHAT = "all-reduce benchmark"
+HINT = "check the NCCL_* environment and the GPUs' health."
+
+
+def _worker_args(device: str, sizes) -> list[str]:
+    # gloo emulates a group on a shared CPU, where noise only adds time: take the minimum;
+    # NCCL on GPUs: the median, as a training step would see it.
+    return ["--sizes", ",".join(map(str, sizes)), "--iters", "5" if device == "cuda" else "7",
+            "--stat", "median" if device == "cuda" else "min"]
+
+
+def _sizes_progress(sizes, progress):
+    """Rank 0's "size k of n" as progress(size, k, n)."""
+    if progress is None:
+        return None
+    return lambda k, of: progress(sizes[k - 1], k, of) if 1 <= k <= len(sizes) else None
+
+
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                       max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
-                      progress=None, pool=None, cancel=None, gate: str | None = None
-                      ) -> CommCurve:
+                      progress=None, session: Session | None = None) -> CommCurve:
     """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
     device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
-    progress(size, k, n): called as rank 0 starts the k-th of the n sizes. cancel: a
-    threading.Event; set, the ranks are killed and CommBenchError raised (run_ranks). gate: a
-    file (profile/gate.py) the ranks wait for once their group is up, before the first size."""
+    progress(size, k, n): called as rank 0 starts the k-th of the n sizes. session: the
+    decision's (profile/session.py), else one of its own."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
                              "pass --gpus with two or more indices")
-    backend = backend_for(device)
     sizes = sizes_for(device, max_bytes)
-    iters = 5 if device == "cuda" else 7
+    points = run_ranks(WORKER, gpus, device, environ, _worker_args(device, sizes),
+                       time_limit_s=time_limit_s, what=WHAT, hint=HINT,
+                       progress=_sizes_progress(sizes, progress), session=session)
+    return _curve(points, gpus, device, environ)
 
-    def watch(tmp: str) -> TickWatch:
-        def at_size(k: int, of: int) -> None:
-            if progress is not None and k <= len(sizes):
-                progress(sizes[k - 1], k, of)
-        return TickWatch(os.path.join(tmp, "sizes.bin"), at_size)
 
-    # gloo emulates a group on a shared CPU, where noise only adds time: take the minimum;
-    # NCCL on GPUs: the median, as a training step would see it.
-    points = run_ranks(
-        "smartlaunch.profile.comm_worker", gpus, device, environ,
-        lambda tmp: ["--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
-                     "--stat", "median" if device == "cuda" else "min",
-                     "--progress", os.path.join(tmp, "sizes.bin"),
-                     *(["--gate", gate] if gate else [])],
-        time_limit_s=time_limit_s, what="all-reduce benchmark",
-        hint="check the NCCL_* environment and the GPUs' health.", watch=watch, pool=pool,
-        cancel=cancel)
+def _curve(points, gpus, device, environ) -> CommCurve:
     if not points:
         raise CommBenchError(f"all-reduce benchmark over GPUs {list(gpus)} wrote no result; "
                              "run `smartlaunch-node bench-comm --debug` to see why")
-    return CommCurve.from_points(n, backend, [tuple(p) for p in points], env=nccl_env(environ),
-                                 gpus=tuple(gpus))
+    return CommCurve.from_points(len(gpus), backend_for(device), [tuple(p) for p in points],
+                                 env=nccl_env(environ), gpus=tuple(gpus))
+
+
+def start_ranks(session: Session, module: str, gpus, device: str, environ, args, *,
+                what: str, gate: bool = False) -> tuple[Stage, str]:
+    """One `python -m module` per rank over `gpus` (NCCL, one per GPU; or gloo ranks on the
+    CPU) in `session`, each with the job's environment and its own log; (its stage, its temp
+    dir, where rank 0 writes --out result.json). gate: they wait at their gate once joined."""
+    n, backend, port = len(gpus), backend_for(device), free_port()
+    tmp = session.tempdir("smartlaunch-ranks-")
+    base = rank_base_env(environ, device)
+    logs = [open(os.path.join(tmp, f"rank{r}.log"), "ab") for r in range(n)]
+    try:
+        commands = []
+        for rank, gpu in enumerate(gpus):
+            env = dict(base, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            argv = [sys.executable, "-m", module, "--backend", backend,
+                    "--out", os.path.join(tmp, "result.json"), *args,
+                    *(["--device-index", str(gpu)] if device == "cuda" else []),
+                    *(["--gate"] if gate else [])]
+            commands.append((argv, env, {"stdout": logs[rank], "stderr": subprocess.STDOUT}))
+        stage = session.start(f"the {what}", commands, gate=gate)
+    finally:
+        for f in logs:
+            f.close()
+    return stage, tmp
+
+
+def ranks_result(stage: Stage, tmp: str, gpus, device: str, what: str, hint: str):
+    """The JSON rank 0 wrote, once `stage` is over; CommBenchError naming the first rank that
+    failed (with its last lines), or why the stage was killed."""
+    where = f"{what} over GPUs {list(gpus)} ({backend_for(device)})"
+    if stage.why:
+        raise CommBenchError(f"{where} failed: {stage.why}; {hint}")
+    for rank, child in enumerate(stage.children):
+        code = child.returncode
+        if code:
+            raise CommBenchError(f"{where} failed: rank {rank} {ranks.describe(code)}; {hint} "
+                                 f"Last lines: " + " | ".join(_tail(tmp, rank)))
+    return read_json(Path(tmp) / "result.json")
+
+
+def _tail(tmp: str, rank: int, lines: int = 5) -> list[str]:
+    try:
+        with open(os.path.join(tmp, f"rank{rank}.log"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            return f.read().decode(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def measure_groups(groups, *, device: str, environ, max_bytes: int | None = None,
+                   time_limit_s: float = TIME_LIMIT_S, progress=None,
+                   session: Session | None = None) -> dict[tuple[int, ...], CommCurve]:
+    """The curve of each group (CUDA ordinals), measured one group after another by one rank
+    per GPU of their union, joined once (comm_worker --groups): one process start and one
+    NCCL initialisation for all of them, each group over a communicator of its own.
+    progress(size, k, n): k counts the sizes of every group. session: as measure_allreduce's."""
+    groups = [tuple(g) for g in groups]
+    if not groups or any(len(g) < 2 for g in groups):
+        raise CommBenchError(f"an all-reduce benchmark needs groups of at least 2 GPUs, got "
+                             f"{[list(g) for g in groups]}; pass --gpus with two or more indices")
+    union = tuple(sorted({i for g in groups for i in g}))
+    rank = {gpu: r for r, gpu in enumerate(union)}
+    sizes = sizes_for(device, max_bytes)
+    spec = ";".join(",".join(str(rank[i]) for i in g) for g in groups)
+
+    def at(k: int, of: int) -> None:
+        if progress is not None and k >= 1:
+            progress(sizes[(k - 1) % len(sizes)], k, of)
+    got = run_ranks(WORKER, union, device, environ,
+                    [*_worker_args(device, sizes), "--groups", spec],
+                    time_limit_s=time_limit_s, what=WHAT, hint=HINT, progress=at,
+                    session=session)
+    if not isinstance(got, list) or len(got) != len(groups):
+        raise CommBenchError(f"all-reduce benchmark over GPUs {list(union)} wrote no result; "
+                             "run `smartlaunch-node bench-comm --debug` to see why")
+    return {g: _curve(entry["points"], g, device, environ) for g, entry in zip(groups, got)}
 
 
 def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
-              hint: str, watch=None, pool=None, cancel=None):
-    """One `python -m module` per rank over `gpus` (NCCL, one per GPU; or gloo ranks on the
-    CPU), each in its own session with the job's environment, bounded by time_limit_s; every
-    rank is killed on failure, time-out or success. Returns the JSON rank 0 wrote to --out.
-    args(tmp) -> the module's own arguments; watch(tmp) -> a TickWatch polled meanwhile.
-    pool: a warm.WarmPool started with `rank_base_env` (ranks it has are not started cold).
-    cancel: a threading.Event another thread sets to end the ranks now (pipeline_pools).
-    Used by the all-reduce benchmark and the node calibration (baseline.py). A signal to us
-    meanwhile (main thread) kills the ranks and raises proc.Interrupted("the " + what)."""
-    n = len(gpus)
-    backend = backend_for(device)
-    port = free_port()
-    with proc.stage(f"the {what}"), \
-            tempfile.TemporaryDirectory(prefix="smartlaunch-ranks-") as tmp:
-        proc.remove_on_exit(tmp)
-        out = os.path.join(tmp, "result.json")
-        ticks = watch(tmp) if watch is not None else None
-        base = rank_base_env(environ, device)
-        envs, argvs = [], []
-        for rank, gpu in enumerate(gpus):
-            envs.append(dict(base, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                             LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                             MASTER_PORT=str(port)))
-            argvs.append(["--backend", backend, "--out", out, *args(tmp),
-                          *(["--device-index", str(gpu)] if device == "cuda" else [])])
-        group: list[ranks.Rank] = []
+              hint: str, progress=None, session: Session | None = None):
+    """Ranks of `module` (start_ranks), bounded by time_limit_s; every rank is ended on
+    failure, time-out or success. Returns the JSON rank 0 wrote to --out. progress(k, n): rank
+    0's step messages. Used by the all-reduce benchmark and the node calibration
+    (baseline.py). A signal to us meanwhile ends the ranks and raises proc.Interrupted."""
+    with proc.stage(f"the {what}"), owned(session) as s:
+        stage, tmp = start_ranks(s, module, gpus, device, environ, args, what=what)
+        stage.on_step = progress
+        if not s.wait(lambda: stage.over, time_limit_s):
+            rank = next((r for r, c in enumerate(stage.children) if c.returncode is None), 0)
+            s.kill(stage, f"rank {rank} did not finish within {time_limit_s:g} s")
+        return ranks_result(stage, tmp, gpus, device, what, hint)
 
-        def poll() -> None:
-            if ticks is not None:
-                ticks.poll()
-            if cancel is not None and cancel.is_set():
-                raise CommBenchError(f"{what} over GPUs {list(gpus)} was cancelled")
-        try:
-            group = ranks.start_ranks(module, argvs, envs, pool=pool,
-                                      logs=[os.path.join(tmp, f"rank{r}.log") for r in range(n)])
-            failed = ranks.wait_all(group, time_limit_s, poll)
-            if ticks is not None:
-                ticks.poll()
-            if failed is not None:
-                rank, why = failed
-                raise CommBenchError(f"{what} over GPUs {list(gpus)} ({backend}) failed: rank "
-                                     f"{rank} {why}; {hint} Last lines: " +
-                                     " | ".join(ranks.tail(group[rank])))
-            return read_json(Path(out))
-        finally:
-            ranks.stop_all(group, signal.SIGKILL, 0)
-            proc.remove_on_exit(tmp, done=True)
+
+class Sweep:
+    """The all-reduce curve of `gpus` at every size, its ranks started now and held at their
+    gate once joined (profile/early.py releases them before the dry run's first forward).
+    `curve()` serves the session until they end; the curve is cached once they have."""
+
+    def __init__(self, session: Session, topology, gpus, policy, environ):
+        self.session, self.gpus, self.policy, self.environ = session, tuple(gpus), policy, environ
+        self.device = device_for(topology)
+        self.key = comm_key(topology, self.gpus, backend_for(self.device), environ)
+        self.sizes = sizes_for(self.device, None)
+        self.stage, self.tmp = start_ranks(session, WORKER, self.gpus, self.device, environ,
+                                           _worker_args(self.device, self.sizes), what=WHAT,
+                                           gate=True)
+        self.result: CommCurve | None = None
+        self.finished = False
+
+    def finish(self) -> CommCurve | None:
+        """Once its ranks are over: its curve, stored in the cache (None: it failed)."""
+        if not self.finished and self.stage.over:
+            self.finished = True
+            try:
+                self.result = _curve(ranks_result(self.stage, self.tmp, self.gpus, self.device,
+                                                  WHAT, HINT), self.gpus, self.device,
+                                     self.environ)
+                store_comm(self.policy, self.key, self.result, self.environ)
+            except (CommBenchError, OSError, ValueError):
+                self.result = None
+        return self.result
+
+    def stage_seconds(self) -> float:
+        return (self.stage.t_end or time.monotonic()) - self.stage.t_start
+
+    def curve(self, progress=None) -> CommCurve | None:
+        self.stage.on_step = _sizes_progress(self.sizes, progress)
+        with proc.stage(f"the {WHAT}"):
+            self.session.wait(lambda: self.stage.over)
+        return self.finish()
 
 
 def rank_base_env(environ, device: str) -> dict[str, str]:
@@ -154,12 +242,12 @@ def rank_base_env(environ, device: str) -> dict[str, str]:
 
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
-               progress=None, pool=None, announce=None) -> CommCurve:
+               progress=None, session: Session | None = None, announce=None) -> CommCurve:
     """The cached curve for this topology, group and NCCL environment (this user's cache, else
     the node cache the Slurm prolog fills: cache.cached_comm); measured on a miss.
     Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
     progress: as measure_allreduce's; announce(): called once before measuring. Neither is
-    called on a cache hit. pool: warm ranks (run_ranks)."""
+    called on a cache hit. session: the decision's (run_ranks)."""
     gpus = tuple(gpus)
     device = device_for(topology)
     backend = backend_for(device)
@@ -171,6 +259,6 @@ def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
     if announce is not None:
         announce()
     curve = measure_allreduce(gpus, device=device, environ=environ, max_bytes=max_bytes,
-                              progress=progress, pool=pool)
+                              progress=progress, session=session)
     store_comm(policy, key, curve, environ)
     return curve

@@ -2,12 +2,18 @@
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
         --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F \
-        [--progress P] [--gate PATH]
+        [--gate]
 
 Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
 per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
-[[bytes, seconds], ...] as JSON to --out. Rank 0 keeps "size k of n" in --progress (tick.py) for
-the parent's status line.
+[[bytes, seconds], ...] as JSON to --out. Rank 0 says "size k of n" on its control socket
+(profile/control.py) for the parent's status line, and that its result is written; --gate: once
+the group is up, every rank waits for its go there before the first size.
+
+--groups "0,1,2,3;0,1": one curve per group of ranks, one group after another, each over a
+communicator of its own (what a world of those ranks alone would build), measured by these
+processes joined once; the others wait on a CPU barrier meanwhile. --out then holds
+[{"ranks": [...], "points": [[bytes, seconds], ...]}, ...] in the order given.
 """
 from __future__ import annotations
 
@@ -44,50 +50,86 @@ def main(argv=None) -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--stat", default="median", choices=("median", "min"))
     ap.add_argument("--out", required=True)
-    ap.add_argument("--progress", default=None)
-    ap.add_argument("--gate", default=None, help="joined, wait for this file before measuring")
+    ap.add_argument("--gate", action="store_true", help="joined, wait for the go to measure")
+    ap.add_argument("--groups", default=None,
+                    help='one curve per group of ranks, e.g. "0,1,2,3;0,1" (see above)')
     args = ap.parse_args(argv)
     import torch
     import torch.distributed as dist
+    from smartlaunch.profile.control import Control
 
+    control = Control.from_env()
     device, sync = join_group(args.backend, args.device_index)
     try:
-        if args.gate:               # the group is up; measure when the GPUs are ours alone
-            from smartlaunch.profile.gate import wait
-            wait(args.gate)
+        if args.gate and control is not None:   # the group is up; measure when the GPUs are ours alone
+            control.gate()
             dist.barrier()
         sizes = [int(s) for s in args.sizes.split(",")]
-        medians = []
-        tick = None
-        if dist.get_rank() == 0:
-            from smartlaunch.profile.tick import open_writer
-            tick = open_writer(args.progress)
-        for k, nbytes in enumerate(sizes, 1):
-            if tick is not None:
-                tick.set(k, len(sizes))
-            buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-            for _ in range(args.warmup):
-                dist.all_reduce(buf)
-            sync()
-            times = []
-            for _ in range(args.iters):
-                dist.barrier()  # start together: rank skew would count as all-reduce time
-                sync()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                sync()
-                times.append(time.perf_counter() - t0)
-            medians.append(statistics.median(times) if args.stat == "median" else min(times))
-            del buf
-        worst = torch.tensor(medians, dtype=torch.float64, device=device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        tick = control if dist.get_rank() == 0 else None
+        if args.groups:
+            result = _each_group(args, sizes, device, sync, tick)
+        else:
+            result = [[s, t] for s, t in zip(sizes, _sweep(args, sizes, device, sync, tick))]
         if dist.get_rank() == 0:
             tmp = args.out + ".tmp"
             with open(tmp, "w") as f:
-                json.dump([[s, t] for s, t in zip(sizes, worst.tolist())], f)
+                json.dump(result, f)
             os.replace(tmp, args.out)
+            if control is not None:
+                control.done()
     finally:
         dist.destroy_process_group()
+
+
+
+def _sweep(args, sizes, device, sync, tick, group=None, done: int = 0, total: int = 0):
+    """Seconds per size over `group` (None: every rank), the slowest rank's median (or min).
+    tick: rank 0's control (step k of n), None elsewhere."""
+    import torch
+    import torch.distributed as dist
+    medians = []
+    for k, nbytes in enumerate(sizes, 1):
+        if tick is not None:
+            tick.step(done + k, total or len(sizes))
+        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        for _ in range(args.warmup):
+            dist.all_reduce(buf, group=group)
+        sync()
+        times = []
+        for _ in range(args.iters):
+            dist.barrier(group=group)  # start together: rank skew would count as all-reduce time
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            sync()
+            times.append(time.perf_counter() - t0)
+        medians.append(statistics.median(times) if args.stat == "median" else min(times))
+        del buf
+    worst = torch.tensor(medians, dtype=torch.float64, device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return worst.tolist()
+
+
+def _each_group(args, sizes, device, sync, tick) -> list[dict]:
+    """--groups: each group's curve in turn; every rank takes part in making every group
+    (new_group is collective), only the members measure, a gloo broadcast of the group's
+    times keeps the groups apart."""
+    import torch
+    import torch.distributed as dist
+    groups = [[int(r) for r in g.split(",")] for g in args.groups.split(";") if g]
+    cpu = dist.new_group(backend="gloo")
+    subs = [dist.new_group(ranks=g) for g in groups]
+    me, out = dist.get_rank(), []
+    for i, (ranks, sub) in enumerate(zip(groups, subs)):
+        points = torch.zeros(len(sizes), dtype=torch.float64)
+        if me in ranks:
+            points = torch.tensor(_sweep(args, sizes, device, sync, tick, sub,
+                                         i * len(sizes), len(groups) * len(sizes)),
+                                  dtype=torch.float64)
+        # the group's times to every rank; the next group starts once its members are done
+        dist.broadcast(points, src=ranks[0], group=cpu)
+        out.append({"ranks": ranks, "points": [[s, t] for s, t in zip(sizes, points.tolist())]})
+    return out
 
 
 if __name__ == "__main__":

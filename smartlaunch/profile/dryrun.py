@@ -34,7 +34,6 @@ from smartlaunch.profile.clock import device_clock, read_window
 from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import (WorldSizeWatch, first_grad_tensor, leading_dim,
                                         unique, wrapper_name)
-from smartlaunch.profile.tick import open_writer
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
 MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch, micro-batches)
@@ -46,8 +45,7 @@ def _end_script() -> None:      # in-process use (tests): end the script the pol
 
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
-                 clock=None, progress: str | None = None, exit=_end_script,
-                 gate: str | None = None):
+                 clock=None, control=None, exit=_end_script, gate: bool = False):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
@@ -86,8 +84,9 @@ class Recorder:
         self.written = False
         self.world = WorldSizeWatch(lambda: self.t_first_step is None)
         self.gate, self.gate_wait_s = gate, None      # pass_gate
-        # "step k of n" for the parent's status line: one store into a mapped file per step.
-        self.tick = open_writer(progress)
+        # The parent's socket (profile/control.py): the gate's go, "step k of n" for its status
+        # line (a message at most every 0.1 s: nothing a 2 ms step could measure), "done".
+        self.control = control
 
     # ---- discovery hooks (until the first step) -----------------------------------------
     def install(self) -> None:
@@ -112,13 +111,13 @@ class Recorder:
         smartlaunch._step_hook = self.on_marker
 
     def pass_gate(self) -> None:
-        """The first forward (or step) waits for the parent's gate (profile/gate.py); a
-        trial's gate may carry its step count, sized from the dry run's step."""
-        if self.gate is not None:
-            from smartlaunch.profile import gate
-            path, self.gate = self.gate, None
-            self.gate_wait_s, opts = gate.wait(path)
-            self.measure = max(1, int(opts.get("measure") or self.measure))
+        """The first forward (or step) waits for the parent's go (profile/control.py); a
+        trial's go carries its step count, sized from the dry run's step."""
+        if self.gate:
+            self.gate = False
+            if self.control is not None:
+                self.gate_wait_s, opts = self.control.gate()
+                self.measure = max(1, int(opts.get("measure") or self.measure))
 
     def on_pre(self, module, args):
         self.pass_gate()
@@ -210,14 +209,14 @@ class Recorder:
             self.cur = []
             if self.steps >= self.warmup + 1:
                 self.open_window()
-            if self.tick is not None:
-                self.tick.set(self.steps, self.warmup + 1 + self.measure)
+            if self.control is not None:
+                self.control.step(self.steps, self.warmup + 1 + self.measure)
             return
         self.marks.append(self.clock.mark())
         n = len(self.marks) - 1
         t = self.host()
-        if self.tick is not None:
-            self.tick.set(self.steps, self.goal(n, t - self.t_window))
+        if self.control is not None:
+            self.control.step(self.steps, self.goal(n, t - self.t_window))
         if n >= self.measure and (t - self.t_window >= self.min_seconds or n >= MAX_STEPS):
             self.close_window("measured")
             self.write(reason="measured")
@@ -363,12 +362,15 @@ class Recorder:
         with open(tmp, "w") as f:
             json.dump(data, f)
         os.replace(tmp, self.out)
+        if self.control is not None and reason == "measured":
+            self.control.done()
 
 
 def main(argv: list[str] | None = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
+    from smartlaunch.profile.control import Control
     rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
-                   progress=opts["progress"], exit=exit_now, gate=opts["gate"])
+                   control=Control.from_env(), exit=exit_now, gate=opts["gate"])
     if opts["cpu_shim"]:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()

@@ -1,12 +1,12 @@
 """The dry-run child's command line (profile/dryrun.py's `main` reads it; runner.py writes it).
 
-    python -m smartlaunch.profile.dryrun [--out PATH] [--progress PATH] [--warmup N]
-                                         [--measure N] [--min-seconds S] [--gate PATH]
-                                         [--cpu-shim] [--module] SCRIPT [ARGS...]
+    python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N]
+                                         [--min-seconds S] [--gate] [--cpu-shim] [--module]
+                                         SCRIPT [ARGS...]
 
---progress: a file the child maps and keeps "step k of n" in (profile/tick.py).
---gate: the script's first forward (or step) waits until PATH exists: the parent creates it
-when the all-reduce sweep it runs meanwhile has ended (pipeline_pools.py).
+--gate: the script's first forward (or step) waits for its go on the control socket
+(profile/control.py): the session gives it when nothing of ours runs beside the measured steps
+(profile/early.py). Progress ("step k of n") goes to the same socket.
 
 Options stop at SCRIPT: everything after it is the user's and reaches the script untouched.
 """
@@ -14,23 +14,25 @@ from __future__ import annotations
 
 import os
 
-USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--progress PATH] "
-         "[--warmup N] [--measure N] "
-         "[--min-seconds S] [--gate PATH] [--cpu-shim] [--module] SCRIPT [ARGS...]")
+USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
+         "[--min-seconds S] [--gate] [--cpu-shim] [--module] SCRIPT [ARGS...]")
 
 
 def parse(argv: list[str]) -> dict:
-    opts = {"out": os.environ.get("SMARTLAUNCH_DRYRUN_OUT", ""), "progress": None, "gate": None,
+    opts = {"out": os.environ.get("SMARTLAUNCH_DRYRUN_OUT", ""), "gate": False,
             "warmup": 5, "measure": 20,
             "min_seconds": 0.0,
             "module": False, "cpu_shim": os.environ.get("SMARTLAUNCH_DRYRUN_CPU_SHIM") == "1"}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         a = argv[i]
-        if a in ("--out", "--progress", "--gate", "--warmup", "--measure") and i + 1 < len(argv):
+        if a in ("--out", "--warmup", "--measure") and i + 1 < len(argv):
             key = a[2:]
-            opts[key] = argv[i + 1] if key in ("out", "progress", "gate") else int(argv[i + 1])
+            opts[key] = argv[i + 1] if key == "out" else int(argv[i + 1])
             i += 2
+        elif a == "--gate":
+            opts["gate"] = True
+            i += 1
         elif a == "--min-seconds" and i + 1 < len(argv):
             opts["min_seconds"] = float(argv[i + 1])
             i += 2

@@ -1,190 +1,139 @@
-"""The dry run's process, started before smartlaunch has parsed its own command line.
+"""What a cold decision starts beside its dry run, and the one rule for when each may go.
 
-smartlaunch parses its options with torchrun's parser, so its own start is an `import torch`
-(4.2-6.5 s of a cold decision on 2x H200, 2026-11-23), after which the dry run's process paid
-the same import again before the script's first line. Here the dry run's python starts first:
-a warm process (warm.py) inside the dry run's sandbox imports torch while smartlaunch imports
-its own; once the request, policy and topology are known, runner.run_dry_run gives it the dry
-run as its go instead of starting a cold one.
+A cold decision on N GPUs measures the dry run (one GPU), the all-reduce curve of the largest
+DDP candidate's group, then a DDP trial of it. Started one after another, each paid Python's
+start-up and `import torch` (~3 s on 2x H200) and the script's own set-up again. So, when the
+decision will need them (`what_to_start`, a pure function of what is known before anything
+runs) and cores are spare, they start together with the dry run, in the same Session:
 
-It is started on a guess made before the command line is parsed, so it is checked before it is
-used: the dry run must be due, the policy must allow warm processes (`decision.prestart`) and
-isolate the dry run as this process was isolated. Otherwise it is killed unused, having imported
-torch and touched no GPU and no file of the user's (it runs nothing of theirs before its go).
-Started only when that guess says a dry run may be due (not when this command line, from this
-directory, already has a stored profile: cache.seen_marker) and a core is spare beside
-smartlaunch's own import (not on CI's 2 cores); `prestart: false` in the policy read then
-starts none. With it, when trials are on and cores are spare for them, the DDP trial's warm
-ranks on the GPUs counted without NVML (`start_trial`; pipeline_pools adopts or kills them).
+- the sweep's ranks join their group, then wait at their gate;
+- the trial's ranks set the script up (model, data, DDP's broadcast), then wait at their gate
+  before the first forward until decide asks for that trial (its step count comes with the go);
+- the dry run waits at its gate before its first forward.
+
+`Early.rule` (run by the session's loop) orders them: the sweep measures once the trial is set
+up (or gone), and the dry run's measured steps start once the sweep has ended: nothing of ours
+runs beside them. A trial still setting itself up when the dry run has waited as long as it
+took to get to its gate (at least READY_LIMIT_S), or while host memory runs low, is killed and
+the decision goes on without it (a trial started later costs its set-up again).
 """
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
+import time
+from dataclasses import dataclass
 
-from smartlaunch import proc, sandbox
+from smartlaunch.profile.session import Session, Stage, State
 
-SPARE_CORES = 2          # smartlaunch's own import and one more, left to everything else
-# Options after which no dry run runs (the guess only: the parsed request decides).
-NO_DRY_RUN = ("-h", "--help", "--help-torchrun", "--no-python", "--no_python", "--version")
+SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
+READY_LIMIT_S = 15.0     # the least the dry run waits at its gate for the early trial
+# The early trial builds the model in N more processes beside the dry run's (a 1.0B GPT: ~4 GB
+# of host memory each while it is built on the CPU). Below this share of the job's memory left
+# it is killed, before the kernel's OOM killer picks the dry run (or us) instead.
+LOW_MEMORY = 0.10
+DRY_RUN = "the dry run"
 
 
-class EarlyDryRun:
-    """A warm python in the dry run's sandbox (or none, isolated=False), waiting for its go.
+@dataclass(frozen=True)
+class EarlyWork:
+    group: tuple[int, ...]      # the GPUs of the largest DDP candidate decide will weigh
+    sweep: bool                 # its all-reduce curve, measured before the dry run's steps
+    trial: bool                 # its DDP trial, set up beside the dry run
 
-    Its temp dir holds what run_dry_run's own would: result/ (kept out of the sandbox: the
-    profile, the step ticks, the isolation status) and the sandbox's scratch; its stdout goes
-    to a file there until run_dry_run copies it into the dry run's log."""
 
-    def __init__(self, environ, *, isolated: bool, python: str = sys.executable):
-        from smartlaunch.profile.runner import dryrun_env, isolation_status
-        from smartlaunch import warm
-        self.isolated = isolated
-        self.tmp = tempfile.mkdtemp(prefix="smartlaunch-dryrun-")
-        proc.remove_on_exit(self.tmp)
-        self.child: proc.Child | None = None
-        self.trial = None        # profile.trial.TrialSetup: warm ranks for the DDP trial
-        try:
-            os.mkdir(self.result_dir)
-            self.stdout_path = os.path.join(self.tmp, "early-stdout.log")
-            cmd = [python, "-u", "-m", "smartlaunch.warm"]
-            if isolated:
-                cmd = sandbox.wrap(cmd, os.path.join(self.tmp, "early-scratch"),
-                                   [self.result_dir], isolation_status(self.tmp), python=python)
-            with open(self.stdout_path, "wb") as out:
-                self.child = warm.spawn(cmd, dryrun_env(environ, None), stdout=out,
-                                        stderr=subprocess.PIPE, stage="the dry run")
-        except BaseException:
-            self.close()
-            raise
+def what_to_start(*, dry_run: bool, group: tuple[int, ...] | None, cores: int,
+                  sweep_cached: bool, trial_wanted: bool) -> EarlyWork | None:
+    """What to start with the dry run, from plain facts: a decision will measure (`dry_run`:
+    auto, a profile GPU, `decision.prestart`), the largest DDP candidate's group as decide
+    will pick it (None: no DDP candidate), the cores this process may use, whether the
+    group's curve is cached and whether its trial is wanted (trials on, a Python script, not
+    cached, isolation as the policy asks). Each start costs about a core per rank for the
+    seconds of its import, which a 2-core machine would take from the dry run itself."""
+    if not dry_run or group is None or len(group) < 2:
+        return None
+    n, budget = len(group), cores - SPARE_CORES
+    sweep = budget >= n and not sweep_cached
+    trial = budget - n * sweep >= n and trial_wanted
+    return EarlyWork(tuple(group), sweep, trial) if sweep or trial else None
+
+
+class Early:
+    """The stages started early (either may be None) and the rule ordering them."""
+
+    def __init__(self, session: Session, trial, sweep, *, sweep_limit_s: float,
+                 low_memory=None):
+        """trial: profile.trial.Trial started with its gate; sweep: profile.comm.Sweep."""
+        self.session, self.trial, self.sweep = session, trial, sweep
+        self.sweep_limit_s = sweep_limit_s
+        self.low_memory = low_memory if low_memory is not None else memory_low
+        self.dropped = ""               # why the early trial was killed
+        session.rules.append(self.rule)
 
     @property
-    def result_dir(self) -> str:
-        from smartlaunch.profile.runner import result_dir
-        return result_dir(self.tmp)
+    def trial_stage(self) -> Stage | None:
+        return self.trial.stage if self.trial is not None else None
 
-    def take(self, argv: list[str], env: dict[str, str]) -> proc.Child | None:
-        """The process running the dry run (`python -m <the dry run> argv`, exactly env), or None
-        when it died before its go (isolation refused, import failed): start one cold."""
-        from smartlaunch.profile.runner import DRYRUN_MODULE
-        from smartlaunch.warm import send_go
-        child, self.child = self.child, None
-        if child is None or not send_go(child, DRYRUN_MODULE, argv, env):
-            if child is not None:
-                child.stop(signal.SIGKILL, 0)
-            return None
-        return child
+    def rule(self) -> None:
+        s, trial = self.session, self.trial_stage
+        sweep = self.sweep.stage if self.sweep is not None else None
+        now = time.monotonic()
+        dry = next((st for st in reversed(s.stages) if st.role == DRY_RUN and not st.over), None)
+        if trial is not None and trial.state == State.STARTED:
+            if self.low_memory():
+                self._drop("host memory ran low")
+            elif dry is not None and dry.t_gate is not None and \
+                    now - dry.t_gate > max(READY_LIMIT_S, dry.t_gate - dry.t_start):
+                self._drop("its set-up outlasted the dry run's wait")
+        trial_ready = trial is None or trial.over or trial.state != State.STARTED
+        if sweep is not None and not sweep.over:
+            if sweep.state == State.AT_GATE and trial_ready:
+                s.go(sweep)
+            elif now - sweep.t_start > self.sweep_limit_s:
+                s.kill(sweep, f"it ran past {self.sweep_limit_s:g} s")
+        if sweep is not None and sweep.over:
+            self.sweep.finish()         # cached, whether or not decide asks for it
+        if dry is not None and dry.state == State.AT_GATE and trial_ready and \
+                (sweep is None or sweep.over):
+            s.go(dry)
 
-    def copy_stdout(self, log) -> None:
-        """What the dry run printed, into its log (a binary file open for writing)."""
-        try:
-            with open(self.stdout_path, "rb") as f:
-                shutil.copyfileobj(f, log)
-        except OSError:
-            pass
+    def _drop(self, why: str) -> None:
+        self.dropped = why
+        self.session.kill(self.trial_stage, why)
 
-    def start_trial(self, environ, size: int, python: str = sys.executable) -> None:
-        """The DDP trial's warm ranks on the first `size` GPUs, spawned now (a guess, like
-        this process): pipeline_pools.start adopts them when the decision's own guess is the
-        same trial, else they are killed unused. On 2x H200 they otherwise started 4 s later,
-        after smartlaunch's own import, and the dry run waited that long at its gate."""
-        from smartlaunch.profile.trial import TrialSetup
-        try:
-            self.trial = TrialSetup(None, None, environ, self.isolated, python=python,
-                                    warm=size, gpus=tuple(range(size)))
-        except OSError:
-            self.trial = None
+    def drop_trial(self) -> bool:
+        """Kill the early trial (its ranks hold GPU memory); False: there was none alive."""
+        if self.trial_stage is None or self.trial_stage.over:
+            return False
+        self._drop("the dry run ran out of GPU memory beside it")
+        return True
 
     def take_trial(self):
+        """The early trial for the first trial decide runs (profile.trial), once."""
         trial, self.trial = self.trial, None
         return trial
 
-    def close(self) -> None:
-        """Unused: killed (it holds nothing worth a grace). Its temp dir goes either way."""
-        if self.trial is not None:
-            self.take_trial().close()
-        if self.child is not None:
-            self.child.stop(signal.SIGKILL, 0)
-            self.child = None
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            proc.remove_on_exit(self.tmp, done=True)
-            self.tmp = ""
 
-
-def start(argv: list[str], environ, *, cores: int | None = None) -> EarlyDryRun | None:
-    """The early dry-run process, when the unparsed command line suggests a dry run may come;
-    None otherwise, or when anything about the guess fails (the parsed request then reports
-    real errors as usual)."""
-    if environ.get("SMARTLAUNCH_DRYRUN") or any(a in NO_DRY_RUN for a in argv):
-        return None
-    if _option(argv, "--strategy") not in (None, "auto"):
-        return None
-    if _option(argv, "--nnodes") not in (None, "1", "1:1"):
-        return None                      # a multi-node job is launched as torchrun would: no dry run
-    budget = len(os.sched_getaffinity(0)) if cores is None else cores
-    if budget - SPARE_CORES < 1:
-        return None
+def memory_low(share: float | None = None) -> bool:
+    """Is less than LOW_MEMORY of the memory this job may use left? The job's cgroup (v2:
+    memory.max, a Slurm job's limit) when it sets one, else the host's."""
+    import psutil
+    share = LOW_MEMORY if share is None else share
     try:
-        from smartlaunch.policy.load import load_policy
-        from smartlaunch.profile.cache import seen_marker
-        from smartlaunch.store import cache_root
-        policy = load_policy(_option(argv, "--policy"), environ=environ)
-        root, cwd = cache_root(policy, environ), os.getcwd()
-        # The script is one of argv's words; the one whose command line has a stored profile
-        # makes a cache hit likely (--reprofile measures again whatever is stored).
-        seen = "--reprofile" not in argv and any(
-            seen_marker(root, cwd, word, argv[i + 1:]).exists() for i, word in enumerate(argv))
-    except Exception:                    # the parse will name what is wrong with it
-        return None
-    if not policy.decision.prestart or seen:
-        return None
-    try:
-        early = EarlyDryRun(environ, isolated=policy.dryrun.isolation != "off")
-    except OSError:                      # no temp dir, no fork: the dry run starts cold
-        return None
-    # The trial's ranks: trials on, and cores for them beside the dry run's and our import;
-    # as many as pipeline_pools will want (DecisionPolicy.early_group), or it kills them.
-    nproc = _int(_option(argv, "--nproc-per-node") or _option(argv, "--nproc_per_node"))
-    size = policy.decision.early_group(_gpu_guess(environ), nproc)
-    if policy.decision.trials and size >= 2 and budget - SPARE_CORES - 1 >= size:
-        early.start_trial(environ, size)
-    return early
-
-
-def _gpu_guess(environ) -> int:
-    """GPUs this job may see, without NVML or torch: the fake topology's (tests), else the
-    driver's entries in /proc, at most as many as CUDA_VISIBLE_DEVICES names."""
-    fake = environ.get("SMARTLAUNCH_FAKE_TOPOLOGY")
-    try:
-        if fake:
-            import json
-            from smartlaunch.topology.fake import fixture_file
-            n = len(json.loads(fixture_file(fake).read_text()).get("gpus", []))
-        else:
-            n = len(os.listdir("/proc/driver/nvidia/gpus"))
-    except (OSError, ValueError, AttributeError):
-        return 0
-    seen = environ.get("CUDA_VISIBLE_DEVICES")
-    return n if seen is None else min(n, len([s for s in seen.split(",") if s.strip()]))
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _option(argv: list[str], name: str) -> str | None:
-    """The value of the first `name V` or `name=V` (a guess: it may be the script's own)."""
-    for i, tok in enumerate(argv):
-        if tok == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if tok.startswith(name + "="):
-            return tok.split("=", 1)[1]
-    return None
+        with open("/proc/self/cgroup") as f:
+            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration):
+        path = "/"
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts), 0, -1):        # this cgroup and each parent with a limit
+        base = "/sys/fs/cgroup/" + "/".join(parts[:depth])
+        try:
+            with open(f"{base}/memory.max") as f:
+                limit = f.read().strip()
+            if limit == "max":
+                continue
+            with open(f"{base}/memory.current") as f:
+                if int(limit) - int(f.read()) < share * int(limit):
+                    return True
+        except (OSError, ValueError):
+            continue
+    m = psutil.virtual_memory()
+    return m.available < share * m.total

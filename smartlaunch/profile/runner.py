@@ -11,12 +11,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +22,8 @@ from smartlaunch.errors import DryRunError
 from smartlaunch.worker_env import single_rank_env
 from smartlaunch.profile import undo
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
-from smartlaunch.profile.tick import TickWatch
+from smartlaunch.profile.early import DRY_RUN
+from smartlaunch.profile.session import Session, State, owned
 from smartlaunch.store import cache_root, private_dir, read_json
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
@@ -61,17 +59,27 @@ def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
     return env
 
 
-def _pump(stream, tail: collections.deque, echo, log) -> None:
-    for raw in iter(stream.readline, b""):
-        tail.append(raw.decode(errors="replace").rstrip("\n"))
-        for out in (echo, log):
-            if out is not None:
+class _Echo:
+    """The dry run's stderr as it comes: to the user (echo), into its log, its last lines kept
+    for the crash message."""
+
+    def __init__(self, tail: collections.deque, echo, log):
+        self.tail, self.echo, self.log, self.partial = tail, echo, log, b""
+        self.ended = False
+
+    def __call__(self, data: bytes) -> None:
+        for out in (self.echo, self.log):
+            if out is not None and data:
                 try:
-                    out.write(raw)
+                    out.write(data)
                     out.flush()
                 except (OSError, ValueError):
                     pass
-    stream.close()
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        if not data:
+            self.ended = True
+            lines, self.partial = [*lines, self.partial] if self.partial else lines, b""
+        self.tail.extend(line.decode(errors="replace") for line in lines)
 
 
 def isolation_paths(request, environ) -> list[str]:
@@ -118,16 +126,15 @@ def undo_note(listing: undo.Listing, own) -> str:
 
 
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
-                progress=None, real_gpu: bool = False, gate: str | None = None,
-                early=None) -> ModelProfile:
+                progress=None, real_gpu: bool = False, session: Session | None = None,
+                gate: bool = False) -> ModelProfile:
     """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
     stream; default the user's stderr). progress(k, n): called as the child reaches step k
     of the n it expects (the status line's "dry run step k of n"). real_gpu: `gpu` is a GPU
     NVML found (not a fixture's), so a script that never initialised CUDA is a finding.
-    gate: a file the script's first forward waits for (dryrun_args; its directory is shared
-    with the sandbox); the wait counts in the time limit.
-    early: the dry run's process started before the command line was parsed (early.py),
-    used when it was isolated as this dry run must be; closed here either way."""
+    session: the decision's (profile/session.py), else one of our own. gate: the script's
+    first forward waits for its go (profile/early.py gives it); the wait counts in the time
+    limit."""
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
@@ -143,66 +150,46 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     stem = Path(request.script).stem or "script"
     log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
-    if early is not None and early.isolated != isolated:
-        early.close()                # started on a guess this policy does not share
-        early = None
-    tmp = early.tmp if early is not None else tempfile.mkdtemp(prefix="smartlaunch-dryrun-")
-    if early is None:
-        proc.remove_on_exit(tmp)
-    try:
+    with owned(session) as s, proc.stage("the dry run"):
+        tmp = s.tempdir("smartlaunch-dryrun-")
         out = os.path.join(result_dir(tmp), "profile.json")
-        os.makedirs(result_dir(tmp), exist_ok=True)
-        ticks = os.path.join(result_dir(tmp), "steps.bin")
-        args = ["--out", out, "--progress", ticks,
-                "--warmup", str(policy.dryrun.warmup_steps),
+        os.makedirs(result_dir(tmp))
+        args = ["--warmup", str(policy.dryrun.warmup_steps),
                 "--measure", str(policy.dryrun.measure_steps),
                 "--min-seconds", str(policy.dryrun.measure_seconds)]
-        if gate is not None:
-            args += ["--gate", gate]
+        if gate:
+            args.append("--gate")
         if request.module:
             args.append("--module")
-        args += [request.script, *request.script_args]
-        cmd = [sys.executable, "-u", "-m", DRYRUN_MODULE, *args]
+        cmd = [sys.executable, "-u", "-m", DRYRUN_MODULE, "--out", out, *args,
+               request.script, *request.script_args]
         status = isolation_status(tmp)
         if isolated:
-            shared = [os.path.dirname(out)] + (
-                [os.path.dirname(gate)] if gate and os.path.dirname(gate) != os.path.dirname(out)
-                else [])
-            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), shared, status)
+            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [result_dir(tmp)], status)
         own = (str(cache_root(policy, environ)), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
-        # append mode: the child's stdout and our copy of its stderr interleave, never
-        # overwrite (an early process's stdout is appended after it ends)
+        # append mode: the child's stdout and our copy of its stderr interleave, never overwrite
         with open(log_path, "ab") as log:
-            env = dryrun_env(environ, gpu)
-            child = early.take(args, env) if early is not None else None
-            if child is None:
-                child = proc.spawn(cmd, env=env, stdout=log, stderr=subprocess.PIPE,
-                                   stage="the dry run")
-            with child:
-                tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-                pump = threading.Thread(target=_pump, args=(child.proc.stderr, tail, echo, log),
-                                        daemon=True)
-                pump.start()
-                watch = TickWatch(ticks, progress)
-                timed_out = _wait(child, out, limit, watch)
-                code = child.stop(signal.SIGTERM, TERM_GRACE_S) if timed_out else child.stop()
-                watch.poll()            # the last step's count, had the child ended in between
-                pump.join(timeout=5)
-            if early is not None:
-                early.copy_stdout(log)  # a warm start wrote to its own file
+            stage = s.start(DRY_RUN, [(cmd, dryrun_env(environ, gpu),
+                                       {"stdout": log, "stderr": subprocess.PIPE})], gate=gate)
+            stage.on_step = progress
+            tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+            err = _Echo(tail, echo, log)
+            s.pipe(stage.children[0].proc.stderr, err)
+            timed_out = not s.wait(lambda: stage.over or stage.state == State.DONE, limit)
+            if timed_out:
+                s.kill(stage, f"the time limit ({limit:g} s)", signal.SIGTERM, TERM_GRACE_S)
+            elif not stage.over and not s.wait(lambda: stage.over, EXIT_GRACE_S):
+                # measured: a stuck `finally` must not hold the launch
+                s.kill(stage, "it did not end after its result", signal.SIGTERM, TERM_GRACE_S)
+            s.wait(lambda: err.ended, 1.0)        # the last of its stderr, for the tail
+            code = stage.children[0].returncode
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
         iso = sandbox.read_status(status) if isolated else {}
         if listing is not None:
             iso_note = f"{iso_note}; {undo_note(listing, own)}"
-    finally:
-        if early is not None:
-            early.close()
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-            proc.remove_on_exit(tmp, done=True)
     if isolated and not iso.get("isolated"):
         note = (f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
                 f"{policy.rule('dryrun.isolation')}: not run")
@@ -231,26 +218,6 @@ def _prune(logs: Path) -> None:
             p.unlink()
         except OSError:
             pass
-
-
-def _wait(child: proc.Child, out: str, limit: float, ticks: TickWatch | None = None) -> bool:
-    """Wait for the child; True when it ran past the limit. Once the result file exists the
-    script gets EXIT_GRACE_S to unwind (a stuck `finally` must not hold the launch)."""
-    deadline = time.monotonic() + limit
-    while True:
-        if child.wait(0.05) is not None:
-            return False
-        if ticks is not None:
-            ticks.poll()
-        # Only a result written because the measurement finished bounds the exit: one written
-        # at the script's own exit (atexit) must keep the script's real exit code.
-        done = read_json(Path(out)) if os.path.exists(out) else None
-        if done and done.get("reason") == "measured":
-            if child.wait(EXIT_GRACE_S) is None:
-                child.stop(signal.SIGTERM, TERM_GRACE_S)
-            return False
-        if time.monotonic() > deadline:
-            return True
 
 
 def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,

@@ -1,7 +1,6 @@
 """A trial's ranks, started without torchrun's agent (issue 15, item 7).
 
     python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...
-    python -m smartlaunch.profile.trial_group --warm N      (the trial's go comes on stdin)
 
 runs N ranks of `python -m smartlaunch.profile.trial SHIM_ARGS` with torchrun's environment
 contract (worker_env.rank_env; OMP_NUM_THREADS=1 when unset and N > 1, as run.py sets it) and
@@ -15,20 +14,18 @@ what they measured on SIGTERM), SIGKILLing what is left after GRACE_S.
 There is no agent store: TORCHELASTIC_USE_AGENT_STORE=False, so rank 0's
 init_process_group creates the TCPStore at MASTER_PORT, as a single-rank job's does.
 
-With --warm N it starts N warm ranks (smartlaunch.warm: torch imported, waiting) as soon as
-the pipeline starts the dry run, inside the sandbox already, and reads the trial's go (ranks,
-shim arguments, CUDA_VISIBLE_DEVICES) from stdin when decide asks for the first trial; warm
-ranks the trial does not use are killed at once.
+Each rank gets its own control socket (profile/control.py): the session hands the spawner one
+descriptor per rank in SMARTLAUNCH_CONTROL_FD (a comma list) and it passes rank r the r-th.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import uuid
 
 from smartlaunch import proc, ranks
+from smartlaunch.profile.control import ENV_VAR
 from smartlaunch.worker_env import free_port, rank_env
 
 SHIM = "smartlaunch.profile.trial"
@@ -40,30 +37,32 @@ def spawner_command(nproc: int, shim_args: list[str], python: str = sys.executab
             *shim_args]
 
 
-def warm_command(size: int, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "smartlaunch.profile.trial_group", "--warm", str(size)]
-
-
 def omp_env(environ, nproc: int) -> dict[str, str]:
     """torchrun's one change to the job's own environment (run.py)."""
     return {"OMP_NUM_THREADS": "1"} if "OMP_NUM_THREADS" not in environ and nproc > 1 else {}
 
 
-def rank_envs(environ, nproc: int) -> list[dict[str, str]]:
+def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | None]:
+    """Each rank's environment (torchrun's contract), and its own control descriptor when the
+    spawner was given one per rank."""
     port, run_id = free_port(), str(uuid.uuid4())
     base = {**environ, **omp_env(environ, nproc)}
-    return [{**base, **rank_env(r, nproc, master_port=port, run_id=run_id, environ=environ)}
+    given = base.pop(ENV_VAR, "").split(",")
+    envs = [{**base, **rank_env(r, nproc, master_port=port, run_id=run_id, environ=environ)}
             for r in range(nproc)]
+    if len(given) != nproc or not all(f.isdigit() for f in given):
+        return envs, None
+    for env, fd in zip(envs, given):
+        env[ENV_VAR] = fd
+    return envs, [int(f) for f in given]
 
 
-def run_group(nproc: int, shim_args: list[str], pool=None) -> int:
+def run_group(nproc: int, shim_args: list[str]) -> int:
     """Start the ranks, wait for all; one failing (or a signal to us) ends the rest."""
     group: list[ranks.Rank] = []
     try:
-        group = ranks.start_ranks(SHIM, [shim_args] * nproc, rank_envs(os.environ, nproc),
-                                  pool=pool)
-        if pool is not None:
-            pool.close()          # unused warm ranks go now, not after the trial
+        envs, fds = rank_envs(os.environ, nproc)
+        group = ranks.start_ranks(SHIM, [shim_args] * nproc, envs, fds=fds)
         failed = ranks.wait_all(group, float("inf"))
         if failed is None:
             return 0
@@ -80,42 +79,19 @@ def run_group(nproc: int, shim_args: list[str], pool=None) -> int:
         ranks.stop_all(group, signal.SIGKILL, 0)
 
 
-def run_warm(size: int) -> int:
-    """Pre-start `size` warm ranks (torch imported), then wait for the go on stdin: one JSON
-    line {"nproc": n <= size, "argv": SHIM_ARGS, "env": {variables to set}}; EOF: exit 0."""
-    from smartlaunch.warm import WarmPool
-    pool = WarmPool(size, {**os.environ, **omp_env(os.environ, size)}, log_files=False)
-    try:
-        line = sys.stdin.buffer.readline()
-        if not line.strip():
-            return 0
-        try:
-            msg = json.loads(line)
-            nproc, args, env = int(msg["nproc"]), [str(a) for a in msg["argv"]], msg["env"]
-            os.environ.update({str(k): str(v) for k, v in env.items()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            print(f"smartlaunch trial: bad go message ({exc}); no trial run", file=sys.stderr)
-            return 2
-        return run_group(nproc, args, pool)
-    finally:
-        pool.close()
-
-
 def _signalled(signum, _frame):
     raise proc.Signalled(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    warm = len(argv) == 2 and argv[0] == "--warm" and argv[1].isdigit()
-    if not warm and (len(argv) < 3 or argv[0] != "--nproc" or argv[2] != "--"
-                     or not argv[1].isdigit()):
-        print("usage: python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS... | "
-              "--warm N (then the go on stdin)", file=sys.stderr)
+    if len(argv) < 3 or argv[0] != "--nproc" or argv[2] != "--" or not argv[1].isdigit():
+        print("usage: python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...",
+              file=sys.stderr)
         return 2
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _signalled)
-    return run_warm(int(argv[1])) if warm else run_group(int(argv[1]), argv[3:])
+    return run_group(int(argv[1]), argv[3:])
 
 
 if __name__ == "__main__":

@@ -28,10 +28,11 @@ class Completed:
 Runner = Callable[[Sequence[str], float], Completed]
 
 
-def subprocess_runner(argv: Sequence[str], timeout_s: float) -> Completed:
+def subprocess_runner(argv: Sequence[str], timeout_s: float, cwd: str | None = None) -> Completed:
+    """cwd: where the command runs (scontrol writes a resized job's env scripts there)."""
     try:
         cp = subprocess.run(list(argv), shell=False, capture_output=True, text=True,
-                            timeout=timeout_s, stdin=subprocess.DEVNULL)
+                            timeout=timeout_s, stdin=subprocess.DEVNULL, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         raise TimeoutError(str(exc)) from None
     return Completed(tuple(argv), cp.returncode, cp.stdout, cp.stderr)

@@ -60,6 +60,7 @@ def candidates(ctx, forced) -> dict:
     if top >= 2 and not ddp_ok:
         ctx.reasons.append(Reason("DDP is not considered: the policy does not allow it",
                                   ctx.policy.rule("decision.allowed_strategies")))
+    groups = []
     for n in range(2, top + 1) if ddp_ok else ():
         mine = forced and forced.strategy == NAME and len(forced.gpus) == n
         if not mine and n not in d.world_sizes:
@@ -75,7 +76,10 @@ def candidates(ctx, forced) -> dict:
                 f"on {G.gpu_list_short(any_group)})",
                 ctx.policy.rule("decision.ddp_link_classes")))
             continue
-        out[(NAME, group)] = (Candidate(NAME, group), ctx.predict(group))
+        groups.append(group)
+    preds = ctx.predict(groups)         # all at once: one measured curve gives its kind's
+    for group in groups:
+        out[(NAME, group)] = (Candidate(NAME, group), preds[group])
     return out
 
 

@@ -1,0 +1,162 @@
+"""--each packed into DDP groups (decide/pack.py): one DDP job per variant, side by side.
+
+Each variant's group runs as its own child process, `python -m smartlaunch.launch.group_run`
+(one owner: this launcher, a proc.Child per group), which drives the group's own launcher
+(the DDP one, torch's elastic agent) through run_loop exactly as a single DDP launch: its own
+rendezvous on a free port, its own watchdog, run directory and summary. torch's agent runs on
+its process's main thread and builds its ranks' environment from os.environ, so two groups
+cannot share one process; a process each also keeps one group's failure from the others.
+
+As for single-GPU jobs (launch/independent.py, whose queue this reuses): this launcher holds
+each group's lease (one Lease per group, taken when free, the first waited for as the plan
+says), starts a group once its lease is held, gives it back once its group has ended; one
+group failing does not stop the others unless jobs.fail_fast; signals reach every group
+(its run_loop stops its ranks within launch.signal_grace_s). Logs: <run dir>/group-<i>.log
+(the group's launcher and its ranks' output) and each group's own run directory inside the
+run directory; summary.json and summary.txt as for independent jobs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from smartlaunch import proc
+from smartlaunch.launch.api import LaunchContext
+from smartlaunch.launch.independent import IndependentLauncher, Job, JobState
+
+CHILD_MODULE = "smartlaunch.launch.group_run"
+RESULT_SUFFIX = ".result.json"
+
+
+class GroupsLauncher(IndependentLauncher):
+    """IndependentLauncher's queue, where a job is a variant's group: a child process that
+    runs `make(group_plan, ctx)` (the group's strategy unit's launcher) on its GPUs."""
+
+    NOUN = "group"
+
+    def __init__(self, plan, ctx: LaunchContext, make: Callable):
+        super().__init__(plan, ctx)
+        self.make = make                           # pickled by reference into each spec
+        self.gpu_mode = False                      # GPUs come by group, not one at a time
+        self.plans = [plan.group_plan(i) for i in range(len(plan.groups))]
+        self.leases: dict[int, object] = {}        # job index -> its group's Lease
+
+    # ---- leases: one per group ------------------------------------------------------------
+    def _acquire_more(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_more < 1.0:
+            return
+        self._last_more = time.monotonic()
+        for job in self._in(JobState.PENDING):
+            if job.index not in self.leases:
+                gpus = self.plans[job.index].gpus
+                lease = self.ctx.try_hold(gpus, len(gpus))
+                if lease is not None:
+                    self.leases[job.index] = lease
+
+    def _release_idle_gpus(self) -> None:
+        for job in self.jobs:
+            if job.state not in (JobState.PENDING, JobState.RUNNING) and job.index in self.leases:
+                self.leases.pop(job.index).release()
+
+    def _start_ready(self) -> None:
+        for job in self._in(JobState.PENDING):
+            if self._stopping:
+                return
+            if job.index in self.leases:
+                self._start(job, None)
+
+    def start(self) -> None:
+        # The GPUs first, as every launcher: the groups free now; when none is, the first
+        # group's waited for (or --no-wait fails naming the holders) and the rest come later.
+        self._acquire_more(force=True)
+        if not self.leases and self.jobs:
+            first = self.jobs[0]
+            self.leases[first.index] = self.ctx.hold(self.plans[first.index],
+                                                     len(self.plans[first.index].gpus))
+        self.ctx.begin(self.plan)
+        self.log_dir = self.ctx.new_run_dir()
+        self.run_id = os.path.basename(self.log_dir)
+        self._started = time.monotonic()
+        self._start_ready()
+
+    def poll(self):
+        if self._result is None and not self._stopping:
+            self._acquire_more()
+        return super().poll()
+
+    # ---- one group --------------------------------------------------------------------------
+    def _start(self, job: Job, gpu: int | None) -> None:
+        ctx, plan = self.ctx, self.plans[job.index]
+        spec = os.path.join(self.log_dir, f"group-{job.index}.spec")
+        job.log_path = os.path.join(self.log_dir, f"group-{job.index}.log")
+        environ = dict(ctx.environ)
+        environ.update({"SMARTLAUNCH_JOB_INDEX": str(job.index),
+                        "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs))})
+        write_spec(spec, plan, ctx, self.make, job.args, environ, self.log_dir)
+        with open(job.log_path, "ab") as out:
+            job.child = proc.spawn([sys.executable, "-m", CHILD_MODULE, spec],
+                                   env=environ, stdout=out, stderr=subprocess.STDOUT)
+        job.state, job.gpu, job.started = JobState.RUNNING, plan.gpus[0], time.monotonic()
+        self.log(f"group {job.index} started: {len(plan.gpus)} ranks on GPUs "
+                 f"{','.join(map(str, plan.gpus))} (pid {job.child.pid}): "
+                 f"{shlex.join(job.args) or '(no variant args)'}; log {job.log_path}")
+
+    def _final(self):
+        for job in self.jobs:            # the group's own one-line result, beside its exit code
+            result = _read_result(os.path.join(self.log_dir, f"group-{job.index}.spec"))
+            if result and job.state != JobState.SUCCEEDED and not job.note:
+                job.note = result
+        return super()._final()
+
+    def summary(self) -> list[str]:
+        rows = [("group", "GPUs", "exit", "wall_s", "samples/s", "variant")]
+        for j in self.jobs:
+            rows.append((str(j.index), ",".join(map(str, self.plans[j.index].gpus)),
+                         j.exit_text() if j.exit_code != 0 else "0", f"{j.wall_s:.1f}",
+                         f"{j.samples_per_s:g}" if j.samples_per_s is not None else "-",
+                         shlex.join(j.args) or "(none)"))
+        widths = [max(len(r[c]) for r in rows) for c in range(5)]
+        lines = ["  " + "  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5]
+                 for r in rows]
+        ok = len(self._in(JobState.SUCCEEDED))
+        head = f"groups: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})"
+        return [head] + lines + [f"  group {j.index}: {j.note}" for j in self.jobs
+                                 if j.note and j.state != JobState.SUCCEEDED]
+
+
+def write_spec(path: str, plan, ctx: LaunchContext, make: Callable, variant: tuple[str, ...],
+               environ: dict[str, str], run_dir: str) -> None:
+    """What the group's process needs (group_run.py reads it, then removes it): its plan, the
+    launch context's parts, torchrun's options with the variant's args and a rendezvous of
+    its own. Private (0o600 in the 0o700 run directory): the environment may hold secrets."""
+    args = argparse.Namespace(**vars(ctx.torchrun_args)) if ctx.torchrun_args is not None \
+        else None
+    if args is not None:
+        args.training_script_args = [*args.training_script_args, *variant]
+        # Its own rendezvous: a c10d store on a free port of this host, a fresh id (as
+        # torchrun --standalone), whatever endpoint the command line named for one job.
+        args.standalone = True
+    policy = ctx.policy
+    policy = dataclasses.replace(policy, launch=dataclasses.replace(policy.launch,
+                                                                    log_dir=run_dir))
+    spec = {"plan": plan, "policy": policy, "topology": ctx.topology, "environ": environ,
+            "torchrun_args": args, "make": make, "result": path + RESULT_SUFFIX}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(spec, f)
+
+
+def _read_result(spec_path: str) -> str:
+    try:
+        with open(spec_path + RESULT_SUFFIX) as f:
+            return str(json.load(f).get("message", ""))
+    except (OSError, ValueError):
+        return ""

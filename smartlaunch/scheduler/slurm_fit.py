@@ -1,0 +1,169 @@
+"""A Slurm allocation measured against the plan (issue 28 item 4).
+
+`idle_line`: one sentence when the plan leaves GPUs of this node or nodes of the job idle, with
+the `sbatch`/`srun` request that would fit next time (said at launch, even with --quiet).
+
+`release_unused`: with the policy key `slurm.release_unused`, shrink the job to the nodes the
+plan uses before launching: `scontrol update JobId=<job> NumNodes=<used>`. Slurm lets a user
+shrink their own running job that way (the released nodes go back to the queue); it has no way
+to take GPUs from a running job (GRES change only while a job is pending: "Job is no longer
+pending execution"), so idle GPUs on a node the job keeps stay allocated, and the line says so.
+Only the batch script (or an salloc shell) shrinks: inside an srun step the step's tasks run on
+its nodes and the job's other nodes may run other steps. Every refusal is one line and the
+launch goes on unshrunk.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import shlex
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from smartlaunch.errors import SlurmError
+from smartlaunch.scheduler.slurm import SlurmContext, detect
+from smartlaunch.scheduler.slurm_parse import parse_key_values
+from smartlaunch.scheduler.slurm_run import Runner, _one_line, run_slurm, subprocess_runner
+
+_ENV_NAME = re.compile(r"SLURM_[A-Z0-9_]+\Z")
+
+
+def nodes_used(ctx: SlurmContext, plan) -> int:
+    """Nodes this launch runs on. A multi-node plan: the most its --nnodes allows (a plan that
+    takes fewer nodes than it was given says so in plan.nnodes). Otherwise every node of the
+    step runs its own launch (the batch script: one node)."""
+    if plan.multi_node:
+        top = (plan.nnodes or "1").rpartition(":")[2]
+        if top.isdigit():
+            return int(top)
+    return ctx.nnodes
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def idle_line(ctx: SlurmContext | None, plan) -> str:
+    """One sentence when the plan leaves GPUs Slurm allocated on this node or nodes of the job
+    idle, with the request that would fit next time; '' otherwise."""
+    if ctx is None:
+        return ""
+    gpu_idle = bool(ctx.gpus) and len(plan.gpus) < len(ctx.gpus)
+    used = nodes_used(ctx, plan)
+    node_idle = max(0, ctx.job_nnodes - used)
+    if not (gpu_idle or node_idle):
+        return ""
+    parts = []
+    if gpu_idle:
+        free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
+        parts.append(f"{len(plan.gpus)} of the {len(ctx.gpus)} GPUs Slurm allocated on this "
+                     f"node ({len(ctx.gpus) - len(plan.gpus)} idle for the whole job; GPUs left "
+                     f"free: {free})")
+    if node_idle:
+        why = "idle for the whole job" if ctx.step_id is None else \
+            f"outside this srun step {ctx.job_id}.{ctx.step_id}: idle unless another step uses them"
+        parts.append(f"{used} of the {ctx.job_nnodes} nodes Slurm allocated to job {ctx.job_id} "
+                     f"({node_idle} {why})")
+    per_node = max(1, len(plan.gpus)) if gpu_idle else len(ctx.gpus)
+    gpus = [f"--gpus-per-node={per_node}"] if per_node else []
+    sbatch = " ".join([f"--nodes={used if node_idle else ctx.job_nnodes}", *gpus])
+    srun = " ".join(([f"--nodes={used}"] if node_idle else []) + gpus)
+    return (f"the plan uses {' and '.join(parts)}; a request that fits this plan next time: "
+            f"`sbatch {sbatch}` (or `srun {srun}`)")
+
+
+def release_unused(plan, policy, environ: Mapping[str, str], *,
+                   runner: Runner | None = None) -> tuple[str, Mapping[str, str]]:
+    """(the line to say, the environment to launch with). With `slurm.release_unused` on and
+    nodes of the job idle under this plan, shrink the job to the nodes it uses; the Slurm
+    variables scontrol says to reset come back in the environment. Never raises for Slurm's
+    refusals: they are the line, and the launch goes on unshrunk with `environ`."""
+    if not policy.slurm.release_unused:
+        return "", environ
+    try:
+        ctx = detect(environ, runner=runner)
+    except SlurmError:
+        return "", environ      # already said when the plan was made
+    if ctx is None:
+        return "", environ
+    key = f"slurm.release_unused ({policy.source_of('slurm.release_unused')})"
+    job = ctx.job_id
+    used = nodes_used(ctx, plan)
+    idle = ctx.job_nnodes - used
+    gpus_kept = len(ctx.gpus) - len(plan.gpus) if ctx.gpus else 0
+    kept = (f"the {_plural(gpus_kept, 'idle GPU')} on this node "
+            f"{'stays' if gpus_kept == 1 else 'stay'} allocated (Slurm changes a running job's "
+            f"GPUs only by releasing whole nodes)") if gpus_kept > 0 else ""
+    if idle <= 0:
+        return (f"{key}: Slurm job {job} keeps all its nodes: {kept}; ask for the GPUs the plan "
+                f"uses next time" if kept else ""), environ
+    unshrunk = f"the launch goes on with the job's {ctx.job_nnodes} nodes"
+    if ctx.step_id is not None:
+        return (f"{key}: Slurm job {job} not shrunk: this launch runs in srun step "
+                f"{job}.{ctx.step_id}, not in the job's batch script (a step's nodes stay "
+                f"allocated while it runs, and the job's other nodes may run other steps); "
+                f"start smartlaunch from the batch script to release idle nodes; {unshrunk}"
+                ), environ
+    held = _nodes_held(job, runner)
+    if held is not None and held <= used:
+        return "", environ      # an earlier launch of this batch script shrank it already
+    argv = ["scontrol", "update", f"JobId={job}", f"NumNodes={used}"]
+    shown = " ".join(argv)
+    try:
+        # scontrol writes slurm_job_<id>_resize.sh/.csh in its working directory: a private
+        # one, read here, never the user's.
+        with tempfile.TemporaryDirectory(prefix="smartlaunch-resize-") as d:
+            done = run_slurm(argv, timeout_s=30, check=False,
+                             runner=runner or functools.partial(subprocess_runner, cwd=d))
+            script = Path(d) / f"slurm_job_{job}_resize.sh"
+            reset = resize_env(script.read_text()) if script.exists() else {}
+    except SlurmError as exc:               # scontrol missing, or no answer
+        return f"{key}: Slurm job {job} not shrunk: {exc}; {unshrunk}", environ
+    except OSError as exc:
+        return (f"{key}: Slurm job {job} not shrunk: no private directory for scontrol "
+                f"({exc.strerror}); set TMPDIR to a writable directory; {unshrunk}"), environ
+    if done.returncode != 0:
+        said = _one_line(done.stderr or done.stdout) or "no message"
+        return (f"{key}: Slurm job {job} not shrunk: `{shown}` failed with exit code "
+                f"{done.returncode}: {said!r}; {unshrunk} (the cluster does not let this job "
+                f"shrink: ask the admins, or set slurm.release_unused: false)"), environ
+    out = dict(environ)
+    for name, value in reset.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    line = (f"{key}: Slurm job {job} shrunk from {ctx.job_nnodes} to {_plural(used, 'node')} "
+            f"(`{shown}`): {_plural(idle, 'idle node')} released"
+            + (f"; {kept}" if kept else ""))
+    return line, out
+
+
+def _nodes_held(job: str, runner: Runner | None) -> int | None:
+    """The job's node count now (the environment keeps the count it started with); None when
+    scontrol cannot say (the update then says why)."""
+    try:
+        done = run_slurm(["scontrol", "-o", "show", "job", job], timeout_s=15, check=False,
+                         runner=runner)
+    except SlurmError:
+        return None
+    n = parse_key_values(done.stdout).get("NumNodes", "") if done.returncode == 0 else ""
+    return int(n) if n.isdigit() else None
+
+
+def resize_env(text: str) -> dict[str, str | None]:
+    """The SLURM_* variables of scontrol's slurm_job_<id>_resize.sh: value, or None to unset."""
+    out: dict[str, str | None] = {}
+    for raw in text.splitlines():
+        try:
+            words = shlex.split(raw, comments=True)
+        except ValueError:
+            continue
+        if len(words) == 2 and words[0] == "unset" and _ENV_NAME.match(words[1]):
+            out[words[1]] = None
+        elif len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            if _ENV_NAME.match(name):
+                out[name] = value
+    return out
