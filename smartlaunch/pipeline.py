@@ -123,7 +123,7 @@ def _decide_here(request, policy, topology, environ, status, cores, session, clo
         profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
                            session, early is not None)
     except DryRunError as exc:
-        if not (exc.out_of_memory and early is not None and early.drop_trial()):
+        if not (exc.out_of_memory and early is not None and early.drop_trials()):
             raise
         # Its GPU memory was shared with the trial's ranks set up beside it: measure
         # again alone rather than fail a job that fits a GPU on its own.
@@ -169,8 +169,9 @@ def _decide_here(request, policy, topology, environ, status, cores, session, clo
 def _start_early(request, policy, topology, environ, first, cores, session):
     """What a cold decision starts with its dry run (profile/early.py), started; None: none."""
     from smartlaunch.profile import early as early_work
-    from smartlaunch.vocab import Strategy
     from smartlaunch.decide.groups import best_group
+    from smartlaunch.decide.select import MAX_SCALED_TRIALS
+    from smartlaunch.vocab import Strategy
     usable = [g.index for g in topology.gpus if g.index not in first.unavailable
               and not g.busy and topology.healthy(g.index)]
     cap = request.max_gpus
@@ -180,27 +181,32 @@ def _start_early(request, policy, topology, environ, first, cores, session):
     due = first.profile_gpu is not None and first.measure and policy.decision.prestart
     if not due or size < 2:
         return None
-    # the group decide weighs first for this size (decide/groups.py)
-    group = best_group(topology, usable, size, policy.decision.ddp_link_classes)
-    if group is None:
+    # The groups decide weighs for the largest sizes it may try (decide/groups.py): the
+    # largest, and the next allowed world size below it (at most MAX_SCALED_TRIALS trials).
+    sizes = [size] + sorted((k for k in policy.decision.world_sizes if 2 <= k < size),
+                            reverse=True)
+    groups = [g for g in (best_group(topology, usable, k, policy.decision.ddp_link_classes)
+                          for k in sizes[:MAX_SCALED_TRIALS]) if g is not None]
+    if not groups or len(groups[0]) != size:
         return None
     isolated = _isolated(request, policy, environ)
+    may_trial = isolated or policy.dryrun.isolation != "require"
     work = early_work.what_to_start(
-        dry_run=True, group=group,
+        dry_run=True, groups=groups,
         cores=len(os.sched_getaffinity(0)) if cores is None else cores,
-        sweep_cached=_comm_cached(topology, group, policy, environ),
-        trial_wanted=(isolated or policy.dryrun.isolation != "require")
-        and _trial_wanted(request, policy, topology, environ, group))
+        sweep_cached=_comm_cached(topology, groups[0], policy, environ),
+        trial_wanted=[may_trial and _trial_wanted(request, policy, topology, environ, g)
+                      for g in groups])
     if work is None:
         return None
     from smartlaunch.profile.comm import TIME_LIMIT_S, Sweep
     from smartlaunch.profile.trial import Trial
     limit = float(policy.dryrun.time_limit_s)
     sweep = Sweep(session, topology, work.group, policy, environ) if work.sweep else None
-    trial = Trial.start(session, request, policy, environ, isolated, work.group, gate=True) \
-        if work.trial else None
+    trials = [Trial.start(session, request, policy, environ, isolated, g, gate=True)
+              for g in work.trials]
     # The sweep's ranks wait at most about a dry run's time at their gate, then half its limit.
-    return early_work.Early(session, trial, sweep,
+    return early_work.Early(session, trials, sweep,
                             sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
 
 
@@ -417,7 +423,7 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
     runner = make_trial_runner(request, policy, environ, session=session, expected_step_s=step,
                                expected_setup_s=setup,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}),
-                               early=early.take_trial() if early is not None else None)
+                               early=early.take_trials() if early is not None else None)
     trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
                                                      topology=topology, environ=environ))

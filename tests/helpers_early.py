@@ -15,14 +15,15 @@ POLICY = "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n  trial_ste
 
 
 def cold_plan(clean_env, script: str, policy_text: str = POLICY, status=None, cores: int = 16,
-              **env):
-    """make_plan as the CLI runs it on a machine with `cores` CPUs and a fake 2-GPU topology."""
+              fixture: str = "h200-nv18-pair", max_gpus: int | None = None, **env):
+    """make_plan as the CLI runs it on a machine with `cores` CPUs and a fake topology (two
+    GPUs unless `fixture` names another), --nproc-per-node max_gpus."""
     from smartlaunch.pipeline import make_plan
     from smartlaunch.request import Request
     policy = clean_env / "policy.yaml"
     policy.write_text(policy_text)
-    environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"), **env}
-    request = Request(script=script, explain="json", policy_path=str(policy))
+    environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path(fixture), **env}
+    request = Request(script=script, explain="json", policy_path=str(policy), max_gpus=max_gpus)
     return make_plan(request, set(), environ, status, cores=cores)
 
 

@@ -46,20 +46,24 @@ def start(s: Session, role: str, **env):
 
 
 # ---- what starts early: one pure function ------------------------------------------------
+P, Q = (0, 1, 2, 3), (0, 1)
+
+
 @pytest.mark.parametrize("kw, want", [
-    ({}, EarlyWork((0, 1), sweep=True, trial=True)),
+    ({}, EarlyWork(P, sweep=True, trials=(P, Q))),
     ({"dry_run": False}, None),                         # nothing measures: nothing starts
-    ({"group": None}, None),                            # no DDP candidate
+    ({"groups": []}, None),                             # no DDP candidate
     ({"cores": 2}, None),                               # CI's two cores: not one to spare
-    ({"cores": 4}, EarlyWork((0, 1), sweep=True, trial=False)),
-    ({"cores": 4, "sweep_cached": True}, EarlyWork((0, 1), sweep=False, trial=True)),
-    ({"trial_wanted": False}, EarlyWork((0, 1), sweep=True, trial=False)),
-    ({"sweep_cached": True, "trial_wanted": False}, None),
-    ({"group": (2, 3, 5, 6), "cores": 64}, EarlyWork((2, 3, 5, 6), sweep=True, trial=True)),
+    ({"cores": 6}, EarlyWork(P, sweep=True, trials=())),       # the sweep first
+    ({"cores": 8}, EarlyWork(P, sweep=True, trials=(Q,))),     # then what cores are left
+    ({"cores": 7, "sweep_cached": True}, EarlyWork(P, sweep=False, trials=(P,))),
+    ({"trial_wanted": [False, True]}, EarlyWork(P, sweep=True, trials=(Q,))),
+    ({"sweep_cached": True, "trial_wanted": [False, False]}, None),
+    ({"groups": [Q], "trial_wanted": [True]}, EarlyWork(Q, sweep=True, trials=(Q,))),
 ])
 def test_what_starts_early_follows_from_plain_facts(kw, want):
-    facts = {"dry_run": True, "group": (0, 1), "cores": 16, "sweep_cached": False,
-             "trial_wanted": True, **kw}
+    facts = {"dry_run": True, "groups": [P, Q], "cores": 16, "sweep_cached": False,
+             "trial_wanted": [True, True], **kw}
     assert what_to_start(**facts) == want
 
 
@@ -113,7 +117,9 @@ def early_with(s, *, trial_arrive_s=0.0, sweep=True, low_memory=lambda: False):
     trial = types.SimpleNamespace(stage=start(s, "a trial", ARRIVE_S=trial_arrive_s))
     sw = types.SimpleNamespace(stage=start(s, "the all-reduce benchmark"),
                                finish=lambda: None) if sweep else None
-    return Early(s, trial, sw, sweep_limit_s=120, low_memory=low_memory)
+    e = Early(s, [trial], sw, sweep_limit_s=120, low_memory=low_memory)
+    e.trial = trial
+    return e
 
 
 def test_the_sweep_measures_once_the_trial_is_set_up_and_the_dry_run_after_the_sweep(clean_env):
@@ -229,6 +235,26 @@ def test_the_trial_sets_itself_up_beside_the_dry_run_and_steps_when_asked(
         assert r["first_forward"] > dry["first_forward"]    # held until the decision asked
     # What the decision waited for: not the trial's 2 s set-up again, only its steps.
     assert plan.timings["trials_setup"] < 2.0 <= plan.timings["profile"]
+    settled(tmp)
+
+
+@pytest.mark.slow
+def test_on_four_gpus_both_trial_sizes_set_up_beside_the_dry_run(clean_env, shared_dir,
+                                                                monkeypatch):
+    """DDP×4 and DDP×2 (decide tries both when both are within the band): each trial's ranks
+    set the script up beside the dry run and step when asked; none starts cold."""
+    tmp = private_tmp(clean_env, monkeypatch)
+    plan, _, _ = cold_plan(clean_env, SETUP, TRIAL_POLICY, fixture="nvswitch-8gpu", max_gpus=4,
+                           ENV_DUMP=str(shared_dir))
+    measured = sorted(len(c["gpus"]) for c in plan.to_dict()["candidates"] if c.get("measured")
+                      and c["strategy"] == "ddp")
+    assert measured == [2, 4], plan.to_dict()["reasons"]
+    dry = read(shared_dir, "dry0")
+    for world in (2, 4):
+        for r in range(world):
+            stamps = read(shared_dir, f"trial-w{world}-r{r}")
+            assert "--gate" in stamps["cmdline"] and stamps["set_up"] < dry["first_forward"]
+    assert plan.timings.get("trials_start", 0.0) < 0.5      # no trial paid a cold start
     settled(tmp)
 
 

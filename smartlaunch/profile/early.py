@@ -7,15 +7,16 @@ decision will need them (`what_to_start`, a pure function of what is known befor
 runs) and cores are spare, they start together with the dry run, in the same Session:
 
 - the sweep's ranks join their group, then wait at their gate;
-- the trial's ranks set the script up (model, data, DDP's broadcast), then wait at their gate
-  before the first forward until decide asks for that trial (its step count comes with the go);
+- the trials' ranks (the largest DDP candidate's, and the next size's while cores are left)
+  set the script up (model, data, DDP's broadcast), then wait at their gate before the first
+  forward until decide asks for that trial (its step count comes with the go);
 - the dry run waits at its gate before its first forward.
 
-`Early.rule` (run by the session's loop) orders them: the sweep measures once the trial is set
-up (or gone), and the dry run's measured steps start once the sweep has ended: nothing of ours
-runs beside them. A trial still setting itself up when the dry run has waited as long as it
-took to get to its gate (at least READY_LIMIT_S), or while host memory runs low, is killed and
-the decision goes on without it (a trial started later costs its set-up again).
+`Early.rule` (run by the session's loop) orders them: the sweep measures once the trials are
+set up (or gone), and the dry run's measured steps start once the sweep has ended: nothing of
+ours runs beside them. A trial still setting itself up when the dry run has waited as long as
+it took to get to its gate (at least READY_LIMIT_S), or while host memory runs low, is killed
+and the decision goes on without it (a trial started later costs its set-up again).
 """
 from __future__ import annotations
 
@@ -35,81 +36,89 @@ DRY_RUN = "the dry run"
 
 @dataclass(frozen=True)
 class EarlyWork:
-    group: tuple[int, ...]      # the GPUs of the largest DDP candidate decide will weigh
-    sweep: bool                 # its all-reduce curve, measured before the dry run's steps
-    trial: bool                 # its DDP trial, set up beside the dry run
+    group: tuple[int, ...]              # the largest DDP candidate's GPUs: its curve
+    sweep: bool                         # measured before the dry run's steps
+    trials: tuple[tuple[int, ...], ...]  # DDP trials set up beside the dry run, largest first
 
 
-def what_to_start(*, dry_run: bool, group: tuple[int, ...] | None, cores: int,
-                  sweep_cached: bool, trial_wanted: bool) -> EarlyWork | None:
+def what_to_start(*, dry_run: bool, groups: list[tuple[int, ...]], cores: int,
+                  sweep_cached: bool, trial_wanted: list[bool]) -> EarlyWork | None:
     """What to start with the dry run, from plain facts: a decision will measure (`dry_run`:
-    auto, a profile GPU, `decision.prestart`), the largest DDP candidate's group as decide
-    will pick it (None: no DDP candidate), the cores this process may use, whether the
-    group's curve is cached and whether its trial is wanted (trials on, a Python script, not
-    cached, isolation as the policy asks). Each start costs about a core per rank for the
-    seconds of its import, which a 2-core machine would take from the dry run itself."""
-    if not dry_run or group is None or len(group) < 2:
+    auto, a profile GPU, `decision.prestart`), the DDP candidates' groups decide would try,
+    largest first, as it picks them (empty: no DDP candidate), the cores this process may
+    use, whether the largest group's curve is cached (it gives the others their curves:
+    decide/curves.py) and whether each group's trial is wanted (trials on, a Python script,
+    not cached, isolation as the policy asks). Each start costs about a core per rank for the
+    seconds of its import, which a 2-core machine would take from the dry run itself; the
+    sweep comes first, then the trials in order while cores are left."""
+    if not dry_run or not groups or len(groups[0]) < 2:
         return None
-    n, budget = len(group), cores - SPARE_CORES
-    sweep = budget >= n and not sweep_cached
-    trial = budget - n * sweep >= n and trial_wanted
-    return EarlyWork(tuple(group), sweep, trial) if sweep or trial else None
+    budget = cores - SPARE_CORES
+    sweep = budget >= len(groups[0]) and not sweep_cached
+    budget -= len(groups[0]) * sweep
+    trials = []
+    for group, wanted in zip(groups, trial_wanted):
+        if wanted and budget >= len(group):
+            trials.append(tuple(group))
+            budget -= len(group)
+    if not sweep and not trials:
+        return None
+    return EarlyWork(tuple(groups[0]), sweep, tuple(trials))
 
 
 class Early:
-    """The stages started early (either may be None) and the rule ordering them."""
+    """The stages started early (trials: possibly none; sweep: None or one) and the rule
+    ordering them."""
 
-    def __init__(self, session: Session, trial, sweep, *, sweep_limit_s: float,
+    def __init__(self, session: Session, trials: list, sweep, *, sweep_limit_s: float,
                  low_memory=None):
-        """trial: profile.trial.Trial started with its gate; sweep: profile.comm.Sweep."""
-        self.session, self.trial, self.sweep = session, trial, sweep
+        """trials: profile.trial.Trial each, started with its gate; sweep: profile.comm.Sweep."""
+        self.session, self.trials, self.sweep = session, list(trials), sweep
         self.sweep_limit_s = sweep_limit_s
         self.low_memory = low_memory if low_memory is not None else memory_low
-        self.dropped = ""               # why the early trial was killed
+        self.dropped = ""               # why the early trials were killed
         session.rules.append(self.rule)
 
-    @property
-    def trial_stage(self) -> Stage | None:
-        return self.trial.stage if self.trial is not None else None
-
     def rule(self) -> None:
-        s, trial = self.session, self.trial_stage
+        s = self.session
         sweep = self.sweep.stage if self.sweep is not None else None
         now = time.monotonic()
         dry = next((st for st in reversed(s.stages) if st.role == DRY_RUN and not st.over), None)
-        if trial is not None and trial.state == State.STARTED:
+        setting_up = [t.stage for t in self.trials if t.stage.state == State.STARTED]
+        if setting_up:
             if self.low_memory():
-                self._drop("host memory ran low")
+                self._drop("host memory ran low", setting_up)
             elif dry is not None and dry.t_gate is not None and \
                     now - dry.t_gate > max(READY_LIMIT_S, dry.t_gate - dry.t_start):
-                self._drop("its set-up outlasted the dry run's wait")
-        trial_ready = trial is None or trial.over or trial.state != State.STARTED
+                self._drop("its set-up outlasted the dry run's wait", setting_up)
+        trials_ready = all(t.stage.over or t.stage.state != State.STARTED for t in self.trials)
         if sweep is not None and not sweep.over:
-            if sweep.state == State.AT_GATE and trial_ready:
+            if sweep.state == State.AT_GATE and trials_ready:
                 s.go(sweep)
             elif now - sweep.t_start > self.sweep_limit_s:
                 s.kill(sweep, f"it ran past {self.sweep_limit_s:g} s")
         if sweep is not None and sweep.over:
             self.sweep.finish()         # cached, whether or not decide asks for it
-        if dry is not None and dry.state == State.AT_GATE and trial_ready and \
+        if dry is not None and dry.state == State.AT_GATE and trials_ready and \
                 (sweep is None or sweep.over):
             s.go(dry)
 
-    def _drop(self, why: str) -> None:
+    def _drop(self, why: str, stages) -> None:
         self.dropped = why
-        self.session.kill(self.trial_stage, why)
+        for stage in stages:
+            self.session.kill(stage, why)
 
-    def drop_trial(self) -> bool:
-        """Kill the early trial (its ranks hold GPU memory); False: there was none alive."""
-        if self.trial_stage is None or self.trial_stage.over:
-            return False
-        self._drop("the dry run ran out of GPU memory beside it")
-        return True
+    def drop_trials(self) -> bool:
+        """Kill the early trials (their ranks hold GPU memory); False: none was alive."""
+        alive = [t.stage for t in self.trials if not t.stage.over]
+        if alive:
+            self._drop("the dry run ran out of GPU memory beside it", alive)
+        return bool(alive)
 
-    def take_trial(self):
-        """The early trial for the first trial decide runs (profile.trial), once."""
-        trial, self.trial = self.trial, None
-        return trial
+    def take_trials(self) -> list:
+        """The early trials, for the trials decide runs (profile.trial), once."""
+        trials, self.trials = self.trials, []
+        return trials
 
 
 def memory_low(share: float | None = None) -> bool:

@@ -49,18 +49,18 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                       expected_setup_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
                       phases: Callable[[dict[str, float]], None] | None = None,
-                      early: "Trial | None" = None
+                      early: "list[Trial] | None" = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in
     `session` (None: one of its own per trial). None: the trial could not measure (script failed, stalled, --no-python).
     phases(seconds by phase): told after each trial where its seconds went (trial_phases).
-    early: a trial set up beside the dry run (profile/early.py), waiting at its gate: used
-    when decide asks for exactly its candidate, else left to the session to end.
+    early: trials set up beside the dry run (profile/early.py), waiting at their gates: each
+    used when decide asks for exactly its candidate; the others are left to the session to end.
     expected_setup_s: the dry run's start to its first step (profile.startup_s), for the
     trial's progress deadlines (Deadlines). `trial.why[(strategy, gpus)]`: why a trial that
     gave None gave nothing, in a few words."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
-    waiting = [early] if early is not None else []
+    waiting = list(early or ())
     why: dict = {}
 
     def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
@@ -78,10 +78,11 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             return None
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
-        run = waiting.pop() if waiting else None
-        if run is not None and not run.fits(gpus, isolated):
-            session.kill(run.stage, "the decision asked for another trial")
-            run = None
+        run = next((w for w in waiting if w.fits(gpus, isolated)), None)
+        for w in [w for w in waiting if w is run or len(w.gpus) < n]:
+            waiting.remove(w)
+            if w is not run:    # decide tries sizes in ascending order: not asked for now
+                session.kill(w.stage, "the decision went on to a larger trial")
         t_spawn = time.time()
         if run is not None:
             session.go(run.stage, measure=steps)

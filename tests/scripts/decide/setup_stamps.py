@@ -1,7 +1,7 @@
 """A torchrun-style DDP script that stamps when it has set itself up and when its first
 forward returned, for the tests of a trial set up beside the dry run (tests/test_trial_early.py).
 
-Writes $ENV_DUMP/<dry|trial><RANK>.json: {"set_up": wall time, "first_forward": wall time,
+Writes $ENV_DUMP/<dry|trial><RANK>.json (trials also trial-w<WORLD_SIZE>-r<RANK>.json): {"set_up": wall time, "first_forward": wall time,
 "cmdline": ...}. SETUP_S: seconds of set-up (a large model's build) before the first forward.
 Trial ranks also leave $ENV_DUMP/started<RANK> at their start. OOM_ONCE=1: the dry run's first
 run, once a trial's rank 0 has started beside it, fails as a CUDA out-of-memory error does (its
@@ -45,6 +45,9 @@ for step in range(10_000):
         stamps["first_forward"] = time.time()
         with open(os.path.join(dump, f"{kind}{os.environ.get('RANK', '0')}.json"), "w") as f:
             json.dump(stamps, f)
+        if kind == "trial":     # several trial sizes: one file per world size and rank too
+            with open(os.path.join(dump, f"trial-w{world}-r{os.environ['RANK']}.json"), "w") as f:
+                json.dump(stamps, f)
     opt.zero_grad()
     loss.backward()
     opt.step()
