@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import multi_n
+from regret import read_jsonl
 
 GOAL_REGRET_POLICY = 0.02
 GOAL_REGRET_FREE = 0.05
@@ -46,13 +47,7 @@ def load(paths) -> list[dict]:
         p = Path(p)
         if p.is_dir():
             p = p / "records.jsonl"
-        if not p.exists():
-            continue
-        for line in p.read_text().splitlines():
-            try:
-                recs.append(json.loads(line))
-            except ValueError:
-                continue          # a line cut by a kill mid-write
+        recs += read_jsonl(p)
     return recs
 
 

@@ -166,7 +166,11 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
 
 # ---- records --------------------------------------------------------------------------------
 def load_records(out: Path) -> list[dict]:
-    path = out / RECORDS
+    return read_jsonl(out / RECORDS)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """One record per line; a missing file is none, a line cut by a kill mid-write is skipped."""
     if not path.exists():
         return []
     recs = []
@@ -174,7 +178,7 @@ def load_records(out: Path) -> list[dict]:
         try:
             recs.append(json.loads(line))
         except ValueError:
-            continue          # a line cut by a kill mid-write
+            continue
     return recs
 
 

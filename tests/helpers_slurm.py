@@ -99,6 +99,12 @@ class SlurmCluster:
         self.hooks_env.write_text("\n".join(lines) + "\n")
 
     def start(self) -> None:
+        self._start_controller()
+        self._daemon("slurmd", [_sbin("slurmd"), "-f", str(self.conf)], self.dir / "slurmd.pid")
+        self.wait_node_idle()
+
+    def _start_controller(self) -> None:
+        """munged and slurmctld, the daemons every cluster of these tests has."""
         d = self.dir
         os.chown(d / "munge", _uid("munge"), _gid("munge"))
         os.chmod(d / "munge", 0o755)
@@ -109,8 +115,6 @@ class SlurmCluster:
                                 f"--seed-file={d}/munge/munged.seed"], d / "munge" / "munged.pid")
         self._daemon("slurmctld", [_sbin("slurmctld"), "-i", "-f", str(self.conf)],
                      d / "slurmctld.pid")
-        self._daemon("slurmd", [_sbin("slurmd"), "-f", str(self.conf)], d / "slurmd.pid")
-        self.wait_node_idle()
 
     def _daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
@@ -248,15 +252,7 @@ return slurm.SUCCESS
 
     def start(self) -> None:
         d = self.dir
-        os.chown(d / "munge", _uid("munge"), _gid("munge"))
-        os.chmod(d / "munge", 0o755)
-        self._daemon("munged", ["runuser", "-u", "munge", "--", _sbin("munged"), "--force",
-                                f"--socket={d}/munge/munge.socket",
-                                f"--pid-file={d}/munge/munged.pid",
-                                f"--log-file={d}/munge/munged.log",
-                                f"--seed-file={d}/munge/munged.seed"], d / "munge" / "munged.pid")
-        self._daemon("slurmctld", [_sbin("slurmctld"), "-i", "-f", str(self.conf)],
-                     d / "slurmctld.pid")
+        self._start_controller()
         for n in self.names:
             (d / f"spool-{n}").mkdir(exist_ok=True)
             self._daemon(f"slurmd-{n}", [_sbin("slurmd"), "-N", n, "-f", str(self.conf)],
