@@ -290,13 +290,18 @@ def _stop_pid(pid: int) -> None:
 @pytest.fixture(scope="module")
 def slurm_nodes():
     """A two-node Slurm (NodesCluster) for one test module."""
+    yield from _running(NodesCluster, "smartlaunch-slurm-nodes-", {})
+
+
+def _running(kind, prefix: str, config: dict):
+    """A started cluster of `kind` for a fixture to yield; stopped and removed after."""
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="smartlaunch-slurm-nodes-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(root, 0o755)
-    cluster = NodesCluster(root)
-    cluster.write_config({})
+    cluster = kind(root)
+    cluster.write_config(config)
     try:
         cluster.start()
     except Exception:
@@ -333,23 +338,8 @@ def _gid(group: str) -> int:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    reason = missing_reason()
-    if reason:
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="smartlaunch-slurm-"))
-    os.chmod(root, 0o755)
-    cluster = SlurmCluster(root)
-    cluster.write_config({"SMARTLAUNCH_FAKE_TOPOLOGY": fake_topology("healthy")})
-    try:
-        cluster.start()
-    except Exception:
-        cluster.stop()
-        raise
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from _running(SlurmCluster, "smartlaunch-slurm-",
+                        {"SMARTLAUNCH_FAKE_TOPOLOGY": fake_topology("healthy")})
 
 
 def fake_topology(name: str) -> str:
