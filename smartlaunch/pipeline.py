@@ -118,7 +118,7 @@ def _decide_here(request, policy, topology, environ, status, cores, session, clo
     clock.lap("leases")
     early = _start_early(request, policy, topology, environ, first, cores, session)
     if not request.explain:
-        import torch.distributed.run  # noqa: F401  (the launch's; its ~3 s beside the dry run)
+        session.rules.append(_import_torch_once(session))
     try:
         profile = _profile(request, policy, topology, environ, first.profile_gpu, status,
                            session, early is not None)
@@ -208,6 +208,16 @@ def _start_early(request, policy, topology, environ, first, cores, session):
     # The sweep's ranks wait at most about a dry run's time at their gate, then half its limit.
     return early_work.Early(session, trials, sweep,
                             sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
+
+
+def _import_torch_once(session):
+    """A session rule that imports what the launch needs (torch's launcher: ~3 s on a GPU
+    node) once, the first time the session serves its processes: after the dry run and what
+    starts with it are running, so the import costs the decision nothing."""
+    def rule() -> None:
+        session.rules.remove(rule)
+        import torch.distributed.run  # noqa: F401
+    return rule
 
 
 def _comm_cached(topology, group, policy, environ) -> bool:

@@ -346,3 +346,32 @@ def test_a_dry_run_failing_before_its_first_forward_leaves_nothing(clean_env, sh
     with pytest.raises(DryRunError):
         cold_plan(clean_env, STAMPED, POLICY, STAMPS=str(shared_dir), FAIL_AT_SETUP="1")
     settled(tmp)
+
+
+def test_a_launch_imports_torchs_launcher_once_its_dry_run_is_running(clean_env, shared_dir,
+                                                                       monkeypatch):
+    """The launcher's own `import torch` (~3 s on a GPU node) waits until the session first
+    serves its processes, so it overlaps the dry run instead of delaying it."""
+    import sys
+    from smartlaunch import pipeline
+    from smartlaunch.pipeline import make_plan
+    from smartlaunch.request import Request
+    roles, real = [], pipeline._import_torch_once
+
+    def spy(session):
+        rule = real(session)
+
+        def observed():
+            roles.append([s.role for s in session.stages])
+            session.rules.remove(observed)
+            session.rules.append(rule)
+        return observed
+    monkeypatch.setattr(pipeline, "_import_torch_once", spy)
+    policy = clean_env / "policy.yaml"
+    policy.write_text(SWEEP_POLICY)
+    environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": str(REPO / "smartlaunch" / "topology"
+                                                              / "fixtures" / "h200-nv18-pair.json"),
+               "STAMPS": str(shared_dir)}
+    make_plan(Request(script=STAMPED, policy_path=str(policy)), set(), environ, cores=2)
+    assert roles and DRY_RUN in roles[0]
+    assert "torch.distributed.run" in sys.modules
