@@ -3,6 +3,7 @@
 tests/helpers_common.py, area-specific helpers in tests/helpers_<area>.py."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# What every test module needs importable (smartlaunch's declared dependencies the tests use at
+# import): without them collection would fail module by module with import errors.
+NEEDED = ("torch", "psutil")
+
+
+def pytest_configure(config):
+    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.exit(f"this interpreter lacks {', '.join(missing)} (smartlaunch's dependencies "
+                    f"the tests import); make the test environment as the README's Quick "
+                    f"start does: pip install torch==2.13.0 -e '.[test]'", returncode=4)
 
 # The processes tests start import this checkout's smartlaunch, whatever else is installed (an
 # editable install of another checkout): they run in their own directories, where `python -m`

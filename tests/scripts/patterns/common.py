@@ -96,6 +96,14 @@ def batches(dl: DataLoader, steps: int):
         epoch += 1
 
 
+def train(net: nn.Module, opt, dl: DataLoader, steps: int) -> None:
+    """The plain loop every pattern ends with: `steps` steps, a last line, the group ended."""
+    for _, (x, y) in batches(dl, steps):
+        loss = train_step(net, opt, x, y)
+    print(f"finished: loss {loss.item():.3f}", flush=True)
+    done()
+
+
 def train_step(net: nn.Module, opt, x, y) -> torch.Tensor:
     opt.zero_grad()
     loss = nn.functional.cross_entropy(net(x), y)

@@ -20,10 +20,7 @@ def main():
     fully_shard(net, mesh=mesh)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     dl = common.loader(common.data(), args.batch_size)
-    for _, (x, y) in common.batches(dl, args.steps):
-        loss = common.train_step(net, opt, x, y)
-    print(f"finished: loss {loss.item():.3f}", flush=True)
-    common.done()
+    common.train(net, opt, dl, args.steps)
 
 
 if __name__ == "__main__":

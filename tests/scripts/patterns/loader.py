@@ -22,10 +22,7 @@ def main():
     dl = common.loader(common.data(), args.batch_size, **kw)
     net = common.wrap(common.model())
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    for _, (x, y) in common.batches(dl, args.steps):
-        loss = common.train_step(net, opt, x, y)
-    print(f"finished: loss {loss.item():.3f}", flush=True)
-    common.done()
+    common.train(net, opt, dl, args.steps)
 
 
 if __name__ == "__main__":
