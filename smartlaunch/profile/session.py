@@ -208,12 +208,11 @@ class Session:
                 if c.returncode is None:
                     c.send(signal.SIGTERM)
         t_end = time.monotonic() + (1.0 if live else 0.0)
-        for s in self.stages:
+        for s in live:          # the others were reaped when they ended or were killed
             for c in s.children:
                 c.wait(max(0.0, t_end - time.monotonic()))
                 c.stop(signal.SIGKILL, 0)
-            if not s.over:
-                s.why = "the decision no longer needed it"
+            s.why = "the decision no longer needed it"
         for key in list(self.sel.get_map().values()):
             self.sel.unregister(key.fileobj)
             _close(key.fileobj)

@@ -180,8 +180,7 @@ class Trial:
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
         n = max(1, len(gpus))
-        cmd = spawner_command(n, shim_args(request, policy, str(run.out), steps, gate=gate),
-                              python)
+        cmd = trial_command(request, policy, n, str(run.out), python, steps=steps, gate=gate)
         if isolated:
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [str(run.out)],
                                str(run.out / "isolation.json"), python)
@@ -218,8 +217,10 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 
 
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
-                  python: str = sys.executable, *, steps: int | None = None) -> list[str]:
-    return spawner_command(nproc, shim_args(request, policy, out_dir, steps), python)
+                  python: str = sys.executable, *, steps: int | None = None,
+                  gate: bool = False) -> list[str]:
+    """The spawner's command line for nproc ranks of the shim (trial_group.py)."""
+    return spawner_command(nproc, shim_args(request, policy, out_dir, steps, gate=gate), python)
 
 
 def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None, *,
