@@ -98,11 +98,15 @@ def parse_rows(text: str, total: int = len(ROWS)) -> list[int]:
     return out
 
 
-def plan(rows: list[int], nprocs=(2, 3, 4), done: set[int] = frozenset()) -> list[Task]:
+def plan(rows: list[int], nprocs=(2, 3, 4), done: set[int] = frozenset(),
+         decisions: list[int] = ()) -> list[Task]:
     """The runs of these rows in order: per script block (suite order above), single first,
-    each row's references then its decisions and launch, single again at the end."""
+    each row's references then its decisions and launch, single again at the end.
+    decisions: rows whose smartlaunch decisions (cold, then default) run again first, alone,
+    to be scored against the references of the call that measured them (--skip-done)."""
     todo = [k for k in sorted(rows) if k not in done]
-    tasks: list[Task] = []
+    tasks: list[Task] = [Task(kind, ROWS[k - 1][0], ROWS[k - 1][1], max(nprocs), k)
+                         for k in sorted(decisions) for kind in ("cold", "default")]
     for script in SCRIPTS:
         mine = [k for k in todo if ROWS[k - 1][0] == script]
         if not mine:
@@ -405,6 +409,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the one-GPU check first (gpt-124m-b8: dry run vs torchrun×1)")
     p.add_argument("--skip-done", action="append", default=[], metavar="RECORDS",
                    help="records.jsonl of an earlier call: skip the rows it finished")
+    p.add_argument("--decisions", default="", metavar="ROWS",
+                   help="rows whose decisions alone run again first (new code, earlier "
+                        "references: give their records to the report), e.g. 1-8")
     p.add_argument("--nproc", default="2,3,4")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per child at most")
     p.add_argument("--sl-steps", type=int, default=100_000,
@@ -419,7 +426,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="print the rows and the plan, then exit")
     args = p.parse_args(argv)
     try:
-        args.row_list = parse_rows(args.rows)
+        args.row_list = parse_rows(args.rows) if args.rows else []
+        args.decision_rows = parse_rows(args.decisions) if args.decisions else []
         import multi_n
         args.nprocs = multi_n.parse_nproc(args.nproc)
     except ValueError as e:
@@ -434,7 +442,7 @@ def main(argv=None) -> int:
     done: set[int] = set()
     for path in args.skip_done:
         done |= done_rows(report.load([Path(path)]))
-    tasks = plan(args.row_list, args.nprocs, done)
+    tasks = plan(args.row_list, args.nprocs, done, args.decision_rows)
     if args.list:
         for k, (s, c) in enumerate(ROWS, 1):
             print(f"{k:2} {s:18} {c}{'  (done)' if k in done else ''}")

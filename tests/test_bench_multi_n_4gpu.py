@@ -233,3 +233,12 @@ def test_one_row_end_to_end_on_cpu_with_a_fake_4_gpu_node(tmp_path, clean_env, m
     assert mn4.main([*argv[:-6], "--call", "c2", "--out", str(out),
                      "--skip-done", str(out / "records.jsonl"), "--budget", "60"]) == 0
     assert len(rep.load([out])) == len(recs) + 1             # only c2's baseline
+
+
+def test_decisions_rerun_first_alone_then_the_rows_references():
+    tasks = mn4.plan([9], decisions=[7, 1])
+    assert [(t.kind, t.row) for t in tasks[:4]] == [("cold", 1), ("default", 1), ("cold", 7),
+                                                    ("default", 7)]
+    assert all(t.nproc == 4 for t in tasks[:4]) and tasks[4].kind == "single"
+    assert {t.row for t in tasks[4:] if t.row} == {9}
+    assert mn4.parse_args(["--rows", "", "--decisions", "1-8", "--out", "x"]).row_list == []
