@@ -98,8 +98,8 @@ def _make_plan(request, given, environ, status, cores, session):
     clock.lap("topology")
     if request.multi_node:      # one node decides for all (pipeline_nodes.py)
         from smartlaunch.pipeline_nodes import one_decision
-        return one_decision(request, topology, policy, environ, lambda: _decide_here(
-            request, policy, topology, environ, status, cores, session, clock, notes, slurm),
+        return one_decision(request, topology, policy, environ, lambda req: _decide_here(
+            req, policy, topology, environ, status, cores, session, clock, notes, slurm),
             status)
     return _decide_here(request, policy, topology, environ, status, cores, session, clock,
                         notes, slurm)

@@ -14,6 +14,13 @@ node whose hardware differs refuses it (NodeMismatchError, exit 12) and, where t
 run without it (fixed --nnodes), closes the rendezvous so the other nodes end at once instead
 of at the join timeout. Other rendezvous backends (static --master-addr, etcd) have no store
 before the agent's; each node there decides alone, as before, and the plan says so.
+
+A sweep (--each) across nodes is split, not run as one job (decide/nodes.py): the deciding node
+decides for the first node's share, publishes the split with the plan and starts its own share
+only once every other node has read it (its store must outlive their reads); every other node
+runs the share its arrival order names (1, 2, ...: the same counter that numbers the nodes for
+the all-reduce between them), or exits 0 when it has none. No rendezvous of the job is formed.
+With --rdzv-backend static each node decides alone and runs the share its --node-rank names.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from datetime import timedelta
 
 from smartlaunch.decide.plan import Plan, Reason
 from smartlaunch.errors import (NodeMismatchError, NodeNotNeeded, RendezvousError,
-                                SmartlaunchError)
+                                SmartlaunchError, UsageError)
 
 KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
 KEY_READ = "read"           # a counter: the nodes that have read it
@@ -81,22 +88,42 @@ def endpoint_of(args) -> Endpoint | None:
     return Endpoint(host, port, str(args.rdzv_id), conf, lo, hi, join)
 
 
-def one_decision(request, topology, policy, environ, decide: Callable[[], tuple],
+def one_decision(request, topology, policy, environ, decide: Callable[..., tuple],
                  status=None) -> tuple:
-    """(plan, topology, policy) for this node of a multi-node job: `decide()`'s on the node
-    that hosts the store (published for the others), the published one elsewhere."""
-    ep = endpoint_of(request.torchrun_args)
+    """(plan, topology, policy) for this node of a multi-node job: `decide(request)`'s on the
+    node that hosts the store (published for the others), the published one elsewhere. A
+    sweep is decided for the first node's share (NodeSweep.request); each node's plan is its
+    own share (Plan.for_node)."""
+    from smartlaunch.decide.nodes import sweep_across_nodes
+    sweep = sweep_across_nodes(request)
+    args = request.torchrun_args
+    ep = endpoint_of(args)
+    backend = "--standalone" if getattr(args, "standalone", False) else \
+        f"--rdzv-backend {args.rdzv_backend}"
+    if sweep is not None and ep is None and backend != "--rdzv-backend static":
+        raise UsageError(f"--each across nodes needs to know which share of the variants is "
+                         f"this node's, and {backend} does not say: use "
+                         f"--rdzv-backend c10d (the node hosting its store splits the sweep), "
+                         f"or static with --node-rank")
+
+    def decide_all() -> tuple:
+        if sweep is None:
+            return decide(request)
+        plan, topo, pol = decide(sweep.request)
+        return sweep.plan(plan), topo, pol
     if ep is None:
-        plan, topo, policy = decide()
-        why = Reason(f"each node of this job decides alone: the --rdzv-backend "
-                     f"{request.torchrun_args.rdzv_backend} rendezvous has no store before the "
-                     f"job starts (c10d has: there the rendezvous' node decides for all)",
-                     f"user: --rdzv-backend {request.torchrun_args.rdzv_backend}")
-        return dataclasses.replace(plan, reasons=plan.reasons + (why,)), topo, policy
+        plan, topo, policy = decide_all()
+        why = Reason(f"each node of this job decides alone: the {backend} rendezvous has no "
+                     f"store before the job starts (c10d has: there the rendezvous' node "
+                     f"decides for all)" + (f"; this node runs the share of --node-rank "
+                                            f"{args.node_rank}" if sweep is not None else ""),
+                     f"user: {backend}")
+        plan = dataclasses.replace(plan, reasons=plan.reasons + (why,))
+        return (_share(plan, args.node_rank, "this node") if sweep else plan), topo, policy
     store, hosting = _open(ep)
     me = socket.gethostname()
     if hosting:
-        return _decide_for_all(store, ep, me, request, decide, status, environ)
+        return _decide_for_all(store, ep, me, request, decide_all, status, environ)
     return _read_plan(store, ep, request, topology, policy, environ)
 
 
@@ -157,16 +184,25 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, envir
     _publish(store, {"host": me, "plan": plan.to_dict()})
     if request.explain:         # nothing to launch: stay until the others have read it
         _serve(store, ep, status, "read the plan")
+    elif plan.node_variants:    # a sweep: this store ends with its share, so after their reads
+        read = _serve(store, ep, status, "take their share of the sweep")
+        if read < ep.max_nodes - 1:
+            raise RendezvousError(
+                f"only {read} of the other {ep.max_nodes - 1} node(s) took their share of the "
+                f"sweep at {ep.where} within join_timeout={ep.join_timeout_s:g} s, so the "
+                f"others' variants would not run; none was started here (those that came run "
+                f"theirs): start smartlaunch on every node (--nnodes {ep.max_nodes})")
     else:                       # the agent's rendezvous uses this server; late nodes read it
         _SERVING.append(store)
-    return plan, topo, policy
+    return (_share(plan, 0, me) if plan.node_variants else plan), topo, policy
 
 
 def _choosable(plan: Plan, ep: Endpoint) -> bool:
     """Whether how many nodes to use is a choice: a DDP plan with a usable profile (a dry run
     on the deciding node's GPU) and a fixed node count (a range is torch's elastic choice)."""
     return (ep.min_nodes == ep.max_nodes >= 2 and plan.profile is not None
-            and plan.profile.usable and bool(plan.profile.step_time_s) and not plan.forced)
+            and plan.profile.usable and bool(plan.profile.step_time_s) and not plan.forced
+            and not plan.node_variants)
 
 
 def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status) -> Plan:
@@ -216,15 +252,17 @@ def _publish(store, message: dict) -> None:
     store.set(KEY_PLAN, json.dumps(message, default=str))
 
 
-def _serve(store, ep: Endpoint, status, what: str) -> None:
-    """Until the other nodes (--nnodes' least) have read the plan, at most join_timeout."""
+def _serve(store, ep: Endpoint, status, what: str) -> int:
+    """Until the other nodes (--nnodes' least) have read the plan, at most join_timeout; how
+    many did."""
     want = ep.min_nodes - 1
     deadline = time.monotonic() + ep.join_timeout_s
     if status is not None and want > 0:
         status.ticking(f"waiting for the other {want} node(s) to {what} (at most "
                        f"{ep.join_timeout_s:g} s)")
-    while store.add(KEY_READ, 0) < want and time.monotonic() < deadline:
+    while (read := store.add(KEY_READ, 0)) < want and time.monotonic() < deadline:
         time.sleep(POLL_S)
+    return read
 
 
 def _read_plan(store, ep: Endpoint, request, topology, policy, environ) -> tuple:
@@ -239,15 +277,21 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ) -> tuple
     plan = Plan.from_dict(message["plan"])
     theirs, mine = plan.topology.get("hardware_fingerprint"), topology.hardware_fingerprint()
     if theirs != mine:
-        closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes else False
+        sweep = bool(plan.node_variants)    # no rendezvous of the job: the others run theirs
+        closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep \
+            else False
         raise NodeMismatchError(
             f"this node ({socket.gethostname()}: {topology.hardware()}) differs from the node "
             f"the job's plan was made on ({host}: {plan.topology.get('hardware')}; hardware "
             f"fingerprints {mine} and {theirs}); run the job on nodes with the same GPUs and "
             f"links, or start it separately on each kind of node"
-            + ("; the rendezvous was closed, so the other nodes end too" if closed else ""))
+            + ("; the rendezvous was closed, so the other nodes end too" if closed else "")
+            + ("; the other nodes run their shares of the sweep, this node's variants do not "
+               "run" if sweep else ""))
+    if plan.node_variants:
+        plan = _share(plan, place, host)
     used = int(plan.nnodes) if plan.nnodes.isdigit() else ep.max_nodes
-    if place >= used:
+    if place >= used and not plan.node_variants:
         why = next((r.text for r in plan.reasons if r.rule == RULE_NODES), "")
         raise NodeNotNeeded(f"this node is not used: the job runs on {used} of its "
                             f"{ep.max_nodes} nodes (decided on {host}): {why}")
@@ -257,6 +301,18 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ) -> tuple
     plan = dataclasses.replace(plan, reasons=plan.reasons + (why,),
                                numa=_local_numa(plan, topology, policy, request))
     return plan, topology, policy
+
+
+def _share(plan: Plan, k: int, host: str) -> Plan:
+    """Node k's share of a sweep across nodes (Plan.for_node); NodeNotNeeded when it has none
+    (fewer variants than nodes, or a node past --nnodes)."""
+    split = plan.node_variants
+    if k < len(split) and split[k]:
+        return plan.for_node(k)
+    used = sum(1 for s in split if s)
+    raise NodeNotNeeded(f"this node is not used: the sweep's {len(plan.variants)} variant(s) "
+                        f"are split over {used} of its {len(split)} nodes, one share each "
+                        f"(decided on {host}), and none is left for this node")
 
 
 def _wait_plan(store, ep: Endpoint, place: int, environ) -> dict:

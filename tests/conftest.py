@@ -63,3 +63,22 @@ def shared_dir():
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """make(n): n "nodes" on this host (helpers_multinode.Cluster), closed after the test;
+    the test is skipped where network namespaces cannot be made."""
+    from helpers_multinode import Cluster, Unavailable
+    made: list = []
+
+    def make(n: int):
+        c = Cluster(tmp_path, n)
+        made.append(c)
+        try:
+            return c.create()
+        except Unavailable as exc:
+            pytest.skip(str(exc))
+    yield make
+    for c in made:
+        c.close()

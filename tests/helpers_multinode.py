@@ -13,6 +13,7 @@ and deleting the namespaces removes everything.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+START_S = 120      # a loaded 2-core box: torch imported by every launcher and every rank
+END_S = 60
 SUBNET = "10.77.0"           # private to the namespaces: no clash with the host or other runs
 RDZV_PORT = 29400
 # Runs as the node: its hosts file over /etc/hosts, its hostname, then the launcher (exec: the
@@ -101,6 +104,37 @@ for i in range(steps):
 rate = (steps - 2) * batch * world / (time.perf_counter() - t0)
 if int(os.environ.get("RANK", "0")) == 0:
     print(f"train: world {world} samples/s {rate:.3f}", flush=True)
+"""
+
+
+def smartlaunch_lines(node) -> list[str]:
+    return [line for line in node.output.splitlines() if line.startswith("smartlaunch: ")]
+
+
+def printed_plan(node) -> dict:
+    """The --explain=json plan a launcher printed."""
+    out = node.output
+    return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+
+
+def fake(name: str) -> dict:
+    from helpers_common import fixture_path
+    return {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path(name)}
+
+
+# One variant of a sweep (--each): its record, a file of its own in the directory its first
+# argument names (the variant's global index, the sweep's size, the node that ran it, its
+# args); then it exits 3 when its args hold --fail, else 0.
+EACH_SCRIPT = """\
+import json, os, sys
+
+out, args = sys.argv[1], sys.argv[2:]
+index, node = os.environ["SMARTLAUNCH_JOB_INDEX"], os.environ["SL_TEST_NODE"]
+record = {"index": int(index), "jobs": int(os.environ["SMARTLAUNCH_NUM_JOBS"]),
+          "node": int(node), "args": args}
+with open(os.path.join(out, f"variant-{index}-node-{node}-{os.getpid()}.json"), "x") as f:
+    json.dump(record, f)
+sys.exit(3 if "--fail" in args else 0)
 """
 
 
@@ -194,6 +228,7 @@ class Cluster:
         self.hostnames = [f"node{k}-{self.tag}" for k in range(n)]
         self.script = root / f"job-{self.tag}.py"     # in every job process's command line
         self.train = root / f"train-{self.tag}.py"    # TRAIN_SCRIPT, likewise
+        self.each = root / f"each-{self.tag}.py"      # EACH_SCRIPT, likewise
         self.nodes: list[Node] = []
         self._made: list[str] = []
 
@@ -235,6 +270,7 @@ class Cluster:
                               f"namespaces): {probe.stderr.strip() or probe.stdout.strip()}")
         self.script.write_text(JOB_SCRIPT)
         self.train.write_text(TRAIN_SCRIPT)
+        self.each.write_text(EACH_SCRIPT)
         return self
 
     def shape(self, rate: str) -> str:
@@ -277,13 +313,17 @@ class Cluster:
 
     def launch(self, k: int, *options: str, job: tuple[str, ...] = ("once",),
                nnodes: int | None = None, join_timeout: int = 60,
-               env: dict | None = None, script: Path | None = None) -> Node:
-        """smartlaunch on node k: `--nnodes` (default: every node), c10d on the first node,
-        OPTIONS, then the job script with `job` as its arguments; `env` added to the node's."""
+               env: dict | None = None, script: Path | None = None,
+               static: bool = False) -> Node:
+        """smartlaunch on node k: `--nnodes` (default: every node), c10d on the first node
+        (static: --rdzv-backend static, --node-rank k), OPTIONS, then the job script with
+        `job` as its arguments; `env` added to the node's."""
+        rdzv = ["--rdzv-backend", "static", "--master-addr", self.hostnames[0],
+                "--node-rank", str(k)] if static else \
+            ["--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id",
+             f"job-{self.tag}", "--rdzv-conf", f"join_timeout={join_timeout}"]
         argv = [sys.executable, "-m", "smartlaunch.cli", "--nnodes", str(nnodes or self.n),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
-                "--rdzv-id", f"job-{self.tag}", "--rdzv-conf", f"join_timeout={join_timeout}",
-                "--monitor-interval", "0.2", *options, str(script or self.script), *job]
+                *rdzv, "--monitor-interval", "0.2", *options, str(script or self.script), *job]
         cwd = self.root / f"node{k}"
         cwd.mkdir(parents=True, exist_ok=True)
         node = Node(k, self._as_node(k, argv), {**self.env(k), **(env or {})}, cwd)
@@ -296,8 +336,8 @@ class Cluster:
         for p in psutil.process_iter(["cmdline", "status"]):
             try:
                 if p.info["status"] != psutil.STATUS_ZOMBIE and \
-                        any(str(self.script) in a or str(self.train) in a
-                            for a in p.info["cmdline"] or ()):
+                        any(str(s) in a for a in p.info["cmdline"] or ()
+                            for s in (self.script, self.train, self.each)):
                     out.append(p)
             except (psutil.Error, TypeError):
                 continue

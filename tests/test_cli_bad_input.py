@@ -81,9 +81,14 @@ ROWS = [
     Row("nnodes zero", SL + ["--nnodes", "0", "t.py"], 2, r"--nnodes '0'"),
     Row("nnodes words", SL + ["--nnodes", "a:b", "t.py"], 2, r"--nnodes 'a:b'"),
     Row("single over nodes", SL + ["--strategy", "single", "--nnodes", "2", "t.py"], 2,
-        r"--strategy single runs on one node, but --nnodes 2 makes one job across nodes"),
+        r"--strategy single runs one process on one node, but --nnodes 2 makes one job across "
+        r"nodes; use --strategy ddp \(or auto, which launches it as torchrun would\), --each"),
+    Row("independent over nodes without variants", SL + ["--strategy", "independent", "--nnodes",
+        "2", "t.py"], 2, r"--strategy independent needs variants: give --each or --each-file to "
+        r"split them over the nodes \(--nnodes 2\), or use --strategy ddp"),
     Row("each over a node range", SL + ["--nnodes", "1:2", "--each", "--lr 1", "t.py"], 2,
-        r"--each/--each-file run independent jobs on one node, but --nnodes 1:2"),
+        r"--each/--each-file split the variants over a fixed number of nodes, but --nnodes 1:2 "
+        r"is a range; give --nnodes N"),
     Row("script missing", SL + ["missing.py"], 2, r"training script not found: missing.py"),
     Row("script is a directory", SL + ["adir"], 2, r"training script adir is a directory",
         files={"adir": None}),

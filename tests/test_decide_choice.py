@@ -1,6 +1,8 @@
 """The decision on fake machines with synthetic profiles and all-reduce curves."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers_decide import (  # noqa: I001
@@ -305,14 +307,51 @@ def test_multi_node_on_the_cpu_is_torchruns_job_on_every_node(clean_env):
 
 @pytest.mark.parametrize("topo", [cpu_only("NVML not found"), nvswitch8()], ids=["cpu", "gpu"])
 def test_multi_node_refuses_what_would_run_a_job_per_node(clean_env, topo):
-    for kw, text in (({"strategy": "single"}, "--strategy single runs on one node"),
-                     ({"strategy": "independent", "variants": (("a",),)},
-                      "--strategy independent runs on one node"),
-                     ({"variants": (("a",), ("b",))}, "--each/--each-file run independent jobs")):
+    for kw, text in (({"strategy": "single"}, "--strategy single runs one process on one node, "
+                      "but --nnodes 2 makes one job across nodes; use --strategy ddp"),
+                     ({"strategy": "independent"}, "--strategy independent needs variants: give "
+                      "--each or --each-file to split them over the nodes \\(--nnodes 2\\)")):
         with pytest.raises(UsageError, match=text) as err:
             run(topo, None, req=request(nnodes="2", **kw))
         assert err.value.exit_code == ExitCode.USAGE
-        assert "--nnodes 2 makes one job across nodes" in str(err.value)
+
+
+@pytest.mark.parametrize("topo", [cpu_only("NVML not found"), nvswitch8()], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("strategy", ["auto", "independent"])
+def test_a_sweep_across_nodes_is_the_first_nodes_share_decided_as_on_one_node(clean_env, topo,
+                                                                                strategy):
+    from smartlaunch.decide.nodes import split_variants, sweep_across_nodes
+    from smartlaunch.decide.plan import Plan
+    assert split_variants(3, 2) == ((0, 1), (2,)) and split_variants(1, 3) == ((0,), (), ())
+    assert split_variants(5, 3) == ((0, 1), (2, 3), (4,))
+    whole = request(nnodes="2", strategy=strategy, variants=(("a",), ("b",), ("c",)))
+    sweep = sweep_across_nodes(whole)
+    assert sweep.split == ((0, 1), (2,)) and sweep.request.variants == (("a",), ("b",))
+    assert not sweep.request.multi_node
+    local, _ = run(topo, None, req=sweep.request)
+    plan = sweep.plan(local)
+    assert plan.strategy == Strategy.INDEPENDENT and plan.variants == whole.variants
+    assert plan.nnodes == "2" and plan.share() == (0, 1) and plan.for_node(1).share() == (2,)
+    assert plan.reasons[-1].text.startswith("3 variants split over 2 nodes (2/1, in order)")
+    assert Plan.from_dict(json.loads(plan.for_node(1).to_json())) == plan.for_node(1)
+    assert sweep_across_nodes(request(variants=(("a",),))) is None
+    with pytest.raises(UsageError, match="--nnodes 1:2 is a range; give --nnodes N") as err:
+        sweep_across_nodes(request(nnodes="1:2", variants=(("a",),)))
+    assert err.value.exit_code == ExitCode.USAGE
+
+
+def test_a_node_runs_the_groups_packed_for_the_first_share_with_its_own_variants(clean_env):
+    import dataclasses
+
+    from smartlaunch.decide.nodes import sweep_across_nodes
+    whole = request(nnodes="2", variants=tuple((f"--lr={i}",) for i in range(3)))
+    sweep = sweep_across_nodes(whole)
+    plan = sweep.plan(run(nvswitch8(), profile(**GPT), req=sweep.request)[0])
+    assert [g.variant for g in plan.groups] == [0, 1] and len(plan.groups[0].gpus) == 4
+    other = plan.for_node(1)
+    assert [(g.variant, g.gpus) for g in other.groups] == [(2, plan.groups[0].gpus)]
+    assert other.group_plan(0).command[-1] == "--lr=2"
+    assert dataclasses.replace(other, node_index=0, groups=plan.groups).for_node(0) == plan
 
 
 def test_uncertainty_band_comes_from_the_models_measured_error(clean_env):

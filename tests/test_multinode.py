@@ -1,37 +1,18 @@
 """Multi-node jobs with real launchers: two and three "nodes" on this host, each smartlaunch in
 a network namespace of its own (helpers_multinode.Cluster), c10d rendezvous on the first
 node's hostname, gloo ranks. A job across nodes is launched as torchrun would on every node:
-one job of world nodes × nproc-per-node, whatever the node (these have no GPU)."""
+one job of world nodes × nproc-per-node, whatever the node (these have no GPU). The `cluster`
+fixture is in conftest.py; a sweep split over the nodes: test_multinode_each.py."""
 from __future__ import annotations
 
-import json
 import re
 import signal
 
 import pytest
 
-from helpers_common import fixture_path
-from helpers_multinode import RDZV_PORT, Cluster, Unavailable
+from helpers_multinode import (END_S, RDZV_PORT, START_S, fake, printed_plan,
+                               smartlaunch_lines)
 from smartlaunch.errors import ExitCode
-
-START_S = 120      # a loaded 2-core box: torch imported by every launcher and every rank
-END_S = 60
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    made: list[Cluster] = []
-
-    def make(n: int) -> Cluster:
-        c = Cluster(tmp_path, n)
-        made.append(c)
-        try:
-            return c.create()
-        except Unavailable as exc:
-            pytest.skip(str(exc))
-    yield make
-    for c in made:
-        c.close()
 
 
 def ranks_seen(nodes) -> dict[int, tuple[int, int]]:
@@ -45,16 +26,6 @@ def ranks_seen(nodes) -> dict[int, tuple[int, int]]:
     return seen
 
 
-def smartlaunch_lines(node) -> list[str]:
-    return [line for line in node.output.splitlines() if line.startswith("smartlaunch: ")]
-
-
-def printed_plan(node) -> dict:
-    """The --explain=json plan a launcher printed."""
-    out = node.output
-    return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
-
-
 def connected(pid: int, port: int) -> bool:
     """Whether the network namespace of process `pid` (a node: only its own processes) has an
     established TCP connection to `port` (/proc/PID/net/tcp* show that namespace's)."""
@@ -63,10 +34,6 @@ def connected(pid: int, port: int) -> bool:
         with open(f"/proc/{pid}/net/{name}") as f:
             rows += [line.split() for line in f.readlines()[1:]]
     return any(r[2].endswith(f":{port:04X}") and r[3] == "01" for r in rows)
-
-
-def fake(name: str) -> dict:
-    return {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path(name)}
 
 
 @pytest.mark.parametrize("n", [2, 3])

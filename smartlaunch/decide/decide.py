@@ -218,18 +218,23 @@ def _torchrun_unit(units: Units):
 
 
 def _check_multi_node(request: Request, units: Units) -> None:
-    """A job across nodes is one torchrun job. One process or independent jobs per node would
+    """A job across nodes is one torchrun job, or a sweep split over the nodes (decided per
+    node share: decide/nodes.py sweep_across_nodes, before this). One process per node would
     run an unrelated job on every node, each with a world of its own."""
+    if request.variants:
+        raise ValueError("a sweep across nodes is decided for one node's share: "
+                         "nodes.sweep_across_nodes(request).request")
     torchrun = strategy_name(_torchrun_unit(units).NAME)
     unit = units.get(request.strategy)
-    spans = f"{request.nnodes_words()} makes one job across nodes"
-    if unit is not None and not unit.TORCHRUN:
-        raise UsageError(f"--strategy {request.strategy} runs on one node, but {spans}; use "
-                         f"--strategy {torchrun} (or auto, which launches it as torchrun "
-                         f"would), or --nnodes 1 for a separate job on each node")
-    if request.variants:
-        raise UsageError(f"--each/--each-file run independent jobs on one node, but {spans}; "
-                         f"launch each variant as its own job, or give --nnodes 1")
+    if unit is not None and not unit.TORCHRUN and unit.VARIANTS != Variants.REQUIRED:
+        raise UsageError(f"--strategy {request.strategy} runs one process on one node, but "
+                         f"{request.nnodes_words()} makes one job across nodes; use --strategy "
+                         f"{torchrun} (or auto, which launches it as torchrun would), --each "
+                         f"to split a sweep over the nodes, or --nnodes 1 on one node")
+    if unit is not None and unit.VARIANTS == Variants.REQUIRED:
+        raise UsageError(f"--strategy {request.strategy} needs variants: give --each or "
+                         f"--each-file to split them over the nodes ({request.nnodes_words()}), "
+                         f"or use --strategy {torchrun} for one job across nodes")
 
 
 def _multi_node_reason(request: Request, unit, n: int, where: str, given: str) -> Reason:

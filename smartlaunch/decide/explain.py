@@ -41,6 +41,12 @@ def render_text(plan: Plan, units: Units) -> str:
     if plan.variants:
         lines.append(f"variants ({len(plan.variants)}):")
         lines += [f"  {i}: {' '.join(v)}" for i, v in enumerate(plan.variants)]
+    if plan.node_variants:
+        lines.append(f"variants by node ({len(plan.node_variants)} nodes):")
+        lines += [f"  node {k}: " + (f"variant{'s' if len(s) > 1 else ''} {format_ranges(s)}"
+                                     if s else "none (the node exits 0)")
+                  + (" ← this node" if k == plan.node_index else "")
+                  for k, s in enumerate(plan.node_variants)]
     if plan.timings:
         lines.append(_timings(plan.timings))
     return "\n".join(lines) + "\n"
@@ -230,7 +236,10 @@ def decision_line(plan: Plan, units: Units) -> str:
     chosen = next((c for c in plan.candidates if c.chosen), None)
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
                   and units[c.strategy].COLLECTIVE), None)
-    if plan.multi_node:
+    if plan.node_variants:
+        why = (f"a sweep split over {len(plan.node_variants)} nodes, one plan for every node, "
+               f"no process group between them")
+    elif plan.multi_node:
         why = (f"multi-node job on {plan.nnodes} node(s): launched as torchrun would, one "
                f"plan for every node")
     elif plan.forced:

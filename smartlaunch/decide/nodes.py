@@ -20,13 +20,22 @@ margin cost 9.8% of throughput at 2 Gbit/s in bench/results/multinode-link-cpu-2
 margin5.md, where the prediction of two nodes was 7% high): the nodes not needed end (exit 0,
 one line) and the job runs on the first k to arrive, its global batch k*g x the per-rank
 batch (torchrun semantics).
+
+A sweep (--each) across a fixed number of nodes is no job across nodes: its variants are
+split over the nodes (split_variants), and each node runs its share as a one-node sweep runs
+(single-GPU jobs or a DDP group per variant, decide/pack.py), with no process group between
+nodes. The deciding node decides for the first node's share, the largest (sweep_across_nodes).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from smartlaunch.decide.cost import CostModel, predict_ddp, predict_single
+from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.errors import UsageError
 from smartlaunch.profile.api import CommCurve, ModelProfile
+from smartlaunch.request import Request
 
 MARGIN = 0.02
 
@@ -139,3 +148,51 @@ def _size_words(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"
     return f"{nbytes} B"
+
+
+def split_variants(v: int, n: int) -> tuple[tuple[int, ...], ...]:
+    """v variants over n nodes, contiguous and balanced by count: the first v % n nodes get
+    one more; nodes past the v-th get none (v < n)."""
+    q, r = divmod(v, n)
+    starts = [k * q + min(k, r) for k in range(n + 1)]
+    return tuple(tuple(range(starts[k], starts[k + 1])) for k in range(n))
+
+
+@dataclass(frozen=True)
+class NodeSweep:
+    """--each across nodes: what the deciding node decides (the first node's share as a
+    one-node sweep, `request`) and which variants each node runs (`split`)."""
+    whole: Request
+    request: Request
+    split: tuple[tuple[int, ...], ...]
+
+    def plan(self, local: Plan) -> Plan:
+        """The plan of the first node's share as the sweep's plan for every node."""
+        v, n = len(self.whole.variants), len(self.split)
+        counts = "/".join(str(len(s)) for s in self.split)
+        why = Reason(f"{v} variants split over {n} nodes ({counts}, in order): each node runs "
+                     f"its share as independent jobs of its own, as one node runs a sweep, "
+                     f"with no process group between nodes; node 0 is the one that decides, "
+                     f"the others are numbered as they read the plan (--rdzv-backend static: "
+                     f"by --node-rank); SMARTLAUNCH_JOB_INDEX is the variant's index in the "
+                     f"whole sweep", f"user: --each with "
+                     f"{self.whole.nnodes_words()}")
+        return dataclasses.replace(local, variants=self.whole.variants, nnodes=self.whole.nnodes,
+                                   node_variants=self.split, node_index=0,
+                                   reasons=local.reasons + (why,))
+
+
+def sweep_across_nodes(request: Request) -> NodeSweep | None:
+    """None unless the request is a sweep (--each) across a fixed number of nodes; UsageError
+    for a node range (how many nodes is then torch's elastic choice, made after the split)."""
+    if not request.multi_node or not request.variants:
+        return None
+    lo, _, hi = request.nnodes.partition(":")
+    if hi and hi != lo:
+        raise UsageError(f"--each/--each-file split the variants over a fixed number of nodes, "
+                         f"but {request.nnodes_words()} is a range; give --nnodes N (or "
+                         f"--nnodes 1 for a separate sweep on each node)")
+    split = split_variants(len(request.variants), int(lo))
+    local = dataclasses.replace(request, nnodes="1", nnodes_from="",
+                                variants=tuple(request.variants[i] for i in split[0]))
+    return NodeSweep(request, local, split)

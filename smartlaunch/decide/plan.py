@@ -141,6 +141,10 @@ class Plan:
     # The worker's command in the worker hook's words: [--module | --no-python] TARGET ARGS
     # (Request.worker_command); an independent job appends its variant's args.
     command: tuple[str, ...] = ()
+    # --each across nodes (decide/nodes.py): the variants (indices into `variants`) each node
+    # runs, by node; () on one node. node_index: the node this plan is for (for_node).
+    node_variants: tuple[tuple[int, ...], ...] = ()
+    node_index: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -177,6 +181,7 @@ class Plan:
         for key in ("gpus", "left_free", "fallback_gpus", "command"):
             d[key] = tuple(d[key])
         d["variants"] = tuple(tuple(v) for v in d["variants"])
+        d["node_variants"] = tuple(tuple(v) for v in d.get("node_variants", ()))
         d["jobs_per_gpu"] = {int(g): n for g, n in d["jobs_per_gpu"].items()}
         d["profile"] = ModelProfile.from_dict(d["profile"]) if d["profile"] else None
         c = d["comm"]
@@ -187,7 +192,8 @@ class Plan:
 
     @property
     def multi_node(self) -> bool:
-        """One job across nodes, launched as torchrun would on each (Request.multi_node)."""
+        """Across nodes (Request.multi_node): one job launched as torchrun would on each, or
+        a sweep whose variants are split over them (node_variants)."""
         return self.nnodes not in ("1", "1:1")
 
     def env_dict(self) -> dict[str, str]:
@@ -206,6 +212,20 @@ class Plan:
             requested_max=len(g.gpus), link_class=g.link_class, env=g.env, numa=g.numa,
             variants=(), groups=(), fallback_gpus=(), jobs_per_gpu={}, left_free=(),
             command=self.command + self.variants[g.variant])
+
+    def share(self) -> tuple[int, ...]:
+        """The variants this node runs (indices into `variants`): its node's share of a sweep
+        across nodes, else every one."""
+        if self.node_variants:
+            return self.node_variants[self.node_index]
+        return tuple(range(len(self.variants)))
+
+    def for_node(self, k: int) -> "Plan":
+        """A sweep across nodes as node k runs it: its share, the groups packed for the first
+        node's share (the largest) given to its own variants in order."""
+        share = self.node_variants[k]
+        groups = tuple(dataclasses.replace(g, variant=v) for g, v in zip(self.groups, share))
+        return dataclasses.replace(self, node_index=k, groups=groups)
 
     def jobs_on(self, gpu: int) -> int:
         """Independent jobs that may run at once on `gpu`."""

@@ -46,7 +46,9 @@ class GroupsLauncher(IndependentLauncher):
         super().__init__(plan, ctx)
         self.make = make                           # pickled by reference into each spec
         self.gpu_mode = False                      # GPUs come by group, not one at a time
-        self.plans = [plan.group_plan(i) for i in range(len(plan.groups))]
+        # by the variant's index (Job.index): a node's share of a sweep across nodes runs
+        # variants other than 0..n-1
+        self.plans = {g.variant: plan.group_plan(i) for i, g in enumerate(plan.groups)}
         self.leases: dict[int, object] = {}        # job index -> its group's Lease
 
     # ---- leases: one per group ------------------------------------------------------------
@@ -99,7 +101,7 @@ class GroupsLauncher(IndependentLauncher):
         job.log_path = os.path.join(self.log_dir, f"group-{job.index}.log")
         environ = dict(ctx.environ)
         environ.update({"SMARTLAUNCH_JOB_INDEX": str(job.index),
-                        "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs))})
+                        "SMARTLAUNCH_NUM_JOBS": str(self.num_jobs)})
         write_spec(spec, plan, ctx, self.make, job.args, environ, self.log_dir)
         with open(job.log_path, "ab") as out:
             job.child = proc.spawn([sys.executable, "-m", CHILD_MODULE, spec],

@@ -4,7 +4,8 @@ The seeds' best use of two GPUs for small models is two independent jobs, not DD
 the samples/s of one GPU, issue #8). Each job runs the script with its own args + its variant's
 args, CUDA_VISIBLE_DEVICES=<its GPU's UUID>, torchrun's single-rank environment (its own
 MASTER_PORT, so scripts that init a process group do not collide), SMARTLAUNCH_JOB_INDEX /
-SMARTLAUNCH_NUM_JOBS, CPU affinity to its GPU's NUMA node, and its own log (stdout+stderr):
+SMARTLAUNCH_NUM_JOBS (the variant's index and count in the whole sweep, across nodes
+too), CPU affinity to its GPU's NUMA node, and its own log (stdout+stderr):
 <launch.log_dir>/<run-id>/job-<i>.log, with summary.json and summary.txt beside them.
 
 Queue: a GPU's lease is taken when a job needs it and kept while jobs remain for it; it is given
@@ -111,7 +112,10 @@ class IndependentLauncher:
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
         self.run_id = self.log_dir = ""        # start(): the run directory, its name
         self._started = 0.0
-        self.jobs = [Job(i, tuple(v)) for i, v in enumerate(plan.variants or ((),))]
+        # A sweep across nodes runs this node's share; a job keeps its index in the whole sweep.
+        variants = plan.variants or ((),)
+        self.jobs = [Job(i, tuple(variants[i])) for i in plan.share() or (0,)]
+        self.num_jobs = len(variants)            # SMARTLAUNCH_NUM_JOBS: the whole sweep's
         self.gpu_mode = plan.device == "cuda" and bool(plan.gpus)
         self.capacity = {i: plan.jobs_on(i) for i in plan.gpus} if self.gpu_mode else {}
         self.cpu_slots = max(1, plan.nproc_per_node)
@@ -174,7 +178,7 @@ class IndependentLauncher:
         env.update(single_rank_env(master_port=free_port(), run_id=f"{self.run_id}-{job.index}"))
         env.update(worker_env(self.log_dir, f"{self.run_id}-{job.index}", [binding] if binding else []))
         env.pop(RUN_DIR_VAR, None)
-        env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(len(self.jobs))})
+        env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(self.num_jobs)})
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], ctx.environ, ctx.topology)
         argv = worker_command(self.plan.command, sys.executable) + list(job.args)

@@ -9,7 +9,7 @@ from smartlaunch.decide.cost import Prediction, predict_single
 from smartlaunch.decide.explain import placement
 from smartlaunch.decide.plan import Candidate, Plan, Reason, VariantGroup
 from smartlaunch.decide.words import gpu_list, rate, times
-from smartlaunch.vocab import Strategy
+from smartlaunch.vocab import Strategy, format_ranges
 
 NAME = Strategy.INDEPENDENT
 COLLECTIVE = False
@@ -103,13 +103,15 @@ def _groups_words(c) -> str:
 
 
 def _what(plan: Plan, on_cpu: str) -> str:
-    n = len(plan.variants)
+    n = len(plan.share())
+    share = (f" (variant{'s' if n > 1 else ''} {format_ranges(plan.share())} of "
+             f"{len(plan.variants)}: this node's share)" if plan.node_variants else "")
     if plan.groups:
         g = plan.groups[0]
         return (f"{n} variants, each as DDP×{len(g.gpus)} on its own group: GPUs "
-                + " | ".join(",".join(map(str, x.gpus)) for x in plan.groups))
-    return f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else \
-        f"{n} independent {on_cpu}"
+                + " | ".join(",".join(map(str, x.gpus)) for x in plan.groups) + share)
+    return (f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else
+            f"{n} independent {on_cpu}") + share
 
 
 def headline(plan: Plan) -> str:
