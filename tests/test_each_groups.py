@@ -261,6 +261,38 @@ def test_two_variants_run_as_two_ddp2_groups_and_one_failing_leaves_the_other(cl
     assert LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"]).taken(topo) == set()
 
 
+@pytest.mark.slow
+def test_a_nodes_share_of_a_sweep_across_nodes_runs_in_the_first_shares_groups(clean_env):
+    """3 variants over 2 nodes (decide/nodes.py): node 0's share of 2 is packed as 2 × DDP×2;
+    node 1 runs its one variant, the sweep's variant 2, in the first group, with
+    SMARTLAUNCH_JOB_INDEX 2 of SMARTLAUNCH_NUM_JOBS 3."""
+    from torch.distributed.run import get_args_parser
+    from helpers_ddp import make_policy
+    from smartlaunch.decide.nodes import sweep_across_nodes
+    from smartlaunch.launch import execute
+    from smartlaunch.launch.api import context
+    from smartlaunch.request import Request
+    topo = fixture("pcie-4gpu-x8")
+    out = clean_env / "out"
+    out.mkdir()
+    script = clean_env / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    ns = get_args_parser().parse_args([str(script), "--out", str(out)])
+    whole = Request(script=str(script), script_args=("--out", str(out)), torchrun_args=ns,
+                    nnodes="2", variants=tuple(("--tag", t) for t in "abc"))
+    pol = make_policy(clean_env / "logs")
+    sweep = sweep_across_nodes(whole)
+    plan = sweep.plan(run(topo, profile(**SMALL), sweep.request, pol))
+    plan = prepare(plan, topo, pol, os.environ, units=REGISTRY, numactl="").for_node(1)
+    assert [(g.variant, g.gpus) for g in plan.groups] == [(2, (0, 1))]
+
+    assert execute(plan, context(whole, pol, topo), REGISTRY) == 0
+    recs = {f.stem: json.loads(f.read_text()) for f in out.glob("*-*.json")}
+    assert sorted(recs) == ["c-0", "c-1"]
+    assert {(r["SMARTLAUNCH_JOB_INDEX"], r["SMARTLAUNCH_NUM_JOBS"], r["WORLD_SIZE"])
+            for r in recs.values()} == {("2", "3", "2")}
+
+
 DRIVER = textwrap.dedent("""
     import json, os, sys
     from torch.distributed.run import get_args_parser

@@ -205,13 +205,15 @@ class Plan:
 
     def group_plan(self, i: int) -> "Plan":
         """Variant i's group as the plan of one job of its strategy on its GPUs (what its
-        launcher runs): its GPUs, link class, environment and NUMA bindings, no variants."""
+        launcher runs): its GPUs, link class, environment and NUMA bindings, no variants; on
+        this node only (a sweep across nodes forms no job across them)."""
         g = self.groups[i]
         return dataclasses.replace(
             self, strategy=g.strategy, gpus=g.gpus, nproc_per_node=len(g.gpus),
             requested_max=len(g.gpus), link_class=g.link_class, env=g.env, numa=g.numa,
             variants=(), groups=(), fallback_gpus=(), jobs_per_gpu={}, left_free=(),
-            command=self.command + self.variants[g.variant])
+            command=self.command + self.variants[g.variant], nnodes="1", node_variants=(),
+            node_index=0)
 
     def share(self) -> tuple[int, ...]:
         """The variants this node runs (indices into `variants`): its node's share of a sweep
