@@ -111,6 +111,9 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
             return decide(request)
         plan, topo, pol = decide(sweep.request)
         return sweep.plan(plan), topo, pol
+
+    def decide_one_node() -> tuple:
+        return decide(dataclasses.replace(request, nnodes="1", nnodes_from=""))
     if ep is None:
         plan, topo, policy = decide_all()
         why = Reason(f"each node of this job decides alone: the {backend} rendezvous has no "
@@ -123,7 +126,8 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
     store, hosting = _open(ep)
     me = socket.gethostname()
     if hosting:
-        return _decide_for_all(store, ep, me, request, decide_all, status, environ)
+        return _decide_for_all(store, ep, me, request, decide_all, status, environ,
+                               decide_one_node)
     return _read_plan(store, ep, request, topology, policy, environ)
 
 
@@ -168,11 +172,14 @@ def _open(ep: Endpoint):
             time.sleep(POLL_S)
 
 
-def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, environ) -> tuple:
+def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, environ,
+                    decide_one_node) -> tuple:
     try:
         plan, topo, policy = decide()
         if _choosable(plan, ep):
             plan = _across_nodes(store, ep, plan, topo, policy, environ, status)
+            if plan.nnodes == "1":
+                plan = _kept_node(plan, decide_one_node)
     except SmartlaunchError as exc:
         _publish(store, {"host": me, "error": str(exc), "code": int(exc.exit_code)})
         _serve(store, ep, status, "read why this node stopped")
@@ -195,6 +202,20 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, envir
     else:                       # the agent's rendezvous uses this server; late nodes read it
         _SERVING.append(store)
     return (_share(plan, 0, me) if plan.node_variants else plan), topo, policy
+
+
+def _kept_node(across: Plan, decide_one_node) -> Plan:
+    """One node kept: what runs on it is decided as for a one-node job (single GPU, DDP×k,
+    trials), not the local DDP torchrun would run there; the node choice's reasons stay."""
+    from smartlaunch.decide.words import gpu_list
+    from smartlaunch.strategies import REGISTRY
+    plan, _, _ = decide_one_node()
+    word = REGISTRY[plan.strategy].WORD
+    what = f"{word}×{plan.nproc_per_node}" if plan.nproc_per_node > 1 else word
+    why = Reason(f"on the one node kept, the job is decided as a one-node job (as with "
+                 f"--nnodes 1): {what} on {gpu_list(plan.gpus)}", RULE_NODES)
+    kept = tuple(r for r in across.reasons if r.rule == RULE_NODES)
+    return dataclasses.replace(plan, reasons=plan.reasons + kept + (why,))
 
 
 def _choosable(plan: Plan, ep: Endpoint) -> bool:

@@ -9,6 +9,7 @@ what is left after the grace.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -49,19 +50,41 @@ def start_ranks(module: str, argvs: list[list[str]], envs: list[dict[str, str]],
 
 
 def wait_all(ranks: list[Rank], limit: float) -> tuple[int, str] | None:
-    """None when every rank exited 0; else (rank, reason) of the first failure."""
+    """None when every rank exited 0; else (rank, reason) of the first failure. Waits on each
+    rank's pidfd (woken by an exit, not a poll); a signal to us interrupts it as any wait."""
     deadline = time.monotonic() + limit
-    while True:
-        codes = [r.child.returncode for r in ranks]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                return rank, describe(code)
-        if all(c == 0 for c in codes):
-            return None
-        if time.monotonic() > deadline:
-            rank = next(r for r, c in enumerate(codes) if c is None)
-            return rank, f"did not finish within {limit:g} s"
-        time.sleep(0.05)
+    fds: dict[int, int] = {}
+    try:
+        while True:
+            codes = [r.child.returncode for r in ranks]
+            for rank, code in enumerate(codes):
+                if code not in (None, 0):
+                    return rank, describe(code)
+            if all(c == 0 for c in codes):
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                rank = next(r for r, c in enumerate(codes) if c is None)
+                return rank, f"did not finish within {limit:g} s"
+            live = [r.child.pid for r, c in zip(ranks, codes) if c is None]
+            for pid in live:
+                if pid not in fds:
+                    fds[pid] = _pidfd(pid)
+            waitable = [fds[p] for p in live if fds[p] >= 0]
+            if len(waitable) < len(live):     # no pidfd for one: look again shortly
+                left = min(left, 0.05)
+            select.select(waitable, [], [], min(left, 3600.0))
+    finally:
+        for fd in fds.values():
+            if fd >= 0:
+                os.close(fd)
+
+
+def _pidfd(pid: int) -> int:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):   # gone already (poll sees it), or no pidfd here
+        return -1
 
 
 def describe(code: int) -> str:

@@ -202,19 +202,41 @@ def test_how_many_nodes_follows_the_measured_link_between_them(cluster, rate, no
     assert codes == [0, 0], "\n---\n".join(node.output_tail() for node in nodes_)
     plan = printed_plan(nodes_[0])
     assert plan["nnodes"] == str(nodes), plan["reasons"]
-    why = plan["reasons"][-2]
-    assert why["rule"] == "multi-node: the all-reduce between nodes, measured", plan["reasons"]
-    assert "between nodes measured, gloo" in why["text"], why
+    rule = "multi-node: the all-reduce between nodes, measured"
+    why, *kept = [r for r in plan["reasons"] if r["rule"] == rule]
+    assert re.search(r"between nodes measured at [\d.,]+ MB, gloo\)", why["text"]), why
     if nodes == 2:
         assert why["text"].startswith("all 2 nodes: DDP×2 predicted "), why
         assert printed_plan(nodes_[1])["nnodes"] == "2"
     else:
         assert why["text"].startswith("1 of the 2 nodes: DDP×1 predicted "), why
+        assert [k["text"] for k in kept] == ["on the one node kept, the job is decided as a "
+                                             "one-node job (as with --nnodes 1): single GPU on "
+                                             "GPU0"]
         lines = smartlaunch_lines(nodes_[1])
         assert len(lines) == 1 and lines[0].startswith(
             f"smartlaunch: this node is not used: the job runs on 1 of its 2 nodes (decided "
             f"on {c.hostnames[0]}): 1 of the 2 nodes: "), lines
         assert "{" not in nodes_[1].output
+    assert c.left_running() == []
+
+
+@pytest.mark.slow
+def test_the_one_node_kept_runs_what_a_one_node_job_would(cluster):
+    # Two GPUs a node (a fixture), short steps and 32 MiB of gradients over gloo on a link of
+    # 50 Mbit/s: one node is kept, and on it DDP×2 (torchrun's local DDP) loses to one GPU, so
+    # the kept node runs what `--nnodes 1` would decide: a single GPU, launched for real.
+    c = cluster(2)
+    c.shape("50mbit")
+    nodes_ = [c.launch(k, "--nproc-per-node", "2", script=c.train,
+                       job=train(0.005, 32 << 20), env=fake("pcie-phb-4070ti-pair"))
+              for k in range(2)]
+    codes = [node.wait(START_S * 3) for node in nodes_]
+    assert codes == [0, 0], "\n---\n".join(node.output_tail() for node in nodes_)
+    assert re.search(r"train: world 1 samples/s", nodes_[0].output), nodes_[0].output_tail()
+    lines = smartlaunch_lines(nodes_[1])
+    assert len(lines) == 1 and "this node is not used" in lines[0], lines
+    assert "train:" not in nodes_[1].output
     assert c.left_running() == []
 
 

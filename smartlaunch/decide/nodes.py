@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from smartlaunch.decide.cost import CostModel, predict_ddp, predict_single
 from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.decide.words import mb
 from smartlaunch.errors import UsageError
 from smartlaunch.profile.api import CommCurve, ModelProfile
 from smartlaunch.request import Request
@@ -132,7 +133,7 @@ def choose_nodes(profile: ModelProfile, curves: TwoLevelCurve, *, least: int = 1
 
 
 def _link_words(curves: TwoLevelCurve) -> str:
-    """"the network (0.11 GB/s between nodes measured at 64 MiB, gloo)": the largest measured
+    """"the network (0.11 GB/s between nodes measured at 67.1 MB, gloo)": the largest measured
     all-reduce's algorithm bandwidth (the fit's slope is meaningless when every measured size
     is latency-bound)."""
     inter = curves.inter
@@ -140,14 +141,8 @@ def _link_words(curves: TwoLevelCurve) -> str:
         return f"the network ({inter.bandwidth_Bps / 1e9:.3g} GB/s between nodes, {inter.backend})"
     size, secs = inter.points[-1]
     return (f"the network ({size / secs / 1e9:.3g} GB/s between nodes measured at "
-            f"{_size_words(size)}, {inter.backend})")
+            f"{mb(size)}, {inter.backend})")
 
-
-def _size_words(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes} B"
 
 
 def split_variants(v: int, n: int) -> tuple[tuple[int, ...], ...]:
