@@ -319,8 +319,8 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ) -> tuple
     why = Reason(f"the plan {host} made for every node of the job (it hosts the rendezvous "
                  f"store at {ep.where}); this node's hardware is the same ({topology.hardware()})",
                  "multi-node: one decision for the job")
-    plan = dataclasses.replace(plan, reasons=plan.reasons + (why,),
-                               numa=_local_numa(plan, topology, policy, request))
+    plan = _local_numa(dataclasses.replace(plan, reasons=plan.reasons + (why,)), topology,
+                       policy, request)
     return plan, topology, policy
 
 
@@ -359,12 +359,17 @@ def _wait_plan(store, ep: Endpoint, place: int, environ) -> dict:
         time.sleep(POLL_S)
 
 
-def _local_numa(plan: Plan, topology, policy, request):
-    """The NUMA bindings for this node's CPUs: the decider's name its own."""
-    if getattr(request.torchrun_args, "numa_binding", None) is not None or not plan.numa:
-        return plan.numa
+def _local_numa(plan: Plan, topology, policy, request) -> Plan:
+    """The plan with NUMA bindings for this node's CPUs (the decider's name its own): the
+    plan's, and each packed group's of a sweep."""
+    if getattr(request.torchrun_args, "numa_binding", None) is not None:
+        return plan
     from smartlaunch.decide.prepare import bindings
-    return bindings(plan, topology, policy.launch.numa_binding)
+    mode = policy.launch.numa_binding
+    groups = tuple(dataclasses.replace(g, numa=bindings(plan.group_plan(i), topology, mode))
+                   if g.numa else g for i, g in enumerate(plan.groups))
+    return dataclasses.replace(plan, groups=groups,
+                               numa=bindings(plan, topology, mode) if plan.numa else plan.numa)
 
 
 def _close_rendezvous(request) -> bool:

@@ -347,3 +347,22 @@ def test_sigterm_stops_every_group_and_exits_143(clean_env):
     assert p.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert wait_gone(pids, 10) == []
     assert "groups: 0 of 2 succeeded" in err
+
+
+def test_a_node_reading_the_plan_binds_each_groups_ranks_to_its_own_cpus(clean_env):
+    # The deciding node's bindings name its CPUs; a node that reads the plan rebinds the plan
+    # and every packed group to its own (pipeline_nodes._local_numa), as prepare() would.
+    from types import SimpleNamespace
+
+    from smartlaunch.pipeline_nodes import _local_numa
+    topo, pol = nvswitch8(), policy()
+    mine = prepare(run(topo, profile(**GPT), sweep(2), pol), topo, pol, {}, units=REGISTRY,
+                   numactl="")
+    theirs = dataclasses.replace(mine, groups=tuple(
+        dataclasses.replace(g, numa=tuple(dataclasses.replace(b, cpus=(999,)) for b in g.numa))
+        for g in mine.groups))
+    local = _local_numa(theirs, topo, pol, SimpleNamespace(
+        torchrun_args=SimpleNamespace(numa_binding=None)))
+    assert [[b.cpus for b in g.numa] for g in local.groups] == \
+        [[b.cpus for b in g.numa] for g in mine.groups]
+    assert {b.cpus for g in local.groups for b in g.numa} != {(999,)}
