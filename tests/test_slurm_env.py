@@ -243,6 +243,10 @@ def test_idle_nodes_are_said_with_the_request_that_fits():
         "the plan uses 2 of the 3 nodes Slurm allocated to job 7 (1 outside this srun step 7.0: "
         "idle unless another step uses them); a request that fits this plan next time: "
         "`sbatch --nodes=2 --gpus-per-node=2` (or `srun --nodes=2 --gpus-per-node=2`)")
+    # A sweep of 2 variants across the step's 3 nodes: the node without a share is idle.
+    sweep = _plan(gpus=(0, 1), nnodes="3")
+    sweep.node_variants = ((0,), (1,), ())
+    assert idle_line(ctx, sweep).startswith("the plan uses 2 of the 3 nodes Slurm allocated")
 
 
 def test_release_unused_refusals_are_one_line_and_keep_the_environment():

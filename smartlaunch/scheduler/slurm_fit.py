@@ -32,7 +32,10 @@ _ENV_NAME = re.compile(r"SLURM_[A-Z0-9_]+\Z")
 def nodes_used(ctx: SlurmContext, plan) -> int:
     """Nodes this launch runs on. A multi-node plan: the most its --nnodes allows (a plan that
     takes fewer nodes than it was given says so in plan.nnodes). Otherwise every node of the
-    step runs its own launch (the batch script: one node)."""
+    step runs its own launch (the batch script: one node). A sweep across nodes: the nodes
+    with a share of its variants."""
+    if getattr(plan, "node_variants", ()):
+        return sum(1 for share in plan.node_variants if share)
     if plan.multi_node:
         top = (plan.nnodes or "1").rpartition(":")[2]
         if top.isdigit():
