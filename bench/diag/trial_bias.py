@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Why DDP trials read low against torchrun (issue 26; docs/benchmarks.md, "Four GPUs").
+
+On the 4× H100 the trials' DDP×2/×4 speedups came out 4-14% under torchrun's on three scripts
+over host memory. The trial is the script under the dry-run recorder (5 warm-up steps, a window
+of >= 20 steps and >= 1 s, rank 0's device time), started by smartlaunch's spawner; torchrun's
+reference is the script's own timer (10-20 warm-up steps, ~2.5 s). This runs, one after
+another, for each script: the script's own timer under torchrun (x1, xN), then the recorder
+(x1: the dry run; xN: the trial's spawner, profile/trial_group.py) with the trial's window and
+with the reference's, and prints the speedup each way of measuring gives.
+
+    python bench/diag/trial_bias.py --scripts cnn-small-b128,gpt-124m-b8 --nproc 2 \
+        --condition host --out $OUT/trial-bias.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+import common  # noqa: E402
+
+REPO = HERE.parent.parent
+# (warm-up, measured steps, least window seconds): the trial's and the reference's
+WINDOWS = {"trial": (5, 20, 1.0), "reference": (20, 100, 2.5)}
+
+
+def run(argv: list[str], env: dict, timeout: float = 180.0) -> tuple[int, str, float]:
+    t = time.monotonic()
+    p = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr, time.monotonic() - t
+
+
+def recorder(script: list[str], n: int, window: str, env: dict, tmp: Path) -> dict:
+    """The dry-run recorder on n ranks: n == 1 is the dry run, n > 1 the trial's spawner."""
+    warm, measure, least = WINDOWS[window]
+    out = tmp / f"rec-{n}-{window}"
+    out.mkdir(parents=True, exist_ok=True)
+    opts = ["--warmup", str(warm), "--measure", str(measure), "--min-seconds", str(least)]
+    if n == 1:
+        argv = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out",
+                str(out / "rank0.json"), *opts, *script]
+    else:
+        argv = [sys.executable, "-m", "smartlaunch.profile.trial_group", "--nproc", str(n), "--",
+                "--out-dir", str(out), *opts, *script]
+    rc, text, wall = run(argv, env)
+    try:
+        r = json.loads((out / "rank0.json").read_text())
+    except (OSError, ValueError):
+        return {"rc": rc, "wall_s": wall, "error": text[-600:]}
+    step, batch = r.get("step_time_s"), r.get("batch_size") or 1
+    return {"rc": rc, "wall_s": wall, "samples_per_s": n * batch / step if step else None,
+            "steps_measured": r.get("steps_measured"), "step_ms": step * 1e3 if step else None}
+
+
+def own_timer(script_id: str, n: int, env: dict, extra: list[str]) -> dict:
+    e = common.entry(script_id)
+    warm, steps, _ = WINDOWS["reference"]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(n), e.script, *e.args, "--warmup", str(warm), "--steps", str(steps), *extra]
+    rc, text, wall = run(argv, env)
+    tp = common.parse_throughput(text)
+    return {"rc": rc, "wall_s": wall, **(tp or {"error": text[-600:]})}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scripts", default="cnn-small-b128,gpt-124m-b8")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--condition", default="host", choices=sorted(common.CONDITIONS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--extra", default="", help="more script arguments (CPU: --tiny)")
+    args = ap.parse_args()
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="trial-bias-") as tmp:
+        for sid in args.scripts.split(","):
+            e = common.entry(sid)
+            extra = args.extra.split()
+            script = [e.script, *e.args, "--steps", "100000", *extra]
+            one, many = common.child_env(base, None), common.child_env(base, args.condition)
+            row = {"script": sid, "condition": args.condition, "nproc": args.nproc,
+                   "torchrun": {"1": own_timer(sid, 1, one, extra),
+                                str(args.nproc): own_timer(sid, args.nproc, many, extra)}}
+            for window in WINDOWS:
+                row[window] = {"1": recorder(script, 1, window, one, Path(tmp) / sid),
+                               str(args.nproc): recorder(script, args.nproc, window, many,
+                                                         Path(tmp) / sid)}
+            for way in ("torchrun", *WINDOWS):
+                a, b = row[way]["1"].get("samples_per_s"), \
+                    row[way][str(args.nproc)].get("samples_per_s")
+                row[way]["speedup"] = b / a if a and b else None
+            rows.append(row)
+            print(sid, {w: row[w]["speedup"] for w in ("torchrun", *WINDOWS)}, flush=True)
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
