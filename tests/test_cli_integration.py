@@ -102,6 +102,6 @@ def test_plan_shows_what_each_stage_of_the_decision_cost(clean_env):
     line = [x for x in warm_text.splitlines() if x.startswith("decided in ")]
     assert len(line) == 1 and "since the command started" in line[0]
     warm = json.loads(smartlaunch(args, clean_env).stdout)["timings"]
-    # with 4+ cores the cold sweep ran beside the dry run (pipeline_pools): its own seconds
+    # with 4+ cores the cold sweep ran beside the dry run (pipeline._start_early): its own seconds
     swept = cold["allreduce"] + cold.get("allreduce_early", 0.0)
     assert warm["profile"] < cold["profile"] / 5 and warm["allreduce"] < swept

@@ -14,8 +14,7 @@ from helpers_common import REPO
 LAYERS = (
     ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request",
      "smartlaunch.worker_env", "smartlaunch.store", "smartlaunch.proc", "smartlaunch.guard",
-     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.ranks",
-     "smartlaunch.warm"),
+     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.ranks"),
     ("smartlaunch.topology", "smartlaunch.policy"),
     ("smartlaunch.profile",),
     ("smartlaunch.decide",),
@@ -23,7 +22,7 @@ LAYERS = (
     ("smartlaunch.strategies",),
     ("smartlaunch.scheduler",),
     ("smartlaunch.slurm",),
-    ("smartlaunch.pipeline_pools", "smartlaunch.pipeline_nodes"),
+    ("smartlaunch.pipeline_nodes",),
     ("smartlaunch.pipeline",),
     ("smartlaunch.cli", "smartlaunch.node_cli", "smartlaunch.node_calibrate"),
 )
