@@ -241,11 +241,15 @@ def test_the_trial_sets_itself_up_beside_the_dry_run_and_steps_when_asked(
 @pytest.mark.slow
 def test_on_four_gpus_both_trial_sizes_set_up_beside_the_dry_run(clean_env, shared_dir,
                                                                 monkeypatch):
-    """DDP×4 and DDP×2 (decide tries both when both are within the band): each trial's ranks
-    set the script up beside the dry run and step when asked; none starts cold."""
+    """DDP×4 and DDP×2: each trial's ranks set the script up beside the dry run and step when
+    asked; none starts cold. Steps of 20 ms (a sleep) and a ±200% band around 50%: ×4, the
+    model's pick, is tried first, and ×2, corrected by it, could still win at the band's edge,
+    so decide asks for it too, after the larger one."""
     tmp = private_tmp(clean_env, monkeypatch)
-    plan, _, _ = cold_plan(clean_env, SETUP, TRIAL_POLICY, fixture="nvswitch-8gpu", max_gpus=4,
-                           ENV_DUMP=str(shared_dir))
+    plan, _, _ = cold_plan(clean_env, SETUP, TRIAL_POLICY.replace("min_efficiency: 0.25",
+                                                                  "min_efficiency: 0.5"),
+                           fixture="nvswitch-8gpu", max_gpus=4, ENV_DUMP=str(shared_dir),
+                           STEP_S="0.02")
     measured = sorted(len(c["gpus"]) for c in plan.to_dict()["candidates"] if c.get("measured")
                       and c["strategy"] == "ddp")
     assert measured == [2, 4], plan.to_dict()["reasons"]

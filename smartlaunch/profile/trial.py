@@ -79,10 +79,8 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
         run = next((w for w in waiting if w.fits(gpus, isolated)), None)
-        for w in [w for w in waiting if w is run or len(w.gpus) < n]:
-            waiting.remove(w)
-            if w is not run:    # decide tries sizes in ascending order: not asked for now
-                session.kill(w.stage, "the decision went on to a larger trial")
+        if run is not None:     # the others wait for decide: it may still ask for them
+            waiting.remove(run)
         t_spawn = time.time()
         if run is not None:
             session.go(run.stage, measure=steps)

@@ -3,6 +3,7 @@ forward returned, for the tests of a trial set up beside the dry run (tests/test
 
 Writes $ENV_DUMP/<dry|trial><RANK>.json (trials also trial-w<WORLD_SIZE>-r<RANK>.json): {"set_up": wall time, "first_forward": wall time,
 "cmdline": ...}. SETUP_S: seconds of set-up (a large model's build) before the first forward.
+STEP_S: seconds each step sleeps (device work the host waits for: DDP then scales).
 Trial ranks also leave $ENV_DUMP/started<RANK> at their start. OOM_ONCE=1: the dry run's first
 run, once a trial's rank 0 has started beside it, fails as a CUDA out-of-memory error does (its
 flag file in $ENV_DUMP remembers it ran), as one sharing its GPU with the trial's ranks could;
@@ -39,7 +40,9 @@ model = DDP(model) if world > 1 else model
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 with open("/proc/self/cmdline", "rb") as f:
     stamps = {"set_up": time.time(), "cmdline": f.read().decode().split("\0")}
+step_s = float(os.environ.get("STEP_S", "0"))
 for step in range(10_000):
+    time.sleep(step_s)
     loss = model(torch.randn(16, 32)).sum()
     if step == 0:
         stamps["first_forward"] = time.time()
