@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,16 +31,12 @@ from pathlib import Path
 import common
 import regret
 
+from smartlaunch.worker_env import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 150.0
 STEPS = {"gpt-124m-b8": (10, 60), "wide-mlp-b16": (20, 300), "embbag-b4096": (20, 250),
          "bn-convnet-b64": (20, 300), "gpt-350m-b4": (5, 30)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gpu_count() -> int:

@@ -152,17 +152,8 @@ class SlurmCluster:
     def stop(self) -> None:
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.pids.pop(name, None)
-            if pid is None:
-                continue
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.05)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+            if pid is not None:
+                _stop_pid(pid)
         for dev in self.made_devices:       # other tests must not mistake them for a driver
             dev.unlink(missing_ok=True)
         self.made_devices.clear()

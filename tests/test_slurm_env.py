@@ -218,7 +218,7 @@ def _plan(gpus=(0,), left_free=(), nnodes="1"):
     """The fields of a Plan the Slurm fit reads (scheduler/slurm_fit.py)."""
     import types
     return types.SimpleNamespace(gpus=gpus, left_free=left_free, nnodes=nnodes,
-                                 multi_node=nnodes not in ("1", "1:1"))
+                                 multi_node=nnodes not in ("1", "1:1"), node_variants=())
 
 
 BATCH_3 = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "g[1-3]", "SLURM_JOB_NUM_NODES": "3",

@@ -144,7 +144,6 @@ def _link_words(curves: TwoLevelCurve) -> str:
             f"{mb(size)}, {inter.backend})")
 
 
-
 def split_variants(v: int, n: int) -> tuple[tuple[int, ...], ...]:
     """v variants over n nodes, contiguous and balanced by count: the first v % n nodes get
     one more; nodes past the v-th get none (v < n)."""

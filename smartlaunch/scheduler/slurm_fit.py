@@ -34,7 +34,7 @@ def nodes_used(ctx: SlurmContext, plan) -> int:
     takes fewer nodes than it was given says so in plan.nnodes). Otherwise every node of the
     step runs its own launch (the batch script: one node). A sweep across nodes: the nodes
     with a share of its variants."""
-    if getattr(plan, "node_variants", ()):
+    if plan.node_variants:
         return sum(1 for share in plan.node_variants if share)
     if plan.multi_node:
         top = (plan.nnodes or "1").rpartition(":")[2]
