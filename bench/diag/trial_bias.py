@@ -7,7 +7,10 @@ of >= 20 steps and >= 1 s, rank 0's device time), started by smartlaunch's spawn
 reference is the script's own timer (10-20 warm-up steps, ~2.5 s). This runs, one after
 another, for each script: the script's own timer under torchrun (x1, xN), then the recorder
 (x1: the dry run; xN: the trial's spawner, profile/trial_group.py) with the trial's window and
-with the reference's, and prints the speedup each way of measuring gives.
+with the reference's, then the trial as the cold decision runs it (`smartlaunch --explain=json`,
+empty cache, a policy whose band sends every DDP candidate to a trial), with the trial set up
+beside the dry run and, with `decision.prestart: false`, started after it; and torchrun x1 again
+(the reference's drift). It prints the speedup each way of measuring gives.
 
     python bench/diag/trial_bias.py --scripts cnn-small-b128,gpt-124m-b8 --nproc 2 \
         --condition host --out $OUT/trial-bias.json
@@ -26,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 import common  # noqa: E402
+import regret  # noqa: E402
 
 REPO = HERE.parent.parent
 # (warm-up, measured steps, least window seconds): the trial's and the reference's
@@ -70,6 +74,33 @@ def own_timer(script_id: str, n: int, env: dict, extra: list[str]) -> dict:
     return {"rc": rc, "wall_s": wall, **(tp or {"error": text[-600:]})}
 
 
+# Every DDP candidate inside the band (a trial each), the throughput floor.
+COLD_POLICY = "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n"
+
+
+def cold(script: list[str], n: int, env: dict, tmp: Path, prestart: bool) -> dict:
+    """The cold decision's own trial of DDP×n, its speedup over the dry run's one-GPU rate."""
+    home = tmp / f"cold-{n}-{'early' if prestart else 'late'}"
+    home.mkdir(parents=True, exist_ok=True)
+    policy = home / "policy.yaml"
+    policy.write_text(COLD_POLICY + ("" if prestart else "  prestart: false\n"))
+    env = {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+           "SMARTLAUNCH_LEASE_DIR": str(home / "leases")}
+    argv = [*regret.SMARTLAUNCH, "--policy", str(policy), "--explain=json",
+            "--nproc-per-node", str(n), *script]
+    rc, text, wall = run(argv, env, timeout=300.0)
+    plan = common.parse_plan(text)
+    if plan is None:
+        return {"rc": rc, "wall_s": wall, "error": text[-600:]}
+    prof = plan.get("profile") or {}
+    cand = next((c for c in plan.get("candidates") or () if c.get("strategy") == "ddp"
+                 and len(c.get("gpus") or ()) == n), {})
+    batch, step = prof.get("batch_size") or 1, prof.get("step_time_s")
+    return {"rc": rc, "wall_s": wall, "speedup": cand.get("speedup"),
+            "measured": cand.get("measured"), "dry_run_sps": batch / step if step else None,
+            "reasons": [r.get("text", "") for r in plan.get("reasons") or ()][:4]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scripts", default="cnn-small-b128,gpt-124m-b8")
@@ -94,12 +125,17 @@ def main() -> int:
                 row[window] = {"1": recorder(script, 1, window, one, Path(tmp) / sid),
                                str(args.nproc): recorder(script, args.nproc, window, many,
                                                          Path(tmp) / sid)}
+            for prestart in (True, False):
+                row["cold-" + ("early" if prestart else "late")] = cold(
+                    script, args.nproc, many, Path(tmp) / sid, prestart)
+            row["torchrun"]["1-again"] = own_timer(sid, 1, one, extra)
             for way in ("torchrun", *WINDOWS):
                 a, b = row[way]["1"].get("samples_per_s"), \
                     row[way][str(args.nproc)].get("samples_per_s")
                 row[way]["speedup"] = b / a if a and b else None
             rows.append(row)
-            print(sid, {w: row[w]["speedup"] for w in ("torchrun", *WINDOWS)}, flush=True)
+            ways = ("torchrun", *WINDOWS, "cold-early", "cold-late")
+            print(sid, {w: row[w].get("speedup") for w in ways}, flush=True)
             Path(args.out).write_text(json.dumps(rows, indent=1))
     return 0
 
