@@ -249,7 +249,11 @@ def test_a_fourth_unit_within_the_band_is_measured_by_a_trial():
            "at +5% would meet the policy's 97% and beat DDP-accum×4's 3.90×; not tried: DDP×2 " \
            "1.85× (93%), DDP-accum×2 1.95× (98%) (corrected by the trials: none could meet the " \
            "policy's 97% and beat DDP-accum×4 even at +5%)" in text
-    assert "→ DDP-accum×4 on GPUs 0,1,2,3  [decision.uncertainty_band" in text
+    # chosen at 98% against a 97% floor: within two trial spreads of it, and said so
+    assert "→ DDP-accum×4 on GPUs 0,1,2,3; DDP-accum×4's measured 98% is within two " \
+           "run-to-run standard deviations of one trial (±7% each) of the policy's 97%: " \
+           "another run could land on the other side (--strategy single runs one GPU)  " \
+           "[decision.uncertainty_band" in text
     # each unit's untried size is corrected by its own unit's trial
     assert "DDP×2, 4 steps per all-reduce, predicted 1.95× (corrected by the trials: the " \
            "model's 1.98× × 0.99, as DDP-accum×4 measured against its prediction): not tried" \

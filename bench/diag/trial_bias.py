@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,23 +30,34 @@ sys.path.insert(0, str(HERE.parent))
 import common  # noqa: E402
 import regret  # noqa: E402
 
+from smartlaunch.profile.dryrun import MAX_STEPS  # noqa: E402
+
 REPO = HERE.parent.parent
 # (warm-up, measured steps, least window seconds): the trial's and the reference's
 WINDOWS = {"trial": (5, 20, 1.0), "reference": (20, 100, 2.5)}
 
 
-def run(argv: list[str], env: dict, timeout: float = 180.0) -> tuple[int, str, float]:
-    t = time.monotonic()
-    p = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout + p.stderr, time.monotonic() - t
+def run(argv: list[str], env: dict, timeout: float = 120.0) -> tuple[int, str, float]:
+    """One child in its own session, its whole process group ended at the timeout."""
+    r = regret.run(argv, env, timeout)
+    return r["rc"], r["stdout"] + r["stderr"], r["wall_s"]
 
 
-def recorder(script: list[str], n: int, window: str, env: dict, tmp: Path) -> dict:
-    """The dry-run recorder on n ranks: n == 1 is the dry run, n > 1 the trial's spawner."""
+def recorder(script: list[str], n: int, window: str, env: dict, tmp: Path,
+             step_s: float | None = None) -> dict:
+    """The dry-run recorder on n ranks: n == 1 is the dry run, n > 1 the trial's spawner.
+    A trial's ranks get a step count, as the product gives them (profile/trial.trial_steps,
+    from the one-GPU step_s): a window closed by each rank's own clock (--min-seconds) can
+    end one rank a step before the other, which then waits in NCCL for ever."""
     warm, measure, least = WINDOWS[window]
     out = tmp / f"rec-{n}-{window}"
     out.mkdir(parents=True, exist_ok=True)
-    opts = ["--warmup", str(warm), "--measure", str(measure), "--min-seconds", str(least)]
+    if n == 1:
+        opts = ["--warmup", str(warm), "--measure", str(measure), "--min-seconds", str(least)]
+    else:
+        if step_s:
+            measure = max(measure, min(MAX_STEPS, math.ceil(least / step_s)))
+        opts = ["--warmup", str(warm), "--measure", str(measure)]
     if n == 1:
         argv = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out",
                 str(out / "rank0.json"), *opts, *script]
@@ -121,23 +131,31 @@ def main() -> int:
             row = {"script": sid, "condition": args.condition, "nproc": args.nproc,
                    "torchrun": {"1": own_timer(sid, 1, one, extra),
                                 str(args.nproc): own_timer(sid, args.nproc, many, extra)}}
+            rows.append(row)
             for window in WINDOWS:
-                row[window] = {"1": recorder(script, 1, window, one, Path(tmp) / sid),
-                               str(args.nproc): recorder(script, args.nproc, window, many,
-                                                         Path(tmp) / sid)}
+                row[window] = {"1": recorder(script, 1, window, one, Path(tmp) / sid)}
+                save(args.out, rows)
+                step = (row[window]["1"].get("step_ms") or 0) / 1e3 or None
+                row[window][str(args.nproc)] = recorder(script, args.nproc, window, many,
+                                                        Path(tmp) / sid, step)
+                save(args.out, rows)
             for prestart in (True, False):
                 row["cold-" + ("early" if prestart else "late")] = cold(
                     script, args.nproc, many, Path(tmp) / sid, prestart)
+                save(args.out, rows)
             row["torchrun"]["1-again"] = own_timer(sid, 1, one, extra)
             for way in ("torchrun", *WINDOWS):
                 a, b = row[way]["1"].get("samples_per_s"), \
                     row[way][str(args.nproc)].get("samples_per_s")
                 row[way]["speedup"] = b / a if a and b else None
-            rows.append(row)
             ways = ("torchrun", *WINDOWS, "cold-early", "cold-late")
             print(sid, {w: row[w].get("speedup") for w in ways}, flush=True)
-            Path(args.out).write_text(json.dumps(rows, indent=1))
+            save(args.out, rows)
     return 0
+
+
+def save(path: str, rows: list) -> None:
+    Path(path).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

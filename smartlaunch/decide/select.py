@@ -388,6 +388,8 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         basis = "corrected"
     else:
         final, basis = _name(ctx, win), "trial"
+    final += _near_floor(ctx, scores, win, scores[win] if win in scores
+                         else st.corrected[win].speedup)
     ctx.reasons.append(Reason(f"{text} → {final}", rule))
     return Choice(win[0], win[1], basis, measured, superlinear=superlinear,
                   corrected=st.corrected), text
@@ -411,6 +413,38 @@ def _corrected_words(ctx, key, c: Corrected) -> str:
     return (f"{times(c.speedup)} ({pct(c.speedup / _key_n(key))}: the model's "
             f"{times(c.predicted)} × {c.ratio:.2f}, as {by} measured against "
             f"{'its' if len(c.basis) == 1 else 'their'} prediction)")
+
+
+# One trial's run-to-run spread: the standard deviation of ln(speedup) between repeated
+# measurements of one script's DDP speedup (bench/results/trial-spread.md says which runs).
+TRIAL_SPREAD = 0.07
+
+
+def _near_floor(ctx, scores: dict, win, win_speedup: float) -> str:
+    """"; DDP×2's measured 63% is within ..." for every measured candidate whose side of the
+    policy's floor decided the choice and lies within two of TRIAL_SPREAD of it: the chosen
+    one just above the floor, or one refused only by it (more samples/s than the choice).
+    Another run of the same trial could land on the other side; the user is told how to
+    run either."""
+    floor = ctx.policy.decision.min_efficiency
+    said = []
+    for k, s in scores.items():
+        n = _key_n(k)
+        if n < 2 or floor <= 0 or s <= 0 or not ctx.units[k[0]].COLLECTIVE:
+            continue
+        e = s / n
+        if abs(math.log(e / floor)) > 2 * TRIAL_SPREAD:
+            continue
+        if k == win and e >= floor:
+            other = "--strategy single runs one GPU"
+        elif k != win and e < floor and s > win_speedup:
+            other = f"--strategy {strategy_name(k[0])} --nproc-per-node {n} runs it"
+        else:
+            continue
+        said.append(f"{_short(ctx, k)}'s measured {pct(e)} is within two run-to-run standard "
+                    f"deviations of one trial (±{pct(math.expm1(TRIAL_SPREAD))} each) of the "
+                    f"policy's {pct(floor)}: another run could land on the other side ({other})")
+    return "".join(f"; {x}" for x in said)
 
 
 SUPERLINEAR = 1.05      # a measured speedup above N× this on N GPUs is checked, never shown bare
