@@ -113,7 +113,7 @@ def one(nodes: Nodes, script: str, out: dict) -> dict:
         plan = json.JSONDecoder().raw_decode(text[text.index("{"):])[0]
         row["chosen_nnodes"] = plan.get("nnodes")
         row["reasons"] = [r["text"] for r in plan.get("reasons", [])
-                          if "node" in r.get("rule", "") or "node" in r.get("text", "")][:6]
+                          if "node" in (r.get("rule") or "") or "node" in (r.get("text") or "")][:6]
         row["strategy"] = plan.get("strategy")
     except (ValueError, KeyError) as e:
         row["decide_error"] = f"{type(e).__name__}: {e}; tail: {d['output'][0][-800:]}"
