@@ -47,7 +47,7 @@ def test_the_choice_flips_with_the_link_between_nodes():
     one, both = (next(o for o in slow.options if o.nodes == k) for k in (1, 2))
     assert one.samples_per_s == pytest.approx(8 / 0.1, rel=0.02)
     assert both.samples_per_s < one.samples_per_s
-    assert slow.text.startswith("1 of the 2 nodes: DDP×1 predicted 80 samples/s against ")
+    assert slow.text.startswith("1 of the 2 nodes: one process predicted 80 samples/s against ")
     assert "the other 1 node(s) are not used" in slow.text
     assert fast.text.startswith("all 2 nodes: DDP×2 predicted ")
 

@@ -114,9 +114,9 @@ def choose_nodes(profile: ModelProfile, curves: TwoLevelCurve, *, least: int = 1
     link = _link_words(curves)
     if best.nodes == n or best.samples_per_s <= every.samples_per_s * (1 + margin):
         pick = every
-        why = (f"all {n} nodes: DDP×{every.ranks} predicted {every.samples_per_s:.3g} samples/s "
-               f"(communication {every.comm_s * 1e3:.1f} ms of a {every.step_s * 1e3:.1f} ms "
-               f"step over {link})")
+        why = (f"all {n} nodes: {_ranks(every.ranks)} predicted {every.samples_per_s:.3g} "
+               f"samples/s (communication {every.comm_s * 1e3:.1f} ms of a "
+               f"{every.step_s * 1e3:.1f} ms step over {link})")
         if best is not every:
             why += (f"; {best.nodes} node(s) would give {best.samples_per_s:.3g}, within the "
                     f"{margin:.0%} margin")
@@ -125,11 +125,16 @@ def choose_nodes(profile: ModelProfile, curves: TwoLevelCurve, *, least: int = 1
             why += f"; {runner_up.nodes} node(s) {runner_up.samples_per_s:.3g}"
     else:
         pick = best
-        why = (f"{best.nodes} of the {n} nodes: DDP×{best.ranks} predicted "
+        why = (f"{best.nodes} of the {n} nodes: {_ranks(best.ranks)} predicted "
                f"{best.samples_per_s:.3g} samples/s against {every.samples_per_s:.3g} on all "
                f"{n} (communication {every.comm_s * 1e3:.1f} ms of a {every.step_s * 1e3:.1f} "
                f"ms step over {link}); the other {n - best.nodes} node(s) are not used")
     return NodeChoice(pick.nodes, options, why)
+
+
+def _ranks(ranks: int) -> str:
+    """"DDP×4", or "one process" for a world of one (one GPU on the one node kept)."""
+    return "one process" if ranks == 1 else f"DDP×{ranks}"
 
 
 def _link_words(curves: TwoLevelCurve) -> str:
