@@ -159,6 +159,46 @@ def test_work_timer_counts_data_and_compute_not_the_wait(tmp_path):
     assert 0.03 <= rec.work_s / rec.steps < 0.07
 
 
+def _timed_steps(tmp_path, model, opt, inputs, loss):
+    """Run the steps under a WorkTimer; (the timer, its record)."""
+    timer = WorkTimer(WorkWriter(work_path(tmp_path, 0)))
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    handle = register_optimizer_step_post_hook(timer._after_step)
+    try:
+        for x in inputs:
+            loss(model, x).backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        handle.remove()
+    return timer, read_work(work_path(tmp_path, 0))
+
+
+def test_work_timer_keeps_one_hook_once_a_step_is_timed(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)])   # 10 tensors
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    timer, rec = _timed_steps(tmp_path, model, opt, [torch.randn(2, 4)] * 6,
+                              lambda m, x: m(x).sum())
+    assert rec.steps == 5 and len(timer._handles) == 1
+    # the one kept is the first gradient of backward: the last layer's
+    kept = next(iter(timer._handles))
+    assert kept in (id(model[4].weight), id(model[4].bias))
+
+
+def test_work_timer_hooks_all_again_when_the_kept_one_sees_no_gradient(tmp_path):
+    torch = pytest.importorskip("torch")
+    a, b = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+    model = torch.nn.ModuleList([a, b])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(2, 4)
+    # three steps through a, then four through b only: a's hook is the one kept, then useless
+    timer, rec = _timed_steps(tmp_path, model, opt, [("a", x)] * 3 + [("b", x)] * 4,
+                              lambda m, xx: (a if xx[0] == "a" else b)(xx[1]).sum())
+    assert len(timer._handles) == 4 and not timer._trim
+    assert rec.steps == 5       # 2 through a; the first step through b is lost; 3 through b
+
+
 # ---- Flight Recorder ----------------------------------------------------------------------
 def test_recorder_paths_go_to_the_run_dir(tmp_path):
     add, fr = flightrec.recorder_env({}, str(tmp_path))
