@@ -139,7 +139,14 @@ def test_a_signal_to_smartlaunch_leaves_no_process_and_no_temp_file(clean_env, s
     time.sleep(0.3)
     pids = [int(f.name.split("-")[1]) for f in shared_dir.iterdir()]
     os.kill(p.pid, sig)
-    p.wait(timeout=30)
+    try:    # communicate drains stderr: a full pipe must not stall smartlaunch's exit
+        _, err_raw = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired as e:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        pytest.fail(f"smartlaunch still running 30 s after {sig.name}; its stderr so far: "
+                    f"{(e.stderr or b'').decode(errors='replace')[-3000:]}")
+    err = err_raw.decode(errors="replace")
     gone_by = time.monotonic() + 10.0     # a loaded machine reaps late
 
     def temp_left():
@@ -152,7 +159,6 @@ def test_a_signal_to_smartlaunch_leaves_no_process_and_no_temp_file(clean_env, s
     assert not _tagged_left(p.pid)
     assert not temp_left(), f"temp files left: {temp_left()}"
     if sig != signal.SIGKILL:
-        err = p.stderr.read().decode()
         assert p.returncode == 128 + sig, err[-2000:]
     if sig != signal.SIGKILL and phase != "run":
         # smartlaunch's interruption, not the script's failure: no child traceback, one line
