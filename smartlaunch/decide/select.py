@@ -427,10 +427,12 @@ def _near_floor(ctx, scores: dict, win, win_speedup: float) -> str:
     Another run of the same trial could land on the other side; the user is told how to
     run either."""
     floor = ctx.policy.decision.min_efficiency
+    if floor <= 0:
+        return ""
     said = []
     for k, s in scores.items():
         n = _key_n(k)
-        if n < 2 or floor <= 0 or s <= 0 or not ctx.units[k[0]].COLLECTIVE:
+        if n < 2 or s <= 0 or not ctx.units[k[0]].COLLECTIVE:
             continue
         e = s / n
         if abs(math.log(e / floor)) > 2 * TRIAL_SPREAD:

@@ -126,12 +126,11 @@ class WorkTimer:
                 self._params[id(p)] = p
                 self._handles[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
 
-    # Every hook is a call into Python from the autograd engine, per parameter and step: 4-5 µs
-    # each on a 2-core CPU (70-100 µs a step for 18 parameters), a share of a launch-bound
-    # GPU step. Once a step has been timed, only the parameter whose gradient came first keeps
-    # its hook: the callback is queued at the same point as before, ahead of DDP's. A step in
-    # which that one saw no gradient (a branch not taken, a frozen layer) hooks them all again,
-    # for good.
+    # Every hook is a call into Python from the autograd engine, per parameter and step
+    # (docs/diagnostics.md has the cost). Once a step has been timed, only the parameter whose
+    # gradient came first keeps its hook: the callback is queued at the same point as before,
+    # ahead of DDP's. A step in which that one saw no gradient (a branch not taken, a frozen
+    # layer) hooks them all again, for good.
     def _keep_first(self) -> None:
         if not self._trim or self._first is None or len(self._handles) <= 1:
             return
