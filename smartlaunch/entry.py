@@ -38,6 +38,43 @@ def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
     exec(code, main.__dict__)
 
 
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
+
+
+def script_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the script's first frame on: smartlaunch's and runpy's leading
+    frames dropped (None when every frame is ours, e.g. a SyntaxError in the script, which
+    python then prints without a "Traceback" header, as it does itself)."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (os.path.abspath(name).startswith(_OURS) or name in _RUNPY
+                or os.path.abspath(name) in _RUNPY):
+            return tb
+        tb = tb.tb_next
+    return None
+
+
+def report_uncaught(exc: BaseException) -> int:
+    """What python does with an exception the script did not catch, with only the script's
+    frames: sys.excepthook (the script's own, if it set one) on the trimmed traceback, the
+    streams flushed. Returns the exit status python would give: 1, or 130 for
+    KeyboardInterrupt (python kills itself with SIGINT there; a status says the same)."""
+    # Set on the exception too: python's own hook prints the exception's __traceback__.
+    tb = script_frames(exc.__traceback__)
+    exc = exc.with_traceback(tb)
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException:       # a broken hook: the exception is still printed
+        sys.__excepthook__(type(exc), exc, tb)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
 def exit_now(code: object = 0) -> None:
     """End the process at once (the dry run's, once its result is written): the script's
     teardown is only what the user waits for (a DDP trial's ranks took 2.4 s of an 11.5 s

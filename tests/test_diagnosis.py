@@ -91,11 +91,13 @@ def test_rate_trend_first_and_last_tenth():
 
 
 def test_summary_text():
-    f = RunFigures(steps={0: 1407, 1: 1407}, seconds={0: 74.0, 1: 74.0}, batch=64, single_step_s=0.040,
+    f = RunFigures(steps={0: 1407, 1: 1407}, window={0: (1406, 74.0), 1: (1406, 74.0)}, batch=64,
+                   single_step_s=0.040,
                    trend=(19.5, 18.5), warnings=["smartlaunch: warning: rank 1 computes 3.4x slower"],
                    lost_share=0.69, log_dir="/l", run_dir="/r", dumps=["/r/stacks/local0.txt"])
     assert summary_text(f, "succeeded").splitlines() == [
-        "smartlaunch: summary (succeeded): 1,407 steps; rank 0: 1,216.0 samples/s, rank 1: 1,216.0 samples/s",
+        "smartlaunch: summary (succeeded): 1,407 steps; 2,432.0 samples/s (1,216.0 samples/s a "
+        "rank, 2 ranks)",
         "  DDP efficiency 76% (step 52.6 ms measured against 40.0 ms on one GPU in the dry run)",
         "  step rate 19.50/s in the first 10% of the run, 18.50/s in the last 10% (-5.1%)",
         "  throughput lost to the straggler: 69%",
@@ -105,6 +107,15 @@ def test_summary_text():
         "  run files (progress, stacks, Flight Recorder, GPU samples): /r",
         "  dumps: /r/stacks/local0.txt",
     ]
+
+
+def test_summary_rates_of_ranks_that_did_not_step_together_are_each_given_with_why():
+    f = RunFigures(steps={0: 500, 1: 400}, window={0: (490, 10.0), 1: (390, 10.0)})
+    head = summary_text(f, "succeeded").splitlines()[0]
+    assert head.startswith("smartlaunch: summary (succeeded): 500 steps; rank 0: 49.00 steps/s, "
+                           "rank 1: 39.00 steps/s (each from its step 10 to its last")
+    one = RunFigures(steps={0: 500}, window={0: (490, 10.0)}, batch=8)
+    assert summary_text(one, "succeeded").splitlines()[0].endswith("; 392.0 samples/s a rank")
 
 
 # ---- the monitor on synthetic per-rank timings and replayed NVML samples ---------------------
@@ -142,7 +153,7 @@ def test_work_timer_counts_data_and_compute_not_the_wait(tmp_path):
     torch = pytest.importorskip("torch")
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = WorkTimer(WorkWriter(work_path(tmp_path, 0)))
+    timer = WorkTimer(WorkWriter(work_path(tmp_path, 0)), every_s=0)
     from torch.optim.optimizer import register_optimizer_step_post_hook
     handle = register_optimizer_step_post_hook(timer._after_step)
     try:
@@ -159,13 +170,15 @@ def test_work_timer_counts_data_and_compute_not_the_wait(tmp_path):
     assert 0.03 <= rec.work_s / rec.steps < 0.07
 
 
-def _timed_steps(tmp_path, model, opt, inputs, loss):
-    """Run the steps under a WorkTimer; (the timer, its record)."""
-    timer = WorkTimer(WorkWriter(work_path(tmp_path, 0)))
+def _timed_steps(tmp_path, model, opt, inputs, loss, every_s=0.0, pause=0.0):
+    """Run the steps under a WorkTimer (every_s: as WorkTimer's), each step `pause` seconds
+    longer; (the timer, its record)."""
+    timer = WorkTimer(WorkWriter(work_path(tmp_path, 0)), every_s=every_s)
     from torch.optim.optimizer import register_optimizer_step_post_hook
     handle = register_optimizer_step_post_hook(timer._after_step)
     try:
         for x in inputs:
+            time.sleep(pause)
             loss(model, x).backward()
             opt.step()
             opt.zero_grad()
@@ -197,6 +210,20 @@ def test_work_timer_hooks_all_again_when_the_kept_one_sees_no_gradient(tmp_path)
                               lambda m, xx: (a if xx[0] == "a" else b)(xx[1]).sum())
     assert len(timer._handles) == 4 and not timer._trim
     assert rec.steps == 5       # 2 through a; the first step through b is lost; 3 through b
+
+
+def test_work_timer_times_a_step_at_most_every_so_often(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(3)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # fast steps (no pause): far fewer timed than run
+    timer, rec = _timed_steps(tmp_path, model, opt, [torch.randn(2, 4)] * 200,
+                              lambda m, x: m(x).sum(), every_s=3600)
+    assert timer._steps == 200 and rec.steps == 1
+    # steps slower than every_s: every one after the first is timed
+    timer, rec = _timed_steps(tmp_path, model, opt, [torch.randn(2, 4)] * 6,
+                              lambda m, x: m(x).sum(), every_s=0.01, pause=0.02)
+    assert rec.steps == 5 and 0.02 <= rec.work_s / rec.steps < 1.0
 
 
 # ---- Flight Recorder ----------------------------------------------------------------------

@@ -114,6 +114,10 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
     loss = None
     for i in range(args.warmup):
         loss = step(i)
+        if i == 0:
+            sync()      # the first step's end, for the launch-to-first-step figure
+            if ctx.rank == 0:
+                print(f"first_step_unix={time.time():.3f}", flush=True)
     sync()
     if ctx.world > 1:
         dist.barrier()      # ranks start the clock together; outside the timed region

@@ -54,6 +54,7 @@ class DDPLauncher:
         self._in_agent = False
         self._result: LaunchResult | None = None
         self._rendezvous: Exception | None = None   # torch's RendezvousError, if one ended the run
+        self._readings = None               # topology.live_readings of the run's GPUs
 
     def start(self) -> None:
         plan, ctx = self.plan, self.ctx
@@ -85,8 +86,10 @@ class DDPLauncher:
                 overrides[STATUS_LINE_VAR] = "1"
         else:
             self.log_root = args.log_dir
-        fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
-        overrides.update(fr_env)
+        recorder = None     # on when asked, or when the job's environment has it on anyway
+        if ctx.policy.launch.flight_recorder or flightrec.enabled_by(environ):
+            fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
+            overrides.update(fr_env)
         self.host = socket.gethostname()
         # The guard SIGKILLs every process with this tag when smartlaunch dies, SIGKILL
         # included: ranks, DataLoader workers (PR_SET_PDEATHSIG is not inherited across fork).
@@ -95,7 +98,7 @@ class DDPLauncher:
             run_dir, plan.nproc_per_node, ctx.policy.launch, self.host,
             act_on_death=args.max_restarts == 0,
             gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
-            read_topology=lambda: _fresh_topology(environ),
+            read_topology=self._live_gpus(plan, ctx.topology, environ),
             flight_recorder=recorder if plan.device == "cuda" else None,
             display=sys.stderr.isatty())
         with _patched_environ(overrides):
@@ -161,12 +164,24 @@ class DDPLauncher:
                 self._in_agent = False
         return {}
 
+    def _live_gpus(self, plan: Plan, topology: Topology, environ):
+        """The watchdog's GPU readings during the run: the plan's GPUs only, a few NVML calls
+        each (topology.live_readings), not the whole machine; None without GPUs."""
+        if plan.device != "cuda" or not plan.gpus:
+            return None
+        from smartlaunch.topology import live_readings
+        self._readings = reader = live_readings(environ)
+        gpus = tuple(plan.gpus)
+        return lambda: reader.read(topology, gpus)
+
     def _end_processes(self) -> None:
         """Idempotent: the watchdog, every process of the run."""
         if self._ended:
             return
         self._ended = True
         self.watchdog.close()
+        if self._readings is not None:
+            self._readings.close()
         procs.kill_run(self.run_id, self.watchdog.live_pids().values(), drain_s=OUTPUT_DRAIN_S)
 
     def _finish(self, failures: dict) -> LaunchResult:
@@ -349,11 +364,6 @@ def _worker_overrides(plan: Plan, topology: Topology, environ: Mapping[str, str]
     env.update(plan.env_dict())
     env.update(worker_env(run_dir, run_id, plan.numa if numa else ()))
     return env
-
-
-def _fresh_topology(environ: Mapping[str, str]):
-    from smartlaunch.topology import discover
-    return discover(environ)
 
 
 def _fields(config) -> set[str]:

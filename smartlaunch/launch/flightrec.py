@@ -47,6 +47,17 @@ class FlightRecorder:
         return [f"{p}{rank}" for p in self.dump_prefixes]
 
 
+def enabled_by(environ: Mapping[str, str]) -> bool:
+    """The job's own environment turns the ring on (a buffer size above 0)."""
+    for var in BUFFER_VARS:
+        try:
+            if int(environ.get(var, "0") or 0) > 0:
+                return True
+        except ValueError:
+            pass
+    return False
+
+
 def recorder_env(environ: Mapping[str, str], run_dir: str) -> tuple[dict[str, str], FlightRecorder]:
     """Variables to add for the workers (none the user set) and where the dumps will be."""
     folder = os.path.join(run_dir, "flight-recorder")

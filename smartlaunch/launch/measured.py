@@ -15,18 +15,17 @@ from smartlaunch.profile import feedback
 
 
 def slowest_rank(run_dir: str, nproc: int) -> tuple[int, float] | None:
-    """(steps, seconds between its first and last step end) of the slowest rank, or None when
-    a rank never stepped or wrote no record."""
+    """(step intervals, seconds) of the slowest rank's steady window (ProgressRecord.window),
+    or None when a rank made fewer than two steps or wrote no record."""
     best = None
     for lr in range(nproc):
         rec = read_progress(progress_path(run_dir, lr))
-        if rec is None or rec.steps < 2 or rec.t_last <= rec.t_first:
+        seen = rec.window() if rec is not None else None
+        if seen is None:
             return None
-        seconds = rec.t_last - rec.t_first
-        rate = (rec.steps - 1) / seconds
-        if best is None or rate < best[0]:
-            best = (rate, rec.steps, seconds)
-    return None if best is None else (best[1], best[2])
+        if best is None or seen[0] / seen[1] < best[0] / best[1]:
+            best = seen
+    return best
 
 
 def record_launch(plan, request, policy, topology, run_dir: str | None, *, environ=os.environ,
@@ -53,7 +52,8 @@ def _record(plan, request, policy, topology, run_dir, environ, out):
         cached = cached_profile(request, policy, gpu_model=topology.gpus[0].name, environ=environ)
         profile = cached.to_dict() if cached is not None else {}
     strategy = strategy_name(plan.strategy) if n > 1 else feedback.ONE_RANK
-    rate = feedback.measured_rate(strategy, plan.gpus[:n], seen[0], seen[1], profile)
+    # the window's step ends: its intervals + 1
+    rate = feedback.measured_rate(strategy, plan.gpus[:n], seen[0] + 1, seen[1], profile)
     if rate is None:
         return None
     key = feedback.job_key(request, policy, topology, environ)

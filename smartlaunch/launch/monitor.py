@@ -144,8 +144,9 @@ class RunMonitor:
         f = RunFigures(warnings=list(self.warnings), trend=rate_trend(self._history))
         for rec in records.values():
             f.steps[rec.rank] = rec.steps
-            if rec.t_first and rec.t_last > rec.t_first:
-                f.seconds[rec.rank] = rec.t_last - rec.t_first
+            seen = rec.window()
+            if seen is not None:
+                f.window[rec.rank] = seen
         if self.straggler is not None:
             f.lost_share = self.straggler.lost_share
         return f

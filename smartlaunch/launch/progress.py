@@ -16,14 +16,19 @@ from pathlib import Path
 
 from smartlaunch.store import mapped_record
 
-_FMT = "<4siiiqdddi"        # magic, pid, local_rank, rank, steps, t_start, t_first, t_last, exit
+# magic, pid, local_rank, rank, steps, t_start, t_first, t_last, exit, t_warm
+_FMT = "<4siiiqdddid"
 _SIZE = struct.calcsize(_FMT)
-_MAGIC = b"SLP1"
+_MAGIC = b"SLP2"
 _OFF_STEPS = 16
 _OFF_FIRST = 32
 _OFF_LAST = 40
 _OFF_EXIT = 48
+_OFF_WARM = 52
 RUNNING = -1000             # exit field while the script runs
+# A run's rate is taken from the end of this step on: the first steps carry one-time costs
+# (autotuning, lazy kernel loads, the first collective's set-up) a script's own timer skips.
+WARM_STEP = 10
 
 
 def progress_path(run_dir: str | os.PathLike, local_rank: int) -> Path:
@@ -40,10 +45,21 @@ class ProgressRecord:
     t_first: float           # first step ended (0.0: none yet)
     t_last: float            # latest step ended (0.0: none yet)
     exit_code: int | None    # None while running; the script's exit status once it returned
+    t_warm: float = 0.0      # step WARM_STEP ended (0.0: not yet)
 
     @property
     def started(self) -> bool:
         return self.steps > 0
+
+    def window(self) -> tuple[int, float] | None:
+        """(step intervals, seconds) over which this rank's rate is measured: from the end of
+        step WARM_STEP to the latest step when it got further, else from its first step;
+        None before two steps."""
+        if self.t_warm and self.steps > WARM_STEP and self.t_last > self.t_warm:
+            return self.steps - WARM_STEP, self.t_last - self.t_warm
+        if self.steps >= 2 and self.t_last > self.t_first:
+            return self.steps - 1, self.t_last - self.t_first
+        return None
 
 
 class ProgressWriter:
@@ -54,13 +70,15 @@ class ProgressWriter:
         self._mm = mapped_record(path, _SIZE)
         self.steps = 0
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, os.getpid(), local_rank, rank, 0,
-                         time.monotonic(), 0.0, 0.0, RUNNING)
+                         time.monotonic(), 0.0, 0.0, RUNNING, 0.0)
 
     def step(self) -> None:
         now = time.monotonic()
         self.steps += 1
         if self.steps == 1:
             struct.pack_into("<d", self._mm, _OFF_FIRST, now)
+        elif self.steps == WARM_STEP:
+            struct.pack_into("<d", self._mm, _OFF_WARM, now)
         struct.pack_into("<d", self._mm, _OFF_LAST, now)
         struct.pack_into("<q", self._mm, _OFF_STEPS, self.steps)
 
@@ -83,9 +101,10 @@ def read_progress(path: str | os.PathLike) -> ProgressRecord | None:
     data = read_record(path, _SIZE, _MAGIC)
     if data is None:
         return None
-    _, pid, local_rank, rank, steps, t_start, t_first, t_last, code = struct.unpack(_FMT, data)
+    _, pid, local_rank, rank, steps, t_start, t_first, t_last, code, t_warm = \
+        struct.unpack(_FMT, data)
     return ProgressRecord(pid, local_rank, rank, steps, t_start, t_first, t_last,
-                          None if code == RUNNING else code)
+                          None if code == RUNNING else code, t_warm)
 
 
 def status_line(rates: dict[int, float | None], steps: dict[int, int]) -> str:

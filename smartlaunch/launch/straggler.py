@@ -8,6 +8,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from smartlaunch.launch.progress import WARM_STEP
+
 # Below this share of the step a slow rank costs too little to act on: the +-3-5% run-to-run
 # spread of the seeds' measurements sits under it even when the ratio of two small work times
 # (a communication-bound step) crosses the threshold.
@@ -176,11 +178,33 @@ def rate_trend(history: list[tuple[float, int]]) -> tuple[float, float] | None:
     return first, last
 
 
+RATES_AGREE = 0.03          # ranks of one synchronous job whose rates differ less step together
+
+
+def _rates_text(rates: dict[int, float], batch: int | None) -> str:
+    """'; 1,234.5 samples/s (2.41 steps/s a rank)' for ranks that step together; each rank's
+    rate, and why they may differ, when they do not."""
+    def one(v: float) -> str:
+        return f"{v * batch:,.1f} samples/s a rank" if batch else f"{v:.2f} steps/s"
+    if not rates:
+        return ""
+    lo, hi = min(rates.values()), max(rates.values())
+    if hi <= lo * (1 + RATES_AGREE):
+        rate = statistics.median(rates.values())
+        if len(rates) == 1 or not batch:
+            return f"; {one(rate)}" + (f" on each of {len(rates)} ranks" if len(rates) > 1 else "")
+        return f"; {rate * batch * len(rates):,.1f} samples/s ({one(rate)}, {len(rates)} ranks)"
+    per = ", ".join(f"rank {r}: {one(v)}" for r, v in sorted(rates.items()))
+    return (f"; {per} (each from its step {WARM_STEP} to its last: ranks that stepped apart, "
+            f"or one that stopped early, give different rates)")
+
+
 @dataclass
 class RunFigures:
     """What the end-of-run summary says (filled by monitor.py)."""
     steps: dict[int, int] = field(default_factory=dict)            # rank -> steps
-    seconds: dict[int, float] = field(default_factory=dict)        # rank -> first to last step
+    # rank -> (step intervals, seconds) of its steady window (ProgressRecord.window)
+    window: dict[int, tuple[int, float]] = field(default_factory=dict)
     batch: int | None = None                                       # per rank, from the profile
     single_step_s: float | None = None                             # the profile's one-GPU step
     trend: tuple[float, float] | None = None
@@ -193,11 +217,9 @@ class RunFigures:
 
 def summary_text(f: RunFigures, state: str) -> str:
     lines = []
-    rates = {r: (f.steps[r] - 1) / f.seconds[r] for r in f.steps if f.seconds.get(r, 0) > 0 and f.steps[r] > 1}
+    rates = {r: n / s for r, (n, s) in f.window.items() if s > 0}
     total = max(f.steps.values(), default=0)
-    per = ", ".join(f"rank {r}: {v * f.batch:,.1f} samples/s" if f.batch else f"rank {r}: {v:.2f} steps/s"
-                    for r, v in sorted(rates.items()))
-    lines.append(f"smartlaunch: summary ({state}): {total:,} steps" + (f"; {per}" if per else ""))
+    lines.append(f"smartlaunch: summary ({state}): {total:,} steps" + _rates_text(rates, f.batch))
     if rates and f.single_step_s:
         step = 1.0 / statistics.median(rates.values())
         lines.append(f"  DDP efficiency {f.single_step_s / step:.0%} (step {step * 1e3:.1f} ms measured "

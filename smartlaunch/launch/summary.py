@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from smartlaunch.launch.measured import slowest_rank
+from smartlaunch.launch.progress import progress_path, read_progress
 
 SUMMARY_FILE = "summary.txt"
 
@@ -29,9 +30,9 @@ def single_summary(state: str, exit_code: int, wall_s: float, run_dir: str,
     head = f"smartlaunch: summary ({state}): exit code {exit_code} after {wall_s:.1f} s"
     seen = slowest_rank(run_dir, 1)
     if seen is not None:
-        steps, seconds = seen
-        rate = (steps - 1) / seconds
-        head += f"; {steps:,} steps, {rate:.2f} steps/s"
+        rec = read_progress(progress_path(run_dir, 0))
+        rate = seen[0] / seen[1]
+        head += f"; {rec.steps if rec else seen[0] + 1:,} steps, {rate:.2f} steps/s"
         if batch:
             head += f" ({rate * batch:,.1f} samples/s)"
     return f"{head}\n  run files: {run_dir}"

@@ -105,6 +105,7 @@ class Watchdog(threading.Thread):
         self._lock = threading.RLock()
         self._halt = threading.Event()
         self._kill_at: float | None = None
+        self._stop_at: tuple[float, float] | None = None   # (when, then SIGKILL after) pending
         self._last_display = 0.0
         self._straggler_warned = False
         self.failure: RankFailure | None = None
@@ -169,6 +170,7 @@ class Watchdog(threading.Thread):
 
     def stop(self, sig: int | None, kill_after: float) -> None:
         """Send sig (None: none) to every live rank's group now, SIGKILL after kill_after s."""
+        self._stop_at = None
         if sig is not None:
             self.forward(sig)
         with self._lock:
@@ -180,6 +182,9 @@ class Watchdog(threading.Thread):
         now = time.monotonic()
         with self._lock:
             self._refresh(now)
+            if self._stop_at is not None and (now >= self._stop_at[0] or not any(
+                    r.state.alive for r in self._ranks.values() if r.rec.exit_code is not None)):
+                self.stop(signal.SIGTERM, self._stop_at[1])
             if self._kill_at is not None and now >= self._kill_at:
                 for r in self._ranks.values():
                     if r.state.alive:
@@ -243,7 +248,13 @@ class Watchdog(threading.Thread):
         self.failure = RankFailure(local_rank=lr, rank=r.rec.rank, host=self.host, pid=r.rec.pid,
                                    exit_code=None if sig else code, signal=procs.signal_name(sig))
         grace = min(self.launch.signal_grace_s, max(0.5, self.launch.rank_failure_timeout_s - 2.0))
-        self.stop(signal.SIGTERM, grace)
+        if sig is None and r.state.alive:
+            # Its script has ended and its interpreter is tearing down (its traceback, atexit
+            # handlers): as under torch's agent, which sees a rank only once it has exited,
+            # the others are stopped when it is gone, or after half the grace at the latest.
+            self._stop_at = (time.monotonic() + grace / 2, grace / 2)
+        else:
+            self.stop(signal.SIGTERM, grace)
 
     def _limit(self, r: _Rank) -> tuple[float, float]:
         """(seconds without progress, allowed seconds) for one rank."""

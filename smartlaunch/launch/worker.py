@@ -23,7 +23,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from smartlaunch.entry import run_entrypoint
+from smartlaunch.entry import report_uncaught, run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
 from smartlaunch.proc import naming_output_copiers, prctl
@@ -75,19 +75,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 int(os.environ.get("RANK", "0")))
         _install_step_hooks(writer)
         _keep.append(worktime.install(run_dir, local_rank))   # straggler signal (issue 18)
-    code = 1
+    # The exit status goes into the progress record only once the script's own last words are
+    # out (its traceback, a sys.exit message): the launcher stops the other ranks on seeing it.
     try:
         run_entrypoint(target, args, module=mode == "module")
-        code = 0
     except SystemExit as e:
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-        raise
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
-        raise
-    finally:
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr, flush=True)     # what python prints for it
+            e = SystemExit(1)
+        if writer is not None:
+            writer.exited(e.code or 0)
+        raise e from None
+    except BaseException as exc:            # uncaught: printed as python would, our frames cut
+        code = report_uncaught(exc)
         if writer is not None:
             writer.exited(code)
+        del exc
+        sys.exit(code)
+    if writer is not None:
+        writer.exited(0)
 
 
 def _parse(argv: list[str]) -> tuple[str, str, list[str]]:

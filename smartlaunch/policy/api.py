@@ -78,6 +78,9 @@ class LaunchPolicy:
     clock_drift_threshold: float = 0.10   # warn when a GPU's clock under load falls this far
     log_dir: str = "~/.cache/smartlaunch/logs"
     quiet: bool = False                   # no decision line before the job's output (--quiet)
+    # torch's NCCL Flight Recorder in every rank (a ring of recent collectives, read on a hang
+    # to name the collective a rank did not enter); off, as under torchrun, unless asked.
+    flight_recorder: bool = False
     # Variables for every worker whatever the link. From an admin `enforce:` section they are
     # mandatory (applied over the user's environment, see policy.enforced_env); from any other
     # layer they are defaults the user's own environment overrides.

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from smartlaunch.entry import exit_now, run_entrypoint
+from smartlaunch.entry import exit_now, report_uncaught, run_entrypoint
 from smartlaunch.profile.clock import device_clock, read_window
 from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import (WorldSizeWatch, first_grad_tensor, leading_dim,
@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
         run_entrypoint(opts["script"], opts["args"], module=opts["module"])
     except SystemExit as end:
         code = end.code
+    except BaseException as exc:    # printed as python would (its frames only), then exit 1
+        sys.exit(report_uncaught(exc))
     else:
         code = 0
     finally:

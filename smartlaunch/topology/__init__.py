@@ -30,3 +30,27 @@ def discover(environ: Mapping[str, str] | None = None) -> Topology:
         return NvmlBackend().read(env)
     except NvmlUnavailable as exc:
         return cpu_only(f"{NO_NVML_PREFIX} ({exc.reason})")
+
+
+class _FixtureReadings:
+    """LiveReadings for a fake topology: the fixture read again."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self._environ = environ
+
+    def read(self, topology: Topology, indices) -> Topology:
+        return discover(self._environ)
+
+    def close(self) -> None:
+        pass
+
+
+def live_readings(environ: Mapping[str, str] | None = None):
+    """A reader of a running job's GPUs: `.read(topology, indices) -> Topology` with the
+    clocks, temperature, power, utilisation and throttle reasons of those GPUs read now (NVML
+    started once), `.close()`. For the fake backend the fixture is read again."""
+    env = os.environ if environ is None else environ
+    if env.get(FAKE_ENV):
+        return _FixtureReadings(env)
+    from smartlaunch.topology.nvml import LiveReadings
+    return LiveReadings()

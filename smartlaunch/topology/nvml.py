@@ -7,6 +7,7 @@ GPU with lost=True (and a CRITICAL finding), never an exception.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -287,3 +288,59 @@ def nccl_version() -> str | None:
     except Exception:                        # CPU-only torch: no NCCL compiled in
         return None
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+class LiveReadings:
+    """A running job's GPUs re-read cheaply: clocks, temperature, power, utilisation and
+    throttle reasons, a handful of NVML calls per GPU, with NVML started once for the reader's
+    life. The whole-machine read (links, processes, ECC, PCIe) is discover()'s, made before a
+    launch; a sample during the run needs only these. `close()` ends NVML; a GPU that cannot
+    be read keeps its launch-time fields."""
+
+    def __init__(self, nvml: Any = None):
+        self._nvml = nvml
+        self._started = False
+
+    def read(self, topology: Topology, indices) -> Topology:
+        """`topology` with the GPUs at `indices` refreshed (the others as they are)."""
+        nvml = self._nvml if self._nvml is not None else _import_pynvml()
+        self._nvml = nvml
+        if not self._started:
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as exc:
+                raise NvmlUnavailable(f"NVML did not start: {exc}", reason=str(exc)) from exc
+            self._started = True
+        c, fresh = Calls(nvml), {}
+        for i in indices:
+            g = topology.gpu(i)
+            try:
+                h = nvml.nvmlDeviceGetHandleByUUID(g.uuid)
+            except nvml.NVMLError:
+                continue
+            try:
+                throttle = c.get("nvmlDeviceGetCurrentClocksEventReasons", h)
+                if throttle is None:
+                    throttle = c.get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+                power = c.get("nvmlDeviceGetPowerUsage", h)
+                limit = c.get("nvmlDeviceGetEnforcedPowerLimit", h)
+                util = c.get("nvmlDeviceGetUtilizationRates", h)
+                fresh[i] = dataclasses.replace(
+                    g, sm_clock_mhz=c.get("nvmlDeviceGetClockInfo", h, _CLOCK_SM),
+                    temperature_c=c.get("nvmlDeviceGetTemperature", h, _TEMPERATURE_GPU),
+                    power_w=None if power is None else power / 1000.0,
+                    power_limit_w=None if limit is None else limit / 1000.0,
+                    utilization_pct=getattr(util, "gpu", None),
+                    throttle_reasons=decode_throttle(throttle))
+            except DeviceLost as exc:
+                fresh[i] = dataclasses.replace(g, lost=True, nvml_error=str(exc))
+        gpus = tuple(fresh.get(g.index, g) for g in topology.gpus)
+        return dataclasses.replace(topology, gpus=gpus)
+
+    def close(self) -> None:
+        if self._started:
+            self._started = False
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass

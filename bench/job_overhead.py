@@ -1,0 +1,247 @@
+"""Does a rank run as fast under smartlaunch as under torchrun? Paired rounds, with intervals.
+
+Launch-bound scripts (1-5 ms steps, where anything added to a step shows) run one job at a
+time, alternating in each round the launchers in the order A B C, then C B A in the next
+(drift cancels over a pair of rounds):
+
+    A  python -m torch.distributed.run --standalone --nproc-per-node N SCRIPT
+    B  smartlaunch --strategy ddp --nproc-per-node N SCRIPT       (torchrun's plan, forced)
+    C  smartlaunch --policy P --nproc-per-node N SCRIPT           (the decided launch, warm:
+                                                                    one cold run first, untimed)
+    (and on request D: B with launch.flight_recorder: true, what that option costs)
+
+Each run's throughput is the script's own timer (bench/suite/_harness.py); the ratio of a
+launcher to torchrun is taken per round (same round, same machine state) and reported as the
+geometric mean over rounds with its 95% t-interval. Also: launch to the end of the first step
+(the script stamps it), and whether smartlaunch's end-of-run summary rate agrees with the
+script's timer.
+
+    python bench/job_overhead.py --nproc 2 --conditions host nvlink --rounds 6 --out DIR/x
+    python bench/job_overhead.py --tiny --rounds 1 --scripts deep-mlp     # CPU smoke (gloo)
+
+Writes <out>.json after every run (a cut-off call keeps what it measured) and <out>.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+from bench import common  # noqa: E402
+
+SMARTLAUNCH = [sys.executable, "-c", "import sys; from smartlaunch.cli import main; "
+               "sys.argv[0] = 'smartlaunch'; sys.exit(main())"]
+SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
+    "deep-mlp": ("bench/suite/deep_mlp.py", ("--batch-size", "256"), 1500),
+    "cnn-small": ("bench/suite/cnn.py", ("--batch-size", "128"), 1200),
+    "gpt-small": ("bench/suite/gpt.py", ("--n-layer", "4", "--n-head", "4", "--n-embd", "256",
+                                         "--block-size", "128", "--vocab", "8192",
+                                         "--batch-size", "8"), 1200),
+}
+KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr")
+FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
+_FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
+_SUMMARY = re.compile(r"smartlaunch: summary \(succeeded\): [\d,]+ steps; (.*)$", re.M)
+# two-sided 95% t quantiles, df 1..30
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scripts", nargs="*", default=list(SCRIPTS), choices=list(SCRIPTS))
+    p.add_argument("--conditions", nargs="*", default=["host"], choices=list(common.CONDITIONS))
+    p.add_argument("--kinds", nargs="*", default=list(KINDS[:3]), choices=list(KINDS))
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="start no round after this many seconds")
+    p.add_argument("--policy", default=str(REPO / "bench" / "policy-throughput.yaml"))
+    p.add_argument("--tiny", action="store_true", help="toy sizes (CPU smoke test)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
+    return p.parse_args(argv)
+
+
+def argv_of(kind: str, script: str, args) -> list[str]:
+    path, extra, steps = SCRIPTS[script]
+    tail = [str(REPO / path), *extra, "--warmup", "20", "--steps", str(args.steps or steps),
+            "--chunks", "4", *(["--tiny"] if args.tiny else [])]
+    n = ["--nproc-per-node", str(args.nproc)]
+    if kind == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
+    if kind == "sl-ddp":
+        return [*SMARTLAUNCH, "--strategy", "ddp", *n, *tail]
+    if kind == "sl-ddp-fr":         # what launch.flight_recorder: true costs
+        return [*SMARTLAUNCH, "--policy", str(FR_POLICY), "--strategy", "ddp", *n, *tail]
+    return [*SMARTLAUNCH, "--policy", args.policy, *n, *tail]
+
+
+def run_one(kind: str, script: str, condition: str, args) -> dict:
+    env = common.child_env(dict(os.environ), condition)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    t0 = time.time()
+    try:
+        res = subprocess.run(argv_of(kind, script, args), env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=args.timeout)
+        rc, out, err = res.returncode, res.stdout, res.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = 124
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+    tp = common.parse_throughput(out)
+    first = _FIRST.search(out)
+    summary = _SUMMARY.search(err)
+    rec = {"kind": kind, "script": script, "condition": condition, "rc": rc,
+           "wall_s": round(time.time() - t0, 2), "ok": rc == 0 and tp is not None, **(tp or {}),
+           "first_step_s": round(float(first[1]) - t0, 3) if first else None,
+           "summary": summary[1] if summary else None,
+           "decision": next((line for line in err.splitlines()
+                             if line.startswith("smartlaunch: ") and "—" in line), None)}
+    m = re.search(r"chunks: step_ms=([\d.,]+)", out)
+    if m:
+        rec["chunks_ms"] = [float(x) for x in m[1].split(",")]
+    if summary and tp:
+        rec["summary_vs_timer"] = summary_agreement(summary[1], tp)
+    if not rec["ok"]:
+        rec["error"] = (err or out)[-1500:]
+    return rec
+
+
+def summary_agreement(text: str, tp: dict) -> float | None:
+    """smartlaunch's summary rate over the script's own (steps/s a rank, or samples/s)."""
+    steps = re.search(r"([\d,.]+) steps/s", text)
+    if steps:
+        return float(steps[1].replace(",", "")) / (1e3 / tp["step_ms"])
+    samples = re.match(r"([\d,.]+) samples/s", text)
+    if samples:
+        return float(samples[1].replace(",", "")) / tp["samples_per_s"]
+    return None
+
+
+def interval(values: list[float]) -> tuple[float, float, float] | None:
+    """(geometric mean, low, high) of ratios with a 95% t-interval on their logs."""
+    logs = [math.log(v) for v in values if v and v > 0]
+    if len(logs) < 2:
+        return (math.exp(logs[0]),) * 3 if logs else None
+    m, sd = statistics.mean(logs), statistics.stdev(logs)
+    h = _T95[min(len(logs) - 1, len(_T95)) - 1] * sd / math.sqrt(len(logs))
+    return math.exp(m), math.exp(m - h), math.exp(m + h)
+
+
+def rows_of(records: list[dict]) -> list[dict]:
+    rows = []
+    for cond in dict.fromkeys(r["condition"] for r in records):
+        for script in dict.fromkeys(r["script"] for r in records if r["condition"] == cond):
+            mine = [r for r in records if r["condition"] == cond and r["script"] == script
+                    and r.get("round") is not None]
+            base = {r["round"]: r for r in mine if r["kind"] == "torchrun" and r["ok"]}
+            for kind in [k for k in KINDS if k != "torchrun"]:
+                pairs = [(base[r["round"]], r) for r in mine
+                         if r["kind"] == kind and r["ok"] and r["round"] in base]
+                if not pairs:
+                    continue
+                ratio = interval([b["samples_per_s"] / a["samples_per_s"] for a, b in pairs])
+                firsts = [b["first_step_s"] - a["first_step_s"] for a, b in pairs
+                          if a.get("first_step_s") is not None and b.get("first_step_s") is not None]
+                agree = [b["summary_vs_timer"] for _, b in pairs if b.get("summary_vs_timer")]
+                rows.append({"condition": cond, "script": script, "kind": kind,
+                             "rounds": len(pairs), "ratio": ratio,
+                             "torchrun_step_ms": statistics.median(a["step_ms"] for a, _ in pairs),
+                             "first_step_delta_s": statistics.median(firsts) if firsts else None,
+                             "summary_vs_timer": (min(agree), max(agree)) if agree else None,
+                             "decision": pairs[-1][1].get("decision")})
+    return rows
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"# Job overhead: smartlaunch ÷ torchrun, {meta['nproc']} ranks", "",
+           f"{meta['when']}, {meta['host']}, {meta['gpus']}; {meta['rounds_done']} rounds "
+           f"(ABC/CBA), {meta['elapsed_s']:.0f} s", "",
+           "| condition | script | launcher | rounds | torchrun step ms | ratio (geo. mean) | "
+           "95% interval | first step Δ s (median) | summary ÷ script timer |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g, lo, hi = r["ratio"]
+        agree = r["summary_vs_timer"]
+        out.append(f"| {r['condition']} | {r['script']} | {r['kind']} | {r['rounds']} | "
+                   f"{r['torchrun_step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} | "
+                   + ("–" if r["first_step_delta_s"] is None else f"{r['first_step_delta_s']:+.2f}")
+                   + " | " + ("–" if not agree else f"{agree[0]:.3f}–{agree[1]:.3f}") + " |")
+    decisions = {(r["condition"], r["script"]): r["decision"] for r in rows if r["kind"] == "sl-auto"}
+    if decisions:
+        out += ["", "Decided launches (sl-auto):", ""]
+        out += [f"- {c} {s}: {d}" for (c, s), d in decisions.items()]
+    return "\n".join(out) + "\n"
+
+
+def gpu_names() -> str:
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        names = [n.strip() for n in res.stdout.splitlines() if n.strip()]
+        return f"{len(names)}× {names[0]}" if names else "no GPU"
+    except (OSError, subprocess.TimeoutExpired):
+        return "no GPU"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    records: list[dict] = []
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "host": os.uname().nodename,
+            "gpus": gpu_names(), "nproc": args.nproc, "rounds_done": 0, "elapsed_s": 0.0,
+            "argv": sys.argv[1:]}
+
+    def save() -> None:
+        meta["elapsed_s"] = time.monotonic() - t_start
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "records": records},
+                                                           indent=1))
+    if "sl-auto" in args.kinds:          # the decided launch is measured warm: decide once first
+        for cond in args.conditions:
+            for script in args.scripts:
+                rec = run_one("sl-auto", script, cond, args)
+                rec["round"] = None
+                records.append(rec)
+                print(f"cold {cond} {script}: {rec.get('decision')}", file=sys.stderr, flush=True)
+                save()
+    for rnd in range(args.rounds):
+        if time.monotonic() - t_start > args.budget_s:
+            break
+        kinds = args.kinds if rnd % 2 == 0 else list(reversed(args.kinds))
+        for cond in args.conditions:
+            for script in args.scripts:
+                for kind in kinds:
+                    rec = run_one(kind, script, cond, args)
+                    rec["round"] = rnd
+                    records.append(rec)
+                    print(f"round {rnd} {cond} {script} {kind}: "
+                          f"{rec.get('samples_per_s', 'FAILED')} samples/s, first step "
+                          f"{rec.get('first_step_s')} s", file=sys.stderr, flush=True)
+                    save()
+        meta["rounds_done"] = rnd + 1
+    save()
+    rows = rows_of(records)
+    md = markdown(rows, meta)
+    print(md)
+    if args.out:
+        Path(f"{args.out}.md").write_text(md)
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

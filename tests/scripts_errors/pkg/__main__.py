@@ -1,0 +1,5 @@
+def main():
+    raise KeyError("deliberate failure in a module")
+
+
+main()
