@@ -263,7 +263,8 @@ def _check_paths(request: Request, policy, environ) -> None:
 
 def _check_dir_usable(path: str, key: str, policy) -> None:
     """A directory the launch will create files under: the path, or its nearest existing
-    parent, must be a directory this user can write (else exit 3 naming the setting)."""
+    parent, must be a directory this user can write, and the path itself, when it exists,
+    must pass store.dir_problem (else exit 3 naming the setting)."""
     from smartlaunch.errors import PolicyError
     full = os.path.abspath(os.path.expanduser(path))
     probe = full
@@ -280,6 +281,11 @@ def _check_dir_usable(path: str, key: str, policy) -> None:
                           f"you can write")
     if not os.path.isdir(probe):
         raise PolicyError(f"{where}: {probe} is not a directory; set {key} to a directory")
+    if probe == full:             # made by someone: whose, and who else may write in it
+        from smartlaunch.store import dir_problem, unsafe_dir_message
+        why = dir_problem(os.lstat(full))
+        if why:
+            raise PolicyError(unsafe_dir_message(where, full, why, key))
     if not os.access(probe, os.W_OK | os.X_OK):
         raise PolicyError(f"{where}: {probe} is not writable by you; set {key} to a directory "
                           f"you can write")

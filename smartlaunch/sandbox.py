@@ -325,8 +325,11 @@ def main(argv: list[str] | None = None) -> None:
     if not scratch or not cmd:
         sys.exit("usage: python -m smartlaunch.sandbox --scratch DIR [--keep DIR]... "
                  "[--status FILE] -- ARGV...")
-    # opened before the overlays hide where it lives
-    report = os.fdopen(os.open(status or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
+    # Opened before the overlays hide where it lives. A new file in the caller's own temp dir
+    # (mkdtemp): O_EXCL|O_NOFOLLOW, so nothing there is truncated or written through a link.
+    report = os.fdopen(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                               | os.O_CLOEXEC, 0o600) if status else
+                       os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC), "w")
     try:
         covered, why = isolate(scratch, keep), None
     except (OSError, ValueError) as exc:

@@ -8,7 +8,9 @@ XDG_CACHE_HOME is set, $XDG_CACHE_HOME/smartlaunch is used instead.
 Shared directories are hostile: directories are created 0o700, a cache dir that is a symlink,
 not owned by the user, or group/world-writable without the sticky bit is refused; files are
 read with O_NOFOLLOW and written through a temp file in the same directory + os.replace, so
-concurrent writers never leave a torn file.
+concurrent writers never leave a torn file. Files named in a private directory are opened
+O_NOFOLLOW (open_private) or made new with O_EXCL (mapped_record); dir_problem says why a
+directory others may reach is not one to write in; flock_holder names a lock's holder.
 """
 from __future__ import annotations
 
@@ -104,15 +106,97 @@ def write_json(path: Path, data: dict, mode: int | None = None) -> None:
 
 def mapped_record(path, size: int, mode: int = 0o644):
     """A new zero-filled file of `size` bytes mapped into memory: the fixed-size records a
-    process updates with plain stores on a hot path (step counters, work time, dry-run ticks)
-    and another process reads without any call into the writer."""
+    process updates with plain stores on a hot path (step counters, work time) and another
+    process reads without any call into the writer. Its directory is created (0o700) when
+    missing. The file is created O_EXCL|O_NOFOLLOW: a name already there (a restarted rank's
+    old record, or anything planted) is unlinked first -- unlink removes the name and never
+    follows a link -- so nothing is ever truncated or written through a link or in a file
+    someone else made. OSError when it cannot be made."""
     import mmap
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+    os.makedirs(os.path.dirname(os.fspath(path)) or ".", mode=0o700, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, flags, mode)
     try:
         os.ftruncate(fd, size)
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+def open_private(path, mode: str = "a", *, buffering: int = -1, encoding: str | None = None):
+    """A file object for writing `path` ("a"/"ab": appended, created when missing; "w"/"wb":
+    created or emptied), opened O_NOFOLLOW (a link at the name is an OSError, never followed),
+    new files 0o600. For files named inside a directory only we can write (a run directory:
+    mkdtemp, 0o700), where nobody else can plant anything; O_NOFOLLOW holds even so."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags |= os.O_APPEND if mode.startswith("a") else os.O_TRUNC
+    fd = os.open(path, flags, 0o600)
+    try:
+        return os.fdopen(fd, mode, buffering=buffering, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def owner_name(uid: int) -> str:
+    """'nobody' for 65534: the name to print beside a uid."""
+    import pwd
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def dir_problem(st: os.stat_result) -> str | None:
+    """Why a directory we create files in (lstat'ed) is not safe, or None: it must be a
+    directory, not a link, owned by us or root, and if group/others may write it, sticky
+    (others can then neither remove nor rename what we create). The end of one sentence."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"is owned by uid {st.st_uid} ({owner_name(st.st_uid)}), not by you or root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return (f"is group/world-writable (mode {stat.S_IMODE(st.st_mode):04o}) without the "
+                f"sticky bit")
+    return None
+
+
+def unsafe_dir_message(where: str, path: str, why: str, key: str) -> str:
+    """The one line refusing a directory `dir_problem` found unsafe; `where` names the setting
+    and its source, `key` the setting to change."""
+    if why == "is a symbolic link":
+        fix = f"set {key} to the directory it points to ({os.path.realpath(path)})"
+        return (f"{where}: {path} {why}: smartlaunch follows no link to a directory it writes "
+                f"in, as another user could swap it; refusing it. Fix: {fix}")
+    return (f"{where}: {path} {why}: another user could read or replace what the launch "
+            f"writes there; refusing it. Fix: set {key} to a directory you own")
+
+
+def flock_holder(fd: int) -> str:
+    """Who holds a flock on the file open at `fd`, from /proc/locks: 'pid N (user U)', or
+    'another process' where that cannot be read."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()      # "1: FLOCK ADVISORY WRITE 1234 00:2f:99 0 EOF"
+                if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == inode:
+                    pid = int(parts[4])
+                    try:
+                        user = f" (user {owner_name(os.stat(f'/proc/{pid}').st_uid)})"
+                    except OSError:
+                        user = ""
+                    return f"pid {pid}{user}"
+    except (OSError, ValueError):
+        pass
+    return "another process"
 
 
 def read_capped(path: str, limit: int) -> bytes | None:

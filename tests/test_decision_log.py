@@ -12,10 +12,12 @@ import pytest
 
 from helpers_common import EXAMPLES, REPO, fixture_path, own_lines
 from helpers_decide import FakeComm, FakeTrial, TEST_MODEL, dual_socket, policy, profile, request
+from helpers_nobody import AS_NOBODY, needs_nobody, shared_tmp
 from helpers_policy import needs_admin_install
 from smartlaunch.decide import decide
 from smartlaunch.launch.decision_log import (
-    MAX_LINE, append_line, encode, mispredicted, read_log, record, torchrun_gpu_seconds,
+    LOCK_WAIT_S, MAX_LINE, LogBusy, append_line, encode, mispredicted, read_log, record,
+    torchrun_gpu_seconds,
 )
 from smartlaunch.strategies import REGISTRY
 
@@ -243,8 +245,128 @@ def test_a_full_disk_is_said_once_and_the_launch_goes_on(clean_env):
                     f"the launch goes on"]
 
 
+GOOD = {"format": 1, "time": "2026-11-20T12:00:00+00:00", "user": "u", "host": "h",
+        "job": None, "command": "t.py", "decided": {"strategy": "single"}, "exit_code": 0,
+        "wall_s": 2.0, "run_s": 1.0, "gpu_s": 1.0, "band": 0.25, "checked": [],
+        "torchrun": {"gpus": 1, "gpu_s": 1.0, "basis": "the same plan"}}
+
+
 def test_read_log_counts_lines_that_are_not_records(tmp_path):
+    # A bare {"format": 1} was a record before records were checked: now it lacks the fields
+    # the report adds up, and is skipped like the rest.
     log = tmp_path / "l.jsonl"
-    log.write_text('{"format": 1, "a": 1}\nnot json\n[1]\n{"format": 99}\n')
+    log.write_text(json.dumps(GOOD) + '\nnot json\n[1]\n{"format": 99}\n{"format": 1}\n\n')
     records, bad = read_log(log)
-    assert records == [{"format": 1, "a": 1}] and bad == 3
+    assert records == [GOOD] and bad == 4
+
+
+# --- a log other users can reach --------------------------------------------------------------
+# The log is shared by design (every user of a node appends to it), so whoever may open it
+# may also lock it, or put something else at its path.
+
+HOLD = textwrap.dedent("""\
+    import fcntl, os, sys
+    fd = os.open(sys.argv[1], os.O_RDWR if sys.argv[2] == "ex" else os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX if sys.argv[2] == "ex" else fcntl.LOCK_SH)
+    print("held", flush=True)
+    sys.stdin.readline()
+    """)
+
+
+@pytest.fixture
+def shared():
+    import shutil
+    d = shared_tmp()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_nobody
+@pytest.mark.parametrize("how", ["ex", "sh"])
+def test_another_users_lock_on_the_log_costs_the_launch_one_line(clean_env, shared, how):
+    # flock -x through a write open, or -s through a read-only one: either made a finished
+    # job's smartlaunch wait for ever.
+    log = shared / "decisions.jsonl"
+    log.write_text("")
+    log.chmod(0o666)
+    holder = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", HOLD, str(log), how],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (clean_env / "t.py").write_text("print('ran')\n")
+        r = smartlaunch(["--policy", _policy_file(clean_env, log), "--strategy", "single",
+                         "t.py"], clean_env, timeout=60)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert r.returncode == 0 and "ran" in r.stdout, r.stderr
+    said = [x for x in own_lines(r.stderr) if "decision log" in x]
+    assert said == [f"smartlaunch: decision log {log} not written (locked by pid {holder.pid} "
+                    f"(user nobody) for over {LOCK_WAIT_S:g} s); the launch goes on"]
+    assert log.read_text() == ""
+
+
+def test_append_line_gives_up_on_a_held_lock_within_the_bound(tmp_path):
+    import fcntl
+    import time
+    log = tmp_path / "l.jsonl"
+    log.write_text("")
+    fd = os.open(log, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        t = time.monotonic()
+        with pytest.raises(LogBusy, match=rf"locked by pid {os.getpid()} "):
+            append_line(log, encode(GOOD))
+        assert LOCK_WAIT_S <= time.monotonic() - t < LOCK_WAIT_S + 5
+    finally:
+        os.close(fd)
+    assert log.read_text() == ""
+
+
+def test_a_fifo_at_the_log_path_costs_the_launch_one_line(clean_env):
+    log = clean_env / "decisions.jsonl"
+    os.mkfifo(log)
+    (clean_env / "t.py").write_text("print('ran')\n")
+    r = smartlaunch(["--policy", _policy_file(clean_env, log), "--strategy", "single", "t.py"],
+                    clean_env, timeout=60)
+    assert r.returncode == 0 and "ran" in r.stdout, r.stderr
+    said = [x for x in own_lines(r.stderr) if "decision log" in x]
+    assert said == [f"smartlaunch: decision log {log} not written (a FIFO, not a regular file); "
+                    f"the launch goes on"]
+
+
+def test_a_link_at_the_log_path_is_not_followed(clean_env):
+    victim = clean_env / "victim"
+    victim.write_text("precious\n")
+    log = clean_env / "decisions.jsonl"
+    log.symlink_to(victim)
+    with pytest.raises(OSError):
+        append_line(log, encode(GOOD))
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_log_without_a_final_newline_keeps_the_next_record_whole(tmp_path):
+    log = tmp_path / "l.jsonl"
+    log.write_bytes(b'{"format": 1, "time": "2026-11-2')          # a writer cut off mid-line
+    append_line(log, encode(GOOD))
+    append_line(log, encode(GOOD))
+    assert read_log(log) == ([GOOD, GOOD], 1)
+    assert log.read_bytes().endswith(b"\n") and b"\n\n" not in log.read_bytes()
+
+
+@needs_nobody
+def test_a_writer_that_may_not_read_the_log_starts_its_line_with_a_newline(shared):
+    # 0622: every user appends, only root reads. The writer cannot see the last byte, so its
+    # line always starts a new one; the reader skips the blank lines that leaves.
+    log = shared / "decisions.jsonl"
+    log.write_bytes(b'{"torn')
+    log.chmod(0o622)
+    write = ("import sys; from pathlib import Path; "
+             "from smartlaunch.launch.decision_log import append_line; "
+             "append_line(Path(sys.argv[1]), sys.argv[2].encode())")
+    for _ in range(2):
+        r = subprocess.run([*AS_NOBODY, sys.executable, "-c", write, str(log),
+                            json.dumps(GOOD) + "\n"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    assert os.stat(log).st_uid == 0 and log.read_bytes().count(b"\n") == 4
+    assert read_log(log) == ([GOOD, GOOD], 1)

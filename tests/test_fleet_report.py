@@ -167,3 +167,28 @@ def test_a_log_written_by_launches_reads_back(clean_env):
     r = node(["report", "--log", str(log)])
     assert r.returncode == 0 and "(1 line not readable, skipped)" in r.stdout
     assert json.loads(log.read_text().splitlines()[0])["format"] == 1
+
+
+def test_nan_huge_and_overlong_lines_do_not_poison_the_totals(clean_env):
+    # Anyone who may append may write any line: each bad one is skipped, counted, said once.
+    log = fleet_log(clean_env / "decisions.jsonl")
+    clean = node(["report", "--log", str(log)])
+    assert clean.returncode == 0, clean.stderr
+    good = json.dumps(rec("ddp", 2, 100.0, torchrun_s=100.0))
+    bad = [good.replace('"gpu_s": 200.0', '"gpu_s": NaN'),
+           good.replace('"run_s": 100.0', '"run_s": 1e300'),
+           good.replace('"gpu_s": 100.0', '"gpu_s": -5'),                   # torchrun's
+           good.replace('"exit_code": 0', '"exit_code": "x"'),
+           json.dumps(rec("ddp", 2, 100.0, torchrun_s=100.0, checked=[("DDP×2", 1e-300, 1e300)])),
+           good[:-1] + ', "pad": "' + "x" * 9000 + '"}']                    # > MAX_LINE
+    assert good not in bad
+    with open(log, "a") as f:
+        f.write("\n".join(bad) + "\n\n")                                   # a blank line: not bad
+    r = node(["report", "--log", str(log)])
+    assert r.returncode == 0, r.stderr
+    assert table(r.stdout) == table(clean.stdout)
+    assert r.stdout.count("skipped") == 1 and "(6 lines not readable, skipped)" in r.stdout
+    # One good line more is counted: what is skipped is the bad lines, not what follows them.
+    with open(log, "a") as f:
+        f.write(good + "\n")
+    assert table(node(["report", "--log", str(log)]).stdout)["ddp"][0] == "7"

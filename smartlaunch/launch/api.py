@@ -8,6 +8,7 @@ import enum
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -176,17 +177,28 @@ class LaunchContext:
         self.announce(plan)
 
     def new_run_dir(self) -> str:
-        """<launch.log_dir>/<time>-<pid>, the launch's own directory (its basename is the run
-        id). Private (0o700): the workers' logs may hold secrets (tokens a script prints)."""
-        path = os.path.join(self.log_dir, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        """A new directory of this launch in launch.log_dir, named `<time>-<random>`
+        (tempfile.mkdtemp: sorted by time, unpredictable, 0o700 and ours by construction); its
+        basename is the run id. Private: the workers' logs may hold secrets (tokens a script
+        prints). Nobody else can create anything in it, which is why the files smartlaunch
+        and its worker hook make there by name need no O_EXCL; they are still opened
+        O_NOFOLLOW (store.open_private, store.mapped_record). launch.log_dir is created
+        (0o700) when missing and, made by us or not, must pass store.dir_problem (a
+        directory, not a link, ours or root's, sticky if others may write it): PolicyError
+        naming the setting otherwise."""
+        from smartlaunch.errors import PolicyError
+        from smartlaunch.store import dir_problem, unsafe_dir_message
+        key = "launch.log_dir"
+        where = f"{key}={self.policy.launch.log_dir} ({self.policy.source_of(key)})"
         try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+            why = dir_problem(os.lstat(self.log_dir))
+            if why is None:
+                return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=self.log_dir)
         except OSError as e:      # changed since the pipeline checked it
-            from smartlaunch.errors import PolicyError
-            raise PolicyError(f"launch.log_dir={self.log_dir}: cannot create {path} "
-                              f"({e.strerror}); set launch.log_dir to a directory you can "
-                              f"write") from None
-        return path
+            raise PolicyError(f"{where}: cannot create a run directory in {self.log_dir} "
+                              f"({e.strerror}); set {key} to a directory you can write") from None
+        raise PolicyError(unsafe_dir_message(where, self.log_dir, why, key))
 
     def close(self) -> None:
         """Give back every lease this launch took, once, then the lease directory."""

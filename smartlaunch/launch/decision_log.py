@@ -15,8 +15,14 @@ exists and this user may write there (an admin creates it), else <cache_dir>/dec
 any other value (an admin's shared directory, enforced) is used as given. Writers on many
 processes and nodes share one file: each line is one write() of at most MAX_LINE bytes on an
 O_APPEND descriptor, under flock on that descriptor, and a short write (a full disk) is cut
-back off, so lines never interleave or tear. A log that cannot be written costs the launch
-nothing but one line on stderr, said once.
+back off, so lines never interleave or tear; a line after a last line without its newline
+starts with one. A log that cannot be written costs the launch nothing but one line on
+stderr, said once.
+
+Any user who may open the log is a stranger to every other: the log is opened O_NOFOLLOW and
+O_NONBLOCK and must be a regular file (a FIFO there fails at once, it never hangs a launch);
+its lock is tried without blocking for LOCK_WAIT_S, then the line is given up, naming the
+holder; and the report (read_log) adds up only records whose fields pass check_record.
 """
 from __future__ import annotations
 
@@ -25,8 +31,10 @@ import fcntl
 import json
 import math
 import os
+import random
 import shlex
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -43,34 +51,93 @@ MAX_LINE = 4000            # one write() below PIPE_BUF (4096): what O_APPEND wr
 MAX_COMMAND = 400          # characters of the command kept (its start)
 MAX_CHECKED = 8            # measured candidates kept with their predictions
 BUILT_IN_KEY = "paths.decision_log"
+LOCK_WAIT_S = 1.5          # the longest a launch waits for the log's lock (any user can hold it)
 
 
 def log_path(policy, environ: Mapping[str, str], *, create: bool = False) -> Path:
     """Where launches' lines go (module docstring: the built-in node path, else the cache).
     create: make the cache directory when the line goes there (PolicyError if it is unsafe)."""
+    from smartlaunch.store import cache_root, dir_problem, private_dir
     raw = os.path.expanduser(policy.paths.decision_log)
     if policy.source_of(BUILT_IN_KEY) != "built-in":
         return Path(raw)
     parent = os.path.dirname(raw) or "."
-    usable = os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK) and (
+    try:
+        safe = dir_problem(os.lstat(parent)) is None    # root's (or ours), sticky if shared
+    except OSError:
+        safe = False
+    usable = safe and os.access(parent, os.W_OK | os.X_OK) and (
         not os.path.lexists(raw) or os.access(raw, os.W_OK))
     if usable:
         return Path(raw)
-    from smartlaunch.store import cache_root, private_dir
     root = cache_root(policy, environ)
     return (private_dir(root) if create else root) / "decisions.jsonl"
 
 
+class LogBusy(OSError):
+    """The log's lock stayed taken past LOCK_WAIT_S; `holder` names who holds it."""
+
+    def __init__(self, holder: str):
+        super().__init__(errno.EWOULDBLOCK, f"locked by {holder} for over {LOCK_WAIT_S:g} s")
+        self.holder = holder
+
+
+def open_log(path: Path) -> tuple[int, bool]:
+    """(a descriptor appending to the log, whether it can also be read). Opened O_NOFOLLOW and
+    O_NONBLOCK (a FIFO at the path fails at once: ENXIO without a reader, or the S_ISREG check
+    below; it never hangs the launch), O_RDWR where the file may be read, else write-only.
+    OSError when it is not a regular file or cannot be opened; nothing left open then."""
+    flags = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd, readable = os.open(path, os.O_RDWR | flags, 0o644), True
+    except PermissionError:          # a log others may append to, not read (0622)
+        fd, readable = os.open(path, os.O_WRONLY | flags, 0o644), False
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "a FIFO or device, not a regular file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "a FIFO, not a regular file" if stat.S_ISFIFO(mode)
+                          else "not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, readable
+
+
+def _lock(fd: int) -> None:
+    """flock LOCK_EX without blocking, retried until LOCK_WAIT_S: any user who can open the
+    log can take its lock (a shared one through a read-only open too), and a launch must not
+    wait on them. LogBusy naming the holder then."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                from smartlaunch.store import flock_holder
+                raise LogBusy(flock_holder(fd)) from None
+            time.sleep(0.01 + 0.02 * random.random())
+
+
 def append_line(path: Path, line: bytes) -> None:
-    """Append one line (no newline inside, at most MAX_LINE bytes) in a single write(); OSError
-    when it cannot be written whole, and then nothing of it stays in the file."""
+    """Append one line (no newline inside, at most MAX_LINE bytes) in a single write(), as a
+    whole line: when the file does not end with a newline (a torn or foreign last line) ours
+    starts with one, so it is not swallowed by what came before (where the log cannot be
+    read, ours always starts with one; readers skip blank lines). OSError when it cannot be
+    written whole (LogBusy when its lock stays taken), and then nothing of it stays in the
+    file."""
     if len(line) > MAX_LINE or not line.endswith(b"\n") or b"\n" in line[:-1]:
         raise ValueError(f"a decision log line must be one line of at most {MAX_LINE} bytes")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o644)
+    fd, readable = open_log(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)      # released by close()
+        _lock(fd)                           # released by close()
         size = os.fstat(fd).st_size
+        if size and (not readable or os.pread(fd, 1, size - 1) != b"\n"):
+            line = b"\n" + line
         written = os.write(fd, line)
         if written != len(line):            # a full disk takes part of it: take it back
             os.ftruncate(fd, size)
@@ -79,18 +146,73 @@ def append_line(path: Path, line: bytes) -> None:
         os.close(fd)
 
 
+MAX_SECONDS = 1e10          # ~300 years: a longer time or GPU-seconds figure is not a launch's
+MAX_SPEEDUP = 1e4
+
+
+def _finite(x, lo: float, hi: float, *, null: bool = False) -> bool:
+    if x is None:
+        return null
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and \
+        math.isfinite(x) and lo <= x <= hi
+
+
+def _speedup(x, null: bool = True) -> bool:
+    return _finite(x, 0.0, MAX_SPEEDUP, null=null) and x != 0
+
+
+def check_record(rec) -> bool:
+    """Whether a parsed line is a record the report may add up: format 1, and every field it
+    reads of the expected type and in range (finite, non-negative times and GPU-seconds, an
+    exit status, speedups above 0). Anyone who may append may write a line: one NaN or 1e300
+    must not poison the totals."""
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        return False
+    decided, torchrun = rec.get("decided"), rec.get("torchrun")
+    checked = rec.get("checked", [])
+    return all((
+        all(_finite(rec.get(k), 0.0, MAX_SECONDS) for k in ("wall_s", "run_s", "gpu_s")),
+        rec.get("exit_code") is None or (isinstance(rec.get("exit_code"), int) and
+                                         not isinstance(rec.get("exit_code"), bool) and
+                                         0 <= rec["exit_code"] <= 255),
+        isinstance(decided, dict) and isinstance(decided.get("strategy", ""), str),
+        isinstance(torchrun, dict) and _finite(torchrun.get("gpu_s"), 0.0, MAX_SECONDS,
+                                               null=True),
+        _finite(rec.get("band"), 0.0, MAX_SPEEDUP, null=True),
+        isinstance(checked, list) and len(checked) <= MAX_CHECKED and all(
+            isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)
+            and _speedup(row[1], False) and _speedup(row[2], False) for row in checked),
+        all(isinstance(rec.get(k), (str, type(None))) for k in ("time", "user", "host",
+                                                                  "command")),
+        isinstance(rec.get("job"), (str, int, type(None))),
+    ))
+
+
 def read_log(path: Path) -> tuple[list[dict], int]:
-    """(the records, in file order; how many lines were not records). OSError when the file
-    cannot be read."""
+    """(the records that pass check_record, in file order; how many lines were skipped: not
+    JSON, not a record, out of range, or longer than MAX_LINE, which are skipped unread).
+    Blank lines are neither (a writer starts its line with a newline after a torn one).
+    OSError when the file cannot be read or is not a regular file (opened O_NONBLOCK: a FIFO
+    never hangs the report)."""
     records, bad = [], 0
-    with open(path, "rb") as f:
-        for raw in f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        while raw := f.readline(MAX_LINE + 1):
+            if len(raw) > MAX_LINE:                 # no newline within MAX_LINE bytes
+                bad += 1
+                while raw and not raw.endswith(b"\n"):
+                    raw = f.readline(1 << 16)       # the rest of it, unparsed, unkept
+                continue
+            if not raw.strip():
+                continue
             try:
                 rec = json.loads(raw)
             except ValueError:
                 bad += 1
                 continue
-            if isinstance(rec, dict) and rec.get("format") == FORMAT:
+            if check_record(rec):
                 records.append(rec)
             else:
                 bad += 1
@@ -129,8 +251,7 @@ class LaunchRecord:
         path = policy.paths.decision_log
         try:
             path = log_path(policy, environ, create=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o644))
+            os.close(open_log(path)[0])
             rec.path = path
         except OSError as exc:
             rec._failed(path, exc.strerror or str(exc))

@@ -17,6 +17,7 @@ import sys
 
 from smartlaunch.errors import SmartlaunchError
 from smartlaunch.launch.api import LaunchContext
+from smartlaunch.store import open_private
 
 
 class _HeldByParent(LaunchContext):
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
         print(message, file=sys.stderr, flush=True)
     first = message.splitlines()[0].removeprefix("smartlaunch: ") if message else ""
     try:
-        with open(spec["result"], "w") as f:
+        with open_private(spec["result"], "w") as f:
             json.dump({"exit_code": code, "message": first}, f)
     except OSError:
         pass

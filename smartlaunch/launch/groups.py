@@ -31,6 +31,7 @@ from collections.abc import Callable
 from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext
 from smartlaunch.launch.independent import IndependentLauncher, Job, JobState
+from smartlaunch.store import open_private
 
 CHILD_MODULE = "smartlaunch.launch.group_run"
 RESULT_SUFFIX = ".result.json"
@@ -103,7 +104,7 @@ class GroupsLauncher(IndependentLauncher):
         environ.update({"SMARTLAUNCH_JOB_INDEX": str(job.index),
                         "SMARTLAUNCH_NUM_JOBS": str(self.num_jobs)})
         write_spec(spec, plan, ctx, self.make, job.args, environ, self.log_dir)
-        with open(job.log_path, "ab") as out:
+        with open_private(job.log_path, "ab") as out:
             job.child = proc.spawn([sys.executable, "-m", CHILD_MODULE, spec],
                                    env=environ, stdout=out, stderr=subprocess.STDOUT)
         job.state, job.gpu, job.started = JobState.RUNNING, plan.gpus[0], time.monotonic()

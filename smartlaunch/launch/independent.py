@@ -39,6 +39,7 @@ from smartlaunch.launch.leases import Lease
 from smartlaunch.launch.signals import TERMINATING
 from smartlaunch.launch.summary import write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
+from smartlaunch.store import open_private
 
 _ACQUIRE_MORE_EVERY_S = 1.0
 _SAMPLES_RE = re.compile(rb"samples/s[=:] *([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)")
@@ -183,7 +184,7 @@ class IndependentLauncher:
             env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], ctx.environ, ctx.topology)
         argv = worker_command(self.plan.command, sys.executable) + list(job.args)
         job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")
-        with open(job.log_path, "ab") as out:
+        with open_private(job.log_path, "ab") as out:
             job.child = proc.spawn(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         job.state, job.gpu, job.started = JobState.RUNNING, gpu, time.monotonic()
         where = f"GPU {gpu}" if gpu is not None else "CPU"
@@ -285,7 +286,7 @@ class IndependentLauncher:
         details = {"run_id": self.run_id, "log_dir": self.log_dir, "jobs": [j.to_dict() for j in self.jobs]}
         code = 128 + sig if sig else int(jobs_code)
         try:
-            with open(os.path.join(self.log_dir, "summary.json"), "w") as f:
+            with open_private(os.path.join(self.log_dir, "summary.json"), "w") as f:
                 json.dump({"exit_code": int(jobs_code), "signal": sig, **details}, f, indent=2)
         except OSError:
             pass

@@ -21,6 +21,7 @@ from smartlaunch.launch.straggler import (GpuSample, RunFigures, Straggler, cloc
                                           find_slow_worker, rate_trend, straggler_text)
 from smartlaunch.launch.worktime import WorkRecord
 from smartlaunch.policy.api import LaunchPolicy
+from smartlaunch.store import open_private
 
 HISTORY_EVERY_S = 1.0
 MIN_WINDOW_STEPS = 5       # fewer timed steps in the window: no verdict (a step longer than it)
@@ -99,7 +100,7 @@ class RunMonitor:
                     track.warned = True
                     self._warn(text)
         if self._record_to and samples:
-            with open(self._record_to, "a") as f:
+            with open_private(self._record_to, "a") as f:
                 for s in samples:
                     f.write(json.dumps(s.to_dict()) + "\n")
 

@@ -66,7 +66,6 @@ class ProgressWriter:
     """Counts steps of one rank. `step()` is the hot path: keep it two stores."""
 
     def __init__(self, path: str | os.PathLike, local_rank: int, rank: int):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         self._mm = mapped_record(path, _SIZE)
         self.steps = 0
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, os.getpid(), local_rank, rank, 0,

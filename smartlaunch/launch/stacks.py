@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 
 from smartlaunch.launch.worker import DUMP_SIGNAL, stack_path
+from smartlaunch.store import open_private
 
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 PY_SPY_TIMEOUT_S = 10.0
@@ -88,7 +89,7 @@ def _py_spy(pyspy: str, pid: int, out_path: str) -> None:
         text = res.stdout + res.stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
         text = f"py-spy dump failed: {exc}\n"
-    with open(out_path, "a") as f:
+    with open_private(out_path, "a") as f:
         f.write(text)
 
 

@@ -7,6 +7,7 @@ import os
 
 from smartlaunch.launch.measured import slowest_rank
 from smartlaunch.launch.progress import progress_path, read_progress
+from smartlaunch.store import open_private
 
 SUMMARY_FILE = "summary.txt"
 
@@ -16,7 +17,7 @@ def write_summary(run_dir: str, text: str) -> str | None:
     ended, so a full disk costs the file, not the job's exit code."""
     path = os.path.join(run_dir, SUMMARY_FILE)
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with open_private(path, "w", encoding="utf-8") as f:
             f.write(text.rstrip("\n") + "\n")
     except OSError:
         return None

@@ -10,6 +10,8 @@ the script needs no change and keeps the environment torchrun sets. Before the s
     (a real-time signal: SIGUSR1/2 belong to the script, Slurm sends them for preemption);
   - a progress counter fed by torch's optimizer step hook and smartlaunch.profile_step();
   - per-step work time outside collective waits (worktime.py), for the straggler warning.
+Files go under the launch's run directory (ctx.new_run_dir: mkdtemp, 0o700, nobody else can
+plant anything there), each opened O_NOFOLLOW all the same (store.open_private, mapped_record).
 Launchers should start the hook with start_new_session=True (torch's agent does) so that a
 rank and its children form one process group the launcher can signal as a whole.
 """
@@ -27,6 +29,7 @@ from smartlaunch.entry import report_uncaught, run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
 from smartlaunch.proc import naming_output_copiers, prctl
+from smartlaunch.store import open_private
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"          # also the tag kill_run finds stray processes by
@@ -70,7 +73,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.execvp(target, [target, *args])
     writer = None
     if run_dir:
-        _register_stack_dump(stack_path(run_dir, local_rank))
+        try:
+            _register_stack_dump(stack_path(run_dir, local_rank))
+        except OSError as exc:          # the job is worth more than its stack dumps
+            print(f"smartlaunch: no stack dumps for this rank: cannot open "
+                  f"{stack_path(run_dir, local_rank)} ({exc.strerror}); the job goes on",
+                  file=sys.stderr, flush=True)
         writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
                                 int(os.environ.get("RANK", "0")))
         _install_step_hooks(writer)
@@ -129,10 +137,16 @@ def _tee_output(log_dir: str) -> None:
     output exactly as without smartlaunch (torch's own tee prefixes every line with
     `[default0]:`, which breaks scripts' parsers). The copier ignores the signals the job gets
     so it drains everything until the last writer is gone (or the launcher's SIGKILL)."""
-    os.makedirs(log_dir, exist_ok=True)
+    os.makedirs(log_dir, mode=0o700, exist_ok=True)
     status_line = os.environ.get(STATUS_LINE_VAR) == "1"
     for fd, name in ((1, "stdout"), (2, "stderr")):
         path = os.path.join(log_dir, f"{name}.log")
+        try:        # before the fork: a log that cannot be opened leaves the stream as it is
+            log = open_private(path, "ab", buffering=0)
+        except OSError as exc:
+            print(f"smartlaunch: {name} of this rank not kept in {path} ({exc.strerror}); "
+                  f"the job goes on", file=sys.stderr, flush=True)
+            continue
         r, w = os.pipe()
         # Its own process group and name, both set before the rank can run on: the launcher's
         # end-of-run kill spares it until it has written what the rank left in the pipe
@@ -149,7 +163,7 @@ def _tee_output(log_dir: str) -> None:
             # alone: erasing there would wipe the script's own partial line.
             erase = b"\r\x1b[K" if status_line and os.isatty(fd) else b""
             at_line_start = True
-            with open(path, "ab", buffering=0) as log:
+            with log:
                 while data := os.read(r, 65536):
                     log.write(data)
                     try:
@@ -160,6 +174,7 @@ def _tee_output(log_dir: str) -> None:
             os._exit(0)
         with contextlib.suppress(OSError):   # the child may have done it already
             os.setpgid(pid, pid)
+        log.close()
         os.close(r)
         os.dup2(w, fd)
         os.close(w)
@@ -185,8 +200,8 @@ def _die_with_parent() -> None:
 
 
 def _register_stack_dump(path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    f = open(path, "a")                   # noqa: SIM115 -- faulthandler needs it open for life
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    f = open_private(path, "a")           # faulthandler needs it open for life
     _keep.append(f)
     faulthandler.register(DUMP_SIGNAL, file=f, all_threads=True, chain=False)
     faulthandler.enable(file=f, all_threads=True)    # fatal signals: stacks for the root cause

@@ -51,7 +51,6 @@ class WorkRecord:
 
 class WorkWriter:
     def __init__(self, path: str | os.PathLike):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         self._mm = mapped_record(path, _SIZE)
         self.steps, self.total = 0, 0.0
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, 0, 0.0, 0)

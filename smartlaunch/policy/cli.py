@@ -14,7 +14,9 @@ def register(subparsers) -> None:
     check = sub.add_parser(
         "check", help="validate FILE, or with no FILE every layer that applies here",
         description="Exit 0 and print 'OK: FILE' when valid; otherwise print every "
-                    "problem, one line each (file:line, key), and exit 3.")
+                    "problem, one line each (file:line, key), and exit 3. FILE may be anyone's "
+                    "(it is only read); a note says when a launch would refuse it as your "
+                    "policy file (not yours or root's, or group/world-writable).")
     check.add_argument("file", nargs="?", metavar="FILE")
     check.add_argument("--policy", metavar="PATH", help="user policy (as smartlaunch --policy)")
     check.set_defaults(func=_check)
@@ -45,6 +47,9 @@ def _check_files(args: argparse.Namespace) -> int:
             note = (f" (enforces {len(parsed.enforce)} keys; enforce: is honoured only in "
                     f"{ADMIN_POLICY_PATH})")
         print(f"OK: {args.file}{note}")
+        if parsed.user_refusal:
+            print(f"note: a launch would refuse it as your policy file (--policy, "
+                  f"./smartlaunch.yaml): it {parsed.user_refusal}")
         return 0
     policy = load_policy(args.policy)
     files = [label.split(":", 1)[1] for label in policy.layers

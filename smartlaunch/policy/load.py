@@ -10,6 +10,11 @@ Layers, lowest first:
   cli        --nproc-per-node / --strategy (enforce.apply_request)
 The admin file's `enforce:` section is applied last and wins over user file, env and CLI.
 
+A user-layer file is read only when it is a regular file owned by the user or root that nobody
+else can write (user_file_problem), checked on the descriptor it is then read from; the files
+found without --policy are opened without following a link. The admin's enforce.launch.user_env
+limits the variables a user file's launch.env and launch.nccl may set (check_user_env).
+
 The admin file is refused when a non-root user could rewrite it (the file or its directory
 owned by a non-root uid, or group/world-writable): otherwise any user could relax the rules.
 Nothing in the environment names another admin file: callers (and tests) pass `admin_path`
@@ -20,7 +25,10 @@ took 39 s to parse (issue 13), and a real policy is a few hundred bytes.
 """
 from __future__ import annotations
 
+import errno
+import fnmatch
 import os
+import pwd
 import stat
 from collections.abc import Mapping
 from typing import Any
@@ -29,7 +37,6 @@ from smartlaunch.errors import PolicyError
 from smartlaunch.policy.api import Policy
 from smartlaunch.policy.rules import ENFORCE_MODES, SECTIONS, base_key, section_fields
 from smartlaunch.policy.schema import ParsedFile, parse_text
-from smartlaunch.store import read_capped
 
 ADMIN_POLICY_PATH = "/etc/smartlaunch/policy.yaml"
 USER_POLICY_CWD = "smartlaunch.yaml"
@@ -44,29 +51,102 @@ ROOT_ONLY = frozenset({0})
 MAX_POLICY_BYTES = 1 << 20      # 1 MiB; the shipped policies are under 4 KiB
 
 
-def read_policy_file(path: str, *, allow_enforce: bool) -> ParsedFile:
+def _open_policy(path: str, *, follow: bool) -> int:
+    """The file opened read-only without blocking (a FIFO at the path must not hang us) and,
+    unless `follow`, without following a symbolic link at its last component."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        data = read_capped(path, MAX_POLICY_BYTES)
-        if data is None:
-            raise PolicyError(f"policy file {path} is larger than {MAX_POLICY_BYTES >> 20} MiB "
-                              f"(the limit for policy files); name the right file or shorten it")
-        text = data.decode("utf-8")
+        return os.open(path, flags)
     except FileNotFoundError:
         raise PolicyError(f"policy file {path} not found; check the path") from None
-    except IsADirectoryError:
-        raise PolicyError(f"policy file {path} is a directory; name a .yaml file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow and os.path.islink(path):
+            raise PolicyError(
+                f"policy file {path} is a symbolic link: smartlaunch follows no link to the policy "
+                f"file it finds on its own, because another user could plant one; refusing it. "
+                f"Fix: replace the link with the file it points to, or pass --policy "
+                f"{os.path.realpath(path)}") from None
+        raise PolicyError(f"cannot read policy file {path}: {exc.strerror}; check its "
+                          "permissions") from None
+
+
+def _kind_of(st: os.stat_result) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(st.st_mode):
+            return name
+    return "not a regular file"
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def user_file_problem(path: str, st: os.stat_result) -> str | None:
+    """Why a user-layer policy file (`--policy`, ./smartlaunch.yaml, ~/.config/...) must not be
+    read, as the end of one line, or None. Its launch.env reaches every worker, so whoever
+    could write it could run code as the user: the file must be owned by the user or root and
+    writable by nobody else (git's safe.directory, for one file)."""
+    me = os.geteuid()
+    why = None
+    if st.st_uid not in (me, 0):
+        why = (f"is owned by uid {st.st_uid} ({_user_name(st.st_uid)}), not by you: another "
+               f"user could make smartlaunch run code as you; refusing it. Fix: delete it, or "
+               f"copy it to a file you own and pass --policy")
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        fix = f"chmod go-w {path}" if st.st_uid == me else \
+            "copy it to a file you own (not group/world-writable) and pass --policy"
+        why = (f"is group/world-writable (mode {stat.S_IMODE(st.st_mode):04o}): another user "
+               f"could make smartlaunch run code as you; refusing it. Fix: {fix}")
+    return why
+
+
+def read_policy_file(path: str, *, allow_enforce: bool, user_layer: bool = False,
+                     follow: bool = True) -> ParsedFile:
+    """One policy file, validated. Opened once, checked on that descriptor (a regular file;
+    for `user_layer`, also user_file_problem) and read from it, so what is checked is what is
+    read. `follow`: False for the files found without being named (a link is refused).
+    PolicyError (one line) for every refusal; `ParsedFile.user_refusal` says why the file
+    would be refused as a user policy when read otherwise (`policy check FILE`)."""
+    what = "policy file"
+    fd = _open_policy(path, follow=follow)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise PolicyError(f"{what} {path} is a directory; name a .yaml file")
+        if not stat.S_ISREG(st.st_mode):
+            raise PolicyError(f"{what} {path} is {_kind_of(st)}, not a regular file; refusing "
+                              f"it. Fix: name a .yaml file")
+        refusal = user_file_problem(path, st)
+        if user_layer and refusal:
+            raise PolicyError(f"{what} {path} {refusal}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise PolicyError(f"cannot read {what} {path}: {exc.strerror}; check its "
+                          "permissions") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{what} {path} is larger than {MAX_POLICY_BYTES >> 20} MiB "
+                          f"(the limit for policy files); name the right file or shorten it")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
                           "save it as UTF-8") from None
-    except OSError as exc:
-        raise PolicyError(f"cannot read policy file {path}: {exc.strerror}; check its "
-                          "permissions") from None
-    return parse_text(text, path, allow_enforce=allow_enforce)
+    parsed = parse_text(text, path, allow_enforce=allow_enforce)
+    parsed.user_refusal = refusal
+    return parsed
 
 
 def validate_file(path: str) -> ParsedFile:
     """`policy check FILE`: the file on its own; an enforce: section is accepted (it may be an
-    admin policy about to be installed)."""
+    admin policy about to be installed). Any owner is read (it is only validated); its
+    `user_refusal` says whether a launch would refuse it as a user policy."""
     return read_policy_file(path, allow_enforce=True)
 
 
@@ -109,7 +189,12 @@ def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
 
 
 def user_policy_path(user_path: str | None, environ: Mapping[str, str],
-                     cwd: str) -> str | None:
+                     cwd: str) -> tuple[str, bool] | None:
+    """(the user layer's file, whether a symbolic link there may be followed), or None.
+    --policy PATH is named by the user: a link is followed and the file it reaches checked.
+    ./smartlaunch.yaml and ~/.config/smartlaunch/policy.yaml are found, not named: whatever is
+    there (a link, a FIFO, a directory included) is the user layer, which read_policy_file
+    then refuses unless it is a regular file: a plant is said, never silently skipped."""
     if user_path is not None:
         user_path = os.path.join(cwd, os.path.expanduser(user_path))   # absolute stays as is
         if os.path.isdir(user_path):
@@ -118,11 +203,11 @@ def user_policy_path(user_path: str | None, environ: Mapping[str, str],
         if not os.path.isfile(user_path):
             raise PolicyError(f"policy file {user_path} (--policy) not found; check the path or "
                               "drop --policy")
-        return user_path
+        return user_path, True
     home = environ.get("HOME") or os.path.expanduser("~")
     for candidate in (os.path.join(cwd, USER_POLICY_CWD), os.path.join(home, USER_POLICY_HOME)):
-        if os.path.isfile(candidate):
-            return candidate
+        if os.path.lexists(candidate):
+            return candidate, False
     return None
 
 
@@ -220,6 +305,33 @@ def _check_consistent(values: dict[str, Any], sources: dict[str, str]) -> None:
             f"{', '.join(allowed)}")
 
 
+USER_ENV_KEY = "launch.user_env"
+
+
+def check_user_env(parsed: ParsedFile, enforce: Mapping[str, Any] | None,
+                   admin_label: str | None) -> None:
+    """PolicyError naming the first variable (in file order) that a user-layer file's
+    launch.env or launch.nccl sets and the admin's enforce.launch.user_env patterns do not
+    allow; nothing when the admin sets no such rule (the built-in: any variable)."""
+    patterns = (enforce or {}).get(USER_ENV_KEY)
+    if patterns is None:
+        return
+    found = []      # (line, dotted name, variable), in file order
+    for key, value in parsed.values.items():
+        if key.startswith("launch.env."):
+            found.append((parsed.lines.get(key, 0), key, key.split(".", 2)[2]))
+        elif key.startswith("launch.nccl."):
+            found += [(parsed.lines.get(f"{key}.{var}", 0), f"{key}.{var}", var)
+                      for var in value]
+    for line, shown, var in sorted(found, key=lambda f: f[0]):
+        if not any(fnmatch.fnmatchcase(var, p) for p in patterns):
+            allowed = ", ".join(patterns) or "no variable"
+            raise PolicyError(
+                f"{parsed.path}:{line}: {shown}: users' policy files may set only {allowed} for "
+                f"the workers (the admin rule enforce.{USER_ENV_KEY}={_fmt(tuple(patterns))} in "
+                f"{admin_label}); remove {var} from {parsed.path}")
+
+
 def _env_layer(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
     # One layer per variable so each key's source names the variable that set it.
     return [(f"env:{var}", {key: environ[var]}) for var, key in ENV_VARS.items()
@@ -243,10 +355,14 @@ def load_policy(user_path: str | None = None, *, environ: Mapping[str, str] | No
         admin = read_policy_file(admin_path, allow_enforce=True)
         layers.append((f"admin:{admin_path}", admin.values))
         enforce = admin.enforce
-    user = user_policy_path(user_path, environ, cwd)
-    if user is not None and not (admin_path and os.path.exists(admin_path)
-                                 and os.path.samefile(user, admin_path)):
-        layers.append((f"user:{user}", read_policy_file(user, allow_enforce=False).values))
+    found = user_policy_path(user_path, environ, cwd)
+    if found is not None and not (admin_path and os.path.exists(admin_path)
+                                  and os.path.exists(found[0])
+                                  and os.path.samefile(found[0], admin_path)):
+        user, follow = found
+        parsed = read_policy_file(user, allow_enforce=False, user_layer=True, follow=follow)
+        check_user_env(parsed, enforce, admin_path)
+        layers.append((f"user:{user}", parsed.values))
     layers += _env_layer(environ)
     values, sources, enforced, notes = merge(layers, enforce, admin_path)
     _check_consistent(values, sources)

@@ -99,6 +99,16 @@ ENFORCE_MODES: dict[str, str] = {
     "jobs.wait_timeout_s": "max",
 }
 
+# Keys only the admin's `enforce:` section may hold: rules about what users' policy files may
+# do, with no value of their own in the effective policy (Policy.enforced holds them). Absent:
+# no limit. key -> what the key holds, for messages and `policy show`.
+#   launch.user_env: shell-style patterns (fnmatch, case-sensitive) of the variables a user
+#   layer's launch.env and launch.nccl tables may set for the workers.
+ENFORCE_ONLY: dict[str, str] = {
+    "launch.user_env": "the variables users' policy files may set in launch.env and "
+                       "launch.nccl",
+}
+
 KIND_NAMES = {
     "float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
     "optint": "an integer or null", "optfloat": "a number or null",

@@ -19,7 +19,7 @@ import yaml
 
 from smartlaunch.errors import PolicyError
 from smartlaunch.policy.rules import (
-    KIND_NAMES, CHOICES, RANGES, SECTIONS, field_default, section_fields,
+    CHOICES, ENFORCE_ONLY, KIND_NAMES, RANGES, SECTIONS, field_default, section_fields,
 )
 from smartlaunch.vocab import FAMILY_P2P_LEVEL, LINK_FAMILIES, P2P_FAMILIES, P2P_LEVELS, p2p_level
 
@@ -28,16 +28,22 @@ from smartlaunch.vocab import FAMILY_P2P_LEVEL, LINK_FAMILIES, P2P_FAMILIES, P2P
 # host bridge without P2P): the lowest level each family needs.
 P2P_FAMILY_LEVEL = {f: P2P_LEVELS.index(FAMILY_P2P_LEVEL[f]) for f in P2P_FAMILIES}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!]+\Z")     # ENV_NAME with fnmatch's * ? [...]
 
 
 @dataclass
 class ParsedFile:
-    """One validated policy file, flattened to dotted keys (see Policy.sources for the shape)."""
+    """One validated policy file, flattened to dotted keys (see Policy.sources for the shape).
+    `lines`: the line of each key, and of each variable of launch.env and the NCCL tables
+    ("launch.nccl.PHB.NCCL_ALGO")."""
     path: str
     values: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
     enforce: dict[str, Any] = field(default_factory=dict)
     enforce_lines: dict[str, int] = field(default_factory=dict)
+    # Why a launch would refuse this file as the user's policy (owner, mode), or None; set by
+    # load.read_policy_file for `policy check FILE`, which reads any file.
+    user_refusal: str | None = None
 
 
 class PolicyProblems(PolicyError):
@@ -171,9 +177,20 @@ class _Walker:
     def field(self, section: str, fields: dict, name: str, fknode: yaml.Node, vnode: yaml.Node,
               prefix: str, values: dict, lines: dict) -> None:
         shown = f"{prefix}.{section}" if prefix else section
-        if name not in fields:
-            raise self.unknown(fknode, f"{shown}.{name}", name, fields)
         dotted = f"{section}.{name}"
+        if dotted in ENFORCE_ONLY:
+            if prefix != "enforce":
+                fix = "move it under enforce:" if self.allow_enforce else \
+                    "remove it (ask your administrator to change the rule)"
+                raise self.error(fknode, f"{shown}.{name}", f"holds {ENFORCE_ONLY[dotted]}: "
+                                 f"only the admin policy's enforce: section may set it; {fix}")
+            values[dotted] = self.patterns(vnode, f"{shown}.{name}")
+            lines[dotted] = _line(fknode)
+            return
+        if name not in fields:
+            valid = [*fields, *(k.split(".")[1] for k in ENFORCE_ONLY
+                                if prefix == "enforce" and k.startswith(f"{section}."))]
+            raise self.unknown(fknode, f"{shown}.{name}", name, valid)
         label = f"{prefix}.{dotted}" if prefix else dotted
         kind = fields[name]
         if kind == "nccl":
@@ -183,21 +200,24 @@ class _Walker:
                     if fam not in LINK_FAMILIES:
                         raise self.unknown(fam_knode, f"{label}.{fam}", fam, LINK_FAMILIES,
                                            "link family", "link families")
-                    values[f"{dotted}.{fam}"] = self.env_vars(fam_node, f"{label}.{fam}", fam)
+                    values[f"{dotted}.{fam}"] = self.env_vars(fam_node, f"{label}.{fam}", fam,
+                                                              lines, f"{dotted}.{fam}")
                     lines[f"{dotted}.{fam}"] = _line(fam_knode)
         elif kind == "env":
-            for var, value in self.env_vars(vnode, label, None).items():
+            for var, value in self.env_vars(vnode, label, None, lines, dotted).items():
                 values[f"{dotted}.{var}"] = value
-                lines[f"{dotted}.{var}"] = _line(vnode)
         else:
             values[dotted] = self.scalar(kind, vnode, label, dotted)
             lines[dotted] = _line(fknode)
 
-    def env_vars(self, node: yaml.Node, label: str, family: str | None) -> dict[str, str]:
+    def env_vars(self, node: yaml.Node, label: str, family: str | None, lines: dict,
+                 dotted: str) -> dict[str, str]:
+        """{variable: value}; each variable's line goes to lines[f"{dotted}.{variable}"]."""
         out: dict[str, str] = {}
         for var, knode, vnode in self.items(node, label, "a mapping of variables to values"):
             with self.noting():
                 self.env_var(var, knode, vnode, label, family, out)
+                lines[f"{dotted}.{var}"] = _line(knode)
         return out
 
     def env_var(self, var: str, knode: yaml.Node, vnode: yaml.Node, label: str,
@@ -308,6 +328,27 @@ class _Walker:
                 out.append(v)
         return tuple(out)
 
+
+    def patterns(self, node: yaml.Node, label: str) -> tuple[str, ...]:
+        """A list of distinct variable-name patterns (an empty list allows none)."""
+        if not isinstance(node, yaml.SequenceNode):
+            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
+                _describe(self.construct(node))
+            raise self.error(node, label, f"expected a list of variable names or patterns such "
+                             f"as [\"NCCL_*\", OMP_NUM_THREADS], got {got}")
+        out: list[str] = []
+        for i, item in enumerate(node.value):
+            with self.noting():
+                v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
+                if not isinstance(v, str) or not ENV_PATTERN.match(v):
+                    raise self.error(item, f"{label}[{i}]", f"{_describe(v)} is not a variable "
+                                     "name or pattern; use letters, digits, _ and the "
+                                     "wildcards * ? [...], quoted (\"NCCL_*\")")
+                if v in out:
+                    raise self.error(item, f"{label}[{i}]", f"{v!r} is listed twice; remove the "
+                                     "repeat")
+                out.append(v)
+        return tuple(out)
 
     def int_list(self, node: yaml.Node, label: str, dotted: str) -> tuple[int, ...]:
         """A list of distinct integers in the key's range, smallest first."""

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from smartlaunch.policy.api import Policy
-from smartlaunch.policy.rules import SECTIONS, section_fields
+from smartlaunch.policy.rules import ENFORCE_ONLY, SECTIONS, section_fields
 
 
 def yaml_scalar(v: Any) -> str:
@@ -65,4 +65,17 @@ def render(policy: Policy) -> str:
                           for var, v in value.items()]
             else:
                 lines.append(f"  {name}: {yaml_scalar(value)}{_comment(policy, key)}")
+        lines += [_enforce_only(policy, key) for key in ENFORCE_ONLY
+                  if key.startswith(f"{section}.")]
     return "\n".join(lines) + "\n"
+
+
+def _enforce_only(policy: Policy, key: str) -> str:
+    """An enforce-only rule, as a comment: it has no place outside the admin's enforce:, and
+    the output stays a policy file any layer accepts."""
+    name = key.split(".", 1)[1]
+    if key not in policy.enforced:
+        return (f"  # {name}: any (built-in; only an admin's enforce: section limits "
+                f"{ENFORCE_ONLY[key]})")
+    return (f"  # {name}: {yaml_scalar(policy.enforced[key])}  # {policy.source_of(key)}: "
+            f"{ENFORCE_ONLY[key]}")
