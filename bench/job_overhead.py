@@ -71,14 +71,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="toy sizes (CPU smoke test)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--toggle-windows", type=int, default=0,
+                   help="instead of rounds: one `smartlaunch --strategy ddp` job per script "
+                        "whose timed steps alternate in this many windows between the worker "
+                        "hook's per-step hooks on and off (the harness's --toggle-windows)")
     p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
     return p.parse_args(argv)
 
 
 def argv_of(kind: str, script: str, args) -> list[str]:
     path, extra, steps = SCRIPTS[script]
+    timing = (["--toggle-windows", str(args.toggle_windows)] if args.toggle_windows
+              else ["--chunks", "4"])
     tail = [str(REPO / path), *extra, "--warmup", "20", "--steps", str(args.steps or steps),
-            "--chunks", "4", *(["--tiny"] if args.tiny else [])]
+            *timing, *(["--tiny"] if args.tiny else [])]
     n = ["--nproc-per-node", str(args.nproc)]
     if kind == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
@@ -113,6 +119,12 @@ def run_one(kind: str, script: str, condition: str, args) -> dict:
     m = re.search(r"chunks: step_ms=([\d.,]+)", out)
     if m:
         rec["chunks_ms"] = [float(x) for x in m[1].split(",")]
+    m = re.search(r"windows: hooks=(\w+) on_ms=([\d.,]+) off_ms=([\d.,]+)", out)
+    if m:
+        rec["ok"] = rc == 0
+        rec["hooks"] = m[1] == "yes"
+        rec["on_ms"] = [float(x) for x in m[2].split(",")]
+        rec["off_ms"] = [float(x) for x in m[3].split(",")]
     if summary and tp:
         rec["summary_vs_timer"] = summary_agreement(summary[1], tp)
     if not rec["ok"]:
@@ -166,6 +178,33 @@ def rows_of(records: list[dict]) -> list[dict]:
     return rows
 
 
+def toggle_rows(records: list[dict]) -> list[dict]:
+    """Per job: throughput with the hooks on ÷ off, window pair by window pair."""
+    rows = []
+    for r in records:
+        if not r.get("on_ms"):
+            continue
+        pairs = list(zip(r["on_ms"], r["off_ms"]))
+        rows.append({"condition": r["condition"], "script": r["script"], "hooks": r["hooks"],
+                     "pairs": len(pairs), "ratio": interval([off / on for on, off in pairs]),
+                     "step_ms": statistics.median(r["off_ms"])})
+    return rows
+
+
+def toggle_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"# The worker hook's per-step cost, in one job: hooks on ÷ off, {meta['nproc']} ranks",
+           "", f"{meta['when']}, {meta['host']}, {meta['gpus']}; `smartlaunch --strategy ddp`, "
+           "windows alternating between the hooks on and off (bench/suite/_harness.py "
+           "--toggle-windows)", "",
+           "| condition | script | hooks found | window pairs | step ms (off) | throughput on ÷ off "
+           "| 95% interval |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g, lo, hi = r["ratio"]
+        out.append(f"| {r['condition']} | {r['script']} | {'yes' if r['hooks'] else 'NO'} | "
+                   f"{r['pairs']} | {r['step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} |")
+    return "\n".join(out) + "\n"
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     out = [f"# Job overhead: smartlaunch ÷ torchrun, {meta['nproc']} ranks", "",
            f"{meta['when']}, {meta['host']}, {meta['gpus']}; {meta['rounds_done']} rounds "
@@ -211,6 +250,18 @@ def main(argv=None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "records": records},
                                                            indent=1))
+    if args.toggle_windows:
+        for cond in args.conditions:
+            for script in args.scripts:
+                rec = run_one("sl-ddp", script, cond, args)
+                records.append(rec)
+                print(f"toggle {cond} {script}: rc {rec['rc']}", file=sys.stderr, flush=True)
+                save()
+        md = toggle_markdown(toggle_rows(records), meta)
+        print(md)
+        if args.out:
+            Path(f"{args.out}.md").write_text(md)
+        return 0 if toggle_rows(records) else 1
     if "sl-auto" in args.kinds:          # the decided launch is measured warm: decide once first
         for cond in args.conditions:
             for script in args.scripts:

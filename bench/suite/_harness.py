@@ -47,6 +47,10 @@ def parser(description: str, *, batch: int, steps: int, warmup: int) -> argparse
     p.add_argument("--amp", choices=("bf16", "off"), default=None,
                    help="autocast dtype on CUDA (default: the script's own choice)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--toggle-windows", type=int, default=0,
+                   help="split the timed steps into this many windows, smartlaunch's worker "
+                        "hooks on in the even ones and off in the odd ones (bench/diag/"
+                        "hook_toggle.py); prints each window's mean step time")
     p.add_argument("--chunks", type=int, default=0,
                    help="also print the timed window's mean step time in this many equal parts "
                         "(device events at the parts' ends only, no sync inside the window): a "
@@ -121,6 +125,10 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
     sync()
     if ctx.world > 1:
         dist.barrier()      # ranks start the clock together; outside the timed region
+    windows = getattr(args, "toggle_windows", 0)
+    if windows:
+        toggled_windows(ctx, args, step, sync, windows)
+        args.steps = 0          # no throughput line: the windows are the measurement
     ends = chunk_ends(args.steps, getattr(args, "chunks", 0))
     marks = [mark(ctx)] if ends else []
     t0 = time.perf_counter()
@@ -151,6 +159,62 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+
+
+def toggled_windows(ctx: Ctx, args, step, sync, windows: int) -> None:
+    """The timed steps in `windows` windows, smartlaunch's per-step hooks on in the even ones,
+    off in the odd ones; rank 0 prints `windows: on_ms=... off_ms=...` (mean step time of each
+    window, host clock between device syncs at the window ends, the same in both states)."""
+    per = max(1, args.steps // windows)
+    on, off = [], []
+    at = args.warmup
+    for w in range(windows):
+        hooked = w % 2 == 0
+        smartlaunch_hooks(hooked)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(per):
+            step(at)
+            at += 1
+        sync()
+        (on if hooked else off).append((time.perf_counter() - t0) / per * 1e3)
+    smartlaunch_hooks(True)
+    if ctx.rank == 0:
+        print(f"windows: hooks={'yes' if _HOOKS['found'] else 'none'} on_ms="
+              + ",".join(f"{x:.4f}" for x in on) + " off_ms=" + ",".join(f"{x:.4f}" for x in off),
+              flush=True)
+
+
+_HOOKS: dict = {"found": False, "post": {}, "params": []}
+
+
+def smartlaunch_hooks(on: bool) -> None:
+    """Remove (on=False) or put back everything smartlaunch's worker hook adds to a step: the
+    optimizer step hooks (step counter, work timer) and the work timer's gradient hooks. Not
+    under smartlaunch: nothing to do."""
+    import sys
+    if "smartlaunch.launch.worktime" not in sys.modules:
+        return
+    import torch.optim.optimizer as oo
+    from smartlaunch.launch.worktime import WorkTimer
+    hooks = {**oo._global_optimizer_post_hooks, **_HOOKS["post"]}.values()
+    timer = next((h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), WorkTimer)),
+                 None)
+    _HOOKS["found"] = bool(hooks)
+    if not on and not _HOOKS["post"]:
+        _HOOKS["post"] = dict(oo._global_optimizer_post_hooks)
+        oo._global_optimizer_post_hooks.clear()
+        if timer is not None:
+            _HOOKS["params"] = [timer._params[pid] for pid in timer._handles]
+            for h in timer._handles.values():
+                h.remove()
+            timer._handles.clear()
+    elif on and _HOOKS["post"]:
+        oo._global_optimizer_post_hooks.update(_HOOKS["post"])
+        _HOOKS["post"] = {}
+        if timer is not None:
+            for p in _HOOKS["params"]:
+                timer._handles[id(p)] = p.register_post_accumulate_grad_hook(timer._on_grad)
 
 
 def chunk_ends(steps: int, chunks: int) -> list[int]:

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# bench/job_overhead.py on a lent GPU machine, one phase per device call (each well under the
+# 10-minute limit); results under $OUT, one tar.
+#   PHASE=toggle  bash bench/diag/job_overhead_gpu.sh   # the hooks on/off in one job, 2 and 4 ranks
+#   PHASE=rounds  BUDGET=420 NPROC=2 CONDS="host nvlink" bash bench/diag/job_overhead_gpu.sh
+set -u
+: "${OUT:?OUT must name the output folder}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "install failed"
+PATH="$(dirname "$(command -v python3)"):$PATH"
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpus.txt"
+ngpu=$(nvidia-smi -L | wc -l)
+res="$OUT/res"; mkdir -p "$res"
+case "${PHASE:-toggle}" in
+toggle)
+    for n in 2 4; do
+        [ "$n" -le "$ngpu" ] || continue
+        python3 bench/job_overhead.py --nproc "$n" --conditions host nvlink \
+            --toggle-windows "${WINDOWS:-40}" --steps "${STEPS:-4000}" \
+            --out "$res/toggle-${n}gpu" 2>>"$res/toggle.log" | tail -12
+    done ;;
+rounds)
+    python3 bench/job_overhead.py --nproc "${NPROC:-2}" --conditions ${CONDS:-host} \
+        --kinds ${KINDS:-torchrun sl-ddp sl-auto} --rounds "${ROUNDS:-20}" \
+        --budget-s "${BUDGET:-420}" --steps "${STEPS:-600}" \
+        --out "$res/rounds-${NPROC:-2}gpu-${TAG:-a}" 2>>"$res/rounds.log" | tail -20 ;;
+esac
+tar -C "$OUT" -czf "$OUT/job-overhead-${PHASE:-toggle}.tar.gz" res && rm -rf "$res"
