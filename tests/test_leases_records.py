@@ -287,3 +287,17 @@ def test_a_lease_released_after_its_manager_closed_leaves_no_record(clean_env):
     assert len(os.listdir(d)) == 1
     lease.release()
     assert os.listdir(d) == [] and mgr._dfd == -1
+
+
+def test_past_twenty_bad_records_one_line_says_the_rest_go_unnamed(clean_env):
+    topo = fake_topology(1)
+    d = os.environ["SMARTLAUNCH_LEASE_DIR"]
+    said: list[str] = []
+    mgr = LeaseManager(d, say=said.append)
+    for i in range(30):
+        with open(os.path.join(d, f"gpu-{topo.gpu(0).uuid}.1.{i:x}.holder"), "w") as f:
+            f.write("junk")
+    assert mgr.taken(topo) == set() and mgr.taken(topo) == set()
+    assert len(said) == 21 and all("it is not JSON" in x for x in said[:20])
+    assert said[20] == (f"ignoring more lease records in {d} that do not parse, without naming "
+                        f"them (`ls -la {d}` lists them)")

@@ -12,7 +12,7 @@ as long as the lease lasts, so:
   (hidepid). An OFD lock, unlike a POSIX one, survives its process opening and closing the same
   file elsewhere; a child forked without exec keeps it (the lease then lasts until both end).
 - a record appears already locked: it is written and locked under a name the listing ignores
-  (`.<prefix>.<pid>.<random>.new`), then renamed into place. Giving it back is unlink, then
+  (`.<prefix>.<pid>.<random>.new`), then renamed to its own unpredictable name. Giving it back is unlink, then
   close: no moment shows an unlocked record of a live lease.
 
 A record that is not live is stale: it claims nothing, and whoever may delete it does.
@@ -65,8 +65,10 @@ def publish(dfd: int, prefix: str, kind: str, rec: dict) -> Published:
     """Create `<prefix>.<pid>.<random>.<kind>` in the directory `dfd` holding `rec` as JSON,
     mode 0644 whatever the umask, write-locked before it is visible. Leaves nothing behind on
     failure. Raises OSError (LockingUnsupported when the filesystem has no fcntl locks)."""
-    token = f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}"
-    temp, name = f".{token}{TEMP_SUFFIX}", f"{token}.{kind}"
+    # Two tokens: the temporary name is listed for all to see, the final one must not follow
+    # from it (another user could create it first, and rename would then fail).
+    temp = f".{prefix}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    name = f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}.{kind}"
     # 0600 until locked: nobody else can open it for a lock of theirs before ours
     fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dfd)

@@ -60,10 +60,13 @@ _BACKOFF_S = 0.002              # first backoff after a conflict; doubles with e
 _HOLDER = re.compile(r"gpu-(?P<gpu>[A-Za-z0-9._-]+)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.holder")
 _WAITER = re.compile(r"queue\.(?P<pid>[0-9]+)\.[0-9a-f]+\.waiter")
 
-# Records already named in this process, (directory, name): a launch opens the directory more
-# than once (the probe, then the launch) and says each bad record once, as `warnings` would.
-_named: set[tuple[str, str]] = set()
+# Records already named in this process, by directory: a launch opens the directory more than
+# once (the probe, then the launch) and says each bad record once, as `warnings` would. Past
+# _NAMED_MAX in one directory one line says the rest go unnamed: a thousand files planted
+# there must not make a thousand lines.
+_named: dict[str, set[str]] = {}
 _named_lock = threading.Lock()
+_NAMED_MAX = 20
 
 
 def _safe_name(uuid: str) -> str:
@@ -76,6 +79,12 @@ def _fits(h: Holder, m: re.Match) -> bool:
     where = _safe_name(h.gpu_uuid) == m["gpu"] if "gpu" in m.re.groupindex \
         else h.gpu_uuid.startswith("queue:")
     return where and h.pid == int(m["pid"])
+
+
+def _in_use(gpu) -> str:
+    users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
+                    for p in gpu.processes if not p.ours})
+    return "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
 
 
 def _say(line: str) -> None:
@@ -159,11 +168,16 @@ class LeaseManager:
         return out
 
     def _name_once(self, rec: Record) -> None:
-        key = (self.lease_dir, rec.name)
         with _named_lock:
-            if key in _named:
+            seen = _named.setdefault(self.lease_dir, set())
+            if rec.name in seen or len(seen) > _NAMED_MAX:
                 return
-            _named.add(key)
+            seen.add(rec.name)
+            more = len(seen) > _NAMED_MAX
+        if more:
+            self._say(f"ignoring more lease records in {self.lease_dir} that do not parse, "
+                      f"without naming them (`ls -la {self.lease_dir}` lists them)")
+            return
         owner = "owner unknown" if rec.owner is None else f"owner uid {rec.owner}"
         self._say(f"ignoring lease record {rec.name} in {self.lease_dir} ({owner}): "
                   f"{rec.problem}; it leases nothing")
@@ -224,9 +238,7 @@ class LeaseManager:
         `describe`). Claim, then check: our record first, then the GPU's other records."""
         gpu = topology.gpu(index)
         if gpu.busy:
-            users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
-                            for p in gpu.processes if not p.ours})
-            return None, "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
+            return None, _in_use(gpu)
         blocking: list[Holder] = []
         for attempt in range(_CLAIM_TRIES):
             blocking = self._blocking(gpu.uuid)
@@ -251,7 +263,7 @@ class LeaseManager:
         for i in (candidates if candidates is not None else [g.index for g in topology.gpus]):
             gpu = topology.gpu(i)
             if gpu.busy:
-                out[i] = self._try_gpu(topology, i)[1]
+                out[i] = _in_use(gpu)
                 continue
             blocking = self._blocking(gpu.uuid)
             if blocking:
@@ -272,16 +284,19 @@ class LeaseManager:
         if self.share:
             order.sort(key=lambda i: len(self.holders(topology.gpu(i).uuid, prune=False)))
         got, why = [], {}
-        for i in order:
-            held, reason = self._try_gpu(topology, i, describe)
-            if held is None:
-                why[i] = reason
-                continue
-            got.append(held)
-            if len(got) == count:
-                return Lease(self, got), {}
-        for h in got:
-            self._release(h)
+        try:
+            for i in order:
+                held, reason = self._try_gpu(topology, i, describe)
+                if held is None:
+                    why[i] = reason
+                    continue
+                got.append(held)
+                if len(got) == count:
+                    lease, got = Lease(self, got), []
+                    return lease, {}
+        finally:        # a partial set, or a record we could not write: give back what we got
+            for h in got:
+                self._release(h)
         return None, why
     def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
                 timeout_s: float, status: Callable[[str], None] | None = None,
