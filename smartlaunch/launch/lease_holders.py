@@ -9,6 +9,7 @@ never trusts the text for who wrote it: the user named is the file's owner.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -69,7 +70,7 @@ def parse_record(data: bytes, *, owner: int, record: str = "") -> Holder:
         value = rec.get(key)
         if value is None and key != "gpu_uuid":
             continue
-        if not isinstance(value, str) or not value or len(value) > _TEXT_MAX or not value.isprintable():
+        if not (isinstance(value, str) and 0 < len(value) <= _TEXT_MAX and value.isprintable()):
             raise RecordError(f"field {key} is not a printable string of at most {_TEXT_MAX} "
                               "characters" + ("" if key == "gpu_uuid" else " or null"))
     shared = rec.get("shared", False)
@@ -90,6 +91,7 @@ def _is_number(v) -> bool:
             and math.isfinite(v) and v >= 0)
 
 
+@functools.lru_cache(maxsize=256)      # a waiting launch reads the records every poll
 def user_name(uid: int) -> str:
     """The account name of `uid`, or `uid N` when it has none."""
     try:

@@ -12,8 +12,8 @@ as long as the lease lasts, so:
   (hidepid). An OFD lock, unlike a POSIX one, survives its process opening and closing the same
   file elsewhere; a child forked without exec keeps it (the lease then lasts until both end).
 - a record appears already locked: it is written and locked under a name the listing ignores
-  (`.<prefix>.<pid>.<random>.new`), then renamed to its own unpredictable name. Giving it back is unlink, then
-  close: no moment shows an unlocked record of a live lease.
+  (`.<prefix>.<pid>.<random>.new`), then renamed to its own unpredictable name. Giving it
+  back is unlink, then close: no moment shows an unlocked record of a live lease.
 
 A record that is not live is stale: it claims nothing, and whoever may delete it does.
 """
@@ -64,7 +64,8 @@ class LockingUnsupported(OSError):
 def publish(dfd: int, prefix: str, kind: str, rec: dict) -> Published:
     """Create `<prefix>.<pid>.<random>.<kind>` in the directory `dfd` holding `rec` as JSON,
     mode 0644 whatever the umask, write-locked before it is visible. Leaves nothing behind on
-    failure. Raises OSError (LockingUnsupported when the filesystem has no fcntl locks)."""
+    failure (a SIGKILL between create and rename leaves its 0600 `.new` file, which nothing
+    reads). Raises OSError (LockingUnsupported when the filesystem has no fcntl locks)."""
     # Two tokens: the temporary name is listed for all to see, the final one must not follow
     # from it (another user could create it first, and rename would then fail).
     temp = f".{prefix}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
