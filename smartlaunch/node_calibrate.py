@@ -47,7 +47,7 @@ def calibrate(args) -> int:
     topo = discover(environ)
     policy = load_policy(args.policy, environ=environ)
     gpus = _gpus(args, [g.index for g in topo.gpus])
-    with LeaseManager.from_policy(policy) as leases:
+    with LeaseManager.from_policy(policy, say=_say) as leases:
         lease = leases.acquire(topo, gpus, 2, wait=not args.no_wait,
                                timeout_s=policy.jobs.wait_timeout_s, status=_say)
         with lease:

@@ -114,7 +114,7 @@ def _decide_here(request, policy, topology, environ, status, cores, session, clo
     # Fails an impossible request in milliseconds, before the lease directory is touched or
     # anything is measured; plans for a wait when another launch leases every usable GPU.
     first = probe(request, topology, policy, units=REGISTRY, environ=environ,
-                  leased=lambda: frozenset(_leased_elsewhere(topology, policy)))
+                  leased=lambda: frozenset(_leased_elsewhere(topology, policy, status.line)))
     clock.lap("leases")
     early = _start_early(request, policy, topology, environ, first, cores, session)
     if not request.explain:
@@ -333,11 +333,11 @@ class _Clock:
         return out
 
 
-def _leased_elsewhere(topology, policy) -> set[int]:
+def _leased_elsewhere(topology, policy, say) -> set[int]:
     if not topology.gpus:
         return set()
     from smartlaunch.launch.leases import LeaseManager
-    with LeaseManager.from_policy(policy) as leases:
+    with LeaseManager.from_policy(policy, say=say) as leases:
         return leases.taken(topology)
 
 

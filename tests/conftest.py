@@ -82,3 +82,16 @@ def cluster(tmp_path):
     yield make
     for c in made:
         c.close()
+
+
+@pytest.fixture
+def nobody_dir(clean_env):
+    """A directory other accounts can reach without a capability: access(2), which the lease
+    checks use, ignores capabilities for a non-root user, and pytest's tmp_path lies in a
+    0700 dir."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="smartlaunch-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

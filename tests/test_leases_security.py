@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers_jobs import LEASE_HOLDER, PY, fake_topology, python_env, wait_for, write_script, write_topology
+from helpers_jobs import PY, fake_topology, python_env, write_topology
+from helpers_nobody import AS_NOBODY, HOLD_UNTIL_STDIN, NOBODY, as_nobody, needs_nobody, shared_lease_dir
 from helpers_policy import as_admin_installed, needs_admin_install
 from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.launch.leases import LeaseDirError, LeaseManager, open_lease_dir
 
-NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 
 
@@ -125,36 +125,7 @@ def test_holder_record_names_are_unpredictable_and_not_followed(clean_env):
 
 
 # ---- a lease directory the user cannot write: advice that user can follow ----------------
-# Real commands as uid 65534. The capability lets that user read and search directories it
-# does not own (this python may live under root's 0700 home), never write, so every write
-# check below is the user's own.
-AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-             "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
-
-
-def _as_nobody_why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "running a command as another uid needs root"
-    probe = subprocess.run([*AS_NOBODY, PY, "-c", "import smartlaunch"], capture_output=True,
-                           text=True)
-    return None if probe.returncode == 0 else f"setpriv cannot run python as uid {NOBODY} " \
-        f"here: {probe.stderr.strip()[-200:]}"
-
-
-_WHY_NOT_NOBODY = _as_nobody_why_not()
-needs_nobody = pytest.mark.skipif(_WHY_NOT_NOBODY is not None, reason=_WHY_NOT_NOBODY or "")
-
-
-@pytest.fixture
-def nobody_dir(clean_env):
-    """A directory uid 65534 can reach without its capability: access(2), which the checks
-    use, ignores capabilities for a non-root user, and pytest's tmp_path lies in a 0700 dir."""
-    import shutil
-    import tempfile
-    d = Path(tempfile.mkdtemp(prefix="smartlaunch-test-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+# Real commands as uid 65534 (helpers_nobody).
 
 
 def _launch_as_nobody(d: Path, lease_owner: int, mode: int, wrap=lambda argv: argv):
@@ -232,18 +203,8 @@ def test_a_lease_dir_on_a_read_only_filesystem_is_not_a_chmod(clean_env):
         f"write, or ask your admin to set paths.lease_dir to a writable directory"], r.stderr
 
 
-# ---- files and locks made by another account, for real (uid 65534 through setpriv) -------
-def _as_nobody(code: str, *args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([*AS_NOBODY, PY, "-c", code, *args], env=python_env(), text=True,
-                            **popen)
-
-
-def _shared_lease_dir(clean_env) -> str:
-    """The test's lease dir as a shared one (1777, root's): where other users make files."""
-    lease_dir = os.environ["SMARTLAUNCH_LEASE_DIR"]
-    LeaseManager(lease_dir, private=False).close()
-    assert stat.S_IMODE(os.lstat(lease_dir).st_mode) == 0o1777
-    return lease_dir
+# ---- files made by another account, for real (uid 65534 through setpriv) ---------------
+# More in test_leases_strangers.py: records that do not parse, locks, hidepid.
 
 
 _PLANT = """
@@ -256,7 +217,7 @@ os.symlink(victim, os.path.join(d, f"gpu-{uuid}.lock.link"))
 os.link(lock, os.path.join(d, f"gpu-{uuid}.lock.hard"))
 boot = open("/proc/sys/kernel/random/boot_id").read().strip()
 import psutil
-for n, pid in (("init", 1), ("victim", me)):            # live processes of another account
+for n, pid in (("a1", 1), ("a2", me)):     # live processes, not its own, and no lock held
     rec = {"pid": pid, "create_time": psutil.Process(pid).create_time(), "boot_id": boot,
            "uid": os.geteuid(), "user": "nobody", "host": "h", "slurm_job_id": None, "time": 0,
            "gpu_uuid": uuid}
@@ -268,14 +229,15 @@ for n, pid in (("init", 1), ("victim", me)):            # live processes of anot
 @needs_nobody
 def test_files_planted_by_another_user_neither_block_nor_hijack(clean_env):
     """Another account pre-creates the old lock file (0600: we could not even open it), a
-    symlink and a hard link, and holder records naming live processes that are not its own.
-    None of it blocks the GPU, and nothing of theirs is opened for writing or changed."""
+    symlink and a hard link, and well-formed holder records naming live processes that are
+    not its own, with no lock held on them. None of it blocks the GPU, and nothing of theirs
+    is opened for writing or changed."""
     topo = fake_topology(1)
-    lease_dir = _shared_lease_dir(clean_env)
+    lease_dir = shared_lease_dir(os.environ["SMARTLAUNCH_LEASE_DIR"])
     victim = clean_env / "victim.txt"
     victim.write_text("precious")
-    p = _as_nobody(_PLANT, lease_dir, topo.gpu(0).uuid, str(victim), str(os.getpid()),
-                   stderr=subprocess.PIPE)
+    p = as_nobody(_PLANT, lease_dir, topo.gpu(0).uuid, str(victim), str(os.getpid()),
+                  stderr=subprocess.PIPE)
     assert p.wait(timeout=60) == 0, p.stderr.read()
     planted = {n: os.lstat(os.path.join(lease_dir, n)) for n in os.listdir(lease_dir)}
     assert len(planted) == 5 and all(st.st_uid == NOBODY for st in planted.values())
@@ -298,13 +260,10 @@ def test_files_planted_by_another_user_neither_block_nor_hijack(clean_env):
 @needs_nobody
 def test_another_users_live_lease_blocks_and_is_named(clean_env):
     topo = fake_topology(2)
-    lease_dir = _shared_lease_dir(clean_env)
+    lease_dir = shared_lease_dir(os.environ["SMARTLAUNCH_LEASE_DIR"])
     topo_path = write_topology(clean_env / "topo.json", topo)
     os.chmod(topo_path, 0o644)
-    code = LEASE_HOLDER.replace("open(ready, \"w\").write(\",\".join(map(str, lease.gpus)))",
-                                "print(','.join(map(str, lease.gpus)), flush=True)")
-    code = code.replace("time.sleep(300)", "sys.stdin.read()")
-    p = _as_nobody(code, topo_path, "-", "0", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    p = as_nobody(HOLD_UNTIL_STDIN, topo_path, "-", "0", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline().strip() == "0"
         mgr = LeaseManager(lease_dir)
@@ -317,30 +276,3 @@ def test_another_users_live_lease_blocks_and_is_named(clean_env):
         p.wait(timeout=30)
     with LeaseManager(lease_dir).acquire(topo, [0], 1, wait=False, timeout_s=0) as lease:
         assert lease.gpus == (0,)       # their holder ended: its record is stale
-
-
-_HOLD_DIR = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("locked", flush=True)
-sys.stdin.read()
-"""
-
-
-@needs_nobody
-def test_a_process_holding_the_directory_lock_is_named_and_only_delays(clean_env):
-    topo = fake_topology(1)
-    lease_dir = _shared_lease_dir(clean_env)
-    p = _as_nobody(_HOLD_DIR, lease_dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        assert p.stdout.readline().strip() == "locked"
-        mgr = LeaseManager(lease_dir)
-        with pytest.raises(NoFreeGPUError, match=rf"GPU 0 is waiting for the lease directory's "
-                                                 rf"lock, held by pid {p.pid} \(user nobody\)"):
-            mgr.acquire(topo, [0], 1, wait=False, timeout_s=0)
-    finally:
-        p.stdin.close()
-        p.wait(timeout=30)
-    with mgr.acquire(topo, [0], 1, wait=False, timeout_s=0) as lease:
-        assert lease.gpus == (0,)

@@ -133,7 +133,7 @@ class LaunchContext:
         """The lease directory, opened on first use; run_loop.run closes it."""
         if self._leases is None:
             from smartlaunch.launch.leases import LeaseManager
-            self._leases = LeaseManager.from_policy(self.policy)
+            self._leases = LeaseManager.from_policy(self.policy, say=self.say)
         return self._leases
 
     def hold(self, plan: Plan, count: int):

@@ -1,9 +1,11 @@
-"""The lease directory: where it is, and whether it is safe to trust (issue #8).
+"""The lease directory: where it is, and whether it is safe to trust.
 
 Shared directories are created 1777 (like /tmp), private ones 0700; a directory that is a
 symlink, group/world-writable without the sticky bit, or owned by another non-root user is
-refused. The directory is opened once with O_NOFOLLOW; callers keep the fd and work through
-it, so swapping the path for a symlink after the checks changes nothing.
+refused (LeaseDirError, with the command that fixes it). The directory is opened once with
+O_NOFOLLOW; callers keep the fd and work through it, so swapping the path for a symlink after
+the checks changes nothing. Nothing here locks anything: no lock is ever taken on the
+directory (another user could hold it); the records in it are lease_records.py's.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def lease_dir_enforced(policy) -> bool:
 
 
 def boot_id() -> str:
+    """This boot's id, "" when unreadable. Records carry it for older versions' sake only."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()

@@ -1,63 +1,108 @@
-"""Who holds a GPU lease: the holder record's fields, whether its process still lives, and
-the sentences that name holders in waits and errors. The locking itself is leases.py."""
+"""Who holds a GPU lease: a record's text parsed into typed fields, and the sentences that name
+holders in waits and errors. Whether a record is live, and the files themselves, are
+lease_records.py; the leasing, leases.py.
+
+A record's text is input from a stranger (anyone may write a file in a shared lease directory):
+`parse_record` accepts only a JSON object of the documented fields with their types and ranges,
+and raises RecordError, whose text names the first field that is wrong, for anything else. It
+never trusts the text for who wrote it: the user named is the file's owner.
+"""
 from __future__ import annotations
 
+import functools
+import json
+import math
 import os
 from dataclasses import dataclass
 
-import psutil
+_TEXT_MAX = 256                 # any string field; names, hosts and job ids are far shorter
+_PID_MAX = 1 << 22              # the kernel's largest pid_max
 
-_START_TIME_TOLERANCE_S = 0.5   # psutil derives create_time from clock ticks; same boot, same value
+
+class RecordError(ValueError):
+    """A record that does not parse; the text says which field and why."""
 
 
 @dataclass(frozen=True)
 class Holder:
+    """One live record: a launch holding (or, for a waiter, waiting for) GPUs.
+    `user` is the record file's owner; the other fields are what its text says, typed."""
     pid: int
     create_time: float
-    boot_id: str
     uid: int
     user: str
-    host: str
+    host: str | None
     slurm_job_id: str | None
     time: float
     gpu_uuid: str
     shared: bool = False
     record: str = ""            # file name inside the lease dir
 
-    def is_process(self, pid: int, create_time: float) -> bool:
-        """The record was written by this process (not one that reused its pid)."""
-        return self.pid == pid and abs(self.create_time - create_time) <= _START_TIME_TOLERANCE_S
-
     def describe(self) -> str:
-        extra = [f"user {self.user}"] if self.user else []
+        extra = [f"user {self.user}"]
         if self.slurm_job_id:
             extra.append(f"job {self.slurm_job_id}")
-        return f"pid {self.pid}" + (f" ({', '.join(extra)})" if extra else "")
+        return f"pid {self.pid} ({', '.join(extra)})"
 
 
-def alive(h: Holder, my_boot: str) -> bool:
-    """The record's process still runs, and as the record's account: a record naming another
-    account's process (pid 1, say) claims nothing."""
-    if not h.boot_id or h.boot_id != my_boot:
-        return False
+def parse_record(data: bytes, *, owner: int, record: str = "") -> Holder:
+    """The Holder a record's bytes describe, its user the file's owner (uid `owner`).
+    Raises RecordError for anything but a JSON object whose fields have these types:
+    pid int in 1..2**22, create_time and time finite numbers >= 0, uid the owner's, gpu_uuid a
+    printable string, user/host/slurm_job_id/boot_id printable strings or null, shared a bool.
+    Unknown fields are ignored (a newer version may add some)."""
     try:
-        p = psutil.Process(h.pid)
-        if p.status() == psutil.STATUS_ZOMBIE:       # SIGKILLed, not yet reaped
-            return False
-        uids = p.uids()
-        return h.uid in (uids.real, uids.effective) and h.is_process(p.pid, p.create_time())
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
+        rec = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise RecordError("it is not JSON") from None
+    if not isinstance(rec, dict):
+        raise RecordError(f"it is a JSON {type(rec).__name__}, not an object")
+    pid = rec.get("pid")
+    if not _is_int(pid) or not 0 < pid <= _PID_MAX:
+        raise RecordError("field pid is not a positive integer")
+    uid = rec.get("uid")
+    if not _is_int(uid) or uid != owner:
+        raise RecordError(f"field uid is not the file's owner (uid {owner})")
+    for key in ("create_time", "time"):
+        if not _is_number(rec.get(key)):
+            raise RecordError(f"field {key} is not a finite number >= 0")
+    for key in ("gpu_uuid", "user", "host", "slurm_job_id", "boot_id"):
+        value = rec.get(key)
+        if value is None and key != "gpu_uuid":
+            continue
+        if not (isinstance(value, str) and 0 < len(value) <= _TEXT_MAX and value.isprintable()):
+            raise RecordError(f"field {key} is not a printable string of at most {_TEXT_MAX} "
+                              "characters" + ("" if key == "gpu_uuid" else " or null"))
+    shared = rec.get("shared", False)
+    if not isinstance(shared, bool):
+        raise RecordError("field shared is not true or false")
+    return Holder(pid=pid, create_time=float(rec["create_time"]), uid=uid, user=user_name(owner),
+                  host=rec.get("host"), slurm_job_id=rec.get("slurm_job_id"),
+                  time=float(rec["time"]), gpu_uuid=rec["gpu_uuid"], shared=shared,
+                  record=record)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v >= 0)
+
+
+@functools.lru_cache(maxsize=256)      # a waiting launch reads the records every poll
+def user_name(uid: int) -> str:
+    """The account name of `uid`, or `uid N` when it has none."""
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return f"uid {uid}"
 
 
 def current_user() -> str:
-    try:
-        import pwd
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (KeyError, ImportError):
-        return str(os.geteuid())
+    return user_name(os.geteuid())
 
 
 def fmt_indices(indices) -> str:

@@ -1,37 +1,37 @@
 """Per-GPU leases on a shared node: concurrent launches never get the same GPU.
 
-Design:
-- A lease IS its holder record, `gpu-<uuid>.<pid>.<random>.holder` (JSON: pid, process start
-  time, boot id, uid, user, host, SLURM_JOB_ID, time), created O_EXCL|O_NOFOLLOW under a name
-  nobody can predict. It lives while its process lives: a record whose process is gone (pid
-  dead or a zombie, pid reused with another start time, another boot) or is not the record's
-  account (uid) is stale, ignored, and removed when we may. So a SIGKILLed launcher never
-  blocks a GPU, and a file made by someone else can only claim a GPU for a live process of
-  that someone: what running a job does anyway, and named in every message.
-- Claims are serialised by a flock on the lease DIRECTORY itself (held only for the check and
-  the write, milliseconds). No lock file exists at a predictable name, so nothing another user
-  pre-creates, hard-links or symlinks (`gpu-*.lock` of older versions included) is ever opened,
-  locked, written or trusted: it can neither block nor hijack a GPU. A live process that holds
-  the directory's flock delays claims and is named (from /proc/locks) while it does.
-  (filelock 4 refuses, by design, a lock file another account owns in a sticky directory: a
-  shared 1777 directory of per-GPU lock files would let the first user's file block the rest.)
-- The directory is opened once with O_NOFOLLOW and pinned through its fd, so swapping it for a
-  symlink after the checks changes nothing. Shared directories are created 1777 (like /tmp),
-  private ones 0700; a directory that is a symlink, group/world-writable without the sticky
-  bit, or owned by another non-root user is refused.
-- Lease dirs are per node (/tmp or /run): another host's record has another boot id: stale.
+What goes in: a lease directory (shared ones 1777 like /tmp, private ones 0700; vetted and
+pinned by lease_dir.py), a Topology, the GPUs a launch may use. What comes out: a Lease (its
+GPUs, held until released or the process ends), or NoFreeGPUError naming the holders;
+LeaseDirError when the directory is unusable or cannot hold fcntl locks. Everything else in
+the directory is input from a stranger and never raises.
+
+- A lease IS its holder record, `gpu-<uuid>.<pid>.<random>.holder`, a JSON file (pid,
+  process start time, uid, host, SLURM_JOB_ID, time, GPU, shared) under a name nobody can
+  predict, live while its writer holds an OFD write lock on it (lease_records.py): only the
+  owner can make a record live, and the lock ends when the process does (SIGKILL included),
+  so a dead launch never blocks a GPU and no process has to be seen in /proc. The text only
+  names the holder; the user named is the file's owner.
+- A record that does not parse (bad JSON, wrong type or range, too large, not a regular
+  file, unreadable) leases nothing, and is named once per process through `say`. Records
+  nobody holds are stale and removed when we may (our own, or any as root).
+- Claims take no lock another user could hold. "Claim, then check": a launch publishes its
+  (already locked) record for a GPU, then lists the GPU's live records; if another one
+  conflicts (not both shared) it withdraws its own and tries again after a random backoff.
+  Of two claims, the later one to publish always sees the earlier, so two launches may both
+  back off but never both keep a GPU. Names that are not records (no `.holder`/`.waiter`
+  form) are never opened: nothing another user creates, links or symlinks there can block a
+  launch or take a GPU; another user's live lease is a lease, named in every message.
+- Lease dirs are per node (/tmp or /run); the waiting queue (`queue.<pid>.<random>.waiter`)
+  orders nothing, it only tells a waiting launch its place.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import random
 import re
-import secrets
 import socket
-import stat
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -41,49 +41,86 @@ import psutil
 
 from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.launch.lease_holders import (
-    Holder, alive, current_user, fmt_indices, leased_by, summarise,
+    Holder, current_user, fmt_indices, leased_by, summarise,
 )
 from smartlaunch.launch.lease_dir import (  # noqa: F401  (re-exported: callers use leases.*)
     ENV_LEASE_DIR, LeaseDirError, _is_private_location, boot_id, lease_dir_enforced, lease_dir_for,
     open_lease_dir,
 )
+from smartlaunch.launch.lease_records import (
+    LockingUnsupported, Published, Record, inspect, publish, withdraw,
+)
 from smartlaunch.topology.api import Topology
 
-_RECORD_MAX_BYTES = 64 * 1024
 _STATUS_EVERY_S = 30.0
 _DESCRIBE_EVERY_S = 2.0         # how often a waiter refreshes its status line
-_CLAIM_WAIT_S = 2.0             # longest wait for the directory's flock before naming its holder
+_CLAIM_TRIES = 6                # claims of one GPU that met another before we call it leased
+_BACKOFF_S = 0.002              # first backoff after a conflict; doubles with each try
+# What a record is named; nothing else in the directory is ever opened.
+_HOLDER = re.compile(r"gpu-(?P<gpu>[A-Za-z0-9._-]+)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.holder")
+_WAITER = re.compile(r"queue\.(?P<pid>[0-9]+)\.[0-9a-f]+\.waiter")
+
+# Records already named in this process, by directory: a launch opens the directory more than
+# once (the probe, then the launch) and says each bad record once, as `warnings` would. Past
+# _NAMED_MAX in one directory one line says the rest go unnamed: a thousand files planted
+# there must not make a thousand lines.
+_named: dict[str, set[str]] = {}
+_named_lock = threading.Lock()
+_NAMED_MAX = 20
 
 
 def _safe_name(uuid: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", uuid)
 
 
+def _fits(h: Holder, m: re.Match) -> bool:
+    """The record's text is for the GPU (or the queue) and the pid its name says: a record
+    linked under another name (another GPU's) claims nothing there."""
+    where = _safe_name(h.gpu_uuid) == m["gpu"] if "gpu" in m.re.groupindex \
+        else h.gpu_uuid.startswith("queue:")
+    return where and h.pid == int(m["pid"])
+
+
+def _in_use(gpu) -> str:
+    users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
+                    for p in gpu.processes if not p.ours})
+    return "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
+
+
+def _say(line: str) -> None:
+    print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
+
+
 class LeaseManager:
     """Leases in one directory. `share=True` (policy jobs.share_gpus): launches that agree to
-    share may hold one GPU together; an exclusive lease still excludes them."""
+    share may hold one GPU together; an exclusive lease still excludes them. `say` gets one
+    line per record that does not parse (default: a `smartlaunch: ...` line on stderr)."""
 
     def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
-                 poll_s: float = 0.1, create: bool = True, enforced: bool = False):
+                 poll_s: float = 0.1, create: bool = True, enforced: bool = False,
+                 say: Callable[[str], None] | None = None):
         self.lease_dir = os.path.abspath(os.path.expanduser(lease_dir))
         self.share = share
         self.poll_s = poll_s
+        self._say = say or _say
         self._private = _is_private_location(self.lease_dir) if private is None else private
         self._dfd = open_lease_dir(self.lease_dir, private=self._private, create=create,
                                    enforced=enforced)
-        self._base = f"/proc/self/fd/{self._dfd}" if os.path.isdir("/proc/self/fd") else self.lease_dir
         self._boot = boot_id()
-        self._me = psutil.Process(os.getpid())
-        self._my_start = self._me.create_time()
-        self._claim_mutex = threading.Lock()     # flock is per open file: threads share ours
+        self._my_start = psutil.Process(os.getpid()).create_time()
+        self._holding: set[str] = set()     # our holder records not yet given back
+        self._closing = False
 
     @classmethod
-    def from_policy(cls, policy) -> "LeaseManager":
+    def from_policy(cls, policy, say: Callable[[str], None] | None = None) -> "LeaseManager":
         return cls(lease_dir_for(policy), share=policy.jobs.share_gpus,
-                   enforced=lease_dir_enforced(policy))
+                   enforced=lease_dir_enforced(policy), say=say)
 
     def close(self) -> None:
-        if self._dfd >= 0:
+        """Close the directory; at once, or once the last Lease still held is released (its
+        record must go by name)."""
+        self._closing = True
+        if self._dfd >= 0 and not self._holding:
             os.close(self._dfd)
             self._dfd = -1
 
@@ -96,76 +133,82 @@ class LeaseManager:
     # ---- records ------------------------------------------------------------------------
     def holders(self, uuid: str, *, prune: bool = True) -> list[Holder]:
         """Live holders of one GPU (ours included); stale records are removed when we may."""
-        prefix = f"gpu-{_safe_name(uuid)}."
+        safe = _safe_name(uuid)
+        return self._live(_HOLDER, prune, gpu=safe)
+
+    def _live(self, pattern: re.Pattern, prune: bool, gpu: str | None = None) -> list[Holder]:
+        """The live records named as `pattern` says (of the GPU whose safe name is `gpu`, or
+        all); stale ones are removed when we may and `prune`."""
         live = []
-        for name in os.listdir(self._dfd):
-            if not (name.startswith(prefix) and name.endswith(".holder")):
-                continue
-            h = self._read_record(name)
-            if h is None:
-                continue
-            if alive(h, self._boot):
-                live.append(h)
-            elif prune:
-                self._unlink(name)
+        for rec in self._scan(pattern, gpu):
+            if rec.stale:
+                if prune:
+                    self._unlink(rec.name)
+            elif rec.live and rec.holder is not None:
+                live.append(rec.holder)
         return live
 
-    def _read_record(self, name: str) -> Holder | None:
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._dfd)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            data = json.loads(os.read(fd, _RECORD_MAX_BYTES))
-            h = Holder(**{k: data[k] for k in Holder.__dataclass_fields__ if k in data}, record=name)
-        except (OSError, ValueError, TypeError):
-            return None
-        finally:
-            os.close(fd)
-        # A record only speaks for the account that wrote it: no forging another user's lease.
-        return h if h.uid == st.st_uid else None
+    def _scan(self, pattern: re.Pattern, gpu: str | None = None) -> list[Record]:
+        """Every entry named as `pattern` says (of the GPU whose safe name is `gpu`, or all),
+        read; one that does not parse is named once and has no holder."""
+        out = []
+        for name in os.listdir(self._dfd):
+            m = pattern.fullmatch(name)
+            if m is None or (gpu is not None and m["gpu"] != gpu):
+                continue
+            rec = inspect(self._dfd, name)
+            if rec is None:
+                continue
+            if rec.holder is not None and not _fits(rec.holder, m):
+                rec = rec._replace(holder=None, problem="its fields gpu_uuid and pid do not "
+                                                        "match its name")
+            if rec.problem:
+                self._name_once(rec)
+            out.append(rec)
+        return out
 
-    def _write_record(self, uuid: str, index: int) -> str:
-        return self._new_record(f"gpu-{_safe_name(uuid)}", "holder",
-                                gpu_uuid=uuid, gpu_index=index, shared=self.share)
+    def _name_once(self, rec: Record) -> None:
+        with _named_lock:
+            seen = _named.setdefault(self.lease_dir, set())
+            if rec.name in seen or len(seen) > _NAMED_MAX:
+                return
+            seen.add(rec.name)
+            more = len(seen) > _NAMED_MAX
+        if more:
+            self._say(f"ignoring more lease records in {self.lease_dir} that do not parse, "
+                      f"without naming them (`ls -la {self.lease_dir}` lists them)")
+            return
+        owner = "owner unknown" if rec.owner is None else f"owner uid {rec.owner}"
+        self._say(f"ignoring lease record {rec.name} in {self.lease_dir} ({owner}): "
+                  f"{rec.problem}; it leases nothing")
+
+    def _publish(self, prefix: str, kind: str, **fields) -> Published:
+        """Our holder or waiter record, live (locked) from the moment it is listed. The pid,
+        start time and boot id only name us (and let older versions see the lease)."""
+        rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot or None,
+               "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
+               "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None, "time": time.time(),
+               **fields}
+        try:
+            return publish(self._dfd, prefix, kind, rec)
+        except LockingUnsupported as exc:
+            raise LeaseDirError(f"lease directory {self.lease_dir} cannot hold file locks "
+                                f"({exc.strerror}); set paths.lease_dir (or {ENV_LEASE_DIR}) "
+                                "to a directory on a local filesystem such as /tmp") from None
+        except OSError as exc:
+            raise LeaseDirError(f"cannot write a lease record in {self.lease_dir}: "
+                                f"{exc.strerror}; free space there or set paths.lease_dir (or "
+                                f"{ENV_LEASE_DIR}) to a usable directory") from None
 
     # ---- the queue of waiting launches (for "3rd of 18 in the queue"; it orders nothing) ---
-    def _write_waiter(self, candidates: Sequence[int]) -> str:
-        return self._new_record("queue", "waiter", gpu_uuid="queue:" + fmt_indices(candidates))
-
-    def _new_record(self, prefix: str, kind: str, **fields) -> str:
-        """A holder or waiter record: who we are (pid + start time + boot, so a reused pid is
-        never taken for us), created exclusively, never through a link."""
-        rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot,
-               "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
-               "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(), **fields}
-        name = f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}.{kind}"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=self._dfd)
-        try:
-            os.write(fd, json.dumps(rec).encode())
-        finally:
-            os.close(fd)
-        return name
+    def _write_waiter(self, candidates: Sequence[int]) -> Published:
+        return self._publish("queue", "waiter", gpu_uuid="queue:" + fmt_indices(candidates))
 
     def queue_position(self, mine: str) -> tuple[int, int]:
         """(1-based place of the waiter record `mine` by start of wait, live waiters)."""
-        me, times = None, []
-        for name in os.listdir(self._dfd):
-            if not name.endswith(".waiter"):
-                continue
-            h = self._read_record(name)
-            if h is None:
-                continue
-            if name == mine:
-                me = h.time
-            elif alive(h, self._boot):
-                times.append(h.time)
-            else:
-                self._unlink(name)
+        waiters = self._live(_WAITER, prune=True)
+        me = next((h.time for h in waiters if h.record == mine), None)
+        times = [h.time for h in waiters if h.record != mine]
         if me is None:
             return 0, len(times)
         return 1 + sum(t < me for t in times), 1 + len(times)
@@ -177,75 +220,54 @@ class LeaseManager:
             pass    # another user's record in a sticky dir, or already gone
 
     def _mine(self, h: Holder) -> bool:
-        return h.is_process(os.getpid(), self._my_start)
+        return h.uid == os.geteuid() and h.pid == os.getpid()
 
     # ---- one GPU ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _claim(self):
-        """The directory's flock, for one check-and-write; yields None, or (not held) why not."""
-        with self._claim_mutex:
-            deadline = time.monotonic() + _CLAIM_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(self._dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield f"waiting for the lease directory's lock, held by {self._dir_locker()}"
-                        return
-                    time.sleep(0.005 + 0.01 * random.random())
-            try:
-                yield None
-            finally:
-                fcntl.flock(self._dfd, fcntl.LOCK_UN)
+    def _blocking(self, uuid: str) -> list[Holder]:
+        """Live records of the GPU a lease of ours may not share it with."""
+        return [h for h in self.holders(uuid) if not (self.share and h.shared)]
 
-    def _dir_locker(self) -> str:
-        """Who holds the directory's flock, from /proc/locks (best effort)."""
-        st = os.fstat(self._dfd)
-        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-        try:
-            with open("/proc/locks") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == inode:
-                        pid = int(parts[4])
-                        try:
-                            user = psutil.Process(pid).username()
-                        except (psutil.Error, KeyError):
-                            user = ""
-                        return f"pid {pid}" + (f" (user {user})" if user else "")
-        except (OSError, ValueError):
-            pass
-        return "another process"
+    def _why(self, blocking: list[Holder], describe: bool) -> str:
+        if not describe:        # waiters retry often; naming holders is for the status line
+            return "leased"
+        others = [h for h in blocking if not self._mine(h)]
+        return leased_by(others) if others else "leased by this launch"
 
     def _try_gpu(self, topology: Topology, index: int, describe: bool = True) -> tuple[_Held | None, str]:
         """(held, "") or (None, why the GPU is not available; naming holders only if
-        `describe`). The caller holds the claim (`_claim`)."""
+        `describe`). Claim, then check: our record first, then the GPU's other records."""
         gpu = topology.gpu(index)
         if gpu.busy:
-            users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
-                            for p in gpu.processes if not p.ours})
-            return None, "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
-        blocking = [h for h in self.holders(gpu.uuid) if not (self.share and h.shared)]
-        if not blocking:
-            return _Held(index, gpu.uuid, self._write_record(gpu.uuid, index)), ""
-        if not describe:        # waiters retry often; naming holders is for the status line
-            return None, "leased"
-        others = [h for h in blocking if not self._mine(h)]
-        return None, leased_by(others) if others else "leased by this launch"
+            return None, _in_use(gpu)
+        blocking: list[Holder] = []
+        for attempt in range(_CLAIM_TRIES):
+            blocking = self._blocking(gpu.uuid)
+            if blocking:
+                break
+            rec = self._publish(f"gpu-{_safe_name(gpu.uuid)}", "holder", gpu_uuid=gpu.uuid,
+                                gpu_index=index, shared=self.share)
+            blocking = [h for h in self._blocking(gpu.uuid) if h.record != rec.name]
+            if not blocking:
+                self._holding.add(rec.name)
+                return _Held(index, gpu.uuid, rec), ""
+            # Another claim met ours: both may back off, neither keeps the GPU beside the other.
+            withdraw(self._dfd, rec)
+            time.sleep(_BACKOFF_S * 2 ** attempt * (0.5 + random.random()))
+        return None, self._why(blocking, describe)
 
     # ---- public -------------------------------------------------------------------------
     def why_taken(self, topology: Topology, candidates: Sequence[int] | None = None) -> dict[int, str]:
-        """GPU index -> reason, for GPUs leased by any live launch (this one included) or busy."""
+        """GPU index -> reason, for GPUs leased by any live launch (this one included) or busy.
+        Reads only: takes no lease."""
         out = {}
-        indices = candidates if candidates is not None else [g.index for g in topology.gpus]
-        with self._claim() as refused:
-            for i in indices:
-                held, why = (None, refused) if refused else self._try_gpu(topology, i)
-                if held is not None:
-                    self._release(held)
-                else:
-                    out[i] = why
+        for i in (candidates if candidates is not None else [g.index for g in topology.gpus]):
+            gpu = topology.gpu(i)
+            if gpu.busy:
+                out[i] = _in_use(gpu)
+                continue
+            blocking = self._blocking(gpu.uuid)
+            if blocking:
+                out[i] = self._why(blocking, True)
         return out
 
     def taken(self, topology: Topology) -> set[int]:
@@ -262,9 +284,7 @@ class LeaseManager:
         if self.share:
             order.sort(key=lambda i: len(self.holders(topology.gpu(i).uuid, prune=False)))
         got, why = [], {}
-        with self._claim() as refused:
-            if refused:
-                return None, {i: refused for i in order}
+        try:
             for i in order:
                 held, reason = self._try_gpu(topology, i, describe)
                 if held is None:
@@ -272,11 +292,12 @@ class LeaseManager:
                     continue
                 got.append(held)
                 if len(got) == count:
-                    return Lease(self, got), {}
+                    lease, got = Lease(self, got), []
+                    return lease, {}
+        finally:        # a partial set, or a record we could not write: give back what we got
             for h in got:
                 self._release(h)
         return None, why
-
     def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
                 timeout_s: float, status: Callable[[str], None] | None = None,
                 refresh: Callable[[], Topology] | None = None,
@@ -293,7 +314,7 @@ class LeaseManager:
                                  f"({fmt_indices(candidates)}); lower --nproc-per-node or allow more GPUs")
         start = time.monotonic()
         last_msg, last_time, next_describe = None, 0.0, start
-        waiter: str | None = None       # our record in the queue, once we wait
+        waiter: Published | None = None       # our record in the queue, once we wait
         try:
             while True:
                 waited = time.monotonic() - start
@@ -313,7 +334,7 @@ class LeaseManager:
                 if describe and progress:
                     if waiter is None:
                         waiter = self._write_waiter(candidates)
-                    place, total = self.queue_position(waiter)
+                    place, total = self.queue_position(waiter.name)
                     progress(f"waiting for {count} GPU(s) of {fmt_indices(candidates)}: "
                              f"{_ordinal(place)} of {total} in the queue; {summary}; waited "
                              f"{waited:.0f} s (at most {timeout_s:g} s)")
@@ -329,10 +350,13 @@ class LeaseManager:
                     topology = refresh()
         finally:
             if waiter is not None:
-                self._unlink(waiter)
+                withdraw(self._dfd, waiter)
 
     def _release(self, held: _Held) -> None:
-        self._unlink(held.record)
+        withdraw(self._dfd, held.record)
+        self._holding.discard(held.record.name)
+        if self._closing:
+            self.close()
 
 
 def _ordinal(n: int) -> str:
@@ -343,7 +367,7 @@ def _ordinal(n: int) -> str:
 class _Held:
     index: int
     uuid: str
-    record: str
+    record: Published
 
 
 class Lease:
@@ -386,17 +410,20 @@ class Lease:
         return f"Lease(gpus={self.gpus}, dir={self._manager.lease_dir!r})"
 
 
-def release_job(lease_dir: str, job_id: str) -> list[str]:
-    """Slurm epilog: remove the holder records of `job_id` (its processes are gone, so their
-    flocks are too). Returns the removed paths."""
-    mgr = LeaseManager(lease_dir, create=False)
+def release_job(lease_dir: str, job_id: str, say: Callable[[str], None] | None = None) -> list[str]:
+    """Slurm epilog: remove the holder records of `job_id`, live or not (its processes are
+    gone or being stopped; a record without its name leases nothing), and any stale record
+    we may. Records that do not parse are named through `say`. Returns the removed paths of
+    the job's records."""
+    mgr = LeaseManager(lease_dir, create=False, say=say)
     removed = []
     try:
-        for name in os.listdir(mgr._dfd):
-            h = mgr._read_record(name) if name.endswith(".holder") else None
-            if h is not None and h.slurm_job_id is not None and str(h.slurm_job_id) == str(job_id):
-                mgr._unlink(name)
-                removed.append(os.path.join(mgr.lease_dir, name))
+        for rec in mgr._scan(_HOLDER):
+            if rec.holder is not None and rec.holder.slurm_job_id == str(job_id):
+                mgr._unlink(rec.name)
+                removed.append(os.path.join(mgr.lease_dir, rec.name))
+            elif rec.stale:
+                mgr._unlink(rec.name)
     finally:
         mgr.close()
     return removed

@@ -220,7 +220,8 @@ def _release_leases(cfg: HookConfig, env, d: Path) -> None:
         return
     from smartlaunch.launch.leases import release_job
     try:
-        released = release_job(cfg.lease_dir, job)
+        released = release_job(cfg.lease_dir, job,
+                               say=lambda line: _log(d, f"epilog job {job}: {line}"))
         _log(d, f"epilog job {job}: released {len(released)} lease(s) in {cfg.lease_dir}")
     except Exception as exc:   # best-effort: a lease problem is not a node fault
         _log(d, f"epilog job {job}: lease release failed: {exc}")

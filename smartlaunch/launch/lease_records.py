@@ -1,0 +1,193 @@
+"""Record files in a lease directory: writing one that is live from the moment it appears,
+reading any, and telling whether it is live. The leasing itself is leases.py.
+
+A record is live iff a WRITE lock is held on it. Its writer takes an open-file-description lock
+(fcntl F_OFD_SETLK, F_WRLCK) on the file it opened O_RDWR, and keeps that descriptor open for
+as long as the lease lasts, so:
+- only the record's owner (or root) can make it live: a write lock needs the file open for
+  writing, and a record is created 0600, locked, then made 0644 (readable, never writable, by
+  others). Read locks and flock(2), which anyone who can read the file may take, do not count.
+- the lock ends when its holder does, however it ends (SIGKILL included): no pid, process start
+  time or boot id is consulted, and nothing depends on seeing another user's process in /proc
+  (hidepid). An OFD lock, unlike a POSIX one, survives its process opening and closing the same
+  file elsewhere; a child forked without exec keeps it (the lease then lasts until both end).
+- a record appears already locked: it is written and locked under a name the listing ignores
+  (`.<prefix>.<pid>.<random>.new`), then renamed to its own unpredictable name. Giving it
+  back is unlink, then close: no moment shows an unlocked record of a live lease.
+
+A record that is not live is stale: it claims nothing, and whoever may delete it does.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import secrets
+import stat
+import struct
+from typing import NamedTuple
+
+from smartlaunch.launch.lease_holders import Holder, RecordError, parse_record
+
+RECORD_MAX_BYTES = 64 * 1024
+TEMP_SUFFIX = ".new"
+
+# struct flock on Linux: short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid,
+# native alignment; "0q" pads the end to off_t's alignment as the C compiler does.
+_FLOCK = "hhqqi0q"
+
+
+def _flock(kind: int) -> bytes:
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, 0, 0, 0)     # the whole file; l_pid must be 0
+
+
+class Published(NamedTuple):
+    name: str       # inside the lease directory
+    fd: int         # holds the record's write lock; closing it ends the lease
+
+
+class Record(NamedTuple):
+    """What one directory entry named like a record turned out to be."""
+    name: str
+    owner: int | None       # st_uid; None when it could not be examined at all
+    live: bool              # a write lock is held on it
+    stale: bool             # a regular file nobody holds a write lock on: claims nothing
+    holder: Holder | None   # None: it did not parse, `problem` says why
+    problem: str = ""
+
+
+class LockingUnsupported(OSError):
+    """The lease directory's filesystem refuses fcntl locks (`strerror` says how)."""
+
+
+def publish(dfd: int, prefix: str, kind: str, rec: dict) -> Published:
+    """Create `<prefix>.<pid>.<random>.<kind>` in the directory `dfd` holding `rec` as JSON,
+    mode 0644 whatever the umask, write-locked before it is visible. Leaves nothing behind on
+    failure (a SIGKILL between create and rename leaves its 0600 `.new` file, which nothing
+    reads). Raises OSError (LockingUnsupported when the filesystem has no fcntl locks)."""
+    # Two tokens: the temporary name is listed for all to see, the final one must not follow
+    # from it (another user could create it first, and rename would then fail).
+    temp = f".{prefix}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    name = f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}.{kind}"
+    # 0600 until locked: nobody else can open it for a lock of theirs before ours
+    fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dfd)
+    try:
+        hold(fd)
+        data = json.dumps(rec).encode()
+        while data:
+            data = data[os.write(fd, data):]
+        os.fchmod(fd, 0o644)        # readable by all (they must see the lease), not the umask's
+        os.rename(temp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=dfd)
+        except OSError:
+            pass
+        os.close(fd)
+        raise
+    return Published(name, fd)
+
+
+def hold(fd: int) -> None:
+    """Take the write lock that makes the file open (for writing) at `fd` a live record.
+    Raises LockingUnsupported where the filesystem has no fcntl locks, OSError (EAGAIN)
+    where another holds a lock on it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK))
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+            raise LockingUnsupported(exc.errno, exc.strerror) from None
+        raise
+
+
+def withdraw(dfd: int, record: Published) -> None:
+    """End a lease: its name goes first, then the lock (closing the fd). Never raises; with the
+    name already gone (the directory closed, an epilog removed it) the close alone ends it."""
+    try:
+        os.unlink(record.name, dir_fd=dfd)
+    except OSError:
+        pass
+    try:
+        os.close(record.fd)
+    except OSError:
+        pass
+
+
+def write_locked(fd: int) -> bool:
+    """A write lock (OFD or POSIX, any process) is held on the file open at `fd`."""
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(fcntl.F_RDLCK))
+    except OSError:
+        return True         # cannot tell: count it, never lease a GPU twice
+    return struct.unpack(_FLOCK, got)[0] != fcntl.F_UNLCK
+
+
+def inspect(dfd: int, name: str) -> Record | None:
+    """Read the entry `name` of the directory `dfd` without following links or blocking on a
+    FIFO; None when it is gone. Never raises for what the entry is or holds."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return _unopened(dfd, name, exc)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return Record(name, st.st_uid, False, False, None, f"it is {_kind(st.st_mode)}, "
+                          "not a regular file")
+        live = write_locked(fd)
+        if st.st_size > RECORD_MAX_BYTES:
+            return Record(name, st.st_uid, live, not live, None, f"it is {st.st_size} bytes, "
+                          f"more than a record's {RECORD_MAX_BYTES}")
+        data = _read_capped(fd)
+    except OSError as exc:
+        return Record(name, None, False, False, None, f"it cannot be read ({exc.strerror})")
+    finally:
+        os.close(fd)
+    if data is None:
+        return Record(name, st.st_uid, live, not live, None,
+                      f"it is more than a record's {RECORD_MAX_BYTES} bytes")
+    try:
+        holder = parse_record(data, owner=st.st_uid, record=name)
+    except RecordError as exc:
+        return Record(name, st.st_uid, live, not live, None, str(exc))
+    return Record(name, st.st_uid, live, not live, holder)
+
+
+def _read_capped(fd: int) -> bytes | None:
+    chunks, size = [], 0
+    while size <= RECORD_MAX_BYTES:
+        chunk = os.read(fd, RECORD_MAX_BYTES + 1 - size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    return None
+
+
+def _unopened(dfd: int, name: str, exc: OSError) -> Record | None:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return Record(name, None, False, False, None, f"it cannot be examined ({exc.strerror})")
+    if stat.S_ISLNK(st.st_mode):
+        why = "it is a symlink"
+    elif not stat.S_ISREG(st.st_mode):
+        why = f"it is {_kind(st.st_mode)}, not a regular file"
+    else:
+        why = f"it cannot be read ({exc.strerror})"
+    return Record(name, st.st_uid, False, False, None, why)
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return what
+    return "a special file"
