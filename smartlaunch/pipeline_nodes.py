@@ -308,24 +308,17 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
     theirs, mine = plan.topology.get("hardware_fingerprint"), topology.hardware_fingerprint()
     sweep = bool(plan.node_variants)    # no rendezvous of the job: the others run theirs
     if theirs != mine:
-        closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep \
-            else False
-        raise NodeMismatchError(
+        raise _refused(
             f"this node ({socket.gethostname()}: {topology.hardware()}) differs from the node "
-            f"the job's plan was made on ({host}: {plan.topology.get('hardware')}; hardware "
-            f"fingerprints {mine} and {wire.line(theirs, 32)}); run the job on nodes with the "
-            f"same GPUs and links, or start it separately on each kind of node"
-            + ("; the rendezvous was closed, so the other nodes end too" if closed else "")
+            f"the job's plan was made on ({host}: {wire.line(plan.topology.get('hardware'), 300)}"
+            f"; hardware fingerprints {mine} and {wire.line(theirs, 32)}); run the job on nodes "
+            f"with the same GPUs and links, or start it separately on each kind of node"
             + ("; the other nodes run their shares of the sweep, this node's variants do not "
-               "run" if sweep else ""))
+               "run" if sweep else ""), request, ep, sweep)
     _check_plan(plan, ep, request, topology, policy)
     differs = _command_differs(plan, request, host)
     if differs:
-        closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep \
-            else False
-        raise NodeMismatchError(
-            differs + ("; the rendezvous was closed, so the other nodes end too" if closed
-                       else ""))
+        raise _refused(differs, request, ep, sweep)
     # Its own command line and policy: equal where it counts (checked), and never the wire's.
     plan = dataclasses.replace(plan, command=request.worker_command(),
                                variants=tuple(request.variants),
@@ -337,13 +330,21 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
     if place >= used and not plan.node_variants:
         why = next((r.text for r in plan.reasons if r.rule == RULE_NODES), "")
         raise NodeNotNeeded(f"this node is not used: the job runs on {used} of its "
-                            f"{ep.max_nodes} nodes (decided on {host}): {why}")
+                            f"{ep.max_nodes} nodes (decided on {host}): {wire.line(why, 1000)}")
     why = Reason(f"the plan {host} made for every node of the job (it hosts the rendezvous "
                  f"store at {ep.where}); this node's hardware is the same ({topology.hardware()})",
                  "multi-node: one decision for the job")
     plan = _prepared_here(dataclasses.replace(plan, reasons=plan.reasons + (why,)), topology,
                           policy, request, environ)
     return plan, topology, policy
+
+
+def _refused(text: str, request, ep: Endpoint, sweep: bool) -> NodeMismatchError:
+    """This node cannot run the plan; where the job cannot run without it (a fixed node
+    count, not a sweep) the rendezvous is closed so the other nodes end at once."""
+    closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep else False
+    return NodeMismatchError(text + ("; the rendezvous was closed, so the other nodes end too"
+                                     if closed else ""))
 
 
 def _message(raw: bytes, ep: Endpoint) -> tuple[str, Plan]:

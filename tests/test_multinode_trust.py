@@ -297,7 +297,8 @@ with open(os.path.join(out, f"variant-{os.environ['SMARTLAUNCH_JOB_INDEX']}.json
 """
 SITECUSTOMIZE = """\
 import os
-open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "MARKER"), "w").write(str(os.getpid()))
+here = os.path.dirname(os.path.abspath(__file__))
+open(os.path.join(here, "MARKER"), "w").write(str(os.getpid()))
 """
 GPUS = "pcie-phb-4070ti-pair"
 
