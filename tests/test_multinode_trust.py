@@ -434,3 +434,39 @@ def test_a_plan_this_node_cannot_take_ends_it_with_one_line(follower, what):
             assert len(shown) <= 80 and real.startswith(shown.rstrip("…")), (shown, real)
     assert "Traceback" not in f.node.output and not f.marker()
     assert list(f.out.iterdir()) == []
+
+
+def _paths(node, prefix=()):
+    """Every key path of a JSON value, containers and leaves."""
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, list) else ()
+    for k, v in items:
+        yield from _paths(v, prefix + (k,))
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_any_value_of_any_type_anywhere_is_a_wire_error_or_a_plan(clean_env, case):
+    # Every field of an honest plan, at every depth, replaced by each JSON type: the reader
+    # returns a plan or raises the one-line RendezvousError, never anything else.
+    plan, topo, pol, req = list(honest_plans())[case]
+    honest = json.loads(published(plan))
+    others = (None, True, -1, 10 ** 30, 1e308, "x\x1b", [], {}, [[]], {"a": 1})
+    tried = 0
+    for path in _paths(honest["plan"]):
+        for other in others:
+            d = json.loads(json.dumps(honest))
+            if path:
+                *head, last = path
+                node = d["plan"]
+                for k in head:
+                    node = node[k]
+                node[last] = other
+            else:
+                d["plan"] = other
+            tried += 1
+            try:
+                read(json.dumps(d).encode(), topo, pol, req)
+            except RendezvousError as exc:
+                assert "\n" not in str(exc) and "\x1b" not in str(exc), (path, other)
+    assert tried > 300
