@@ -73,6 +73,16 @@ class RendezvousError(SmartlaunchError):
     exit_code = ExitCode.RENDEZVOUS
 
 
+class WireError(RendezvousError):
+    """A value another node published (the rendezvous store) is not what its reader takes:
+    `field` names where ("plan.gpus[2]"), `why` what is wrong. The message is "field F: why";
+    the reader says whose message it was (pipeline_nodes)."""
+
+    def __init__(self, field: str, why: str):
+        super().__init__(f"field {field}: {why}" if field else why)
+        self.field, self.why = field, why
+
+
 class NodeMismatchError(SmartlaunchError):
     exit_code = ExitCode.NODE_MISMATCH
 

@@ -21,19 +21,29 @@ only once every other node has read it (its store must outlive their reads); eve
 runs the share its arrival order names (1, 2, ...: the same counter that numbers the nodes for
 the all-reduce between them), or exits 0 when it has none. No rendezvous of the job is formed.
 With --rdzv-backend static each node decides alone and runs the share its --node-rank names.
+
+The store is unauthenticated (anyone who reaches its port may write our keys; docs/trust-model.md),
+so it carries the decision's data only and every node checks what it reads (`_message`,
+`_check_plan`, internode.read_offer): typed, bounded fields, the node's own GPUs, the job's own
+node count. The command, the variants, the workers' environment and NUMA bindings are never
+taken from it: a node reading the plan refuses one made for another command line
+(NodeMismatchError) and makes the rest itself from its own command line, policy, topology and
+environment, as prepare() does on the deciding node.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from smartlaunch import wire
 from smartlaunch.decide.plan import Plan, Reason
-from smartlaunch.errors import (NodeMismatchError, NodeNotNeeded, RendezvousError,
-                                SmartlaunchError, UsageError)
+from smartlaunch.errors import (ExitCode, NodeMismatchError, NodeNotNeeded, RendezvousError,
+                                SmartlaunchError, UsageError, WireError)
 
 KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
 KEY_READ = "read"           # a counter: the nodes that have read it
@@ -44,6 +54,8 @@ CONNECT_TRY_S = 2           # one connection attempt (the whole wait is join_tim
 STORE_OP_S = 10             # one store operation of a node that does not host it: a lost
 #                             server is noticed within this (the client retries until then)
 DEFAULT_PORT = 29400        # torch's c10d default
+MAX_MESSAGE_BYTES = 8 << 20  # a plan: --each-file's 1 MiB of variants, quoted, and the rest
+MAX_HOST, MAX_ERROR = 300, 2000     # the published host name and error, as shown
 # The deciding node's store, kept until the process ends: its server is the one torch's agent
 # uses for the job's rendezvous (multi-tenant), and late nodes read the plan from it.
 _SERVING: list = []
@@ -128,7 +140,7 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
     if hosting:
         return _decide_for_all(store, ep, me, request, decide_all, status, environ,
                                decide_one_node)
-    return _read_plan(store, ep, request, topology, policy, environ)
+    return _read_plan(store, ep, request, topology, policy, environ, status)
 
 
 def _prefixed(store, ep: Endpoint):
@@ -230,6 +242,7 @@ def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status
     """Once every node has arrived: the all-reduce between them (one leader rank per node),
     the two-level curve, and how many nodes run the job (decide/nodes.py)."""
     from smartlaunch.decide.nodes import TwoLevelCurve, choose_nodes
+    from smartlaunch.decide.plan import strategy_name
     from smartlaunch.profile import internode
     from smartlaunch.profile.api import CommCurve
     from smartlaunch.profile.comm import device_for
@@ -248,14 +261,14 @@ def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status
                         f"to measure the all-reduce between nodes")
         time.sleep(POLL_S)
     device = device_for(topo) if plan.device == "cuda" else "cpu"   # a fake topology: gloo
-    cuda = device == "cuda"
-    spec = internode.offer(store, addr=ep.host, nodes=n, device=device,
+    spec = internode.offer(store, nodes=n, device=device,
                            sizes=internode.sizes_for(plan.profile.grad_bytes, device),
-                           env=plan.env_dict(), gpu=plan.gpus[0] if cuda and plan.gpus else None)
+                           strategy=strategy_name(plan.strategy), gpus=plan.gpus,
+                           link_class=plan.link_class)
     if status is not None:
         status.ticking(f"measuring the all-reduce between the {n} nodes (one rank on each)")
     try:
-        inter = internode.measure(spec, 0, environ)
+        inter = internode.measure(spec, 0, {**environ, **plan.env_dict()}, host=ep.host)
     except RuntimeError as exc:
         return keep(f"the all-reduce between nodes could not be measured ({exc})")
     intra = None
@@ -286,42 +299,178 @@ def _serve(store, ep: Endpoint, status, what: str) -> int:
     return read
 
 
-def _read_plan(store, ep: Endpoint, request, topology, policy, environ) -> tuple:
+def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) -> tuple:
     place = store.add(KEY_ARRIVED, 1)      # 1, 2, ...: this node's rank between nodes
-    message = _wait_plan(store, ep, place, environ)
+    raw = _wait_plan(store, ep, place, lambda offer: _join_measurement(
+        offer, place, ep, topology, policy, environ, status))
     store.add(KEY_READ, 1)
-    host = message.get("host", "?")
-    if "error" in message:
-        raise SmartlaunchError(f"{host}, which decides for this job (it hosts the rendezvous "
-                               f"store at {ep.where}), stopped with exit {message['code']}: "
-                               f"{message['error']}", exit_code=message["code"])
-    plan = Plan.from_dict(message["plan"])
+    host, plan = _message(raw, ep)
     theirs, mine = plan.topology.get("hardware_fingerprint"), topology.hardware_fingerprint()
+    sweep = bool(plan.node_variants)    # no rendezvous of the job: the others run theirs
     if theirs != mine:
-        sweep = bool(plan.node_variants)    # no rendezvous of the job: the others run theirs
-        closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep \
-            else False
-        raise NodeMismatchError(
+        raise _refused(
             f"this node ({socket.gethostname()}: {topology.hardware()}) differs from the node "
-            f"the job's plan was made on ({host}: {plan.topology.get('hardware')}; hardware "
-            f"fingerprints {mine} and {theirs}); run the job on nodes with the same GPUs and "
-            f"links, or start it separately on each kind of node"
-            + ("; the rendezvous was closed, so the other nodes end too" if closed else "")
+            f"the job's plan was made on ({host}: {wire.line(plan.topology.get('hardware'), 300)}"
+            f"; hardware fingerprints {mine} and {wire.line(theirs, 32)}); run the job on nodes "
+            f"with the same GPUs and links, or start it separately on each kind of node"
             + ("; the other nodes run their shares of the sweep, this node's variants do not "
-               "run" if sweep else ""))
+               "run" if sweep else ""), request, ep, sweep)
+    _check_plan(plan, ep, request, topology, policy)
+    differs = _command_differs(plan, request, host)
+    if differs:
+        raise _refused(differs, request, ep, sweep)
+    # Its own command line and policy: equal where it counts (checked), and never the wire's.
+    plan = dataclasses.replace(plan, command=request.worker_command(),
+                               variants=tuple(request.variants),
+                               wait_for_lease=not request.no_wait,
+                               wait_timeout_s=policy.jobs.wait_timeout_s)
     if plan.node_variants:
         plan = _share(plan, place, host)
     used = int(plan.nnodes) if plan.nnodes.isdigit() else ep.max_nodes
     if place >= used and not plan.node_variants:
         why = next((r.text for r in plan.reasons if r.rule == RULE_NODES), "")
         raise NodeNotNeeded(f"this node is not used: the job runs on {used} of its "
-                            f"{ep.max_nodes} nodes (decided on {host}): {why}")
+                            f"{ep.max_nodes} nodes (decided on {host}): {wire.line(why, 1000)}")
     why = Reason(f"the plan {host} made for every node of the job (it hosts the rendezvous "
                  f"store at {ep.where}); this node's hardware is the same ({topology.hardware()})",
                  "multi-node: one decision for the job")
-    plan = _local_numa(dataclasses.replace(plan, reasons=plan.reasons + (why,)), topology,
-                       policy, request)
+    plan = _prepared_here(dataclasses.replace(plan, reasons=plan.reasons + (why,)), topology,
+                          policy, request, environ)
     return plan, topology, policy
+
+
+def _refused(text: str, request, ep: Endpoint, sweep: bool) -> NodeMismatchError:
+    """This node cannot run the plan; where the job cannot run without it (a fixed node
+    count, not a sweep) the rendezvous is closed so the other nodes end at once."""
+    closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep else False
+    return NodeMismatchError(text + ("; the rendezvous was closed, so the other nodes end too"
+                                     if closed else ""))
+
+
+def _message(raw: bytes, ep: Endpoint) -> tuple[str, Plan]:
+    """(the deciding node's name, its plan) from the published message; its error raised
+    with its code (one of the documented codes, else 11), host and text shown bounded on one
+    line; RendezvousError naming the field for anything malformed."""
+    from smartlaunch.strategies import REGISTRY
+    try:
+        message = wire.obj(wire.loads(raw, MAX_MESSAGE_BYTES), "message", 4)
+        host = wire.line(message.get("host"), MAX_HOST) or "?"
+        if set(message) == {"host", "error", "code"}:
+            code = message["code"]
+            known = isinstance(code, int) and not isinstance(code, bool) and \
+                code in set(ExitCode) - {ExitCode.OK}
+            code = ExitCode(code) if known else ExitCode.RENDEZVOUS
+            raise SmartlaunchError(f"{host}, which decides for this job (it hosts the "
+                                   f"rendezvous store at {ep.where}), stopped with exit "
+                                   f"{int(code)}: {wire.line(message['error'], MAX_ERROR)}",
+                                   exit_code=code)
+        if set(message) != {"host", "plan"}:
+            raise WireError("message", "not {host, plan} nor {host, error, code}")
+        wire.text(message["host"], "message.host", MAX_HOST)
+        return host, Plan.from_dict(message["plan"], strategies=tuple(REGISTRY))
+    except WireError as exc:
+        raise _malformed(ep, exc) from None
+
+
+def _malformed(ep: Endpoint, exc: WireError) -> RendezvousError:
+    return RendezvousError(
+        f"the plan on the rendezvous store at {ep.where} is malformed ({exc}); nothing was "
+        f"started here: smartlaunch on the node it names publishes a well-formed one, so "
+        f"another program or version wrote it; run the same smartlaunch on every node and "
+        f"let only the job's nodes reach port {ep.port}")
+
+
+def _check_plan(plan: Plan, ep: Endpoint, request, topology, policy) -> None:
+    """The plan's values make sense on this node: its GPUs, link classes and job slots, the
+    job's node count (Plan.from_dict checked their types); RendezvousError naming the field
+    otherwise."""
+    try:
+        _fits(plan, ep, request, topology, policy)
+    except WireError as exc:
+        raise _malformed(ep, exc) from None
+
+
+def _fits(plan: Plan, ep: Endpoint, request, topology, policy) -> None:
+    mine = {g.index for g in topology.gpus}
+    links = {link.link_class for link in topology.links}
+
+    def own(gpus, where: str) -> None:
+        stray = sorted(set(gpus) - mine)
+        if stray:
+            raise WireError(where, f"GPU {stray[0]} is not one of this node's "
+                            f"({', '.join(map(str, sorted(mine))) or 'none'})")
+    if plan.device == "cuda" and not plan.gpus:
+        raise WireError("plan.gpus", "none, for a plan on the GPU")
+    if len(set(plan.gpus)) != len(plan.gpus):
+        raise WireError("plan.gpus", "names a GPU twice")
+    for name in ("gpus", "left_free", "fallback_gpus"):
+        own(getattr(plan, name), f"plan.{name}")
+    own(plan.jobs_per_gpu, "plan.jobs_per_gpu")
+    for i, c in enumerate(plan.candidates):
+        own(c.gpus, f"plan.candidates[{i}].gpus")
+    for i, g in enumerate(plan.groups):
+        own(g.gpus, f"plan.groups[{i}].gpus")
+        if g.link_class is not None and g.link_class not in links:
+            raise WireError(f"plan.groups[{i}].link_class", f"{g.link_class!r} is not a link "
+                            f"class of this node")
+    if plan.link_class is not None and plan.link_class not in links:
+        raise WireError("plan.link_class", f"{plan.link_class!r} is not a link class of this "
+                        f"node")
+    # At most what this node's torchrun could start: a rank per GPU, or what it was told.
+    most = min(len(mine), request.max_gpus or len(mine)) if plan.device == "cuda" else \
+        request.max_gpus or os.cpu_count() or 1
+    if plan.nproc_per_node > most:
+        raise WireError("plan.nproc_per_node", f"{plan.nproc_per_node}, more than this node "
+                        f"runs ({most})")
+    over = [n for n in plan.jobs_per_gpu.values() if n > policy.jobs.jobs_per_gpu]
+    if over:
+        raise WireError("plan.jobs_per_gpu", f"{over[0]} jobs on a GPU, more than this node's "
+                        f"policy allows (jobs.jobs_per_gpu={policy.jobs.jobs_per_gpu})")
+    if plan.nnodes != request.nnodes and not (
+            plan.nnodes.isascii() and plan.nnodes.isdigit() and len(plan.nnodes) <= 6
+            and 1 <= int(plan.nnodes) <= ep.max_nodes):
+        raise WireError("plan.nnodes", f"{plan.nnodes!r} is neither this node's --nnodes "
+                        f"({request.nnodes}) nor a count of its nodes")
+    if plan.node_variants and len(plan.node_variants) != ep.max_nodes:
+        raise WireError("plan.node_variants", f"{len(plan.node_variants)} shares for "
+                        f"{ep.max_nodes} nodes")
+
+
+def _command_differs(plan: Plan, request, host: str) -> str:
+    """Why the plan was made for another command line than this node's ("" when it was not):
+    its worker command and its variants (--each) must be this node's own."""
+    mine, theirs = request.worker_command(), plan.command
+    if mine != theirs:
+        return (f"this node's command ({_short(mine)}) differs from the one the job's plan "
+                f"was made for on {host} ({_short(theirs)}); start smartlaunch with the same "
+                f"script and arguments on every node")
+    if tuple(request.variants) != plan.variants:
+        k = next((i for i, (a, b) in enumerate(zip(request.variants, plan.variants)) if a != b),
+                 min(len(request.variants), len(plan.variants)))
+        return (f"this node's sweep ({len(request.variants)} variants) differs from the one the "
+                f"job's plan was made for on {host} ({len(plan.variants)} variants), first at "
+                f"variant {k}; give every node the same --each/--each-file")
+    return ""
+
+
+def _short(command) -> str:
+    """A command for a one-line message: shell-quoted, one line, at most 80 characters."""
+    import shlex
+    return wire.line(shlex.join(command), 80)
+
+
+def _prepared_here(plan: Plan, topology, policy, request, environ) -> Plan:
+    """The plan with the workers' environment and NUMA bindings made on this node, as
+    prepare() makes them for the same decision (the deciding node's name its own CPUs and
+    come from its environment; the wire's are dropped): the plan's, and each packed group's
+    of a sweep."""
+    from smartlaunch.decide.prepare import prepare
+    from smartlaunch.strategies import REGISTRY
+    bare = dataclasses.replace(plan, env=(), numa=(), groups=tuple(
+        dataclasses.replace(g, env=(), numa=()) for g in plan.groups))
+    made = prepare(bare, topology, policy, environ, units=REGISTRY,
+                   torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
+    return dataclasses.replace(made, reasons=tuple(dict.fromkeys(made.reasons)))
 
 
 def _share(plan: Plan, k: int, host: str) -> Plan:
@@ -336,22 +485,19 @@ def _share(plan: Plan, k: int, host: str) -> Plan:
                         f"(decided on {host}), and none is left for this node")
 
 
-def _wait_plan(store, ep: Endpoint, place: int, environ) -> dict:
-    """The published message; RendezvousError if the deciding node went away first. Meanwhile
-    this node's leader rank joins the all-reduce between nodes when the decider offers one."""
+def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
+    """The published message, as it is; RendezvousError if the deciding node went away first.
+    Meanwhile `join(raw)` runs this node's part of the all-reduce between nodes when the
+    decider offers one (once)."""
     from smartlaunch.profile import internode
-    measured = False
+    offered = False
     while True:
         try:
             if store.check([KEY_PLAN]):
-                return json.loads(store.get(KEY_PLAN))
-            if not measured and store.check([internode.KEY]):
-                measured = True
-                spec = json.loads(store.get(internode.KEY))
-                try:
-                    internode.measure(spec, place, environ)
-                except RuntimeError:
-                    pass        # rank 0 fails too and says so in the plan
+                return store.get(KEY_PLAN)
+            if not offered and store.check([internode.KEY]):
+                offered = True
+                join(store.get(internode.KEY))
         except (RuntimeError, ValueError) as exc:   # torch's DistNetworkError: the node ended
             raise RendezvousError(
                 f"lost the rendezvous store at {ep.where} before the plan came: the node that "
@@ -359,17 +505,48 @@ def _wait_plan(store, ep: Endpoint, place: int, environ) -> dict:
         time.sleep(POLL_S)
 
 
-def _local_numa(plan: Plan, topology, policy, request) -> Plan:
-    """The plan with NUMA bindings for this node's CPUs (the decider's name its own): the
-    plan's, and each packed group's of a sweep."""
-    if getattr(request.torchrun_args, "numa_binding", None) is not None:
-        return plan
-    from smartlaunch.decide.prepare import bindings
-    mode = policy.launch.numa_binding
-    groups = tuple(dataclasses.replace(g, numa=bindings(plan.group_plan(i), topology, mode))
-                   if g.numa else g for i, g in enumerate(plan.groups))
-    return dataclasses.replace(plan, groups=groups,
-                               numa=bindings(plan, topology, mode) if plan.numa else plan.numa)
+def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, environ,
+                      status) -> None:
+    """This node's leader rank of the all-reduce between nodes, in this node's own environment
+    with the NCCL variables its own policy gives the offered decision (prepare's, as on the
+    deciding node). An offer that does not check is ignored with one line; the deciding
+    node's rank 0 then times out and its plan says the measurement failed."""
+    from smartlaunch.profile import internode
+    from smartlaunch.strategies import REGISTRY
+    try:
+        offer = internode.read_offer(
+            raw, nodes=ep.max_nodes, gpus=[g.index for g in topology.gpus],
+            links={link.link_class for link in topology.links}, strategies=tuple(REGISTRY))
+    except WireError as exc:
+        _say(status, f"ignored the offer to measure the all-reduce between nodes on the "
+                     f"rendezvous store at {ep.where}: it is malformed ({exc}); waiting for "
+                     f"the plan")
+        return
+    env = {**environ, **_offer_env(offer, topology, policy, environ)}
+    try:
+        internode.measure(offer, place, env, host=ep.host)
+    except RuntimeError:
+        pass        # rank 0 fails too and says so in the plan
+
+
+def _offer_env(offer, topology, policy, environ) -> dict[str, str]:
+    """The variables prepare() gives the offered decision on this node (its policy's
+    `launch.env` and NCCL table of the link class, under this node's environment and the
+    admin's enforce), as the deciding node's rank gets its plan's."""
+    from smartlaunch.decide.prepare import prepare
+    from smartlaunch.strategies import REGISTRY
+    decision = Plan(strategy=offer.strategy, device=offer.device, gpus=offer.gpus,
+                    nproc_per_node=max(1, len(offer.gpus)),
+                    requested_max=max(1, len(offer.gpus)), link_class=offer.link_class)
+    return prepare(decision, topology, policy, environ, units=REGISTRY, numactl="").env_dict()
+
+
+def _say(status, text: str) -> None:
+    if status is not None:
+        status.line(text)
+    else:
+        import sys
+        print(f"smartlaunch: {text}", file=sys.stderr, flush=True)
 
 
 def _close_rendezvous(request) -> bool:

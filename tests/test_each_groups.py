@@ -350,19 +350,26 @@ def test_sigterm_stops_every_group_and_exits_143(clean_env):
 
 
 def test_a_node_reading_the_plan_binds_each_groups_ranks_to_its_own_cpus(clean_env):
-    # The deciding node's bindings name its CPUs; a node that reads the plan rebinds the plan
-    # and every packed group to its own (pipeline_nodes._local_numa), as prepare() would.
+    # The deciding node's bindings name its CPUs and its environment is its own; a node that
+    # reads the plan makes the plan's and every packed group's bindings and environment
+    # itself (pipeline_nodes._prepared_here), as prepare() does, never the wire's.
     from types import SimpleNamespace
 
-    from smartlaunch.pipeline_nodes import _local_numa
+    from smartlaunch.decide.plan import EnvVar
+    from smartlaunch.pipeline_nodes import _prepared_here
     topo, pol = nvswitch8(), policy()
     mine = prepare(run(topo, profile(**GPT), sweep(2), pol), topo, pol, {}, units=REGISTRY,
                    numactl="")
-    theirs = dataclasses.replace(mine, groups=tuple(
-        dataclasses.replace(g, numa=tuple(dataclasses.replace(b, cpus=(999,)) for b in g.numa))
+    evil = EnvVar("PYTHONPATH", "/tmp/evil", "the wire")
+    theirs = dataclasses.replace(mine, env=mine.env + (evil,), groups=tuple(
+        dataclasses.replace(g, env=g.env + (evil,), numa=tuple(
+            dataclasses.replace(b, cpus=(999,)) for b in g.numa))
         for g in mine.groups))
-    local = _local_numa(theirs, topo, pol, SimpleNamespace(
-        torchrun_args=SimpleNamespace(numa_binding=None)))
+    local = _prepared_here(theirs, topo, pol, SimpleNamespace(
+        torchrun_args=SimpleNamespace(numa_binding=None)), {})
     assert [[b.cpus for b in g.numa] for g in local.groups] == \
         [[b.cpus for b in g.numa] for g in mine.groups]
     assert {b.cpus for g in local.groups for b in g.numa} != {(999,)}
+    assert local.env == mine.env and [g.env for g in local.groups] == \
+        [g.env for g in mine.groups]
+    assert "PYTHONPATH" not in {e.name for g in local.groups for e in g.env}

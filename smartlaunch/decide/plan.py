@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch import wire
+from smartlaunch.errors import WireError
 from smartlaunch.profile.api import ModelProfile
-from smartlaunch.vocab import Strategy
+from smartlaunch.vocab import STRATEGIES, Strategy
 
 SCHEMA_VERSION = 1
 
@@ -163,32 +166,14 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
-        """to_dict's inverse: the plan a multi-node job's deciding node shares with the others
-        (pipeline_nodes.py) arrives as JSON."""
-        d = {k: v for k, v in d.items() if k != "schema_version"}
-        d["strategy"] = _strategy(d["strategy"])
-        d["env"] = tuple(EnvVar(**e) for e in d["env"])
-        d["numa"] = tuple(NumaBinding(**{**b, "cpus": tuple(b["cpus"])}) for b in d["numa"])
-        d["candidates"] = tuple(Candidate(**{**c, "strategy": _strategy(c["strategy"]),
-                                             "gpus": tuple(c["gpus"])}) for c in d["candidates"])
-        d["reasons"] = tuple(Reason(**r) for r in d["reasons"])
-        d["groups"] = tuple(VariantGroup(**{
-            **g, "strategy": _strategy(g["strategy"]), "gpus": tuple(g["gpus"]),
-            "env": tuple(EnvVar(**e) for e in g["env"]),
-            "numa": tuple(NumaBinding(**{**b, "cpus": tuple(b["cpus"])}) for b in g["numa"])})
-            for g in d.get("groups", ()))
-        for key in ("gpus", "left_free", "fallback_gpus", "command"):
-            d[key] = tuple(d[key])
-        d["variants"] = tuple(tuple(v) for v in d["variants"])
-        d["node_variants"] = tuple(tuple(v) for v in d.get("node_variants", ()))
-        d["jobs_per_gpu"] = {int(g): n for g, n in d["jobs_per_gpu"].items()}
-        d["profile"] = ModelProfile.from_dict(d["profile"]) if d["profile"] else None
-        c = d["comm"]
-        d["comm"] = CommSummary(**{**c, "gpus": tuple(c["gpus"]), "points": tuple(
-            (int(b), float(t)) for b, t in c["points"]),
-            "derived_from": tuple(c.get("derived_from", ()))}) if c else None
-        return cls(**d)
+    def from_dict(cls, d: Any, *, strategies: Collection[str] = STRATEGIES) -> "Plan":
+        """to_dict's inverse, for the plan a multi-node job's deciding node shares with the
+        others (pipeline_nodes.py) as JSON from the network: every field of every record
+        typed and bounded (smartlaunch.wire), strategies among `strategies` (the registered
+        units' names), group and node shares naming variants that exist. Raises WireError
+        (one line naming the field) for anything else, nothing else. What the values may
+        mean on a node (its GPUs, its command line) is the reader's check, not this one."""
+        return cls(**_plan_fields(d, tuple(strategies)))
 
     @property
     def multi_node(self) -> bool:
@@ -232,6 +217,88 @@ class Plan:
     def jobs_on(self, gpu: int) -> int:
         """Independent jobs that may run at once on `gpu`."""
         return self.jobs_per_gpu.get(gpu, 1)
+
+
+# Bounds of a plan read from the network (Plan.from_dict) beyond smartlaunch.wire's defaults.
+MAX_GPUS = 1024                  # GPU indices 0..MAX_GPUS-1, lists of at most MAX_GPUS
+MAX_RANKS = 1 << 16              # nproc_per_node, requested_max
+MAX_ARGS = 1 << 20               # a command's or variant's arguments: --each-file's 1 MiB
+MAX_VARIANTS = 1 << 20
+MAX_NODES = 1 << 16
+
+
+def _gpus(v: Any, where: str) -> tuple[int, ...]:
+    return tuple(wire.integer(g, f"{where}[{i}]", 0, MAX_GPUS - 1)
+                 for i, g in enumerate(wire.items(v, where, MAX_GPUS)))
+
+
+def _args(v: Any, where: str) -> tuple[str, ...]:
+    return tuple(wire.text(a, f"{where}[{i}]", MAX_ARGS, lines=True)
+                 for i, a in enumerate(wire.items(v, where, MAX_ARGS)))
+
+
+def _indices(v: Any, where: str) -> tuple[int, ...]:
+    return tuple(wire.integer(k, f"{where}[{i}]", 0, MAX_VARIANTS - 1)
+                 for i, k in enumerate(wire.items(v, where, MAX_VARIANTS)))
+
+
+def _plan_fields(d: Any, strategies: tuple[str, ...]) -> dict[str, Any]:
+    """Plan.from_dict's keyword arguments, read and checked."""
+    d = wire.obj(d, "plan")
+    if "schema_version" not in d:
+        raise WireError("plan.schema_version", "missing")
+    wire.integer(d["schema_version"], "plan.schema_version", SCHEMA_VERSION, SCHEMA_VERSION)
+    readers = {Strategy: lambda v, w: _strategy(wire.choice(v, w, strategies))}
+
+    def one(tp):
+        return lambda v, w: None if v == {} else tp(**wire.record(tp, v, w, readers=readers))
+
+    def jobs(v: Any, where: str) -> dict[int, int]:
+        out = {}
+        for k, n in wire.obj(v, where, MAX_GPUS).items():
+            if not (k.isascii() and k.isdigit() and len(k) <= 4 and int(k) < MAX_GPUS):
+                raise WireError(f"{where} key", "not a GPU index")
+            out[int(k)] = \
+                wire.integer(n, f"{where}.{k}", 1, MAX_GPUS)
+        return out
+
+    def topology(v: Any, where: str) -> dict[str, str | None]:
+        return {wire.text(k, f"{where} key", wire.MAX_KEY_TEXT):
+                None if x is None else wire.text(x, f"{where}.{wire.line(k, 40)}")
+                for k, x in wire.obj(v, where, 32).items()}
+    fields = {
+        "gpus": _gpus, "left_free": _gpus, "fallback_gpus": _gpus,
+        "nproc_per_node": lambda v, w: wire.integer(v, w, 1, MAX_RANKS),
+        "requested_max": lambda v, w: wire.integer(v, w, 0, MAX_RANKS),
+        "device": lambda v, w: wire.choice(v, w, ("cuda", "cpu")),
+        "jobs_per_gpu": jobs, "topology": topology,
+        "profile": one(ModelProfile), "comm": one(CommSummary),
+        "nnodes": lambda v, w: wire.text(v, w, 32),
+        "wait_timeout_s": lambda v, w: wire.number(v, w, 0.0),
+        "command": _args,
+        "variants": lambda v, w: tuple(_args(a, f"{w}[{i}]") for i, a in
+                                       enumerate(wire.items(v, w, MAX_VARIANTS))),
+        "node_variants": lambda v, w: tuple(_indices(a, f"{w}[{i}]") for i, a in
+                                            enumerate(wire.items(v, w, MAX_NODES))),
+        "node_index": lambda v, w: wire.integer(v, w, 0, MAX_NODES - 1),
+    }
+    out = wire.record(Plan, {k: v for k, v in d.items() if k != "schema_version"}, "plan",
+                      fields=fields, readers=readers)
+    variants, split = out.get("variants", ()), out.get("node_variants", ())
+    for i, g in enumerate(out.get("groups", ())):
+        if not 0 <= g.variant < len(variants):
+            raise WireError(f"plan.groups[{i}].variant", f"{g.variant}, not the index of one "
+                            f"of the plan's {len(variants)} variants")
+    for k, share in enumerate(split):
+        if any(v >= len(variants) for v in share):
+            raise WireError(f"plan.node_variants[{k}]", f"names a variant past the plan's "
+                            f"{len(variants)}")
+    if sum(map(len, split)) != len(set().union(*split)):
+        raise WireError("plan.node_variants", "names a variant twice")
+    if out.get("node_index", 0) >= max(1, len(split)):
+        raise WireError("plan.node_index", f"{out['node_index']}, but the plan has "
+                        f"{len(split)} node shares")
+    return out
 
 
 def _strategy(name: str):

@@ -2,10 +2,15 @@
 
 Every node of a multi-node job runs one rank of the single-node benchmark
 (`smartlaunch.profile.comm_worker`) with RANK = its place among the nodes, WORLD_SIZE = the
-number of nodes, and MASTER_ADDR / MASTER_PORT = the deciding node's address and a port that
-node chose and published on the job's store (the caller's: pipeline_nodes.py). Rank 0, on the
-deciding node, writes the curve; decide/nodes.py scales it to fewer nodes. The rank is a child
-of ours with a bounded wait, killed on failure or time-out like the benchmark's ranks.
+number of nodes, MASTER_ADDR = the rendezvous endpoint's host as this node names it, and
+MASTER_PORT = a port the deciding node chose and published on the job's store (the caller's:
+pipeline_nodes.py) in an `Offer`. Rank 0, on the deciding node, writes the curve;
+decide/nodes.py scales it to fewer nodes. The rank is a child of ours with a bounded wait,
+killed on failure or time-out like the benchmark's ranks.
+
+The offer is read from an unauthenticated store (docs/trust-model.md): it carries numbers and
+names only, each checked by `read_offer` against this node's own view (its --nnodes, its GPUs
+and links); the rank's environment is built by each node from its own (the caller's).
 """
 from __future__ import annotations
 
@@ -13,56 +18,116 @@ import json
 import os
 import signal
 import tempfile
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from smartlaunch import proc, ranks
+from smartlaunch import proc, ranks, wire
+from smartlaunch.errors import WireError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import nccl_env, read_json
 from smartlaunch.profile.comm import backend_for, rank_base_env
 from smartlaunch.worker_env import free_port
 
-KEY = "internode"           # the deciding node's {"addr", "port", "sizes", ...} on the store
+KEY = "internode"           # the deciding node's Offer, as JSON, on the store
 TIME_LIMIT_S = 120.0        # torch's import and the group's set-up on every node, then the sweep
 MB = 1 << 20
+MIN_SIZE = 256 << 10
+MAX_OFFER_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What every node's leader rank runs: the group's port on the deciding node, its size,
+    the device and message sizes, and the decision whose environment the ranks measure in (its
+    strategy, GPUs and link class: each node makes that environment itself, as prepare()
+    would for it). The rank measures on gpus[0] when the device is "cuda"."""
+    port: int
+    nodes: int
+    device: str                         # "cuda" | "cpu"
+    sizes: tuple[int, ...]
+    strategy: str
+    gpus: tuple[int, ...] = ()
+    link_class: str | None = None
+
+
+def _top(device: str) -> int:
+    return (256 if device == "cuda" else 32) * MB
 
 
 def sizes_for(grad_bytes: int | None, device: str) -> tuple[int, ...]:
     """Powers of two from 256 KiB to the gradient's size (at most 256 MiB on GPUs, 32 MiB
     over gloo), at least two: a DDP bucket is at most 25 MiB, a whole gradient more."""
-    top = (256 if device == "cuda" else 32) * MB
-    cap = min(top, 1 << max(0, int((grad_bytes or 4 * MB) - 1).bit_length()))
-    sizes = [256 << 10]
+    cap = min(_top(device), 1 << max(0, int((grad_bytes or 4 * MB) - 1).bit_length()))
+    sizes = [MIN_SIZE]
     while sizes[-1] < cap:
         sizes.append(sizes[-1] * 2)
     return tuple(sizes if len(sizes) >= 2 else sizes + [sizes[-1] * 2])
 
 
-def offer(store, *, addr: str, nodes: int, device: str, sizes, env: dict[str, str],
-          gpu: int | None) -> dict:
+def offer(store, *, nodes: int, device: str, sizes, strategy: str, gpus=(),
+          link_class: str | None = None) -> Offer:
     """The deciding node (rank 0): publish what every node's leader runs."""
-    spec = {"addr": addr, "port": free_port(), "nodes": nodes, "device": device,
-            "sizes": list(sizes), "env": env, "gpu": gpu}
-    store.set(KEY, json.dumps(spec))
-    return spec
+    made = Offer(free_port(), nodes, device, tuple(sizes), strategy, tuple(gpus), link_class)
+    store.set(KEY, json.dumps(asdict(made)))
+    return made
 
 
-def measure(spec: dict, rank: int, environ, *, time_limit_s: float = TIME_LIMIT_S
-            ) -> CommCurve | None:
-    """This node's leader: joins the group of spec["nodes"] ranks as `rank`; the curve on rank
-    0, None elsewhere. Raises RuntimeError naming the rank's last lines when it fails."""
-    device = spec["device"]
+def read_offer(raw: bytes, *, nodes: int, gpus: Collection[int], links: Collection[str],
+               strategies: Collection[str]) -> Offer:
+    """The Offer in `raw` (from the store) as this node may run it: `nodes` is this node's own
+    --nnodes, `gpus` its GPU indices, `links` its link classes, `strategies` the registered
+    units. Raises WireError naming the first field that is not."""
+    def sizes(v, where):
+        got = tuple(wire.integer(s, f"{where}[{i}]", MIN_SIZE, _top("cuda"))
+                    for i, s in enumerate(wire.items(v, where, 16)))
+        if len(got) < 2 or any(s & (s - 1) for s in got) or list(got) != sorted(set(got)):
+            raise WireError(where, "not two or more increasing powers of two")
+        return got
+
+    def own_gpus(v, where):
+        got = tuple(wire.integer(g, f"{where}[{i}]") for i, g in
+                    enumerate(wire.items(v, where, len(gpus))))
+        if not set(got) <= set(gpus) or len(set(got)) != len(got):
+            raise WireError(where, f"{list(got)[:8]} is not a list of this node's GPUs "
+                            f"({', '.join(map(str, sorted(gpus))) or 'none'})")
+        return got
+
+    def own_nodes(v, where):
+        return wire.integer(v, where, nodes, nodes)
+    got = Offer(**wire.record(Offer, wire.loads(raw, MAX_OFFER_BYTES), "offer", fields={
+        "port": lambda v, w: wire.integer(v, w, 1, 65535), "nodes": own_nodes,
+        "device": lambda v, w: wire.choice(v, w, ("cuda", "cpu")), "sizes": sizes,
+        "strategy": lambda v, w: wire.choice(v, w, strategies), "gpus": own_gpus,
+        "link_class": lambda v, w: None if v is None else wire.choice(v, w, links)}))
+    if got.device == "cuda" and not got.gpus:
+        raise WireError("offer.gpus", "none, for a measurement on the GPU")
+    if got.sizes[-1] > _top(got.device):
+        raise WireError("offer.sizes", f"{got.sizes[-1]} bytes, more than {_top(got.device)} "
+                        f"on the {got.device}")
+    return got
+
+
+def measure(spec: Offer, rank: int, environ: Mapping[str, str], *, host: str,
+            time_limit_s: float = TIME_LIMIT_S) -> CommCurve | None:
+    """This node's leader: joins the group of spec.nodes ranks as `rank`, the group's master
+    at `host` (this node's name for the rendezvous endpoint) and spec.port; `environ` is the
+    rank's whole environment before its rank variables (the caller's: its own, with the
+    decision's NCCL variables as this node makes them). The curve on rank 0, None elsewhere.
+    Raises RuntimeError naming the rank's last lines when it fails."""
+    device = spec.device
     backend = backend_for(device)
-    env = dict(rank_base_env({**environ, **spec["env"]}, device),
-               RANK=str(rank), WORLD_SIZE=str(spec["nodes"]), LOCAL_RANK="0",
-               LOCAL_WORLD_SIZE="1", MASTER_ADDR=spec["addr"], MASTER_PORT=str(spec["port"]))
+    env = dict(rank_base_env(environ, device),
+               RANK=str(rank), WORLD_SIZE=str(spec.nodes), LOCAL_RANK="0",
+               LOCAL_WORLD_SIZE="1", MASTER_ADDR=host, MASTER_PORT=str(spec.port))
     iters = 5 if device == "cuda" else 7
     with proc.stage("the all-reduce between nodes"), \
             tempfile.TemporaryDirectory(prefix="smartlaunch-internode-") as tmp:
         proc.remove_on_exit(tmp)
         out = os.path.join(tmp, "result.json")
-        argv = ["--backend", backend, "--out", out, "--sizes", ",".join(map(str, spec["sizes"])),
+        argv = ["--backend", backend, "--out", out, "--sizes", ",".join(map(str, spec.sizes)),
                 "--iters", str(iters), "--stat", "median",
-                *(["--device-index", str(spec["gpu"])] if device == "cuda" else [])]
+                *(["--device-index", str(spec.gpus[0])] if device == "cuda" else [])]
         group: list[ranks.Rank] = []
         try:
             group = ranks.start_ranks("smartlaunch.profile.comm_worker", [argv], [env],
@@ -79,6 +144,6 @@ def measure(spec: dict, rank: int, environ, *, time_limit_s: float = TIME_LIMIT_
             proc.remove_on_exit(tmp, done=True)
     if not points:
         raise RuntimeError("the leader rank 0 wrote no result")
-    return CommCurve.from_points(spec["nodes"], backend, [tuple(p) for p in points],
-                                 env=nccl_env({**environ, **spec["env"]}))
+    return CommCurve.from_points(spec.nodes, backend, [tuple(p) for p in points],
+                                 env=nccl_env(environ))
 
