@@ -250,20 +250,24 @@ def slurm_idle(slurm, plan) -> str:
 def _check_paths(request: Request, policy, environ) -> None:
     """Directories this launch will write, checked before anything is written: the cache for
     a decision that may measure, the log directory every launch writes its run directory in
-    (issue 13: a file there gave a traceback after the leases were taken)."""
+    (issue 13: a file there gave a traceback after the leases were taken). A cache this user
+    cannot write is no error: the decision measures without caching and says so once, where
+    it first has something to keep (store.cache_folder, store.keep); a cache path that cannot
+    be a directory is one."""
     from smartlaunch.profile.cache import cache_root
     cache = str(cache_root(policy, environ))      # --explain too: a HOME that does not exist
     if request.explain:
         return
     if request.strategy == "auto":
-        _check_dir_usable(cache, "paths.cache_dir", policy)
+        _check_dir_usable(cache, "paths.cache_dir", policy, write=False)
     # Every launch writes its run directory there (summary.txt, logs).
     _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
 
 
-def _check_dir_usable(path: str, key: str, policy) -> None:
+def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
     """A directory the launch will create files under: the path, or its nearest existing
-    parent, must be a directory this user can write (else exit 3 naming the setting)."""
+    parent, must be a directory (else exit 3 naming the setting), one this user can write
+    where `write`."""
     from smartlaunch.errors import PolicyError
     full = os.path.abspath(os.path.expanduser(path))
     probe = full
@@ -280,7 +284,7 @@ def _check_dir_usable(path: str, key: str, policy) -> None:
                           f"you can write")
     if not os.path.isdir(probe):
         raise PolicyError(f"{where}: {probe} is not a directory; set {key} to a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if write and not os.access(probe, os.W_OK | os.X_OK):
         raise PolicyError(f"{where}: {probe} is not writable by you; set {key} to a directory "
                           f"you can write")
 
@@ -430,13 +434,15 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     setup = profile.startup_s if profile is not None else None
+    one_gpu = profile.samples_per_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, session=session, expected_step_s=step,
                                expected_setup_s=setup,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}),
                                early=early.take_trials() if early is not None else None)
     trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
-                                                     topology=topology, environ=environ))
+                                                     topology=topology, environ=environ,
+                                                     one_gpu=one_gpu))
     return trials
 
 
