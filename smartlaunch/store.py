@@ -157,7 +157,11 @@ def say_once(line: str) -> None:
     """`smartlaunch: <line>` on stderr, the first time this process says it."""
     if line not in _SAID:
         _SAID.add(line)
-        print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
+        try:    # a terminal's status line (statusline.py) is erased first; its next tick redraws
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""
+        except (AttributeError, ValueError):
+            erase = ""
+        print(f"{erase}smartlaunch: {line}", file=sys.stderr, flush=True)
 
 
 def say_unwritable(root: Path, exc: OSError | CacheUnwritable) -> None:
