@@ -22,7 +22,7 @@ from pathlib import Path
 from smartlaunch.profile.cache import node_key, torch_version
 from smartlaunch.profile.comm import CommBenchError, backend_for, device_for, run_ranks
 from smartlaunch.store import (
-    MAX_SECONDS, BadRecord, cache_folder, cache_root, keep, load, number, record, required, text,
+    MAX_SECONDS, cache_folder, cache_root, keep, load, number, record, required, text,
 )
 
 TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing

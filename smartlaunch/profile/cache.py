@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus, TrialRecord
+# read_json and write_json are also read from here (comm.py, internode.py, tests).
 from smartlaunch.store import (
     UNWRITABLE, BadRecord, cache_folder, cache_root, keep, load, number, private_dir, read_json,
     record, required, say_unwritable, trusted_json, within, write_json, write_public_json,
