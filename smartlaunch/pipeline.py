@@ -267,18 +267,18 @@ def _check_paths(request: Request, policy, environ) -> None:
 def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
     """A directory the launch will create files under: the path, or its nearest existing
     parent, must be a directory (else exit 3 naming the setting), one this user can write
-    where `write`."""
+    and with room on its file system where `write`."""
     from smartlaunch.errors import PolicyError
     full = os.path.abspath(os.path.expanduser(path))
     probe = full
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     where = f"{key}={path} ({policy.source_of(key)})"
-    from smartlaunch.store import missing_home
+    from smartlaunch.store import MIN_FREE_BYTES, free_bytes, missing_home
     home = missing_home(full, os.environ)     # expanduser read os.environ's HOME too
+    from smartlaunch.policy.load import ENV_VARS
+    var = next((v for v, k in ENV_VARS.items() if k == key), key)
     if home:
-        from smartlaunch.policy.load import ENV_VARS
-        var = next((v for v, k in ENV_VARS.items() if k == key), key)
         raise PolicyError(f"{where}: HOME={home} does not exist and smartlaunch does not create "
                           f"it; set HOME to your home directory, or {var} ({key}) to a directory "
                           f"you can write")
@@ -287,6 +287,11 @@ def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
     if write and not os.access(probe, os.W_OK | os.X_OK):
         raise PolicyError(f"{where}: {probe} is not writable by you; set {key} to a directory "
                           f"you can write")
+    room = free_bytes(probe) if write else None
+    if room is not None and room < MIN_FREE_BYTES:
+        raise PolicyError(f"{where}: the file system of {probe} is full ({room >> 10} KiB "
+                          f"free; the ranks' step counters there would fail); free space on it, "
+                          f"or set {var} ({key}) to a directory on another file system")
 
 
 class _Clock:

@@ -32,6 +32,10 @@ from smartlaunch.errors import PolicyError
 DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
 # What a write to a cache directory can meet that no retry fixes: the launch goes on without it.
 UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+# Free bytes a directory needs before we write logs or mapped records there: a rank's mapped
+# step counter on a full file system dies of SIGBUS at its first store, a printing dry run of
+# ENOSPC at its first print.
+MIN_FREE_BYTES = 1 << 20
 MAX_RECORD_BYTES = 4 << 20      # a record is a few KiB; a larger file is not one we wrote
 MAX_SECONDS = 1e7               # ~4 months: no step, window, dry run or trial lasts longer
 MAX_TEXT = 64 << 10             # a note, an error tail, a device name
@@ -120,6 +124,15 @@ def read_json(path: Path) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def free_bytes(path) -> int | None:
+    """Bytes an unprivileged user may still write on the file system of `path` (None: unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def write_json(path: Path, data: dict, mode: int | None = None) -> None:

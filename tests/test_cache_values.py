@@ -233,6 +233,23 @@ def test_a_full_cache_launches_without_caching(job):
 
 
 @needs_mount
+def test_a_full_log_dir_is_named_before_anything_is_measured(job):
+    # The launch's run directory (step counters the ranks map) cannot live on a full file
+    # system: with the built-in paths it is the cache's, ~/.cache/smartlaunch/logs.
+    cwd, env = job
+    mount = cwd / "full"
+    mount.mkdir()
+    env = {**env, "SMARTLAUNCH_LOG_DIR": str(mount / "logs")}
+    r = smartlaunch(ARGS, cwd, env, on_tiny_fs(mount, "full"))
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert ours(r.stderr) == [
+        f"smartlaunch: error: launch.log_dir={mount / 'logs'} (env:SMARTLAUNCH_LOG_DIR): the file "
+        f"system of {mount} is full (0 KiB free; the ranks' step counters there would fail); "
+        f"free space on it, or set SMARTLAUNCH_LOG_DIR (launch.log_dir) to a directory on "
+        f"another file system"], r.stderr[-2000:]
+
+
+@needs_mount
 def test_explain_reprofile_on_a_read_only_cache_prints_the_plan(job):
     cwd, env = job
     mount = cwd / "ro"

@@ -32,7 +32,7 @@ from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus, Tria
 # read_json and write_json are also read from here (comm.py, internode.py, tests).
 from smartlaunch.store import (
     UNWRITABLE, BadRecord, cache_folder, cache_root, keep, load, number, private_dir, read_json,
-    record, required, say_unwritable, trusted_json, within, write_json, write_public_json,
+    record, required, trusted_json, within, write_json, write_public_json,
 )
 
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
@@ -111,7 +111,7 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         return run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
     root = cache_root(policy, environ)
     path = profile_path(request, policy, gpu_model, environ)
-    with _locked(path, policy.dryrun.time_limit_s + 60, root):
+    with _locked(path, policy.dryrun.time_limit_s + 60):
         if not request.reprofile:
             hit = load(path, ModelProfile.from_dict, "profile")
             if hit is not None:
@@ -131,17 +131,16 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
 
 
 @contextlib.contextmanager
-def _locked(path: Path, timeout: float, root: Path):
+def _locked(path: Path, timeout: float):
     """Hold <path>.lock (one dry run of a job at a time); where the lock file cannot be made
-    (the cache is read-only or full: said once), go on without it."""
+    (the cache is read-only or full) go on without it: a cached profile is still read, and
+    the write of a new one says why it is not kept (store.keep)."""
     from filelock import FileLock
     lock = FileLock(str(path) + ".lock", timeout=timeout)
     try:
         lock.acquire()
     except OSError as exc:    # filelock's Timeout is an OSError without an errno: raised
-        if exc.errno in UNWRITABLE:
-            say_unwritable(root, exc)
-        elif not isinstance(exc, FileNotFoundError):   # no folder: cache_folder said why
+        if exc.errno not in UNWRITABLE and not isinstance(exc, FileNotFoundError):
             raise
         lock = None
     try:

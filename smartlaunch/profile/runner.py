@@ -28,14 +28,14 @@ from smartlaunch.profile import undo
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.profile.early import DRY_RUN
 from smartlaunch.profile.session import Session, State, owned
-from smartlaunch.store import UNWRITABLE, cache_folder, cache_root, read_json, say_unwritable
+from smartlaunch.store import (
+    MIN_FREE_BYTES, UNWRITABLE, cache_folder, cache_root, free_bytes, read_json, say_unwritable,
+)
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
 EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
 TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
-MIN_LOG_ROOM = 1 << 20   # free bytes the log's file system needs: a script that prints into
-#                          a full one fails at its print, and the dry run with it
 NO_LOG = "not kept: the cache directory is not writable"
 
 
@@ -226,11 +226,11 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
 def _open_log(path: Path, root: Path):
     """The dry run's log, opened to append (the child's stdout and our copy of its stderr
     interleave, never overwrite); None where the cache cannot hold it: said once when it is
-    read-only or full (less than MIN_LOG_ROOM free), silent when its folder could not be
-    made (cache_folder said so)."""
+    read-only or full (less than store.MIN_FREE_BYTES free: a script printing into a full
+    one fails at its print), silent when its folder could not be made (cache_folder said so)."""
     try:
-        st = os.statvfs(path.parent)
-        if st.f_bavail * st.f_frsize < MIN_LOG_ROOM:
+        room = free_bytes(path.parent)
+        if room is not None and room < MIN_FREE_BYTES:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return open(path, "ab")
     except OSError as exc:
