@@ -14,6 +14,7 @@ import os
 import sys
 
 from smartlaunch.errors import UsageError
+from smartlaunch.store import BadRecord
 
 
 def register(subparsers) -> None:
@@ -57,13 +58,17 @@ def calibrate(args) -> int:
             curve = comm_curve(topo, tuple(gpus), policy, environ, max_bytes=largest)
     record = derive(run, curve)
     record.update(gpu_name=topo.gpu(gpus[0]).name, nccl=nccl_env(environ), torch=torch_version())
-    path = store_constants(policy, topo, environ, record)
+    try:
+        path = store_constants(policy, topo, environ, record)
+        kept = f"cached in {path}" if path else "not cached: the cache directory is not writable"
+    except BadRecord as exc:
+        path, kept = None, f"not cached: out of range ({exc})"
     if args.out:
         try:
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=1, sort_keys=True)
-        except OSError as e:     # the measurement is cached already: say where it is
-            raise UsageError(f"--out {args.out}: {e.strerror}; the record is cached in {path}; "
+        except OSError as e:     # the measurement may be cached already: say where it is
+            raise UsageError(f"--out {args.out}: {e.strerror}; the record is {kept}; "
                              f"give a writable path to copy it") from None
     if args.json:
         print(json.dumps(record, indent=1, sort_keys=True))
@@ -88,7 +93,8 @@ def calibrate(args) -> int:
         m, sd = record["measured_median"]["per_tensor_s"], record["spread"]["per_tensor_s"]
         print(f"  note: per_tensor_s measured {m * 1e6:.2g} ± {sd * 1e6:.2g} µs, within its "
               f"spread of 0: kept as 0")
-    print(f"  cached in {path}; decisions on this node use it (--explain says so)")
+    print(f"  cached in {path}; decisions on this node use it (--explain says so)" if path else
+          f"  {kept}; decisions on this node keep the shipped constants")
     return 0
 
 

@@ -250,32 +250,36 @@ def slurm_idle(slurm, plan) -> str:
 def _check_paths(request: Request, policy, environ) -> None:
     """Directories this launch will write, checked before anything is written: the cache for
     a decision that may measure, the log directory every launch writes its run directory in
-    (issue 13: a file there gave a traceback after the leases were taken)."""
+    (issue 13: a file there gave a traceback after the leases were taken). A cache this user
+    cannot write is no error: the decision measures without caching and says so once, where
+    it first has something to keep (store.cache_folder, store.keep); a cache path that cannot
+    be a directory is one."""
     from smartlaunch.profile.cache import cache_root
     cache = str(cache_root(policy, environ))      # --explain too: a HOME that does not exist
     if request.explain:
         return
     if request.strategy == "auto":
-        _check_dir_usable(cache, "paths.cache_dir", policy)
+        _check_dir_usable(cache, "paths.cache_dir", policy, write=False)
     # Every launch writes its run directory there (summary.txt, logs).
     _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
 
 
-def _check_dir_usable(path: str, key: str, policy) -> None:
+def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
     """A directory the launch will create files under: the path, or its nearest existing
-    parent, must be a directory this user can write, and the path itself, when it exists,
-    must pass store.dir_problem (else exit 3 naming the setting)."""
+    parent, must be a directory, and the path itself, when it exists, must pass
+    store.dir_problem (else exit 3 naming the setting); where `write`, also one this user can
+    write, with room on its file system."""
     from smartlaunch.errors import PolicyError
     full = os.path.abspath(os.path.expanduser(path))
     probe = full
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     where = f"{key}={path} ({policy.source_of(key)})"
-    from smartlaunch.store import missing_home
+    from smartlaunch.store import MIN_FREE_BYTES, free_bytes, missing_home
     home = missing_home(full, os.environ)     # expanduser read os.environ's HOME too
+    from smartlaunch.policy.load import ENV_VARS
+    var = next((v for v, k in ENV_VARS.items() if k == key), key)
     if home:
-        from smartlaunch.policy.load import ENV_VARS
-        var = next((v for v, k in ENV_VARS.items() if k == key), key)
         raise PolicyError(f"{where}: HOME={home} does not exist and smartlaunch does not create "
                           f"it; set HOME to your home directory, or {var} ({key}) to a directory "
                           f"you can write")
@@ -286,9 +290,14 @@ def _check_dir_usable(path: str, key: str, policy) -> None:
         why = dir_problem(os.lstat(full))
         if why:
             raise PolicyError(unsafe_dir_message(where, full, why, key))
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if write and not os.access(probe, os.W_OK | os.X_OK):
         raise PolicyError(f"{where}: {probe} is not writable by you; set {key} to a directory "
                           f"you can write")
+    room = free_bytes(probe) if write else None
+    if room is not None and room < MIN_FREE_BYTES:
+        raise PolicyError(f"{where}: the file system of {probe} is full ({room >> 10} KiB "
+                          f"free; the ranks' step counters there would fail); free space on it, "
+                          f"or set {var} ({key}) to a directory on another file system")
 
 
 class _Clock:
@@ -436,13 +445,15 @@ def _trial_runner(request, policy, environ, topology, profile, status, clock, un
     from smartlaunch.profile.cache import cached_trials
     step = profile.step_time_s if profile is not None else None
     setup = profile.startup_s if profile is not None else None
+    one_gpu = profile.samples_per_s if profile is not None else None
     runner = make_trial_runner(request, policy, environ, session=session, expected_step_s=step,
                                expected_setup_s=setup,
                                phases=lambda p: clock.add({f"trials_{k}": v for k, v in p.items()}),
                                early=early.take_trials() if early is not None else None)
     trials = _CountedTrials(runner, status, policy.decision.trial_seconds, units)
     trials.run = clock.timed("trials", cached_trials(trials.announced, request, policy,
-                                                     topology=topology, environ=environ))
+                                                     topology=topology, environ=environ,
+                                                     one_gpu=one_gpu))
     return trials
 
 

@@ -11,18 +11,57 @@ read with O_NOFOLLOW and written through a temp file in the same directory + os.
 concurrent writers never leave a torn file. Files named in a private directory are opened
 O_NOFOLLOW (open_private) or made new with O_EXCL (mapped_record); dir_problem says why a
 directory others may reach is not one to write in; flock_holder names a lock's holder.
+
+A cache is a saving, never a need: a cache directory that cannot be written (full, read-only,
+not this user's to write) is said once (`cache_folder`, `keep`) and the launch measures without
+caching. What is read back is checked before use: `load` parses a record with its type's
+from_dict, whose checks (`record`, `number`, `count`, ...) raise BadRecord naming the field; a
+bad record is said once and treated as absent, so it is measured again.
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
 from smartlaunch.errors import PolicyError
 
 DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
+# What a write to a cache directory can meet that no retry fixes: the launch goes on without it.
+UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+# Free bytes a directory needs before we write logs or mapped records there: a rank's mapped
+# step counter on a full file system dies of SIGBUS at its first store, a printing dry run of
+# ENOSPC at its first print.
+MIN_FREE_BYTES = 1 << 20
+MAX_RECORD_BYTES = 4 << 20      # a record is a few KiB; a larger file is not one we wrote
+MAX_SECONDS = 1e7               # ~4 months: no step, window, dry run or trial lasts longer
+MAX_TEXT = 64 << 10             # a note, an error tail, a device name
+MAX_ITEMS = 4096                # GPUs of a group, points of a curve, entries of a map
+
+
+class BadRecord(ValueError):
+    """A stored record that is not what its reader expects. `field` names the first bad field
+    ("curve.points[3][1]"), `why` what is wrong with it; str(): "field: why"."""
+
+    def __init__(self, field: str, why: str):
+        super().__init__(f"{field}: {why}")
+        self.field, self.why = field, why
+
+
+class CacheUnwritable(PolicyError):
+    """A cache directory that cannot take a write: `directory`, and the system's words for why
+    (`strerror`). Callers that can measure without caching catch it (cache_folder, keep);
+    uncaught it is a PolicyError (exit 3)."""
+
+    def __init__(self, directory, strerror: str):
+        super().__init__(f"cache directory {directory} is not writable ({strerror}); set "
+                         f"paths.cache_dir in your policy to a writable directory")
+        self.directory, self.strerror = directory, strerror
 
 
 def cache_root(policy, environ) -> Path:
@@ -52,11 +91,14 @@ def missing_home(path: str, environ) -> str | None:
 
 
 def private_dir(path: Path) -> Path:
-    """Create (0o700) or verify a directory we may trust; raise PolicyError otherwise."""
+    """Create (0o700) or verify a directory we may trust; raise PolicyError otherwise:
+    CacheUnwritable where it cannot be created (full, read-only, not ours to write)."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         st = os.lstat(path)
     except OSError as exc:
+        if exc.errno in UNWRITABLE:
+            raise CacheUnwritable(path, exc.strerror) from exc
         raise PolicyError(f"cannot create cache directory {path}: {exc.strerror}; "
                           "set paths.cache_dir in your policy to a writable directory") from exc
     why = None
@@ -86,22 +128,221 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def free_bytes(path) -> int | None:
+    """Bytes an unprivileged user may still write on the file system of `path` (None: unknown)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def write_json(path: Path, data: dict, mode: int | None = None) -> None:
     """Whole or not at all (a temp file renamed over it); mode: its permissions (mkstemp's
-    0o600 otherwise)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    0o600 otherwise). CacheUnwritable when the directory cannot take it (nothing left
+    behind); other OSErrors as they come."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        if exc.errno in UNWRITABLE:
+            raise CacheUnwritable(path.parent, exc.strerror) from exc
+        raise
     try:
         if mode is not None:
             os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.errno in UNWRITABLE:
+            raise CacheUnwritable(path.parent, exc.strerror) from exc
         raise
+
+
+# --- the cache as the launch uses it: said once, never a lost launch -------------------------
+
+_SAID: set[str] = set()     # lines said by this process: a record read twice is said once
+
+
+def say_once(line: str) -> None:
+    """`smartlaunch: <line>` on stderr, the first time this process says it."""
+    if line not in _SAID:
+        _SAID.add(line)
+        try:    # a terminal's status line (statusline.py) is erased first; its next tick redraws
+            erase = "\r\x1b[K" if sys.stderr.isatty() else ""
+        except (AttributeError, ValueError):
+            erase = ""
+        print(f"{erase}smartlaunch: {line}", file=sys.stderr, flush=True)
+
+
+def say_unwritable(root: Path, exc: OSError | CacheUnwritable) -> None:
+    """The one line for a cache directory the launch measures without."""
+    say_once(f"cache directory {root} is not writable ({exc.strerror}): measuring without "
+             f"caching")
+
+
+def cache_folder(root: Path, name: str) -> Path:
+    """<root>/<name>, one kind of cache entry: created 0o700 where it can be, verified where it
+    exists (PolicyError when it or `root` is unsafe: a link, not ours, open to others). Where
+    it cannot be created it is said once (say_unwritable) and returned as is: reads find
+    nothing there and `keep` skips the writes."""
+    try:
+        return private_dir(private_dir(root) / name)
+    except CacheUnwritable as exc:
+        say_unwritable(root, exc)
+        return root / name
+
+
+def keep(root: Path, path: Path, data: dict, mode: int | None = None) -> bool:
+    """write_json for a cache entry under the cache directory `root`: False, said once, when
+    the cache cannot take it (or its folder could not be made: said by cache_folder)."""
+    try:
+        write_json(path, data, mode)
+        return True
+    except CacheUnwritable as exc:
+        say_unwritable(root, exc)
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def load(path: Path, parse, what: str, *, then: str = "measuring again", read=None):
+    """parse(the JSON at path), or None: absent or unreadable, or a bad record (parse raised
+    BadRecord; not JSON; larger than MAX_RECORD_BYTES), which is said once: "ignoring the
+    cached <what> at <path> (<field>: <why>); <then>". read: how the file is read (default
+    read_record; trusted_json for a file others may have written)."""
+    try:
+        data = read_record(path) if read is None else read(path)
+        return None if data is None else parse(data)
+    except BadRecord as exc:
+        say_once(f"ignoring the cached {what} at {path} ({exc}); {then}")
+        return None
+
+
+def read_record(path: Path):
+    """The JSON value at `path` (opened without following a link, a regular file), or None
+    when absent or unreadable; BadRecord when it is not JSON or larger than MAX_RECORD_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None  # absent, or a symlink planted in our place
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            raw = f.read(MAX_RECORD_BYTES + 1)
+        except OSError:
+            return None
+    return _parse(raw)
+
+
+def _parse(raw: bytes):
+    if len(raw) > MAX_RECORD_BYTES:
+        raise BadRecord("the file", f"larger than {MAX_RECORD_BYTES >> 20} MiB")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BadRecord("the file", f"not JSON ({str(exc)[:80]})") from None
+
+
+# --- checks of a stored record's fields: each returns the value or raises BadRecord ----------
+
+def _kind(value) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return f"{value!r}"[:40]
+
+
+def record(value, name: str = "the record") -> dict:
+    """A JSON object (a dict), else BadRecord."""
+    if not isinstance(value, dict):
+        raise BadRecord(name, f"{_kind(value)}, not an object")
+    return value
+
+
+def number(value, name: str, *, positive: bool = False, low: float | None = 0.0,
+           high: float | None = None) -> float:
+    """A finite number (JSON int or float, not true/false): > 0 when positive, else >= low
+    (None: any sign), <= high when given."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRecord(name, f"{_kind(value)}, not a number")
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v):
+        raise BadRecord(name, f"{_kind(value)} is not a finite number")
+    if positive and v <= 0:
+        raise BadRecord(name, f"{v:g} is not positive")
+    if not positive and low is not None and v < low:
+        raise BadRecord(name, f"{v:g} is below {low:g}")
+    if high is not None and v > high:
+        raise BadRecord(name, f"{v:g} is above {high:g}")
+    return v
+
+
+def count(value, name: str, *, low: int = 0, high: int = 1 << 62) -> int:
+    """A whole number (JSON int, not true/false) from low to high."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRecord(name, f"{_kind(value)}, not a whole number")
+    if not low <= value <= high:
+        raise BadRecord(name, f"{value} is not from {low} to {high}")
+    return value
+
+
+def text(value, name: str, *, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str):
+        raise BadRecord(name, f"{_kind(value)}, not a string")
+    if len(value) > limit:
+        raise BadRecord(name, f"longer than {limit} characters")
+    return value
+
+
+def flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise BadRecord(name, f"{_kind(value)}, not true or false")
+    return value
+
+
+def items(value, name: str, *, limit: int = MAX_ITEMS) -> list:
+    """A JSON list of at most `limit` items."""
+    if not isinstance(value, list):
+        raise BadRecord(name, f"{_kind(value)}, not a list")
+    if len(value) > limit:
+        raise BadRecord(name, f"{len(value)} items, more than {limit}")
+    return value
+
+
+def within(prefix: str, parse, value):
+    """parse(value) for a record nested at `prefix`: its BadRecord's field named from the top
+    ("curve.points[2]"; "curve" where the value itself is of the wrong type)."""
+    try:
+        return parse(value)
+    except BadRecord as exc:
+        field = prefix if exc.field == "the record" else f"{prefix}.{exc.field}"
+        raise BadRecord(field, exc.why) from None
+
+
+def optional(check, value, name: str, **kw):
+    """None, or check(value, name, **kw)."""
+    return None if value is None else check(value, name, **kw)
+
+
+def required(d: dict, key: str, prefix: str = ""):
+    """d[key], else BadRecord naming it as missing."""
+    if key not in d:
+        raise BadRecord(prefix + key, "missing")
+    return d[key]
 
 
 def mapped_record(path, size: int, mode: int = 0o644):
@@ -207,12 +448,14 @@ def read_capped(path: str, limit: int) -> bytes | None:
     return data if len(data) <= limit else None
 
 
-def trusted_json(path: Path, top: Path) -> dict | None:
-    """The JSON at `path` (under the directory `top`) if nobody but root or this user could
-    have written it: the file and every directory from `top` down to it owned by root or by
-    us and not group/world-writable, the file opened without following a link. None
+def trusted_json(path: Path, top: Path):
+    """The JSON value at `path` (under the directory `top`) if nobody but root or this user
+    could have written it: the file and every directory from `top` down to it owned by root
+    or by us and not group/world-writable, the file opened without following a link. None
     otherwise, and when absent or unreadable: another user's file is not a measurement to
-    plan on (the node cache the Slurm prolog writes as root, read by every user's launch)."""
+    plan on (the node cache the Slurm prolog writes as root, read by every user's launch).
+    A trusted file that is not JSON or too large: BadRecord, as read_record; its value, of
+    whatever JSON type, is the caller's to check."""
     me = os.getuid()
 
     def ok(st) -> bool:
@@ -235,14 +478,14 @@ def trusted_json(path: Path, top: Path) -> dict | None:
     except OSError:
         return None
     try:
-        with os.fdopen(fd) as f:
+        with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode) or not ok(st):
                 return None
-            data = json.load(f)
-            return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+            raw = f.read(MAX_RECORD_BYTES + 1)
+    except OSError:
         return None
+    return _parse(raw)
 
 
 def write_public_json(path: Path, data: dict) -> None:

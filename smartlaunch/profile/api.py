@@ -12,6 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from smartlaunch.store import (
+    MAX_ITEMS, MAX_SECONDS, BadRecord, count, flag, items, number, optional, record, required,
+    text,
+)
+
 
 class ProfileStatus(str, enum.Enum):
     OK = "ok"                   # steps measured
@@ -96,7 +101,13 @@ class ModelProfile:
         window = self.window_s or self.steps_measured * self.step_time_s
         if self.steps_measured < min_steps or window < min_seconds:
             return None
-        return (self.batch_size or 1) / self.step_time_s
+        return self.samples_per_s
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """One GPU's samples/s by the dry run, counted as a trial counts it (batch unknown:
+        1); None for a profile without a step time."""
+        return (self.batch_size or 1) / self.step_time_s if self.usable else None
 
     @property
     def backward_share(self) -> float | None:
@@ -114,9 +125,50 @@ class ModelProfile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelProfile":
+        """The profile to_dict wrote (unknown keys ignored, absent ones at their defaults), its
+        every field checked: BadRecord naming the first that is of the wrong type or out of
+        range (a step time that is not a positive finite number, a negative count, a
+        measured window longer than the dry run that measured it)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in d.items() if k in names}
-        d["status"] = ProfileStatus(d["status"])
+        d = {k: v for k, v in record(d).items() if k in names}
+        status = required(d, "status")
+        try:
+            d["status"] = ProfileStatus(status)
+        except ValueError:
+            raise BadRecord("status", f"{status!r} is not a profile status") from None
+        for k in _COUNTS:
+            if k in d:
+                d[k] = count(d[k], k)
+        for k in _OPTIONAL_COUNTS:
+            d[k] = optional(count, d.get(k), k)
+        d["exit_code"] = optional(count, d.get("exit_code"), "exit_code", low=-255, high=1 << 16)
+        for k in _POSITIVE_TIMES:
+            d[k] = optional(number, d.get(k), k, positive=True, high=MAX_SECONDS)
+        for k in _TIMES:
+            d[k] = optional(number, d.get(k), k, high=MAX_SECONDS)
+        # The script's own set-up less the launcher's gate wait: near 0, either side of it.
+        d["startup_s"] = optional(number, d.get("startup_s"), "startup_s", low=-MAX_SECONDS,
+                                  high=MAX_SECONDS)
+        for k in ("note", "error_tail", "device"):
+            if k in d:
+                d[k] = text(d[k], k)
+        for k in ("timing", "reads_world_size", "wrapped"):
+            d[k] = optional(text, d.get(k), k)
+        for k in ("window_cut_short", "cached"):
+            if k in d:
+                d[k] = flag(d[k], k)
+        dtypes = record(d.get("param_dtypes", {}), "param_dtypes")
+        if len(dtypes) > 64:
+            raise BadRecord("param_dtypes", f"{len(dtypes)} dtypes, more than 64")
+        d["param_dtypes"] = {text(k, "param_dtypes", limit=64): count(v, f"param_dtypes.{k}")
+                             for k, v in dtypes.items()}
+        if d["status"] in (ProfileStatus.OK, ProfileStatus.INCOMPLETE) \
+                and d.get("step_time_s") is None:
+            raise BadRecord("step_time_s", f"missing from a profile with status "
+                                           f"{d['status'].value}")
+        window, run = d.get("window_s"), d.get("dry_run_s")
+        if window is not None and run is not None and window > run * 1.05 + 1.0:
+            raise BadRecord("window_s", f"{window:g} s, longer than the dry run's {run:g} s")
         return cls(**d)
 
 
@@ -193,11 +245,38 @@ class CommCurve:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CommCurve":
+        """The curve to_dict wrote, checked: BadRecord naming the first field of the wrong type
+        or out of range (a size that is not a positive whole number, sizes out of order, a
+        time or bandwidth that is not a positive finite number, too many points or GPUs)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in d.items() if k in names}
-        d["points"] = tuple((int(a), float(b)) for a, b in d["points"])
-        d["gpus"] = tuple(d.get("gpus", ()))
-        d["derived_from"] = tuple(d.get("derived_from", ()))
+        d = {k: v for k, v in record(d).items() if k in names}
+        d["world_size"] = count(required(d, "world_size"), "world_size", low=1, high=MAX_ITEMS)
+        d["backend"] = text(required(d, "backend"), "backend", limit=32)
+        points = []
+        for i, p in enumerate(items(required(d, "points"), "points", limit=256)):
+            pair = items(p, f"points[{i}]", limit=2)
+            if len(pair) != 2:
+                raise BadRecord(f"points[{i}]", f"{len(pair)} values, not [bytes, seconds]")
+            size = count(pair[0], f"points[{i}][0]", low=1)
+            if points and size <= points[-1][0]:
+                raise BadRecord(f"points[{i}][0]", f"{size} bytes after {points[-1][0]}: "
+                                                   f"sizes out of order")
+            points.append((size, number(pair[1], f"points[{i}][1]", positive=True,
+                                        high=MAX_SECONDS)))
+        if not points:
+            raise BadRecord("points", "no points")
+        d["points"] = tuple(points)
+        d["latency_s"] = number(required(d, "latency_s"), "latency_s", high=MAX_SECONDS)
+        d["bandwidth_Bps"] = number(required(d, "bandwidth_Bps"), "bandwidth_Bps", positive=True)
+        env = record(d.get("env", {}), "env")
+        if len(env) > MAX_ITEMS:
+            raise BadRecord("env", f"{len(env)} variables, more than {MAX_ITEMS}")
+        d["env"] = {text(k, "env", limit=256): text(v, f"env.{k}") for k, v in env.items()}
+        for k in ("gpus", "derived_from"):
+            d[k] = tuple(count(g, f"{k}[{i}]", high=MAX_ITEMS)
+                         for i, g in enumerate(items(d.get(k, []), k)))
+        if "cached" in d:
+            d["cached"] = flag(d["cached"], "cached")
         return cls(**d)
 
     @classmethod
@@ -206,3 +285,47 @@ class CommCurve:
         lat, bw = cls.fit(pts)
         return cls(world_size, backend, pts, lat, bw, **kw)
 
+
+# ModelProfile's fields by the check from_dict gives them.
+_COUNTS = ("total_params", "trainable_params", "grad_bytes", "num_grad_tensors", "buffer_bytes",
+           "steps_measured")
+_OPTIONAL_COUNTS = ("batch_size", "micro_batch_size", "micro_batches", "peak_gpu_mem_bytes",
+                    "peak_host_mem_bytes")
+_POSITIVE_TIMES = ("step_time_s", "step_time_p90_s", "window_s")
+_TIMES = ("backward_s", "forward_s", "optimizer_s", "gate_wait_s", "dry_run_s")
+
+# A kept trial over N GPUs above TRIAL_RANGE x N x the dry run's one-GPU samples/s is not a
+# measurement to plan on: DDP gives at most about N x, and the margin covers a dry run slowed
+# by what ran beside it. A one-GPU trial measures the dry run's step again; below
+# 1/TRIAL_FLOOR of it, it is not that step (and would inflate every speedup measured against
+# it): on a loaded 2-core CPU the two differed by up to 4x.
+TRIAL_RANGE = 2.0
+TRIAL_FLOOR = 10.0
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A kept trial: the samples/s a (strategy, GPUs) measured (profile/cache.py)."""
+    samples_per_s: float
+    measured_at: float
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, nproc: int,
+                  one_gpu: float | None = None) -> "TrialRecord":
+        """Checked: BadRecord when samples_per_s is not a positive finite number or, given
+        `one_gpu` (the dry run's samples/s: ModelProfile.samples_per_s), is above TRIAL_RANGE
+        x nproc x one_gpu, or (one GPU) below one_gpu / TRIAL_FLOOR."""
+        d = record(d)
+        rate = number(required(d, "samples_per_s"), "samples_per_s", positive=True)
+        when = number(required(d, "measured_at"), "measured_at")
+        if one_gpu:
+            high = TRIAL_RANGE * nproc * one_gpu
+            if rate > high:
+                raise BadRecord("samples_per_s", f"{rate:.4g} on {nproc} GPU(s), more than "
+                                                 f"{TRIAL_RANGE:g} × {nproc} × the dry run's "
+                                                 f"{one_gpu:.4g} on one")
+            if nproc == 1 and rate < one_gpu / TRIAL_FLOOR:
+                raise BadRecord("samples_per_s", f"{rate:.4g} on one GPU, less than "
+                                                 f"1/{TRIAL_FLOOR:g} of the dry run's "
+                                                 f"{one_gpu:.4g}")
+        return cls(rate, when)

@@ -14,13 +14,16 @@ not used.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from smartlaunch.profile.cache import node_key, torch_version
 from smartlaunch.profile.comm import CommBenchError, backend_for, device_for, run_ranks
-from smartlaunch.store import cache_root, private_dir, read_json, write_json
+from smartlaunch.store import (
+    MAX_SECONDS, cache_folder, cache_root, keep, load, number, record, required, text,
+)
 
 TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing
 FORMAT = 2                # 2: a third model, many small tensors (per_tensor_s); 1 is not read
@@ -91,30 +94,59 @@ def baseline_key(topology, environ) -> str:
                     torch=torch_version())
 
 
-def _path(policy, key: str, environ) -> Path:
-    return private_dir(private_dir(cache_root(policy, environ)) / "node") / f"{key}.json"
+# The calibrated constants' sane ranges (decide/cost.py's units): the shipped ones are
+# κ 1.2e-11 s/byte, 0.4 ms per step, 0 per tensor, and the held-out model paid ~30 µs per
+# tensor; a thousand times those is a measurement gone wrong, not a node.
+CONSTANT_RANGES = {"contention_s_per_byte": 1e-8, "ddp_overhead_s": 1.0, "per_tensor_s": 0.01}
 
 
-def store_constants(policy, topology, environ, record: dict) -> Path:
-    """Keep a calibration record (decide/calibrate.py's) for this node; returns its path."""
-    path = _path(policy, baseline_key(topology, environ), environ)
-    write_json(path, {**record, "measured_at": time.time(),
-                      "fingerprint": topology.fingerprint()})
-    return path
+def constants_path(policy, key: str, environ) -> Path:
+    return cache_folder(cache_root(policy, environ), "node") / f"{key}.json"
+
+
+def store_constants(policy, topology, environ, record: dict) -> Path | None:
+    """Keep a calibration record (decide/calibrate.py's) for this node; returns its path, or
+    None when the cache cannot take it (said once). BadRecord, and nothing kept, when the
+    record is out of the ranges load_constants accepts (a measurement gone wrong)."""
+    data = calibration_from_dict({**record, "measured_at": time.time(),
+                                  "fingerprint": topology.fingerprint()})
+    path = constants_path(policy, baseline_key(topology, environ), environ)
+    return path if keep(cache_root(policy, environ), path, data) else None
+
+
+def calibration_from_dict(d) -> dict:
+    """A stored calibration record, checked where a decision reads it (cost.calibrated reads
+    "constants", "spread", "date"): BadRecord naming the first field of the wrong type or out
+    of range (a constant negative, not finite, or above CONSTANT_RANGES; a spread that is
+    negative; no constants, fingerprint or time of measurement)."""
+    d = record(d)
+    text(required(d, "fingerprint"), "fingerprint", limit=256)
+    number(required(d, "measured_at"), "measured_at")
+    constants = record(required(d, "constants"), "constants")
+    for k, high in CONSTANT_RANGES.items():     # one missing stays the shipped one (cost.py)
+        if k in constants:
+            number(constants[k], f"constants.{k}", high=high)
+    spread = record(d.get("spread", {}), "spread")
+    for k in CONSTANT_RANGES:
+        v = spread.get(k)
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):  # 1 window: NaN
+            number(v, f"spread.{k}", high=MAX_SECONDS)
+    if "date" in d:
+        text(d["date"], "date", limit=64)
+    return d
 
 
 def load_constants(policy, topology, environ) -> dict | None:
     """This node's calibration record, or None: never measured, measured on another
-    topology, transport or torch (another key), too old, or damaged."""
+    topology, transport or torch (another key), too old, or damaged (said once)."""
     if topology is None or not topology.gpus:
         return None
-    data = read_json(_path(policy, baseline_key(topology, environ), environ))
-    if not isinstance(data, dict) or data.get("fingerprint") != topology.fingerprint():
+    path = constants_path(policy, baseline_key(topology, environ), environ)
+    data = load(path, calibration_from_dict, "node calibration",
+                then="using the shipped constants; `smartlaunch-node calibrate` measures them "
+                     "again")
+    if data is None or data["fingerprint"] != topology.fingerprint():
         return None
-    try:
-        age = time.time() - float(data["measured_at"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not 0 <= age <= policy.paths.comm_cache_max_age_s:
+    if not 0 <= time.time() - data["measured_at"] <= policy.paths.comm_cache_max_age_s:
         return None
     return data

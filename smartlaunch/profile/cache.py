@@ -13,9 +13,14 @@ Comm key = topology fingerprint + GPU group + backend + every NCCL_* variable.
 
 Where and how files are stored safely is smartlaunch/store.py. A FileLock per key serializes
 cold dry runs of the same job (the second launch waits, then hits the cache).
+
+Every entry read back is checked by its type's from_dict (a trial also against the dry run's
+one-GPU rate: api.TRIAL_RANGE); a bad one is said once and measured again (store.load). A
+cache directory that cannot be written is said once, and the launch measures without it.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,10 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from smartlaunch.errors import PolicyError
-from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus
+from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus, TrialRecord
+# read_json and write_json are also read from here (comm.py, internode.py, tests).
 from smartlaunch.store import (
-    cache_root, private_dir, read_json, trusted_json, write_json, write_public_json,
+    UNWRITABLE, BadRecord, cache_folder, cache_root, keep, load, number, private_dir, read_json,
+    record, required, trusted_json, within, write_json, write_public_json,
 )
 
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
@@ -98,22 +104,18 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
                        ) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time.
     announce() is called just before a dry run starts (not on a cache hit); echo,
-    progress(k, n), session and gate: as runner.run_dry_run."""
-    from filelock import FileLock
+    progress(k, n), session and gate: as runner.run_dry_run. A cache that cannot be written
+    costs the next launch its hit, not this one its profile (said once)."""
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
         return run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
-    folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
-    path = folder / (profile_key(request, policy, gpu_model=gpu_model, environ=environ) + ".json")
-    lock = FileLock(str(path) + ".lock", timeout=policy.dryrun.time_limit_s + 60)
-    with lock:
+    root = cache_root(policy, environ)
+    path = profile_path(request, policy, gpu_model, environ)
+    with _locked(path, policy.dryrun.time_limit_s + 60):
         if not request.reprofile:
-            hit = read_json(path)
+            hit = load(path, ModelProfile.from_dict, "profile")
             if hit is not None:
-                try:
-                    return _replace(ModelProfile.from_dict(hit), cached=True)
-                except (KeyError, TypeError, ValueError):
-                    pass  # an older or damaged entry: profile again
+                return _replace(hit, cached=True)
         if announce is not None:
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
@@ -121,21 +123,53 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         # UNMEASURABLE too (the script fixes its world size, or ran on the CPU though given
         # a GPU): it is the script's, not the moment's, and the next launch would pay a whole
         # dry run to learn it again. --reprofile measures again.
-        if profile.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
-                              ProfileStatus.UNMEASURABLE):
-            write_json(path, profile.to_dict())
+        kept = (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
+                ProfileStatus.UNMEASURABLE)
+        if profile.status in kept and _readable(ModelProfile.from_dict, profile.to_dict()):
+            keep(root, path, profile.to_dict())
         return profile
 
 
-def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:
-    """The stored profile of this entrypoint, without running anything (None: none yet)."""
-    folder = private_dir(private_dir(cache_root(policy, environ)) / "profiles")
-    hit = read_json(folder / (profile_key(request, policy, gpu_model=gpu_model,
-                                          environ=environ) + ".json"))
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float):
+    """Hold <path>.lock (one dry run of a job at a time); where the lock file cannot be made
+    (the cache is read-only or full) go on without it: a cached profile is still read, and
+    the write of a new one says why it is not kept (store.keep)."""
+    from filelock import FileLock
+    lock = FileLock(str(path) + ".lock", timeout=timeout)
     try:
-        return ModelProfile.from_dict(hit) if hit else None
-    except (KeyError, TypeError, ValueError):
-        return None
+        lock.acquire()
+    except OSError as exc:    # filelock's Timeout is an OSError without an errno: raised
+        if exc.errno not in UNWRITABLE and not isinstance(exc, FileNotFoundError):
+            raise
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _readable(parse, data) -> bool:
+    """What the next launch will accept: a record its reader would refuse is not kept (it
+    would be said and measured again every launch). Parsed as it will be read: from JSON."""
+    try:
+        parse(json.loads(json.dumps(data)))
+        return True
+    except (BadRecord, ValueError):
+        return False
+
+
+def profile_path(request, policy, gpu_model: str, environ) -> Path:
+    folder = cache_folder(cache_root(policy, environ), "profiles")
+    return folder / (profile_key(request, policy, gpu_model=gpu_model, environ=environ) + ".json")
+
+
+def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:
+    """The stored profile of this entrypoint, without running anything (None: none yet, or
+    a bad one: said)."""
+    return load(profile_path(request, policy, gpu_model, environ), ModelProfile.from_dict,
+                "profile")
 
 
 def nccl_env(environ) -> dict[str, str]:
@@ -155,31 +189,41 @@ def comm_key(topology, gpus, backend: str, environ) -> str:
     return node_key(topology, environ, gpus=list(gpus), backend=backend)
 
 
+def comm_path(policy, key: str, environ) -> Path:
+    return cache_folder(cache_root(policy, environ), "comm") / f"{key}.json"
+
+
 def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None:
-    folder = private_dir(private_dir(cache_root(policy, environ)) / "comm")
-    return _fresh_curve(read_json(folder / f"{key}.json"), policy, need_bytes)
+    return _fresh_curve(load(comm_path(policy, key, environ), _stored_curve, "all-reduce curve"),
+                        policy, need_bytes)
 
 
-def _fresh_curve(data, policy, need_bytes: int, world_size: int | None = None
+def _stored_curve(d) -> tuple[float, CommCurve]:
+    """{"measured_at", "curve"} as store_comm wrote it, checked (BadRecord naming the field)."""
+    d = record(d)
+    when = number(required(d, "measured_at"), "measured_at")
+    return when, within("curve", CommCurve.from_dict, required(d, "curve"))
+
+
+def _fresh_curve(stored, policy, need_bytes: int, world_size: int | None = None
                  ) -> CommCurve | None:
-    """A stored curve ({"measured_at", "curve"}) that is young enough, reaches need_bytes
-    and (when given) has world_size ranks; None otherwise or when damaged."""
-    if not data:
+    """A stored (measured_at, curve) that is young enough, reaches need_bytes and (when
+    given) has world_size ranks; None otherwise."""
+    if stored is None:
         return None
-    try:
-        age = time.time() - float(data.get("measured_at", 0))
-        curve = CommCurve.from_dict(data["curve"])
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if age > policy.paths.comm_cache_max_age_s or curve.points[-1][0] < need_bytes \
+    when, curve = stored
+    if time.time() - when > policy.paths.comm_cache_max_age_s \
+            or curve.points[-1][0] < need_bytes \
             or (world_size is not None and curve.world_size != world_size):
         return None
     return _replace(curve, cached=True)
 
 
-def store_comm(policy, key: str, curve: CommCurve, environ) -> None:
-    folder = private_dir(private_dir(cache_root(policy, environ)) / "comm")
-    write_json(folder / f"{key}.json", {"measured_at": time.time(), "curve": curve.to_dict()})
+def store_comm(policy, key: str, curve: CommCurve, environ) -> bool:
+    """Keep `curve` for the next launch (False: the cache cannot take it; said once)."""
+    data = {"measured_at": time.time(), "curve": curve.to_dict()}
+    return _readable(_stored_curve, data) and \
+        keep(cache_root(policy, environ), comm_path(policy, key, environ), data)
 
 
 # --- the node cache: what the Slurm prolog measured as root, read by every user's launch ----
@@ -208,8 +252,10 @@ def load_node_comm(policy, topology, gpus, backend: str, environ, *,
     if key is None:
         return None
     top = Path(os.path.expanduser(policy.paths.node_cache))
-    curve = _fresh_curve(trusted_json(top / "comm" / f"{key}.json", top), policy, need_bytes,
-                         len(gpus))
+    path = top / "comm" / f"{key}.json"
+    stored = load(path, _stored_curve, "all-reduce curve",
+                  read=lambda p: trusted_json(p, top))
+    curve = _fresh_curve(stored, policy, need_bytes, len(gpus))
     return None if curve is None else _replace(curve, gpus=tuple(gpus))
 
 
@@ -246,35 +292,40 @@ __all__ = ["profile_entrypoint", "profile_key", "comm_key", "node_key", "nccl_en
            "store_node_comm"]
 
 
-def cached_trials(runner, request, policy, *, topology, environ):
+def cached_trials(runner, request, policy, *, topology, environ, one_gpu: float | None = None):
     """Wrap a trial runner so each (strategy, GPUs)'s measured samples/s is kept with the profile:
     same script, arguments and GPU model (the profile key), same GPU group, topology and NCCL
-    environment (the comm key). `--reprofile` measures again."""
+    environment (the comm key). `--reprofile` measures again. one_gpu: the dry run's samples/s
+    on one GPU (ModelProfile.samples_per_s), which kept trials must be in range of
+    (api.TrialRecord); None: not known."""
     def run(strategy, gpus):
-        path = _trial_path(request, policy, topology, environ, strategy, gpus)
         hit = cached_trial(request, policy, topology=topology, environ=environ,
-                           strategy=strategy, gpus=gpus)
+                           strategy=strategy, gpus=gpus, one_gpu=one_gpu)
         if hit is not None:
             return hit
         rate = runner(strategy, gpus)
-        if rate is not None:
-            write_json(path, {"samples_per_s": rate, "measured_at": time.time()})
+        data = {"samples_per_s": rate, "measured_at": time.time()}
+        if rate is not None and _readable(
+                lambda d: TrialRecord.from_dict(d, nproc=len(gpus), one_gpu=one_gpu), data):
+            keep(cache_root(policy, environ),
+                 trial_path(request, policy, topology, environ, strategy, gpus), data)
         return rate
     return run
 
 
-def cached_trial(request, policy, *, topology, environ, strategy, gpus) -> float | None:
-    """The kept samples/s of this trial, or None (not measured yet, or --reprofile)."""
+def cached_trial(request, policy, *, topology, environ, strategy, gpus,
+                 one_gpu: float | None = None) -> float | None:
+    """The kept samples/s of this trial, or None (not measured yet, --reprofile, or a bad
+    record: said once). one_gpu: as cached_trials'."""
     if request.reprofile:
         return None
-    hit = read_json(_trial_path(request, policy, topology, environ, strategy, gpus))
-    if hit is not None and isinstance(hit.get("samples_per_s"), (int, float)):
-        return float(hit["samples_per_s"])
-    return None
+    hit = load(trial_path(request, policy, topology, environ, strategy, gpus),
+               lambda d: TrialRecord.from_dict(d, nproc=len(gpus), one_gpu=one_gpu), "trial")
+    return hit.samples_per_s if hit is not None else None
 
 
-def _trial_path(request, policy, topology, environ, strategy, gpus) -> Path:
-    folder = private_dir(private_dir(cache_root(policy, environ)) / "trials")
+def trial_path(request, policy, topology, environ, strategy, gpus) -> Path:
+    folder = cache_folder(cache_root(policy, environ), "trials")
     gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
     base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
     key = hashlib.sha256(json.dumps(

@@ -23,7 +23,10 @@ import time
 from dataclasses import dataclass
 
 from smartlaunch.profile.cache import comm_key, profile_key
-from smartlaunch.store import cache_root, private_dir, read_json, write_json
+from smartlaunch.store import (
+    MAX_ITEMS, MAX_SECONDS, BadRecord, cache_folder, cache_root, count, items, keep, load,
+    number, optional, record, required, text, within,
+)
 
 # A launch shorter than this says little about the steady rate (start-up, clock ramp, the
 # first checkpoint): not recorded.
@@ -55,10 +58,32 @@ class MeasuredRate:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MeasuredRate":
+        """The rate to_dict wrote, checked: BadRecord naming the first field of the wrong type
+        or out of range, or at odds with the others (steps_per_s is (steps - 1) / seconds,
+        rank_steps_per_s that times the ranks: measured_rate's arithmetic)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in d.items() if k in names}
-        d["gpus"] = tuple(int(g) for g in d.get("gpus", ()))
-        return cls(**d)
+        d = {k: v for k, v in record(d).items() if k in names}
+        d["strategy"] = text(required(d, "strategy"), "strategy", limit=64)
+        d["gpus"] = tuple(count(g, f"gpus[{i}]", high=MAX_ITEMS)
+                          for i, g in enumerate(items(required(d, "gpus"), "gpus")))
+        if not d["gpus"] or (d["strategy"] == ONE_RANK) != (len(d["gpus"]) == 1):
+            raise BadRecord("gpus", f"{len(d['gpus'])} GPUs for strategy {d['strategy']!r}")
+        d["steps"] = count(required(d, "steps"), "steps", low=2)
+        d["seconds"] = number(required(d, "seconds"), "seconds", positive=True,
+                              high=MAX_SECONDS)
+        for k in ("steps_per_s", "rank_steps_per_s"):
+            d[k] = number(required(d, k), k, positive=True)
+        d["samples_per_s"] = optional(number, d.get("samples_per_s"), "samples_per_s",
+                                      positive=True)
+        d["assumed"] = text(d.get("assumed", ""), "assumed")
+        d["measured_at"] = number(d.get("measured_at", 0.0), "measured_at")
+        rate = cls(**d)
+        for k, want in (("steps_per_s", (rate.steps - 1) / rate.seconds),
+                        ("rank_steps_per_s", rate.nproc * rate.steps_per_s)):
+            if abs(getattr(rate, k) - want) > 1e-6 * want:
+                raise BadRecord(k, f"{getattr(rate, k):.6g}, not the {want:.6g} its steps and "
+                                   f"seconds give")
+        return rate
 
 
 def candidate_name(strategy: str, gpus) -> str:
@@ -89,27 +114,38 @@ def job_key(request, policy, topology, environ) -> str:
         [base, comm_key(topology, (), "launch", environ)]).encode()).hexdigest()[:32]
 
 
-def _path(policy, key: str, environ):
-    return private_dir(private_dir(cache_root(policy, environ)) / "launches") / f"{key}.json"
+def rates_path(policy, key: str, environ):
+    return cache_folder(cache_root(policy, environ), "launches") / f"{key}.json"
 
 
-def load_rates(policy, key: str, environ) -> dict[str, MeasuredRate]:
-    data = read_json(_path(policy, key, environ)) or {}
+def rates_from_dict(d: dict) -> dict[str, MeasuredRate]:
+    """{"runs": {candidate name: MeasuredRate.to_dict()}}, checked: BadRecord naming the first
+    bad field ("runs.ddp:0,1.seconds"), or a run kept under another candidate's name."""
+    runs = record(required(record(d), "runs"), "runs")
+    if len(runs) > MAX_ITEMS:
+        raise BadRecord("runs", f"{len(runs)} runs, more than {MAX_ITEMS}")
     out = {}
-    for name, d in (data.get("runs") or {}).items():
-        try:
-            out[name] = MeasuredRate.from_dict(d)
-        except (KeyError, TypeError, ValueError):
-            continue      # an older or damaged entry: ignored, overwritten by the next launch
+    for name, run in runs.items():
+        rate = within(f"runs.{name}", MeasuredRate.from_dict, run)
+        if candidate_name(rate.strategy, rate.gpus) != name:
+            raise BadRecord(f"runs.{name}", f"the run of "
+                                            f"{candidate_name(rate.strategy, rate.gpus)}")
+        out[name] = rate
     return out
 
 
-def store_rate(policy, key: str, rate: MeasuredRate, environ) -> None:
-    path = _path(policy, key, environ)
-    data = read_json(path) or {}
-    runs = data.get("runs") if isinstance(data.get("runs"), dict) else {}
+def load_rates(policy, key: str, environ) -> dict[str, MeasuredRate]:
+    """The kept rates of this job's launches by candidate name; none when absent or damaged
+    (said once: store.load), and the next launch's rate starts the record again."""
+    return load(rates_path(policy, key, environ), rates_from_dict, "launch rates",
+                then="predicting instead; the next launch measures it again") or {}
+
+
+def store_rate(policy, key: str, rate: MeasuredRate, environ) -> bool:
+    """Keep `rate` with the job's other candidates' (False: the cache cannot take it)."""
+    runs = {name: r.to_dict() for name, r in load_rates(policy, key, environ).items()}
     runs[candidate_name(rate.strategy, rate.gpus)] = rate.to_dict()
-    write_json(path, {"runs": runs})
+    return keep(cache_root(policy, environ), rates_path(policy, key, environ), {"runs": runs})
 
 
 def one_gpu_rate(rates: dict[str, MeasuredRate], profile: dict) -> tuple[float | None, str]:

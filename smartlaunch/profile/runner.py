@@ -4,12 +4,16 @@ The child runs `python -m smartlaunch.profile.dryrun ... <script> <args>` in its
 (so a time-out kills it and its DataLoader workers as one group, and nothing else), with
 torchrun's single-rank environment so scripts that call init_process_group unconditionally
 work. Its stdout goes to a log file in the cache dir; its stderr is echoed to the user as is,
-copied into that log, and its tail kept for the crash message where it was not echoed.
+copied into that log, and its tail kept for the crash message where it was not echoed. Where
+the cache dir cannot hold a log (read-only, full: said once) its stdout is dropped and its
+stderr still echoed.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import errno
 import os
 import signal
 import subprocess
@@ -24,12 +28,15 @@ from smartlaunch.profile import undo
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.profile.early import DRY_RUN
 from smartlaunch.profile.session import Session, State, owned
-from smartlaunch.store import cache_root, private_dir, read_json
+from smartlaunch.store import (
+    MIN_FREE_BYTES, UNWRITABLE, cache_folder, cache_root, free_bytes, read_json, say_unwritable,
+)
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
 EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
 TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
+NO_LOG = "not kept: the cache directory is not writable"
 
 
 DRYRUN_MODULE = "smartlaunch.profile.dryrun"
@@ -145,8 +152,10 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     if iso_note and policy.dryrun.isolation != "off":
         print(f"smartlaunch: dry run {iso_note}", file=sys.stderr, flush=True)
     limit = float(policy.dryrun.time_limit_s)
-    logs = private_dir(private_dir(cache_root(policy, environ)) / "logs")
-    _prune(logs)
+    root = cache_root(policy, environ)
+    logs = cache_folder(root, "logs")
+    if logs.is_dir():
+        _prune(logs)
     stem = Path(request.script).stem or "script"
     log_path = logs / f"dryrun-{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
@@ -169,10 +178,13 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         own = (str(cache_root(policy, environ)), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
-        # append mode: the child's stdout and our copy of its stderr interleave, never overwrite
-        with open(log_path, "ab") as log:
+        log = _open_log(log_path, root)
+        if log is None:
+            log_path = NO_LOG
+        with log if log is not None else contextlib.nullcontext():
             stage = s.start(DRY_RUN, [(cmd, dryrun_env(environ, gpu),
-                                       {"stdout": log, "stderr": subprocess.PIPE})], gate=gate)
+                                       {"stdout": log if log is not None else subprocess.DEVNULL,
+                                        "stderr": subprocess.PIPE})], gate=gate)
             stage.on_step = progress
             tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
             err = _Echo(tail, echo, log)
@@ -209,6 +221,22 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     if iso_note:
         prof = dataclasses.replace(prof, note=f"{prof.note}; {iso_note}")
     return prof
+
+
+def _open_log(path: Path, root: Path):
+    """The dry run's log, opened to append (the child's stdout and our copy of its stderr
+    interleave, never overwrite); None where the cache cannot hold it: said once when it is
+    read-only or full (less than store.MIN_FREE_BYTES free: a script printing into a full
+    one fails at its print), silent when its folder could not be made (cache_folder said so)."""
+    try:
+        room = free_bytes(path.parent)
+        if room is not None and room < MIN_FREE_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return open(path, "ab")
+    except OSError as exc:
+        if exc.errno in UNWRITABLE:
+            say_unwritable(root, exc)
+        return None
 
 
 def _prune(logs: Path) -> None:
