@@ -55,7 +55,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
     code = 1
     try:
         ctx = context(request, policy, topology, environ=environ, status=status,
-                      announce=announce)
+                      announce=announce, log_dir=launch_log_dir(policy, environ, status.line))
         code = execute(plan, ctx, REGISTRY)
         return code
     except BaseException as exc:
@@ -260,8 +260,34 @@ def _check_paths(request: Request, policy, environ) -> None:
         return
     if request.strategy == "auto":
         _check_dir_usable(cache, "paths.cache_dir", policy, write=False)
-    # Every launch writes its run directory there (summary.txt, logs).
-    _check_dir_usable(policy.launch.log_dir, "launch.log_dir", policy)
+    launch_log_dir(policy, environ)
+
+
+def launch_log_dir(policy, environ, say=None) -> str:
+    """Where this launch makes its run directory (summary.txt, logs, the ranks' step
+    counters): launch.log_dir, checked (_check_dir_usable). Its built-in place, logs/ under
+    the cache directory, may be full or read-only like the cache itself, which costs only
+    caching: the run directory then goes to a private directory of its own under the system's
+    temp directory, said in one line (say None: only checked, nothing made). A launch.log_dir
+    someone set must work (exit 3)."""
+    from smartlaunch.errors import PolicyError
+    from smartlaunch.store import log_root
+    root = str(log_root(policy, environ))
+    try:
+        _check_dir_usable(root, "launch.log_dir", policy)
+        return root
+    except PolicyError as exc:
+        if policy.launch.log_dir:
+            raise
+        why = str(exc).split(": ", 1)[-1]
+    import tempfile
+    _check_dir_usable(tempfile.gettempdir(), "launch.log_dir", policy)
+    if say is None:
+        return tempfile.gettempdir()
+    spare = tempfile.mkdtemp(prefix="smartlaunch-logs-")
+    say(f"the built-in launch.log_dir {root} cannot take this launch's run files ({why}); "
+        f"they go to {spare}")
+    return spare
 
 
 def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:

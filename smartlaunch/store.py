@@ -79,6 +79,16 @@ def cache_root(policy, environ) -> Path:
     return Path(raw)
 
 
+def log_root(policy, environ) -> Path:
+    """launch.log_dir, where every launch makes its run directory; its built-in "" is logs/
+    under the cache directory (cache_root), so it moves with SMARTLAUNCH_CACHE_DIR."""
+    if not policy.launch.log_dir:
+        return cache_root(policy, environ) / "logs"
+    raw = policy.launch.log_dir
+    home = environ.get("HOME") or os.path.expanduser("~")
+    return Path(home + raw[1:] if raw == "~" or raw.startswith("~/") else raw)
+
+
 def missing_home(path: str, environ) -> str | None:
     """HOME, when `path` lies under it and it does not exist. A service account's
     HOME=/nonexistent made a launch create /nonexistent/.cache/smartlaunch/... at the

@@ -163,3 +163,16 @@ def test_sigterm_reaches_the_single_job_and_its_code_is_returned(clean_env):
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 42
+
+
+def test_a_home_that_cannot_be_written_stops_nothing_when_the_cache_is_elsewhere(clean_env):
+    """The run directories live under the cache directory (launch.log_dir's built-in): with
+    HOME missing (or read-only) and SMARTLAUNCH_CACHE_DIR writable, a launch runs there."""
+    cache = clean_env / "cache"
+    r = smartlaunch(["--strategy", "single", str(EXAMPLES / "train.py"), "--steps", "3",
+                     "--warmup", "1"], clean_env,
+                    {"HOME": str(clean_env / "nohome"), "SMARTLAUNCH_CACHE_DIR": str(cache)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = list((cache / "logs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "summary.txt").is_file()
+    assert not (clean_env / "nohome").exists()

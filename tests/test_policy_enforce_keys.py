@@ -52,6 +52,7 @@ CASES = {
     "launch.clock_drift_threshold": (0.2, 0.05, 0.2),
     "launch.log_dir": ("/admin/logs", "/user/logs", "/admin/logs"),
     "launch.quiet": (False, True, False),
+    "launch.flight_recorder": (False, True, False),
     "launch.env.NCCL_DEBUG": ("WARN", "INFO", "WARN"),
     "dryrun.time_limit_s": (60.0, 600.0, 60.0),
     "dryrun.warmup_steps": (3, 1, 3),

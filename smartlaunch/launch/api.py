@@ -110,6 +110,7 @@ class LaunchContext:
     say: Callable[[str], None] = _say                  # one "smartlaunch: ..." line on stderr
     # Terminating signals received, appended by run_loop's handler; a lease wait ends on one.
     signals: list[int] = field(default_factory=list)
+    log_root: str | None = None          # where run directories go; None: launch.log_dir
     _leases: Any = field(default=None, repr=False)
     _held: list = field(default_factory=list, repr=False)   # the Leases held now, for close()
 
@@ -119,7 +120,10 @@ class LaunchContext:
 
     @property
     def log_dir(self) -> str:
-        return os.path.expanduser(self.policy.launch.log_dir)
+        if self.log_root is not None:
+            return self.log_root
+        from smartlaunch.store import log_root
+        return str(log_root(self.policy, self.environ))
 
     def cancelled(self) -> bool:
         return bool(self.signals)
@@ -189,7 +193,7 @@ class LaunchContext:
         from smartlaunch.errors import PolicyError
         from smartlaunch.store import dir_problem, unsafe_dir_message
         key = "launch.log_dir"
-        where = f"{key}={self.policy.launch.log_dir} ({self.policy.source_of(key)})"
+        where = f"{key}={self.log_dir} ({self.policy.source_of(key)})"
         try:
             os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
             why = dir_problem(os.lstat(self.log_dir))
@@ -211,12 +215,14 @@ class LaunchContext:
 
 
 def context(request, policy, topology, *, environ: Mapping[str, str] = os.environ,
-            status=None, announce: Callable | None = None):
-    """The LaunchContext of one command line: what launchers need besides the Plan."""
+            status=None, announce: Callable | None = None, log_dir: str | None = None):
+    """The LaunchContext of one command line: what launchers need besides the Plan.
+    log_dir: where run directories go (pipeline.launch_log_dir); None: launch.log_dir."""
     def record(plan, run_dir) -> None:     # the rate that ran, for the next plan of this job
         from smartlaunch.launch.measured import record_launch
         record_launch(plan, request, policy, topology, run_dir, environ=environ)
     return LaunchContext(policy, topology, environ=environ,
                          torchrun_args=request.torchrun_args,
                          quiet=request.quiet or policy.launch.quiet, status=status,
-                         announce=announce or (lambda plan: None), record=record)
+                         announce=announce or (lambda plan: None), record=record,
+                         log_root=log_dir)

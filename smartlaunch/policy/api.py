@@ -76,7 +76,7 @@ class LaunchPolicy:
     straggler_window_s: float = 30.0      # window over which work per step is compared
     gpu_sample_s: float = 5.0             # NVML sample of each rank's GPU (drift, straggler cause)
     clock_drift_threshold: float = 0.10   # warn when a GPU's clock under load falls this far
-    log_dir: str = "~/.cache/smartlaunch/logs"
+    log_dir: str = ""                     # "": logs/ under paths.cache_dir (store.log_root)
     quiet: bool = False                   # no decision line before the job's output (--quiet)
     # torch's NCCL Flight Recorder in every rank (a ring of recent collectives, read on a hang
     # to name the collective a rank did not enter); off, as under torchrun, unless asked.

@@ -109,6 +109,11 @@ ENFORCE_ONLY: dict[str, str] = {
                        "launch.nccl",
 }
 
+# Text keys whose empty value has a meaning of its own (the others must not be empty).
+EMPTY_MEANS: dict[str, str] = {
+    "launch.log_dir": "logs/ under paths.cache_dir",
+}
+
 KIND_NAMES = {
     "float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
     "optint": "an integer or null", "optfloat": "a number or null",

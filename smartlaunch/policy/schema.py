@@ -18,7 +18,7 @@ from typing import Any, Callable
 import yaml
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy.rules import (
+from smartlaunch.policy.rules import (EMPTY_MEANS, 
     CHOICES, ENFORCE_ONLY, KIND_NAMES, RANGES, SECTIONS, field_default, section_fields,
 )
 from smartlaunch.vocab import FAMILY_P2P_LEVEL, LINK_FAMILIES, P2P_FAMILIES, P2P_LEVELS, p2p_level
@@ -288,7 +288,7 @@ class _Walker:
             if v != v or v in (float("inf"), float("-inf")):
                 raise self.error(node, label, f"{v} is not a finite number; write a number, "
                                  f"e.g. {field_default(dotted)}")
-        if kind == "str" and not v.strip():
+        if kind == "str" and not v.strip() and dotted not in EMPTY_MEANS:
             raise self.error(node, label, "must not be empty; remove the key to keep the "
                              "default")
         rng = RANGES.get(dotted)
