@@ -162,3 +162,34 @@ def request(**kw) -> Request:
 from smartlaunch.decide.cost import CostModel  # noqa: E402
 
 TEST_MODEL = CostModel(compute_slowdown=1.05, ddp_overhead_s=0.1e-3, contention_s_per_byte=0.0)
+
+
+def decide(request, topology, policy, profile, *, units, comm_for, trial=None,
+           unavailable=frozenset(), model=CostModel(), launched=None, environ=None,
+           wait_reason=""):
+    """Steps 4-5 of smartlaunch.decide (the candidates, their predictions and the choice) for a
+    given profile and GPUs left out, every curve and trial asked of `comm_for` and `trial`
+    (FakeComm, FakeTrial): the Plan before its workers' environment and bindings
+    (decide/prepare.py) and before the reasons the driver adds. What the scenario tests of the
+    choice need; the whole step, with its Needs, is decide.decide's (test_decide_step.py)."""
+    import importlib
+    from smartlaunch.decide.api import Inputs, Measured, NeedCurve, TrialResult
+    D = importlib.import_module("smartlaunch.decide.decide")   # the module, not the function
+    inputs = Inputs(request, topology, policy, units, environ or {}, model,
+                    launched=launched or {})
+    measured, rounds = Measured(), []
+    while True:
+        try:
+            return D._choose(inputs, profile, frozenset(unavailable), trials=trial is not None,
+                             wait_reason=wait_reason, measured=measured)
+        except D._Needed as e:
+            need = e.need
+            if isinstance(need, NeedCurve):
+                measured = measured.add(need, comm_for(need.gpus))
+                continue
+            if need.of > (rounds[-1] if rounds else 0):      # a round announced (planned)
+                rounds.append(need.of)
+                trial.planned(need.of - need.number + 1)
+            rate = trial(need.strategy, need.gpus)
+            why = getattr(trial, "why", {}).get(need.key, "") if rate is None else ""
+            measured = measured.add(need, TrialResult(rate, why))

@@ -115,9 +115,9 @@ def job_paths(argv, cwd: Path, env: dict):
             "all-reduce curve": cache.comm_path(policy, cache.comm_key(topo, (0, 1), backend, env),
                                                 env),
             "launch rates": feedback.rates_path(policy, feedback.job_key(request, policy, topo,
-                                                                         env), env),
+                                                                         env), env, create=True),
             "node calibration": baseline.constants_path(policy, baseline.baseline_key(topo, env),
-                                                        env),
+                                                        env, create=True),
         }, topo
     finally:
         os.chdir(old)

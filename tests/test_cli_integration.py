@@ -91,7 +91,7 @@ def test_plan_shows_what_each_stage_of_the_decision_cost(clean_env):
     script = os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")
     args = ["--explain=json", "--nproc-per-node", "2", script, "--batch-size", "8"]
     cold = json.loads(smartlaunch(args, clean_env).stdout)["timings"]
-    stages = ("policy", "topology", "leases", "profile", "allreduce", "decide", "prepare")
+    stages = ("policy", "topology", "leases", "profile", "allreduce", "decide")
     assert set(stages) <= set(cold)
     assert cold["profile"] > 0.5                          # a real dry run of the script
     assert cold["total"] >= sum(cold[k] for k in stages) * 0.99
@@ -102,6 +102,6 @@ def test_plan_shows_what_each_stage_of_the_decision_cost(clean_env):
     line = [x for x in warm_text.splitlines() if x.startswith("decided in ")]
     assert len(line) == 1 and "since the command started" in line[0]
     warm = json.loads(smartlaunch(args, clean_env).stdout)["timings"]
-    # with 4+ cores the cold sweep ran beside the dry run (pipeline._start_early): its own seconds
+    # with 4+ cores the cold sweep ran beside the dry run (driver.Driver._start_early): its own seconds
     swept = cold["allreduce"] + cold.get("allreduce_early", 0.0)
     assert warm["profile"] < cold["profile"] / 5 and warm["allreduce"] < swept

@@ -269,7 +269,7 @@ def test_cold_decision_on_a_terminal_shows_step_size_and_trial_progress(clean_en
     assert steps == sorted(steps)                       # it counts up, redrawn in place
     sizes = re.findall(r"all-reduce ([\d.]+ [KMG]?B) \((\d) of (\d) sizes\)", text)
     assert all(1 <= int(k) <= int(n) for _, k, n in sizes), text
-    # With 4+ cores the sweep ran beside the dry run (pipeline._start_early) and had ended by then.
+    # With 4+ cores the sweep ran beside the dry run (driver.Driver._start_early) and had ended by then.
     assert sizes or "(started with the dry run; cached afterwards)" in text, text
     # One GPU is answered by the dry run when its window was as long as a trial's; on a slow
     # machine the 300-step script cuts it short, and then one GPU is a trial of its own.

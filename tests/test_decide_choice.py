@@ -10,7 +10,8 @@ from helpers_decide import (  # noqa: I001
     FakeComm, FakeTrial, critical, dual_socket, gpu, machine, nv_pair, nvswitch8, pcie4,
     pcie_pair, policy, profile, request,
 )
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.errors import ExitCode, NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.profile.api import ProfileStatus
 from smartlaunch.topology.api import cpu_only

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from helpers_decide import FakeComm, curve, fixture, gpu, machine, policy, profile, request
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.decide.curves import group_curves, link_kind
 from smartlaunch.decide.explain import render_text
 from smartlaunch.profile.api import CommCurve

@@ -14,7 +14,8 @@ import pytest
 from helpers_decide import (
     FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, pcie_pair, policy, profile, request,
 )
-from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
+from smartlaunch.decide import EnvVar, NumaBinding
+from helpers_decide import decide as _decide
 from smartlaunch.decide.explain import cpu_ranges, render_text
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.topology.api import cpu_only

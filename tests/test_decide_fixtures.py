@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from helpers_decide import FakeComm, fixture, policy, profile, request
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.strategies import REGISTRY
 
 RESNET = dict(params=25_600_000, step_ms=17.0)

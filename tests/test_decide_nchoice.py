@@ -8,7 +8,8 @@ import pytest
 from helpers_decide import (
     TEST_MODEL, FakeComm, FakeTrial, curve, fixture, gpu, machine, policy, profile, request,
 )
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.strategies import REGISTRY
 
 GPT = dict(params=163_000_000, step_ms=21.0)

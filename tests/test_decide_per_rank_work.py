@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 
 from helpers_decide import TEST_MODEL, FakeComm, FakeTrial, nv_pair, policy, profile, request
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.decide.explain import render_text
 from smartlaunch.strategies import REGISTRY
 

@@ -16,7 +16,8 @@ from helpers_decide import (
     TEST_MODEL, FakeComm, FakeTrial, curve, fixture, gpu, machine, policy, profile, request,
 )
 from helpers_policy import load_with_admin, write
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.decide.batch import global_batch
 from smartlaunch.decide.cost import predict_ddp
 from smartlaunch.decide.explain import decision_line, render_text

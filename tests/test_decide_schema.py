@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from helpers_decide import FakeComm, FakeTrial, dual_socket, nv_pair, pcie4, policy, profile, request
-from smartlaunch.decide import EnvVar, NumaBinding, decide as _decide
+from smartlaunch.decide import EnvVar, NumaBinding
+from helpers_decide import decide as _decide
 from smartlaunch.decide.plan import SCHEMA_VERSION, Plan
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.topology.api import cpu_only

@@ -14,7 +14,7 @@ from helpers_common import EXAMPLES, REPO, fixture_path, own_lines
 from helpers_decide import FakeComm, FakeTrial, TEST_MODEL, dual_socket, policy, profile, request
 from helpers_nobody import AS_NOBODY, needs_nobody, shared_tmp
 from helpers_policy import needs_admin_install
-from smartlaunch.decide import decide
+from helpers_decide import decide
 from smartlaunch.launch.decision_log import (
     LOCK_WAIT_S, MAX_LINE, LogBusy, append_line, encode, mispredicted, read_log, record,
     torchrun_gpu_seconds,

@@ -13,7 +13,8 @@ from helpers_decide import (  # noqa: I001
     TEST_MODEL, FakeComm, FakeTrial, dual_socket, fixture, nvswitch8, pcie4, policy, profile,
     request,
 )
-from smartlaunch.decide import Strategy, decide
+from smartlaunch.decide import Strategy
+from helpers_decide import decide
 from smartlaunch.decide.explain import render_text
 from smartlaunch.decide.pack import disjoint_groups
 from smartlaunch.decide.prepare import prepare
@@ -119,11 +120,13 @@ def test_more_variants_than_gpus_queue_on_single_gpus_and_a_forced_independent_n
 
 
 def test_a_dry_run_is_planned_only_when_the_variants_could_get_ddp_groups(clean_env):
-    from smartlaunch.decide.probe import probe
+    from smartlaunch.decide import decide as step
+    from smartlaunch.decide.api import Inputs, Measured, NeedProfile
 
     def gpu(req, pol=None):
-        return probe(req, pcie4(), pol or policy(), units=REGISTRY,
-                     leased=lambda: frozenset()).profile_gpu
+        """The GPU the step asks a dry run on, with no GPU leased elsewhere; None: none."""
+        need = step(Inputs(req, pcie4(), pol or policy(), REGISTRY), Measured(leased=frozenset()))
+        return need.gpu if isinstance(need, NeedProfile) else None
     assert gpu(sweep(2)) == 0                       # 2 × DDP×2 fits 4 GPUs: worth measuring
     assert gpu(sweep(3)) is None                    # 3 × 2 does not: one GPU each, as before
     assert gpu(sweep(2), policy(world_sizes=(1, 4))) is None
@@ -298,7 +301,7 @@ DRIVER = textwrap.dedent("""
     from torch.distributed.run import get_args_parser
     from helpers_decide import fixture, profile, FakeComm, TEST_MODEL
     from helpers_ddp import make_policy
-    from smartlaunch.decide import decide
+    from helpers_decide import decide
     from smartlaunch.decide.prepare import prepare
     from smartlaunch.launch import execute
     from smartlaunch.launch.api import context

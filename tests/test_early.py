@@ -357,20 +357,15 @@ def test_a_launch_imports_torchs_launcher_once_its_dry_run_is_running(clean_env,
     """The launcher's own `import torch` (~3 s on a GPU node) waits until the session first
     serves its processes, so it overlaps the dry run instead of delaying it."""
     import sys
-    from smartlaunch import pipeline
+    from smartlaunch.driver import Driver
     from smartlaunch.pipeline import make_plan
     from smartlaunch.request import Request
-    roles, real = [], pipeline._import_torch_once
+    roles, real = [], Driver._import_torch_once
 
-    def spy(session):
-        rule = real(session)
-
-        def observed():
-            roles.append([s.role for s in session.stages])
-            session.rules.remove(observed)
-            session.rules.append(rule)
-        return observed
-    monkeypatch.setattr(pipeline, "_import_torch_once", spy)
+    def spy(self):
+        roles.append([s.role for s in self.session.stages])
+        real(self)
+    monkeypatch.setattr(Driver, "_import_torch_once", spy)
     policy = clean_env / "policy.yaml"
     policy.write_text(SWEEP_POLICY)
     environ = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": str(REPO / "smartlaunch" / "topology"

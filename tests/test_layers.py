@@ -24,6 +24,7 @@ LAYERS = (
     ("smartlaunch.scheduler",),
     ("smartlaunch.slurm",),
     ("smartlaunch.pipeline_nodes",),
+    ("smartlaunch.driver",),
     ("smartlaunch.pipeline",),
     ("smartlaunch.cli", "smartlaunch.node_cli", "smartlaunch.node_calibrate"),
 )

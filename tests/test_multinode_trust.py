@@ -22,7 +22,7 @@ import pytest
 from helpers_common import fixture_path, wait_until
 from helpers_decide import (TEST_MODEL, FakeComm, nv_pair, pcie4, policy, profile,
                             request)
-from smartlaunch.decide import decide as _decide
+from helpers_decide import decide as _decide
 from smartlaunch.decide.plan import EnvVar, Plan
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.errors import ExitCode, RendezvousError, SmartlaunchError, WireError

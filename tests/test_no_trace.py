@@ -189,7 +189,7 @@ def run_module(name, *args, **kw):
     return _run_module(name, *args, **kw)
 runpy.run_module = run_module
 """
-# The early sweep (pipeline._start_early) starts only with cores to spare; this machine may have 2.
+# The early sweep (driver.Driver._start_early) starts only with cores to spare; this machine may have 2.
 AS_IF_16_CORES = """import os, sys
 os.sched_getaffinity = lambda pid: set(range(16))
 from smartlaunch.cli import console_main

@@ -15,7 +15,8 @@ import pytest
 
 from helpers_decide import TEST_MODEL, FakeComm, FakeTrial, nvswitch8, policy, profile, request
 from smartlaunch import vocab
-from smartlaunch.decide import Plan, decide, groups as G
+from smartlaunch.decide import Plan, groups as G
+from helpers_decide import decide
 from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.cost import predict_ddp
 from smartlaunch.decide.explain import decision_line, placement, render_text

@@ -3,12 +3,18 @@ ask of a strategy. decide/ names no strategy where a unit can answer; the caller
 units (pipeline: strategies.REGISTRY), keyed by their NAME."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from smartlaunch.decide.cost import Prediction
-from smartlaunch.decide.plan import Candidate, NumaBinding, Plan
+from smartlaunch.decide.cost import CostModel, Prediction
+from smartlaunch.decide.plan import Candidate, NumaBinding, Plan, Reason
+from smartlaunch.policy.api import Policy
+from smartlaunch.profile.feedback import MeasuredRate
+from smartlaunch.request import Request
+from smartlaunch.topology.api import Topology
 
 
 class Role(str, enum.Enum):
@@ -110,3 +116,96 @@ def by_role(units: Units, role: Role) -> StrategyUnit:
             return unit
     from smartlaunch.errors import PlanError
     raise PlanError(f"no strategy unit has the role {role.value}; register one (strategies/)")
+
+
+# ---- the decision as a step: what it is given, what has been measured, what it needs next ----
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the decision is given before anything is measured (decide.decide's first argument).
+    model, model_note: the cost model with this node's calibrated constants and the reason
+    that says which values predict DDP (used where a prediction can be made); launched: the
+    measured rates of earlier launches of this job (profile.feedback); notes: reasons the
+    caller adds to the plan (a Slurm allocation's); numactl: its path ("" absent, None: looked
+    up); torchrun_numa: the user's own torchrun --numa-binding."""
+    request: Request
+    topology: Topology
+    policy: Policy
+    units: Units
+    environ: Mapping[str, str] = field(default_factory=dict)
+    model: CostModel = field(default_factory=CostModel)
+    model_note: Reason | None = None
+    launched: Mapping[str, MeasuredRate] = field(default_factory=dict)
+    notes: tuple[Reason, ...] = ()
+    numactl: str | None = None
+    torchrun_numa: str | None = None
+
+
+@dataclass(frozen=True)
+class NeedLeases:
+    """The GPUs other launches lease now (launch.leases): read once the request is known
+    possible, since it touches the lease directory."""
+
+
+@dataclass(frozen=True)
+class NeedProfile:
+    """A dry run of the script on `gpu` (profile.cache.profile_entrypoint). usable: the GPUs
+    the decision may use, for measurements started beside it (profile/early.py)."""
+    gpu: int
+    usable: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NeedCurve:
+    """The all-reduce curve of `gpus` (profile.comm), up to max_bytes (None: every size);
+    None when it cannot be measured."""
+    gpus: tuple[int, ...]
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class NeedTrial:
+    """A trial of `strategy` on `gpus` (profile.trial): the number-th of `of` this decision
+    has asked for so far (for "trial 2 of 3"). Answered by a TrialResult."""
+    strategy: str
+    gpus: tuple[int, ...]
+    number: int = 1
+    of: int = 1
+
+    @property
+    def key(self) -> tuple:
+        return (self.strategy, self.gpus)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    samples_per_s: float | None        # None: the trial could not measure
+    why: str = ""                      # why not, in a few words
+
+
+Need = NeedLeases | NeedProfile | NeedCurve | NeedTrial
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What has been measured so far, given back to decide with each call. leased: None until
+    read; profile: the dry run's ModelProfile once `profiled` (None: it gave none); curves and
+    trials: by group and by (strategy, gpus); timings: seconds per stage, the plan's
+    `timings`; notes: reasons the measurements add (an early trial that was stopped)."""
+    leased: frozenset[int] | None = None
+    profile: Any = None
+    profiled: bool = False
+    curves: Mapping[tuple[int, ...], Any] = field(default_factory=dict)
+    trials: Mapping[tuple, TrialResult] = field(default_factory=dict)
+    timings: Mapping[str, float] = field(default_factory=dict)
+    notes: tuple[Reason, ...] = ()
+
+    def add(self, need: Need, answer: Any) -> "Measured":
+        """This with `answer` to `need` added."""
+        if isinstance(need, NeedLeases):
+            return dataclasses.replace(self, leased=frozenset(answer))
+        if isinstance(need, NeedProfile):
+            return dataclasses.replace(self, profile=answer, profiled=True)
+        if isinstance(need, NeedCurve):
+            return dataclasses.replace(self, curves={**self.curves, need.gpus: answer})
+        return dataclasses.replace(self, trials={**self.trials, need.key: answer})

@@ -1,28 +1,41 @@
-"""(Request, Topology, Policy, ModelProfile, all-reduce curves) -> Plan.
+"""The decision as one pure step: `decide(Inputs, Measured)` returns the final Plan, or the
+next measurement it needs (a Need, decide/api.py). Nothing here reads a file, starts a process
+or waits: a driver fulfils each Need and calls decide again with the answer added (`resolve`;
+smartlaunch/driver.py in production), until a Plan comes back. The whole sequence:
+
+  1. the request alone: an impossible one fails at once (UsageError, PolicyError, PlanError),
+     before the lease directory is read or anything is measured;
+  2. NeedLeases: the GPUs other launches lease. When every usable GPU is leased the plan waits
+     for its lease without measuring (WAIT_REASON): measuring on GPUs someone else holds would
+     disturb them, so the policy's fallback decides;
+  3. NeedProfile: a dry run, only where auto has a real choice (needs_profile);
+  4. the candidates (single, DDP×N on the best-linked group for every N of
+     decision.world_sizes the caps and links allow, independent jobs for variants) and their
+     predictions by the cost model, each with its group's all-reduce curve: NeedCurve;
+  5. the choice: by the model, by earlier launches of the job, or, when the prediction is too
+     close to the policy's threshold or there is no usable profile, by measured trials
+     (NeedTrial, one at a time while one could still change the choice: select.py);
+  6. the plan: the chosen strategy's fields, the workers' NCCL variables and NUMA bindings
+     (prepare.py), every reason with its numbers, and the timings measured.
 
 A job across nodes (--nnodes > 1, or Slurm's several nodes) is launched as torchrun would on
 every node (_multi_node); how many of its nodes run it is decided after, by the node that
 decides for all (decide/nodes.py, pipeline_nodes.py).
-
-Order: validate the request against what is visible and what the policy allows; screen the
-GPUs (health, leases, foreign processes, memory); build candidates (single, DDP x N on the
-best-linked group for every N of decision.world_sizes the caps and links allow, independent
-jobs for variants); predict each with the cost model; measure by trial when the prediction is
-too close to the policy's threshold or there is no usable profile, correcting the untried by
-what the trials measured (rerank.py); pick; say why with the numbers.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 from smartlaunch.decide import groups as G
 from smartlaunch.decide import pack
-from smartlaunch.decide.api import Role, Trial, Units, Variants, by_role
+from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLeases, NeedProfile,
+                                    NeedTrial, Role, Units, Variants, by_role)
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.curves import derived_note, group_curves
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.decide.select import Choice, choose_auto, comm_summary, uncertainty
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.policy.api import Policy
@@ -31,19 +44,149 @@ from smartlaunch.profile.feedback import MeasuredRate
 from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
-CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
+WAIT_REASON = "every usable GPU is leased by another launch: no dry run"
 
 
-def decide(request: Request, topology: Topology, policy: Policy, profile: ModelProfile | None,
-           *, units: Units, comm_for: CommFor, trial: Trial | None = None,
-           unavailable: frozenset[int] = frozenset(), model: CostModel = CostModel(),
-           launched: Mapping[str, MeasuredRate] | None = None,
-           environ: Mapping[str, str] | None = None, wait_reason: str = "") -> Plan:
-    """The launch plan. Raises UsageError, PolicyError, PlanError or NoFreeGPUError.
-    units: the strategy units by name (strategies.REGISTRY), in candidate order, single first.
-    launched: measured rates of earlier launches of this job (profile.feedback), preferred
-    over predictions. environ: the job's environment, quoted in errors (None: not known).
-    wait_reason: why this plan expects to wait for its leases (probe.py), "" when it does not."""
+def decide(inputs: Inputs, measured: Measured = Measured()) -> Plan | Need:
+    """The final Plan, or the next Need. Raises UsageError, PolicyError, PlanError or
+    NoFreeGPUError for a request that cannot run (step 1, or a choice that finds no GPU)."""
+    try:
+        return _sequence(inputs, measured)
+    except _Needed as need:
+        return need.need
+
+
+def resolve(inputs: Inputs, fulfil: Callable[[Need, Measured], Measured],
+            measured: Measured = Measured(),
+            timings: Callable[[], Mapping[str, float]] | None = None) -> Plan:
+    """decide until a Plan comes back; fulfil(need, measured so far) returns what has been
+    measured with the need's answer added (Measured.add, and any reason it brings).
+    timings(): the seconds per stage so far, given to the last call so that the plan states
+    them (decide takes ms; replaying the final step costs nothing)."""
+    while True:
+        out = decide(inputs, measured)
+        if isinstance(out, Plan):
+            if timings is None:
+                return out
+            return _sequence(inputs, dataclasses.replace(measured, timings=dict(timings())))
+        measured = fulfil(out, measured)
+
+
+class _Needed(Exception):
+    """Raised inside the sequence where a measurement is missing; decide returns its need."""
+
+    def __init__(self, need: Need):
+        super().__init__(need)
+        self.need = need
+
+
+def _sequence(i: Inputs, m: Measured) -> Plan:
+    r, topology, policy = i.request, i.topology, i.policy
+    _choose(i, None, frozenset(), cheap=True)        # 1: the request alone
+    if not topology.gpus:
+        leased = frozenset()
+    elif m.leased is None:
+        raise _Needed(NeedLeases())
+    else:
+        leased = m.leased
+    try:
+        if leased:
+            _choose(i, None, leased, cheap=True)
+    except NoFreeGPUError:                             # 2: everything leased: wait, unmeasured
+        return _finish(i, m, _choose(i, None, frozenset(), wait_reason=WAIT_REASON,
+                                     trials=False), None)
+    usable = [g.index for g in topology.gpus
+              if g.index not in leased and not g.busy and topology.healthy(g.index)]
+    if needs_profile(r, topology, usable, policy):
+        if not m.profiled:                             # 3: the dry run
+            raise _Needed(NeedProfile(usable[0], tuple(usable)))
+        profile = m.profile
+    else:
+        profile = None
+    return _finish(i, m, _choose(i, profile, leased, measured=m), profile)   # 4-5
+
+
+def needs_profile(request: Request, topology: Topology, usable: list[int],
+                  policy: Policy | None = None) -> bool:
+    """A dry run only pays off when auto has a real choice to make: for variants, whether
+    each may run as a DDP group of a world size the policy allows (pack.py); across a fixed
+    number of nodes, how many of them to use (decide/nodes.py)."""
+    if request.strategy != "auto" or request.no_python or not topology.gpus:
+        return False
+    if request.multi_node:
+        lo, _, hi = request.nnodes.partition(":")
+        return (hi or lo) == lo and not request.variants
+    room = min(request.max_gpus or len(usable), len(usable))
+    if request.variants:
+        sizes = policy.decision.world_sizes if policy is not None else (2,)
+        return any(k >= 2 and len(request.variants) * k <= room for k in sizes)
+    return room > 1
+
+
+def _finish(i: Inputs, m: Measured, plan: Plan, profile: ModelProfile | None) -> Plan:
+    """6: the workers' environment and bindings, the reasons the inputs and measurements add,
+    the timings."""
+    plan = prepare(plan, i.topology, i.policy, i.environ, units=i.units, numactl=i.numactl,
+                   torchrun_numa=i.torchrun_numa)
+    model_note = (i.model_note,) if i.model_note is not None and _predictable(i, profile) else ()
+    reasons = plan.reasons + i.notes + m.notes + model_note
+    return dataclasses.replace(plan, reasons=reasons, timings=dict(m.timings))
+
+
+def _predictable(i: Inputs, profile: ModelProfile | None) -> bool:
+    return len(i.topology.gpus) >= 2 and profile is not None and profile.usable
+
+
+class _Trials:
+    """The trials decide asks for (select.py calls it): a measured answer, else a NeedTrial,
+    numbered as the status line counts them ("trial 2 of 3")."""
+
+    def __init__(self, measured: Measured):
+        self.measured = measured
+        self.k, self.n = 0, 0
+        self.why = {k: t.why for k, t in measured.trials.items() if t.why}
+
+    def planned(self, n: int) -> None:
+        self.n = self.k + n
+
+    def __call__(self, strategy, gpus) -> float | None:
+        self.k += 1
+        got = self.measured.trials.get((strategy, tuple(gpus)))
+        if got is None:
+            raise _Needed(NeedTrial(strategy, tuple(gpus), self.k, max(self.n, self.k)))
+        return got.samples_per_s
+
+
+def _curves(measured: Measured, profile: ModelProfile | None):
+    """comm_for(group) for decide: the measured curve, else a NeedCurve up to the model's
+    gradient size (only sizes up to it matter; it keeps the benchmark short)."""
+    top = None
+    if profile is not None and profile.grad_bytes:
+        top = max(1 << 20, 1 << (int(profile.grad_bytes) - 1).bit_length())
+
+    def comm_for(group):
+        group = tuple(group)
+        if group not in measured.curves:
+            raise _Needed(NeedCurve(group, top))
+        return measured.curves[group]
+    return comm_for
+
+
+def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int], *,
+            cheap: bool = False, trials: bool = True, wait_reason: str = "",
+            measured: Measured = Measured()) -> Plan:
+    """Steps 4-5: the Plan before prepare. cheap: no measurement at all (every curve missing,
+    no trial), to find what cannot run; trials: whether a trial may be asked for."""
+    request, topology, policy, units = i.request, i.topology, i.policy, i.units
+    environ = i.environ
+    model = i.model if _predictable(i, profile) else CostModel()
+    launched = i.launched if profile is not None else None
+    if cheap or not topology.gpus:
+        comm_for, trial = (lambda g: None), None
+    else:
+        comm_for = _curves(measured, profile)
+        trial = _Trials(measured) if trials and policy.decision.trials and \
+            not request.no_python else None
     d = policy.decision
     forced = request.strategy != "auto"
     reasons: list[Reason] = []

@@ -195,7 +195,7 @@ def cpu_ranges(cpus) -> str:
     return format_ranges(cpus) or "none"
 
 
-TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide", "prepare")
+TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide")
 
 
 TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),

@@ -100,8 +100,10 @@ def baseline_key(topology, environ) -> str:
 CONSTANT_RANGES = {"contention_s_per_byte": 1e-8, "ddp_overhead_s": 1.0, "per_tensor_s": 0.01}
 
 
-def constants_path(policy, key: str, environ) -> Path:
-    return cache_folder(cache_root(policy, environ), "node") / f"{key}.json"
+def constants_path(policy, key: str, environ, *, create: bool = False) -> Path:
+    """Where this node's calibration is kept; its folder made only to write there."""
+    root = cache_root(policy, environ)
+    return (cache_folder(root, "node") if create else root / "node") / f"{key}.json"
 
 
 def store_constants(policy, topology, environ, record: dict) -> Path | None:
@@ -110,7 +112,7 @@ def store_constants(policy, topology, environ, record: dict) -> Path | None:
     record is out of the ranges load_constants accepts (a measurement gone wrong)."""
     data = calibration_from_dict({**record, "measured_at": time.time(),
                                   "fingerprint": topology.fingerprint()})
-    path = constants_path(policy, baseline_key(topology, environ), environ)
+    path = constants_path(policy, baseline_key(topology, environ), environ, create=True)
     return path if keep(cache_root(policy, environ), path, data) else None
 
 

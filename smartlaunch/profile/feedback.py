@@ -114,8 +114,11 @@ def job_key(request, policy, topology, environ) -> str:
         [base, comm_key(topology, (), "launch", environ)]).encode()).hexdigest()[:32]
 
 
-def rates_path(policy, key: str, environ):
-    return cache_folder(cache_root(policy, environ), "launches") / f"{key}.json"
+def rates_path(policy, key: str, environ, *, create: bool = False):
+    """Where the job's rates are kept; its folder made (cache_folder) only to write there:
+    reading a cache creates nothing."""
+    root = cache_root(policy, environ)
+    return (cache_folder(root, "launches") if create else root / "launches") / f"{key}.json"
 
 
 def rates_from_dict(d: dict) -> dict[str, MeasuredRate]:
@@ -145,7 +148,8 @@ def store_rate(policy, key: str, rate: MeasuredRate, environ) -> bool:
     """Keep `rate` with the job's other candidates' (False: the cache cannot take it)."""
     runs = {name: r.to_dict() for name, r in load_rates(policy, key, environ).items()}
     runs[candidate_name(rate.strategy, rate.gpus)] = rate.to_dict()
-    return keep(cache_root(policy, environ), rates_path(policy, key, environ), {"runs": runs})
+    return keep(cache_root(policy, environ), rates_path(policy, key, environ, create=True),
+                {"runs": runs})
 
 
 def one_gpu_rate(rates: dict[str, MeasuredRate], profile: dict) -> tuple[float | None, str]:

@@ -1,0 +1,87 @@
+"""decide as one pure step: decide(Inputs, Measured) returns the Plan or the next Need, and
+`resolve` gives it each one. No process, no file: every measurement here is a value."""
+from __future__ import annotations
+
+import pytest
+
+from helpers_decide import TEST_MODEL, FakeComm, curve, nv_pair, nvswitch8, policy, profile, request
+
+from smartlaunch.decide import Plan, decide, resolve
+from smartlaunch.decide.api import (Inputs, Measured, NeedCurve, NeedLeases, NeedProfile,
+                                    NeedTrial, TrialResult)
+from smartlaunch.decide.decide import WAIT_REASON
+from smartlaunch.decide.explain import render_text
+from smartlaunch.decide.plan import Reason
+from smartlaunch.errors import PlanError, UsageError
+from smartlaunch.strategies import REGISTRY
+
+
+def inputs(req=None, topo=None, pol=None, **kw) -> Inputs:
+    return Inputs(req or request(), topo or nv_pair(), pol or policy(), REGISTRY,
+                  model=TEST_MODEL, numactl="", **kw)
+
+
+def test_an_impossible_request_fails_before_anything_is_asked_for():
+    with pytest.raises(UsageError) as e:
+        decide(inputs(request(max_gpus=4), environ={"CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert "(CUDA_VISIBLE_DEVICES=0,1)" in str(e.value)
+    with pytest.raises(PlanError):          # ddp on the one GPU left by a lease elsewhere
+        decide(inputs(request(strategy="ddp")), Measured(leased=frozenset({1})))
+
+
+def test_the_first_need_is_the_leases_then_the_dry_run_on_the_first_free_gpu():
+    assert decide(inputs()) == NeedLeases()
+    need = decide(inputs(topo=nvswitch8()), Measured(leased=frozenset({0, 1})))
+    assert need == NeedProfile(2, (2, 3, 4, 5, 6, 7))
+    # One GPU left, a forced strategy or --no-python: nothing to choose, no dry run.
+    one_left = decide(inputs(), Measured(leased=frozenset({0})))
+    assert isinstance(one_left, Plan) and one_left.gpus == (1,)
+    for req in (request(strategy="single"), request(no_python=True)):
+        got = decide(inputs(req, nvswitch8()), Measured(leased=frozenset()))
+        assert isinstance(got, Plan) and got.profile is None
+
+
+def test_every_usable_gpu_leased_plans_a_wait_without_measuring():
+    plan = decide(inputs(), Measured(leased=frozenset({0, 1})))
+    assert isinstance(plan, Plan) and plan.wait_reason == WAIT_REASON and plan.wait_for_lease
+    assert "waits up to 3600 s for its GPUs (every usable GPU is leased" in render_text(plan, REGISTRY)
+    no_wait = decide(inputs(request(no_wait=True)), Measured(leased=frozenset({0, 1})))
+    assert not no_wait.wait_for_lease and "--no-wait: fails at once" in render_text(no_wait, REGISTRY)
+
+
+def test_a_cold_decision_asks_for_its_curve_then_its_trials_and_states_the_plan_whole():
+    topo, asked = nv_pair(), []
+    comm = FakeComm(topo)
+    rates = {"single": 100.0, "ddp": 180.0}             # samples/s: DDP×2 at 90%
+
+    def fulfil(need, m):
+        asked.append(need)
+        if isinstance(need, NeedLeases):
+            return m.add(need, frozenset())
+        if isinstance(need, NeedProfile):
+            return m.add(need, profile(step_ms=2.4))
+        if isinstance(need, NeedCurve):
+            return m.add(need, comm(need.gpus))
+        return m.add(need, TrialResult(rates[need.strategy.value]))
+    note = Reason("a note the caller adds", "test")
+    # a band so wide that every prediction is too close to the floor to decide alone
+    plan = resolve(inputs(topo=topo, pol=policy(uncertainty_band=5.0), notes=(note,)), fulfil,
+                   timings=lambda: {"decide": 0.5})
+    kinds = [type(n).__name__ for n in asked]
+    assert kinds[:3] == ["NeedLeases", "NeedProfile", "NeedCurve"], kinds
+    assert asked[2].gpus == (0, 1) and asked[2].max_bytes == 32 << 20
+    trials = [n for n in asked if isinstance(n, NeedTrial)]
+    assert [(t.strategy.value, t.gpus, t.number, t.of) for t in trials] == \
+        [("single", (0,), 1, 2), ("ddp", (0, 1), 2, 2)]       # "trial 1 of 2", "trial 2 of 2"
+    # the plan as it leaves decide: chosen by the trials, prepared, every reason, the timings
+    assert plan.strategy.value == "ddp" and plan.gpus == (0, 1)
+    assert all(c.measured for c in plan.candidates)
+    assert plan.reasons[-1] == note and plan.timings == {"decide": 0.5}
+    assert [b.local_rank for b in plan.numa] == [0, 1]    # prepare's: one binding a rank
+
+
+def test_the_same_measurements_give_the_same_answer():
+    topo = nv_pair()
+    m = Measured(leased=frozenset(), profile=profile(), profiled=True,
+                 curves={(0, 1): curve(2, 100e9, gpus=(0, 1))})
+    assert decide(inputs(topo=topo), m) == decide(inputs(topo=topo), m)
