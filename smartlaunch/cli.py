@@ -11,14 +11,19 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import logging
 import os
 import shutil
 import sys
 import warnings
 from collections.abc import Mapping
 
+from smartlaunch import logconf
 from smartlaunch.errors import SmartlaunchError, UsageError
+from smartlaunch.logconf import LEVELS
 from smartlaunch.request import STRATEGY_CHOICES, Request
+
+log = logging.getLogger(__name__)
 
 # (dest, option strings) of smartlaunch's own options; everything else is torchrun's.
 OWN_OPTIONS = {
@@ -31,6 +36,7 @@ OWN_OPTIONS = {
     "no_wait": ("--no-wait",),
     "debug": ("--debug",),
     "quiet": ("--quiet",),
+    "sl_log_level": ("--log-level",),
 }
 EXPLAIN_FORMATS = ("text", "json")
 
@@ -149,6 +155,10 @@ def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
     g.add_argument("--no-wait", action="store_true",
                    help="fail at once when no GPU is free instead of waiting")
     g.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    g.add_argument("--log-level", dest="sl_log_level", metavar="LEVEL", choices=LEVELS,
+                   help="smartlaunch's own debug output on stderr, for a bug report: "
+                        f"{', '.join(LEVELS)} (default: $SMARTLAUNCH_LOG_LEVEL, else none); "
+                        "the workers' hook logs too")
     g.add_argument("--quiet", action="store_true",
                    help="no 'smartlaunch: <decision>' line before the job's output "
                         "(policy: launch.quiet)")
@@ -246,6 +256,9 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
     torchrun_ns = copy.copy(ns)
     for dest in OWN_OPTIONS:
         delattr(torchrun_ns, dest)
+    if ns.sl_log_level:     # this process's output, and the workers' hook (they inherit it)
+        os.environ[logconf.ENV] = ns.sl_log_level
+        logconf.configure(ns.sl_log_level)
     if "nproc_per_node" not in given and "PET_NPROC_PER_NODE" in environ:
         given.add("nproc_per_node")
 
@@ -442,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = False
     try:
         debug = "--debug" in argv[:_script_index(build_parser(), argv)]
+        logconf.configure(logconf.level_from(os.environ.get(logconf.ENV)))
         request, given = parse(argv)
+        log.debug("smartlaunch %s", " ".join(argv))
         from smartlaunch.pipeline import run
         return run(request, given)
     except SmartlaunchError as exc:

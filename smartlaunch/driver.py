@@ -18,6 +18,7 @@ Each Need is answered in `fulfil`:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import time
@@ -33,6 +34,8 @@ from smartlaunch.profile.session import Session
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 from smartlaunch.topology.api import Topology
+
+log = logging.getLogger(__name__)
 
 
 class Clock:
@@ -110,6 +113,7 @@ class Driver:
     def fulfil(self, need: Need, measured: Measured) -> Measured:
         """`measured` with the answer to `need` (and any reason it adds) in it."""
         self.clock.lap("decide")            # the step's own time, up to this need
+        log.debug("decide needs %s", need)
         if isinstance(need, NeedLeases):
             got = measured.add(need, self._leased())
             self.clock.lap("leases")
@@ -122,6 +126,7 @@ class Driver:
         else:
             got = measured.add(need, self._trial(need, measured))
             self.clock.lap("trials")
+        log.debug("answered: %s", ", ".join(f"{k} {v:.3f} s" for k, v in self.clock.laps.items()))
         return got
 
     # ---- leases -------------------------------------------------------------------------

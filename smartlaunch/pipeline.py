@@ -6,8 +6,8 @@ is the one place that decides what needs measuring (a dry run only when there is
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-import time
 from collections.abc import Mapping
 
 from smartlaunch.decide.plan import Reason
@@ -15,6 +15,8 @@ from smartlaunch.driver import Clock, Driver, NullStream
 from smartlaunch.profile.session import Session
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
+
+log = logging.getLogger(__name__)
 
 
 def run(request: Request, given: set[str], environ: Mapping[str, str] = os.environ) -> int:
@@ -90,8 +92,11 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
             nnodes_from="" if "nnodes" in given else "Slurm")
     _check_paths(request, policy, environ)
     clock.lap("policy")
+    log.debug("policy from %s", ", ".join(policy.layers))
     topology = discover(environ)
     clock.lap("topology")
+    log.debug("topology (%s): %d GPU(s) %s", topology.source, len(topology.gpus),
+              topology.hardware())
     with Session() as session:
         driver = Driver(policy, topology, environ, session, status, REGISTRY, clock, cores)
 

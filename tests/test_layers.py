@@ -12,7 +12,7 @@ from helpers_common import REPO
 
 # Lowest first (docs/architecture.md). A module may import its own package and lower layers.
 LAYERS = (
-    ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request",
+    ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request", "smartlaunch.logconf",
      "smartlaunch.worker_env", "smartlaunch.store", "smartlaunch.proc", "smartlaunch.guard",
      "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.ranks",
      "smartlaunch.wire"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ from smartlaunch.decide.plan import Plan
 from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.policy.api import Policy
 from smartlaunch.topology.api import Topology
+
+log = logging.getLogger(__name__)
 
 
 class RunState(str, enum.Enum):
@@ -150,6 +153,7 @@ class LaunchContext:
             timeout_s=plan.wait_timeout_s, cancel=self.cancelled,
             status=self.say if status is None else None,
             progress=status.update if status is not None else None)
+        log.debug("leased GPU(s) %s", lease.gpus)
         self._keep(lease)
         if status is not None:
             status.clear()

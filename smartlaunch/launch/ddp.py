@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -31,6 +32,8 @@ from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
 from smartlaunch.topology.api import Topology
+
+log = logging.getLogger(__name__)
 
 WORKER_MODULE = "smartlaunch.launch.worker"
 LOG_TAIL_LINES = 15
@@ -153,6 +156,8 @@ class DDPLauncher:
             self.watchdog.start()
             try:
                 self._in_agent = True
+                log.debug("torch's agent starts %s rank(s) of %s", self.config.nproc_per_node,
+                          " ".join(map(str, self.entry[1])))
                 launch_agent(self.config, self.entry[0], list(self.entry[1]))
             except ChildFailedError as exc:
                 return dict(exc.failures)

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
+from smartlaunch import logconf
 from smartlaunch.entry import report_uncaught, run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
@@ -37,6 +39,7 @@ LAUNCHER_PID_VAR = "SMARTLAUNCH_LAUNCHER_PID"
 TEE_DIR_VAR = "SMARTLAUNCH_TEE_DIR"        # copy stdout/stderr to <dir>/<local_rank>/std*.log
 STATUS_LINE_VAR = "SMARTLAUNCH_STATUS_LINE"  # "1": the launcher draws a status line on the tty
 DUMP_SIGNAL = signal.SIGRTMIN + 2
+log = logging.getLogger("smartlaunch.launch.worker")     # run as __main__
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_S = 1.0
 _keep: list = []                           # objects that must outlive main() (stack file)
@@ -62,6 +65,8 @@ def stack_path(run_dir: str, local_rank: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    logconf.from_environ(os.environ)
+    log.debug("worker hook starts (rank %s)", os.environ.get("RANK", "?"))
     mode, target, args = _parse(list(argv))
     _bind_numa(argv)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -83,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 int(os.environ.get("RANK", "0")))
         _install_step_hooks(writer)
         _keep.append(worktime.install(run_dir, local_rank))   # straggler signal (issue 18)
+    log.debug("the script starts: %s", target)
     # The exit status goes into the progress record only once the script's own last words are
     # out (its traceback, a sys.exit message): the launcher stops the other ranks on seeing it.
     try:

@@ -1,0 +1,52 @@
+"""smartlaunch's debug output, for a bug report: the `smartlaunch` logger tree (each module's
+`logging.getLogger(__name__)`), on stderr only when asked with `--log-level LEVEL` or
+SMARTLAUNCH_LOG_LEVEL=LEVEL (debug, info, warning, error); workers inherit the variable, so
+the worker hook's lines come with the launcher's, each with its time and pid. The root logger
+is never touched: a job's own logging stays exactly as its script sets it. The status line
+and the decision line are not log records; they stay what users read."""
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+
+from smartlaunch.errors import UsageError
+
+ENV = "SMARTLAUNCH_LOG_LEVEL"
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def level_from(value: str | None, where: str = ENV) -> str | None:
+    """The level `value` names (None: not set); UsageError naming `where` otherwise."""
+    if value is None or not value.strip():
+        return None
+    if value.strip().lower() not in LEVELS:
+        raise UsageError(f"{where}={value} is not a log level; use one of {', '.join(LEVELS)}")
+    return value.strip().lower()
+
+
+def configure(level: str | None) -> None:
+    """Send the smartlaunch loggers' records at `level` and above to stderr (None: nothing
+    is shown, whatever the root logger does)."""
+    logger = logging.getLogger("smartlaunch")
+    logger.propagate = False
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+    if level is None:
+        logger.addHandler(logging.NullHandler())
+        logger.setLevel(logging.CRITICAL + 1)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s.%(msecs)03d smartlaunch[%(process)d] %(name)s: %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
+def from_environ(environ: Mapping[str, str]) -> None:
+    """configure() from SMARTLAUNCH_LOG_LEVEL; an unknown value shows nothing (the worker
+    hook must never fail a job for it; the launcher has refused it already)."""
+    try:
+        configure(level_from(environ.get(ENV)))
+    except UsageError:
+        configure(None)
