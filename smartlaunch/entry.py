@@ -1,6 +1,6 @@
 """Run the user's entrypoint in this process exactly as `python [-m] TARGET ARGS` would, which
-is what torchrun's workers do (issue 14: `__file__`, `sys.argv[0]` and `sys.path[0]` equal
-torchrun's, so tracebacks, warnings and paths built from `__file__` do too).
+is what torchrun's workers do: `__file__`, `sys.argv[0]` and `sys.path[0]` equal torchrun's,
+so tracebacks, warnings and paths built from `__file__` do too.
 
 `python script.py` (3.9+): `__file__` is the absolute path (symlinks kept), `sys.argv[0]` the
 path as typed, `sys.path[0]` the directory of the resolved script. runpy.run_path would set
@@ -77,10 +77,9 @@ def report_uncaught(exc: BaseException) -> int:
 
 def exit_now(code: object = 0) -> None:
     """End the process at once (the dry run's, once its result is written): the script's
-    teardown is only what the user waits for (a DDP trial's ranks took 2.4 s of an 11.5 s
-    trial, 1.0 s with this; gloo, CPU box), and can be long: a DataLoader with persistent
-    workers joined each for up to 5 s at interpreter exit (6 workers: 30 s of a trial, 2x
-    H200, torch 2.11). The parent ends the session's other processes (DataLoader workers).
+    teardown is only what the user would wait for, and can be long (a DataLoader with
+    persistent workers joins each for up to 5 s at interpreter exit). The parent ends the
+    session's other processes (DataLoader workers).
     code: as `sys.exit(code)` would end (None 0, an int itself, anything else printed, 1)."""
     if code is not None and not isinstance(code, int):
         try:

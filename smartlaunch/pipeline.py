@@ -127,7 +127,7 @@ def slurm_idle(slurm, plan) -> str:
 def _check_paths(request: Request, policy, environ) -> None:
     """Directories this launch will write, checked before anything is written: the cache for
     a decision that may measure, the log directory every launch writes its run directory in
-    (issue 13: a file there gave a traceback after the leases were taken). A cache this user
+    (a problem found there later would come after the leases were taken). A cache this user
     cannot write is no error: the decision measures without caching and says so once, where
     it first has something to keep (store.cache_folder, store.keep); a cache path that cannot
     be a directory is one."""

@@ -1,5 +1,5 @@
 """No trace: the dry run and trials run in a private mount namespace where every writable
-directory tree is a copy-on-write overlay (issue 14).
+directory tree is a copy-on-write overlay.
 
     python -m smartlaunch.sandbox --scratch DIR [--keep DIR]... [--status FILE] -- ARGV...
 
@@ -160,9 +160,8 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
     # Every layer and every mount below a target is opened before the first overlay: an
     # overlay shows its lower filesystem without the mounts on it, so once /usr is covered
     # the path /usr/lib/.../libcuda.so.1 no longer reaches the driver library a container
-    # runtime bind-mounted there (2x H200, 2026-11-23: every isolated dry run ran on the CPU,
-    # 4.2 s steps for a 31 ms GPU step), and a nested target opened late would get the empty
-    # directory under its own mount.
+    # runtime bind-mounted there (the isolated dry run would then run on the CPU without a
+    # word), and a nested target opened late would get the empty directory under its own mount.
     lower = {t: opened(t) for t in targets}
     hidden = {}
     for m in below:

@@ -2,9 +2,8 @@
 cost per gradient tensor, from the profile layer's synthetic runs.
 
 cost.py's κ, ddp_overhead_s and per_tensor_s depend on the machine (how NCCL's kernels share
-the GPU with the backward they overlap, how fast the host runs the reducer) and were fitted on
-one 2x H200 box, per_tensor_s at 0 because the old suite could not identify it (issue 15). The
-node measures them (profile/baseline.py: one GPU vs DDP×2 on three synthetic models, a few
+the GPU with the backward they overlap, how fast the host runs the reducer); the shipped values
+were fitted on one machine (docs/decision.md says which). The node measures them (profile/baseline.py: one GPU vs DDP×2 on three synthetic models, a few
 windows each); `smartlaunch-node calibrate` (node_calibrate.py) keeps them with the topology;
 every later decision on the node reads them through cost.calibrated() and --explain says so.
 
@@ -23,8 +22,7 @@ than the effect) is kept as 0 and said; a per-tensor median within one standard 
 is kept as 0 too, with its spread, and said (it is the smallest of the three signals).
 
 The synthetic models' backward is sized to last several times their all-reduce on GPUs, so
-the contention cap (cost.py) does not bind; NOT yet validated on GPUs (built and tested on the
-CPU with gloo, issue 15).
+the contention cap (cost.py) does not bind.
 """
 from __future__ import annotations
 

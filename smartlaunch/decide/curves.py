@@ -1,7 +1,6 @@
-"""Which candidate groups' all-reduce curves are measured, and which are derived (issue 26).
+"""Which candidate groups' all-reduce curves are measured, and which are derived.
 
-A cold decision used to benchmark every DDP candidate group one after another (seven sweeps
-on an 8-GPU node). A ring all-reduce of S bytes over N ranks moves 2(N-1)/N x S per rank, so
+A ring all-reduce of S bytes over N ranks moves 2(N-1)/N x S per rank, so
 nccl-tests' bus bandwidth (algbw x 2(N-1)/N) is a property of the link, not of N: where every
 pair of a group has the same link class as every pair of a measured group (and, without
 NVLink, every GPU the same PCIe generation and width: an x8 GPU caps a PCIe ring), the

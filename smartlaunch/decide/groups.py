@@ -7,7 +7,8 @@ NUMA nodes (an NVLink pair on one socket beats GPU0+GPU7 across sockets), then t
 the best links overall, then the lowest indices (so every node decides alike).
 Between PCIe links of one class, a GPU whose link trained narrower than its peers (x8 in an
 x16 slot) caps every ring through it: without NVLink a ring's bandwidth is its slowest hop's,
-so a group without that GPU comes first (issue 17: on pcie-4gpu-x8, DDP×3 on GPU0,1,3).
+so a group without that GPU comes first (on the pcie-4gpu-x8 fixture: DDP×3 on GPUs 0,1,2,
+not 0,1,3).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """NCCL variables for a DDP plan, chosen by the link class of its GPU group.
 
-Rules (issue 7): the user's environment wins over the policy, the admin's enforced variables
+Rules: the user's environment wins over the policy, the admin's enforced variables
 win over both; NVLink SHARP (NCCL_NVLS_ENABLE) is never turned on by us; nothing that would
 disable a P2P path the topology reports as working.
 """
@@ -20,8 +20,8 @@ NVLS = "NCCL_NVLS_ENABLE"
 def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str],
              enforced: Mapping[str, str] | None = None) -> tuple[EnvVar, ...]:
     family = link_family(plan.link_class) if plan.link_class else None
-    # The family matters: `enforce: launch: nccl: NV: {...}` binds only NV groups (issue 13:
-    # asked without it, an enforced NCCL_ALGO lost to the user's environment).
+    # The family matters: `enforce: launch: nccl: NV: {...}` binds only NV groups; without
+    # it an enforced NCCL_ALGO would lose to the user's environment.
     enforced = dict(enforced_env(policy, family) if enforced is None else enforced)
     table = policy.launch.nccl.get(family, {}) if family else {}
     src = _policy_source(policy, family)

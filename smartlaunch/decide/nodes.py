@@ -15,10 +15,8 @@ ranks sharing its network link):
 The job on k nodes is then predicted as one DDP world of k*g ranks by the single-node cost
 model (cost.predict_ddp) over t_k, and its samples/s is k*g x the per-rank batch / step.
 The choice keeps every node unless fewer nodes are predicted faster by more than `margin`
-(MARGIN: fewer nodes change the global batch, so a tie keeps the nodes asked for; a wider
-margin cost 9.8% of throughput at 2 Gbit/s in bench/results/multinode-link-cpu-2026-11-26-
-margin5.md, where the prediction of two nodes was 7% high): the nodes not needed end (exit 0,
-one line) and the job runs on the first k to arrive, its global batch k*g x the per-rank
+(MARGIN: fewer nodes change the global batch, so a tie keeps the nodes asked for; why it is
+not wider: docs/decision.md, "Across nodes"): the nodes not needed end (exit 0, one line) and the job runs on the first k to arrive, its global batch k*g x the per-rank
 batch (torchrun semantics).
 
 A sweep (--each) across a fixed number of nodes is no job across nodes: its variants are

@@ -3,11 +3,8 @@ whether the choice is settled.
 
 Pure functions over speedups (samples/s over the baseline) keyed by any hashable candidate
 key; select.py feeds them the trials' measurements and the cost model's predictions. A trial
-that disagrees with its prediction says something about its neighbours: on 4x H200 over host
-memory the model predicted GPT-350M's DDP×3 1.50× and ×4 1.68×, trials measured 1.36× and
-1.46×, and ×2 (predicted 1.12×, 56%) was never tried although it was the one group size that
-met the policy's 50% (it measured 1.13×): the choice fell back to one GPU, 11.7% slower. So an
-untried candidate's prediction is scaled by measured / predicted of the nearest tried group
+that disagrees with its prediction says something about its neighbours (docs/decision.md has
+the case that showed it), so an untried candidate's prediction is scaled by measured / predicted of the nearest tried group
 size of its own strategy (the geometric mean of both neighbours when they are equally near;
 another SCALED strategy's when its own has none), and the choice is settled only when no
 untried candidate could, within the band, be allowed and faster than the measured winner.

@@ -199,8 +199,7 @@ class DDPLauncher:
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
         path = write_summary(run_dir, summary) or f"{SUMMARY_FILE} could not be written in {run_dir}"
         # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
-        # with its first line and where the rest is (issue 18: a summary on success too), one
-        # line after the job's output as the decision line was one before it; --quiet /
+        # with its first line and where the rest is, one line after the job's output as the decision line was one before it; --quiet /
         # launch.quiet drop it.
         if self._rendezvous is not None and not watchdog.records():
             msg = result.message        # no rank ran: the one line says it all

@@ -160,7 +160,7 @@ def rate_trend(history: list[tuple[float, int]]) -> tuple[float, float] | None:
     """Steps/s over the first and the last 10% of the run's stepping time."""
     h = [(t, s) for t, s in history if s > 0]
     # Only the stepping part: after the last step the history goes on flat while the ranks
-    # exit (on the H200 that made a steady 75 steps/s read as -34% in the last 10%).
+    # exit, which would read a steady rate as a falling one in the last 10%.
     last = max((i for i in range(1, len(h)) if h[i][1] > h[i - 1][1]), default=0)
     h = h[:last + 1]
     if len(h) < MIN_TREND_POINTS or h[-1][0] - h[0][0] <= 0:

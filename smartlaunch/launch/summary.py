@@ -1,4 +1,4 @@
-"""<run dir>/summary.txt, the end-of-run summary every launch leaves beside its logs (issue 18):
+"""<run dir>/summary.txt, the end-of-run summary every launch leaves beside its logs:
 DDP's comes from its watchdog's figures (straggler.summary_text), a single job's and an
 independent queue's from what they measured themselves (single_summary, the queue's table)."""
 from __future__ import annotations

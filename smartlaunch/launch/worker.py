@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
                                 int(os.environ.get("RANK", "0")))
         _install_step_hooks(writer)
-        _keep.append(worktime.install(run_dir, local_rank))   # straggler signal (issue 18)
+        _keep.append(worktime.install(run_dir, local_rank))   # the straggler warning's signal
     log.debug("the script starts: %s", target)
     # The exit status goes into the progress record only once the script's own last words are
     # out (its traceback, a sys.exit message): the launcher stops the other ranks on seeing it.
@@ -165,7 +165,7 @@ def _tee_output(log_dir: str) -> None:
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(s, signal.SIG_IGN)
             # The launcher's steps/s line sits on the terminal's last line; a new output line
-            # erases it first instead of running into it (issue 13). Mid-line chunks are left
+            # erases it first instead of running into it. Mid-line chunks are left
             # alone: erasing there would wipe the script's own partial line.
             erase = b"\r\x1b[K" if status_line and os.isatty(fd) else b""
             at_line_start = True

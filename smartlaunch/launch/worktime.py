@@ -1,7 +1,6 @@
 """Per-rank work time: the part of each step a rank spends working, not waiting for the others.
 
-Under synchronous DDP every rank steps at the slowest rank's rate (issue 18: 2 gloo ranks, one
-sleeping 50 ms before its forward, both made 1,407 steps in 75 s), so step rates cannot name a
+Under synchronous DDP every rank steps at the slowest rank's rate, so step rates cannot name a
 straggler. What differs is where the time goes: the fast ranks finish backward early and wait
 inside the all-reduce. This module times, per optimizer step, from the end of the previous
 optimizer step to the end of this step's last backward pass, before the reducer waits for its

@@ -20,8 +20,8 @@ owned by a non-root uid, or group/world-writable): otherwise any user could rela
 Nothing in the environment names another admin file: callers (and tests) pass `admin_path`
 and `admin_owners` to load_policy; every command uses the defaults.
 
-Policy files larger than MAX_POLICY_BYTES are refused before they are parsed: a 104 MB file
-took 39 s to parse (issue 13), and a real policy is a few hundred bytes.
+Policy files larger than MAX_POLICY_BYTES are refused before they are parsed: YAML of that size
+takes tens of seconds to parse, and a real policy is a few hundred bytes.
 """
 from __future__ import annotations
 

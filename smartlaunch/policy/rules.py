@@ -60,7 +60,7 @@ RANGES: dict[str, Range] = {
     "launch.signal_grace_s": Range(0.0, 3600.0),
     "launch.straggler_threshold": Range(0.0, 1.0, lo_open=True),
     "launch.straggler_window_s": Range(1.0, DAY_S),     # <1 s: a few steps decide
-    "launch.gpu_sample_s": Range(0.5, 3600.0),         # an NVML read takes ~0.07 s (H200)
+    "launch.gpu_sample_s": Range(0.5, 3600.0),         # a sample is a few NVML calls
     "launch.clock_drift_threshold": Range(0.0, 1.0, lo_open=True),
     "dryrun.time_limit_s": Range(0.0, DAY_S, lo_open=True),
     "dryrun.warmup_steps": Range(0, 10_000),

@@ -1,4 +1,4 @@
-"""A Slurm allocation measured against the plan (issue 28 item 4).
+"""A Slurm allocation measured against the plan.
 
 `idle_line`: one sentence when the plan leaves GPUs of this node or nodes of the job idle, with
 the `sbatch`/`srun` request that would fit next time (said at launch, even with --quiet).

@@ -153,7 +153,7 @@ class Topology:
     def hardware(self) -> str:
         """What a plan depends on, in words: the GPUs' models and memory and the links between
         them; not serial numbers, hostnames, drivers or free memory, so that alike nodes of a
-        multi-node job read the same ("2× NVIDIA H200 (143771 MiB), links NV18")."""
+        multi-node job read the same ("2× <GPU model> (<memory> MiB), links NV18")."""
         if not self.gpus:
             return "no GPUs"
         kinds: dict[str, int] = {}

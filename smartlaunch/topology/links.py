@@ -1,7 +1,7 @@
 """Pair links from NVML: the `nvidia-smi topo -m` class and the P2P status of every GPU pair.
 
 NVML's common-ancestor level says how the PCIe path runs; active NVLinks override it, as in
-nvidia-smi (the measured 2x H200 pair: level 30 = host bridge, shown as NV18).
+nvidia-smi (an NVLink pair whose PCIe level is 30, the host bridge, shows as NV18).
 """
 from __future__ import annotations
 
