@@ -145,7 +145,18 @@ def measure(b: Benchmark, argv: list[str]) -> list[dict]:
 
 def run(b: Benchmark, argv: list[str], data: Path, label: str | None = None,
         note: str | None = None, command: str | None = None) -> int:
-    """Runs the benchmark, appends one record per measurement to data; the exit status."""
+    """Runs the benchmark, appends one record per measurement to data; the exit status.
+    A bad label or a data file that cannot be appended to is refused before anything runs."""
+    if label is not None and not _record.LABEL.fullmatch(label):
+        raise UsageError(f"--run {label!r}: a label is letters, digits and ._:+- only, "
+                         "e.g. --run 2026-12-01-4xH200")
+    try:
+        data.parent.mkdir(parents=True, exist_ok=True)
+        with open(data, "a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot append to the data file {data} ({e.strerror}); "
+                         "name a writable one with --data") from None
     machine, commit = _record.machine(), _record.commit(REPO)
     start = dt.datetime.now()
     label = label or f"{start:%Y-%m-%d}-{_record.label(machine)}-{start:%H%M%S}"

@@ -160,6 +160,13 @@ def test_a_bad_name_or_run_is_one_line_and_exit_2(tmp_path):
     _record.append(data, [record(bench="wait")])
     r = bench_cli("show", "--data", str(data), "--run", "nope", "wait")
     assert r.returncode == 2 and "no run 'nope'" in r.stderr and "r1" in r.stderr
+    # refused before the benchmark runs: nothing measured, nothing written
+    r = bench_cli("run", "--data", str(tmp_path / "t.jsonl"), "--run", "my run", "topology")
+    assert r.returncode == 2 and "--run 'my run'" in r.stderr and r.stdout == ""
+    assert not (tmp_path / "t.jsonl").exists()
+    (tmp_path / "a file").write_text("")          # a directory nobody, root included, can make
+    r = bench_cli("run", "--data", str(tmp_path / "a file" / "t.jsonl"), "topology")
+    assert r.returncode == 2 and "cannot append to the data file" in r.stderr and r.stdout == ""
 
 
 def test_toy_figures_never_default_to_the_results():
