@@ -29,12 +29,14 @@ REPO = Path(__file__).resolve().parent.parent
 GOAL_S = 30.0
 
 
-def main() -> int:
+def measure(argv=None) -> dict:
+    """Runs it, prints (and with --out writes) the report; the measurement of the common
+    format (bench/_record.py)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--fake", help="topology fixture name (CPU machines)")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     home = tempfile.mkdtemp(prefix="sl-calibrate-")
     env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": f"{home}/cache",
            "PYTHONPATH": str(REPO)}
@@ -89,7 +91,27 @@ def main() -> int:
                   f" of {len(records)} runs"]
     lines += [f"- Control.step (the dry run's per-step progress, a message at most every "
               f"0.1 s): {tick_s * 1e9:.0f} ns per step, best of 5 x {n:,}"]
-    return emit(lines, args.out)
+    emit(lines, args.out)
+    m = {"conditions": {"topology": args.fake or "real", "runs": args.runs},
+         "figures": {"failed": len(failures), "wall_median_s": med, "goal_s": GOAL_S,
+                     "control_step_ns": tick_s * 1e9},
+         "detail": {"wall_s": walls, "kappa_ms_per_GB": kappa, "overhead_ms": ovh,
+                    "per_tensor_us": per}}
+    if records:
+        m["figures"].update(kappa_median_ms_per_GB=statistics.median(kappa),
+                            overhead_median_ms=statistics.median(ovh),
+                            per_tensor_median_us=statistics.median(per))
+    return m
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: one measurement."""
+    return [measure(argv)]
+
+
+def main(argv=None) -> int:
+    measure(argv)
+    return 0
 
 
 if __name__ == "__main__":

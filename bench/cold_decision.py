@@ -11,7 +11,9 @@ step, less the time its first forward waited at its gate for the all-reduce swee
 goal: at most 15 s beyond that start-up.
 
     python bench/cold_decision.py --scripts embbag-b4096,hf-style-b32 --conditions nvlink \\
-        [--fake h200-nv18-pair] [--out FILE.md]
+        [--fake h200-nv18-pair] [--out FILE.md] [--json FILE]
+    python bench/cold_decision.py --scripts lstm-b64 --which throughput --fake h200-nv18-pair \\
+        --tiny                                                  # CPU smoke (gloo ranks)
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ def import_floor(env) -> float:
     return time.perf_counter() - t0
 
 
-def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float) -> dict:
+def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float,
+              tiny: bool = False) -> dict:
     home = tempfile.mkdtemp(prefix="sl-cold-")
     policy = Path(home) / "policy.yaml"
     policy.write_text(policy_text)
@@ -52,7 +55,7 @@ def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float)
     env.update(HOME=home, XDG_CACHE_HOME=f"{home}/cache", SMARTLAUNCH_LEASE_DIR=f"{home}/leases")
     argv = [sys.executable, "-m", "smartlaunch.cli", "--explain=json", "--policy", str(policy),
             str(REPO / entry.script), *entry.args, "--steps", str(entry.steps),
-            "--warmup", str(entry.warmup)]
+            "--warmup", str(entry.warmup), *(["--tiny"] if tiny else [])]
     t0 = time.perf_counter()
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=home)
     wall = time.perf_counter() - t0
@@ -107,7 +110,41 @@ def row(entry_id, condition, which, res, floor) -> str:
             f"({split}) | {beyond:.1f} | {'yes' if beyond <= GOAL_S else 'no'} |")
 
 
-def main() -> int:
+def measurement(r: dict) -> dict:
+    """One record of --json's list as a measurement of the common format (bench/_record.py):
+    the plan's clock as figures t_<phase>, and the seconds beyond the script's own start-up."""
+    if "profile_alone_step_s" in r:
+        alone = [x for x in r["profile_alone_step_s"] if x]
+        return {"conditions": {"script": r["script"], "kind": "profile-alone"},
+                "figures": {"median_step_s": statistics.median(alone) if alone else None},
+                "detail": {"step_s": r["profile_alone_step_s"]}}
+    t = r.get("timings") or {}
+    total = t.get("since_process_start") or r.get("wall_s")
+    figures = {k: r.get(k) for k in ("wall_s", "rc", "floor_s", "startup_s", "dry_run_s",
+                                     "step_time_s", "strategy", "nproc", "measured")}
+    if t and total is not None:
+        figures["beyond_startup_s"] = total - r["floor_s"] - (r.get("startup_s") or 0.0)
+    figures.update({f"t_{k}": v for k, v in t.items()})
+    m = {"conditions": {"script": r["script"], "condition": r["condition"],
+                        "policy": r["policy"]}, "figures": figures}
+    if "error" in r or not t:
+        m["error"] = (r.get("error") or f"rc {r.get('rc')}").strip().splitlines()[-1][:300]
+    return m
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv) with --json into a temporary file unless given, then
+    the measurements it wrote."""
+    argv = list(argv)
+    if "--json" not in argv and not any(a.startswith("--json=") for a in argv):
+        argv += ["--json", tempfile.mkstemp(prefix="cold-decision-", suffix=".json")[1]]
+    path = Path(argv[argv.index("--json") + 1] if "--json" in argv
+                else next(a for a in argv if a.startswith("--json="))[7:])
+    main(argv)
+    return [measurement(r) for r in json.loads(path.read_text())]
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scripts", default="embbag-b4096,wide-mlp-b16,hf-style-b32")
     ap.add_argument("--conditions", default="nvlink")
@@ -116,9 +153,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out")
     ap.add_argument("--json")
+    ap.add_argument("--tiny", action="store_true", help="toy-sized models (CPU smoke runs)")
     ap.add_argument("--profile-alone", type=int, default=0,
                     help="then N dry runs of each script alone, to compare their step time")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     base = dict(os.environ, PYTHONPATH=str(REPO))
     if args.fake:
         base["SMARTLAUNCH_FAKE_TOPOLOGY"] = args.fake
@@ -135,7 +173,8 @@ def main() -> int:
         entry = common.entry(entry_id)
         for condition in args.conditions.split(","):
             for which in args.which.split(","):
-                res = cold_call(entry, condition, POLICIES[which], base, args.timeout)
+                res = cold_call(entry, condition, POLICIES[which], base, args.timeout,
+                                args.tiny)
                 records.append({"script": entry_id, "condition": condition, "policy": which,
                                 "floor_s": floor, **res})
                 lines.append(row(entry_id, condition, which, res, floor))

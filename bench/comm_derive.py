@@ -17,6 +17,7 @@ derived / measured - 1 for:
 and the same for a DDP step's all-reduces (the gradient split into DDP's buckets, as the
 cost model sums them) at a few gradient sizes. One directory (--out) holds curves.json (every
 measured point), errors.json and report.md. About 10-20 s per condition on 4 GPUs.
+`python -m bench run comm-derive` keeps one record per measured curve (bench/_record.py).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,8 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--max-bytes", type=int, default=None, help="largest size (default 256 MiB "
                     "on GPUs, 4 MiB on the CPU)")
-    ap.add_argument("--out", default=None, help="output directory (default bench/results/"
-                    "comm-derive-DATE-MACHINE)")
+    ap.add_argument("--out", default=None, help="output directory (default: comm-derive-DATE-"
+                    "MACHINE in the temporary directory)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     import common
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
             ap.error(f"unknown condition {c!r}; use some of {', '.join(common.CONDITIONS)}")
     date = time.strftime("%Y-%m-%d")
     machine = f"{ns[-1]}x{_gpu_name()}" if device == "cuda" else f"cpu-{platform.node()}"
-    out = Path(args.out or HERE / "results" / f"comm-derive-{date}-{machine}")
+    out = Path(args.out or Path(tempfile.gettempdir()) / f"comm-derive-{date}-{machine}")
     out.mkdir(parents=True, exist_ok=True)
     groups = [tuple(range(n)) for n in reversed(ns)] + [tuple(range(ns[-1]))]
     raw, results = {}, {}
@@ -178,6 +180,44 @@ def main(argv=None) -> int:
     print(f"wrote {out}/ (curves.json, errors.json, report.md); wall {wall:.1f} s"
           + ("" if wall <= GOAL_S else f" — over the {GOAL_S:.0f} s goal"))
     return 0
+
+
+def records(out: Path) -> list[dict]:
+    """One measurement of the common format (bench/_record.py) per curve in <out>/curves.json:
+    the bus bandwidth at its largest size and its fitted latency; for a group smaller than the
+    largest, also how far the curve derived from the largest is off a DDP step's all-reduces
+    (derived / measured - 1, the `from-largest` row of the report)."""
+    data = json.loads((Path(out) / "curves.json").read_text())
+    meta, out_ = data["meta"], []
+    for cond, raw in data["raw"].items():
+        curves = {int(n): CommCurve.from_dict(c) for n, c in raw["curves"].items()}
+        repeat = CommCurve.from_dict(raw["repeat"])
+        res = analyse(curves, repeat)
+        for n, curve in [*sorted(curves.items()), (None, repeat)]:
+            figures = {"busbw_GBps": curve.bus_bandwidth_Bps(curve.points[-1][0]) / 1e9,
+                       "latency_us": curve.latency_s * 1e6, "max_bytes": curve.points[-1][0],
+                       "condition_s": raw["seconds"], "wall_s": meta["wall_s"]}
+            e = res["from_largest"].get(n) if n is not None else res.get("repeat_noise")
+            if e:
+                figures.update({f"{'derived' if n is not None else 'repeat'}_err_{g // 10**6}MB":
+                                e["by_grad"][str(g)] for g in GRADS})
+            out_.append({"conditions": {"condition": cond, "n": curve.world_size,
+                                        "repeat": n is None, "backend": meta["backend"],
+                                        "links": meta.get("links") or None},
+                         "figures": figures, "date": meta["date"],
+                         "detail": {"points": [list(p) for p in curve.points],
+                                    "gpus": list(curve.gpus or ())}})
+    return out_
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv) into --out (a temporary directory unless given), then
+    one measurement per curve measured."""
+    argv = list(argv)
+    if "--out" not in argv:
+        argv += ["--out", tempfile.mkdtemp(prefix="comm-derive-")]
+    main(argv)
+    return records(Path(argv[argv.index("--out") + 1]))
 
 
 def _gpu_name() -> str:

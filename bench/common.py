@@ -1,18 +1,32 @@
-"""The regret benchmark's data: the suite, the link conditions, the child environment, the
-parsers of what scripts and smartlaunch print, and the regret arithmetic.
+"""What the benchmarks share: the suite, the link conditions, the child environment, the one
+child runner, the parsers of what scripts and smartlaunch print, reading record files, and the
+regret arithmetic.
 
-Pure functions only (no subprocesses, no GPU): bench/regret.py runs things, this module judges
-them, and the CPU tests exercise it on synthetic records.
+Pure functions apart from run() (a child in its own session) and machine_label() (asks NVML):
+the benchmarks run things, this module judges them, and the CPU tests exercise it on synthetic
+records.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import statistics
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import _record
 import multi_n
+
+REPO = Path(__file__).resolve().parent.parent
+# smartlaunch as this Python runs it (no console script needed on a lent machine)
+SMARTLAUNCH = (sys.executable, "-c", "import sys; from smartlaunch.cli import main; "
+               "sys.argv[0] = 'smartlaunch'; sys.exit(main())")
 
 # Every child on the lent H200 machines needs these (NVLink SHARP/multicast must stay off).
 REQUIRED_ENV = {
@@ -114,6 +128,68 @@ def child_env(base: dict[str, str], condition: str | None) -> dict[str, str]:
     return env
 
 
+# ---- running children -------------------------------------------------------------------------
+def run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
+    """Run one child in its own session, from the repository root; on timeout its whole process
+    group is ended (SIGTERM, then SIGKILL), so torchrun's workers go with it. Returns rc,
+    stdout, stderr, wall_s and timed_out."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=max(1.0, timeout))
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                out, err = "", ""
+    wall = time.perf_counter() - t0
+    return {"rc": proc.returncode, "stdout": out or "", "stderr": err or "", "wall_s": wall,
+            "timed_out": timed_out}
+
+
+def run_error(res: dict, what: str) -> str:
+    """One line for a failed run(): the timeout, or what failed and its last output lines."""
+    if res["timed_out"]:
+        return f"timed out after {res['wall_s']:.0f} s"
+    tail = (res["stderr"].strip().splitlines() or res["stdout"].strip().splitlines() or [""])[-3:]
+    return f"{what} (rc={res['rc']}): " + " | ".join(t.strip()[:300] for t in tail)
+
+
+def machine_label() -> str:
+    """"2xH200" for this machine (bench/_record.py label), "cpu" without GPUs."""
+    return _record.label(_record.machine())
+
+
+def read_jsonl(path: Path, runs=()) -> list[dict]:
+    """One-level records, one per line: a benchmark's own raw lines as they are, and lines of
+    the common record format (bench/_record.py) flattened, only those of the given runs when
+    runs are given. A missing file is none; a line cut by a kill mid-write is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    recs = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if _record.is_record(rec):
+            if not _record.in_runs(rec, runs):
+                continue
+            rec = _record.flatten(rec)
+        recs.append(rec)
+    return recs
+
+
 # ---- what the scripts print ----------------------------------------------------------------
 _THROUGHPUT = re.compile(r"^throughput: samples/s=(?P<sps>[\d.eE+-]+) per_rank=(?P<per_rank>[\d.eE+-]+)"
                          r" world=(?P<world>\d+) step_ms=(?P<step_ms>[\d.eE+-]+)\s*$", re.M)
@@ -190,6 +266,36 @@ def plan_summary(plan: dict[str, Any], nproc: int) -> dict[str, Any]:
         "comm": {k: comm.get(k) for k in ("world_size", "backend", "points", "gpus",
                                           "busbw_256MiB_GBps", "latency_us") if k in comm},
     }
+
+
+_CAND_BUSBW = re.compile(r"all-reduce ([\d.]+) GB/s")
+_CAND_COMM = re.compile(r"all-reduce ([\d.]+) ms costing ([\d.]+) ms of ([\d.]+) ms per step")
+
+
+def compact_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """A run's record as its data file keeps it (bench/_record.py): the reasons' prose left
+    out, each candidate's numbers kept along with the all-reduce figures its reason states (bus
+    bandwidth at the gradient size; all-reduce, its cost and the step in ms), and the child's
+    command line reduced to its timed steps."""
+    out = {k: v for k, v in rec.items() if k not in ("reasons", "cmd")}
+    if rec.get("cmd"):
+        cmd = rec["cmd"] if isinstance(rec["cmd"], list) else str(rec["cmd"]).split()
+        cmd = [str(a) for a in cmd]
+        steps = [b for a, b in zip(cmd, cmd[1:]) if a == "--steps"]
+        if steps and steps[-1].isdigit():
+            out["steps"] = int(steps[-1])
+    if rec.get("candidates"):
+        out["candidates"] = []
+        for c in rec["candidates"]:
+            why = c.get("reason") or ""
+            c = {k: v for k, v in c.items() if k != "reason"}
+            if m := _CAND_BUSBW.search(why):
+                c["busbw_GBps"] = float(m[1])
+            if m := _CAND_COMM.search(why):
+                c.update(allreduce_ms=float(m[1]), allreduce_cost_ms=float(m[2]),
+                         step_ms=float(m[3]))
+            out["candidates"].append(c)
+    return out
 
 
 REPLAY_PROFILE_KEYS = ("status", "total_params", "trainable_params", "grad_bytes",

@@ -29,12 +29,14 @@ def timed(argv, env) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> int:
+def measure(argv=None) -> dict:
+    """Runs the rounds, prints (and with --out writes) the report; the measurement of the
+    common format (bench/_record.py)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--fake", help="topology fixture name (CPU machines)")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     home = tempfile.mkdtemp(prefix="sl-decision-")
     env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": f"{home}/cache",
            "SMARTLAUNCH_LEASE_DIR": f"{home}/leases", "PYTHONPATH": str(REPO)}
@@ -56,7 +58,19 @@ def main() -> int:
              f"| warm `smartlaunch --explain` | {w:.2f} |",
              f"| `python -c 'import torch, torch.distributed.run'` | {f:.2f} |",
              f"| **decision overhead (warm − floor)** | **{w - f:.2f}** |"]
-    return emit(lines, args.out)
+    emit(lines, args.out)
+    return {"conditions": {"topology": args.fake or "real", "rounds": args.rounds},
+            "figures": {"cold_s": cold, "warm_s": w, "import_floor_s": f, "overhead_s": w - f}}
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: the rounds, the report printed, one measurement."""
+    return [measure(argv)]
+
+
+def main(argv=None) -> int:
+    measure(argv)
+    return 0
 
 
 if __name__ == "__main__":

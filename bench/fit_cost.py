@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Calibrate the cost model's constants from a regret run, and say how well they hold out.
 
-Reads regret-records.jsonl (bench/regret.py), replays the cost model on every row that has
+Reads regret records (bench/regret.py's regret-records.jsonl, or runs of the data file
+bench/results/regret.jsonl), replays the cost model on every row that has
 its profile, all-reduce curve and measured single/DDP rates, and grid-searches the fitted
 constants (compute_slowdown, ddp_overhead_s, per_tensor_s, contention_s_per_byte,
 contention_cap) for the least mean |ln(predicted / measured)|. Leave-one-script-out: each
@@ -9,8 +10,11 @@ script's rows are predicted by constants fitted without it, the error to expect 
 was not in the fit; its 90th percentile is what `MODEL_ERROR` in smartlaunch/decide/cost.py
 records until a held-out run replaces it.
 
-    python bench/fit_cost.py [records.jsonl ...]           # fit, leave-one-script-out
-    python bench/fit_cost.py --held-out records.jsonl      # the current constants, no fitting
+    python bench/fit_cost.py [records.jsonl ...] [--run LABEL]   # fit, leave-one-script-out
+    python bench/fit_cost.py --held-out records.jsonl            # the current constants, no fit
+
+Without files: the suite's 24 rows the shipped constants were fitted on (run suite-s2 of
+bench/results/regret.jsonl, 2x H200, 2026-11-22).
 
 A held-out evaluation never fits: run it only on scripts measured after the constants were
 committed (bench/README.md, "Calibrating the cost model").
@@ -32,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import multi_n  # noqa: E402
 from smartlaunch.decide.cost import CostModel, predict_ddp  # noqa: E402
+
+SUITE_DATA = Path(__file__).parent / "results" / "regret.jsonl"
+SUITE_RUNS = ("suite-s2",)          # the rows the shipped constants were fitted on
 
 GRID = {
     "compute_slowdown": [1.0, 1.05, 1.1, 1.15, 1.2, 1.3],
@@ -106,8 +113,9 @@ def describe(name: str, errs: list[float]) -> str:
             f"{s['p90_log']:.3f}), {s['within_15pct']} within ±15%")
 
 
-def load(paths: list[Path]) -> list[dict]:
-    return [json.loads(line) for p in paths for line in p.read_text().splitlines() if line.strip()]
+def load(paths: list[Path], runs=()) -> list[dict]:
+    """Regret records of these files, one level each; from data files only the given runs."""
+    return [r for p in paths for r in common.read_jsonl(p, runs)]
 
 
 def constants(m: CostModel) -> dict:
@@ -120,15 +128,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--held-out", action="store_true",
                     help="evaluate the current constants only (no fit)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--run", action="append", default=[],
+                    help="from data files, only these runs (a label or its prefix; repeatable)")
     args = ap.parse_args(argv)
-    paths = args.records or [Path(__file__).parent / "results" / "regret-records.jsonl"]
-    rows = rows_from(load(paths))
+    paths = args.records or [SUITE_DATA]
+    runs = args.run or ([] if args.records else list(SUITE_RUNS))
+    rows = rows_from(load(paths, runs))
     if not rows:
         print(f"{', '.join(map(str, paths))}: no replayable rows (records need the profile and "
               "comm fields)")
         return 1
     current = CostModel()
-    out = {"records": [str(p) for p in paths], "current": {"constants": constants(current),
+    out = {"records": [str(p) for p in paths], "runs": runs, "current": {"constants": constants(current),
                                                           "error": stats(errors(rows, current))}}
     print(describe("current constants", errors(rows, current)))
     if not args.held_out:

@@ -10,8 +10,9 @@ counted as "trial, not run"). Error figures are |ln(predicted / measured)| and t
 |predicted / measured - 1|, median and 90th percentile, next to the fit's own error on the
 old suite (bench/results/cost-fit-old-suite.json, written by fit_cost.py --json).
 
-    python bench/heldout.py OUT.md records.jsonl [records.jsonl ...] [--floor 0.5]
+    python bench/heldout.py OUT.md records.jsonl [records.jsonl ...] [--run LABEL] [--floor 0.5]
         [--constants calibration.json ...]
+    python bench/heldout.py OUT.md bench/results/regret.jsonl --run heldout   # all 24 rows
 
 --constants: calibration records (`smartlaunch-node calibrate --out FILE`, one per link
 condition, matched to a row by the record's NCCL_* variables, bench/common.CONDITIONS) replace
@@ -93,10 +94,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--constants", nargs="+", type=Path, default=[],
                     help="calibration records (smartlaunch-node calibrate --out), one per link "
                          "condition: replay with them too and compare with the shipped constants")
+    ap.add_argument("--run", action="append", default=[],
+                    help="from data files (bench/results/regret.jsonl), only these runs (a label "
+                         "or its prefix, e.g. heldout; repeatable)")
     args = ap.parse_args(argv)
     node = node_models(args.constants)
     node_errs, shipped_errs = [], []
-    records = fit_cost.load(args.records)
+    records = fit_cost.load(args.records, args.run)
     by = common.latest(records)
     rows = fit_cost.rows_from(records)
     table = common.build_rows(records)
@@ -139,7 +143,8 @@ def main(argv: list[str]) -> int:
              f"Constants frozen in commit 9a133e3 before any held-out script was measured; "
              f"band replayed: p90 |ln err| {args.band_p90}; "
              f"policy min_efficiency {args.floor}. Records: "
-             + ", ".join(f"`{p}`" for p in args.records), "",
+             + ", ".join(f"`{p}`" for p in args.records)
+             + (f" (runs {', '.join(args.run)})" if args.run else ""), "",
              "| script | link | measured | model | model err | smartlaunch (as run) | regret | "
              "model + band | regret | always-DDP | seeds | profile / script step ms | decide s |",
              "|" + "---|" * 13, *out, "",

@@ -28,6 +28,7 @@ import re
 import shlex
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 import common  # noqa: E402
-from regret import SMARTLAUNCH, run  # noqa: E402  (one child runner: own session, killpg on timeout)
+from common import SMARTLAUNCH, run  # noqa: E402  (one child runner: own session, killpg on timeout)
 
 SMALL_PARAMS = 30_000_000
 GOAL = 1.9
@@ -45,7 +46,8 @@ _JOB_LOG = re.compile(r"job (\d+) started on (GPU \d+|CPU) \(pid \d+\): .*; log 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scripts", default="", help="comma-separated suite ids (default: all)")
-    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "bench-independent"),
+                   help="where independent-<date>-<machine>.json/.md go")
     p.add_argument("--steps-scale", type=float, default=5.0, help="suite steps x this")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per child run")
     p.add_argument("--budget", type=float, default=None, help="start no script after S seconds")
@@ -184,6 +186,40 @@ def machine_label(args) -> str:
         except Exception:   # no NVML here: the host name will do
             pass
     return f"{socket.gethostname()} (cpu)" if args.tiny else socket.gethostname()
+
+
+def measurement(r: dict, meta: dict) -> dict:
+    """One row of the report's JSON as a measurement of the common format (bench/_record.py)."""
+    s, p = r["single"], r["pair"]
+    jobs = {f"job{j['job']}_sps": j.get("samples_per_s") for j in p.get("jobs", [])}
+    m = {"conditions": {"script": r["id"], "steps_scale": meta.get("steps_scale"),
+                        "tiny": bool(meta.get("tiny"))},
+         "figures": {"params": r["params"], "batch": r["batch"],
+                     "single_sps": s.get("samples_per_s"), "pair_sps": p.get("samples_per_s"),
+                     **jobs, "ratio": r["ratio"], "single_wall_s": s.get("wall_s"),
+                     "pair_wall_s": p.get("wall_s"), "same_device": p.get("same_device"),
+                     "meets_goal": r["meets_goal"]},
+         "date": meta["date"]}
+    if not (s.get("ok") and p.get("ok")):
+        m["error"] = str(s.get("error") or p.get("error") or "failed")
+    return m
+
+
+def records(path: Path) -> list[dict]:
+    """The measurements of a report's JSON (independent-<date>-<machine>.json)."""
+    data = json.loads(Path(path).read_text())
+    return [measurement(r, data["meta"]) for r in data["rows"]]
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv), then this invocation's measurements."""
+    args = parse_args(argv)
+    before = set(Path(args.out).glob("independent-*.json"))
+    t0 = time.time()
+    main(argv)
+    out = [p for p in Path(args.out).glob("independent-*.json")
+           if p not in before or p.stat().st_mtime >= t0]
+    return [m for p in out for m in records(p)]
 
 
 def main(argv=None) -> int:

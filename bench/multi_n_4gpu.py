@@ -36,12 +36,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _record
 import common
 import multi_n_4gpu_report as report
-import regret
+from common import REPO, SMARTLAUNCH
 
-REPO = regret.REPO
-SMARTLAUNCH = regret.SMARTLAUNCH
 NODE_CLI = (sys.executable, "-m", "smartlaunch.node_cli")
 THROUGHPUT_POLICY = REPO / "bench" / "policy-throughput.yaml"
 RECORDS = "records.jsonl"
@@ -179,7 +178,7 @@ class Runner:
     def __init__(self, args, out: Path):
         self.args, self.out = args, out
         self.budget = Budget(args.budget)
-        self.stamp = {"machine": args.machine or regret.machine_label(),
+        self.stamp = {"machine": args.machine or common.machine_label(),
                       "date": dt.date.today().isoformat(),
                       "call": args.call or dt.datetime.now().strftime("%H%M%S")}
         self.base = dict(os.environ)
@@ -225,27 +224,27 @@ class Runner:
         return rec
 
     def train(self, kind: str, task_fields: dict, argv: list[str], env: dict) -> dict:
-        res = regret.run(argv, env, self.budget.timeout(self.args.timeout))
+        res = common.run(argv, env, self.budget.timeout(self.args.timeout))
         tp = common.parse_throughput(res["stdout"])
         rec = {**task_fields, "cmd": argv[1:], "wall_s": res["wall_s"],
                "ok": res["rc"] == 0 and tp is not None, **(tp or {}),
                **common.parse_model_line(res["stdout"]),
                "chunks_ms": report.parse_chunks(res["stdout"])}
         if not rec["ok"]:
-            rec["error"] = regret._error(res, "no throughput line" if res["rc"] == 0 else "failed")
+            rec["error"] = common.run_error(res, "no throughput line" if res["rc"] == 0 else "failed")
         return self.record(rec, kind)
 
     def decide(self, task: Task, policy: Path | None, cache: Path) -> dict:
         argv = [*SMARTLAUNCH, *(["--policy", str(policy)] if policy else []), "--explain=json",
                 "--nproc-per-node", str(task.nproc),
                 *self.script_args(task.script, steps=self.args.sl_steps, chunks=0)]
-        res = regret.run(argv, self.env(task.condition, cache), self.budget.timeout(self.args.timeout))
+        res = common.run(argv, self.env(task.condition, cache), self.budget.timeout(self.args.timeout))
         plan = common.parse_plan(res["stdout"])
         rec = {**fields(task), "policy": "throughput" if policy else "default",
                "cmd": argv[len(SMARTLAUNCH):], "wall_s": res["wall_s"],
                "ok": res["rc"] == 0 and plan is not None}
         if not rec["ok"]:
-            rec["error"] = regret._error(res, "no plan JSON" if res["rc"] == 0 else "failed")
+            rec["error"] = common.run_error(res, "no plan JSON" if res["rc"] == 0 else "failed")
         else:
             rec.update(common.plan_summary(plan, 2))
             prof = plan.get("profile") or {}
@@ -256,7 +255,7 @@ class Runner:
 
     # ---- the parts ----------------------------------------------------------------------------
     def baseline(self) -> None:
-        res = [regret.run([sys.executable, "-c", "import torch, torch.distributed.run"],
+        res = [common.run([sys.executable, "-c", "import torch, torch.distributed.run"],
                           self.env(None), 60) for _ in range(2)]
         self.record({"kind": "baseline", "script": "-", "condition": None,
                      "wall_s": min(r["wall_s"] for r in res),
@@ -276,7 +275,7 @@ class Runner:
             cache = self.caches / f"check-{label}"
             argv = [*NODE_CLI, "profile", "--gpu", "0", "--reprofile", e.script, *e.args,
                     "--warmup", str(w), "--steps", str(self.args.sl_steps), *tiny]
-            res = regret.run(argv, self.env(None, cache), self.budget.timeout(self.args.timeout))
+            res = common.run(argv, self.env(None, cache), self.budget.timeout(self.args.timeout))
             try:
                 prof = json.loads(res["stdout"])
             except ValueError:
@@ -292,7 +291,7 @@ class Runner:
                     if prof.get("batch_size") else None
                 rec["step_ms"] = prof["step_time_s"] * 1e3
             else:
-                rec["error"] = regret._error(res, "no profile JSON" if res["rc"] == 0 else "failed")
+                rec["error"] = common.run_error(res, "no profile JSON" if res["rc"] == 0 else "failed")
             return self.record(rec, "check")
 
         def one(label: str, argv: list[str], kind: str = "check", **env):
@@ -396,6 +395,32 @@ def write_outputs(out: Path, tar: Path | None = None) -> list[Path]:
             tf.add(out, arcname=out.name)
         paths.append(tar)
     return paths
+
+
+# What the data file keeps of a record (bench/_record.py): these as conditions, the other
+# scalars as figures, the window's parts and the plan's candidates and timings as detail (what
+# the report reads; the plan's profile and curve stay in records.jsonl).
+CONDITION_KEYS = ("kind", "script", "condition", "nproc", "row", "position", "policy", "call",
+                  "variant", "check", "steps")
+
+
+def measurement(rec: dict) -> dict:
+    """One raw record of <out>/records.jsonl as a measurement of the common format."""
+    rec = {k: v for k, v in common.compact_record(rec).items() if k not in ("profile", "comm")}
+    return _record.split(rec, CONDITION_KEYS)
+
+
+def records(out: Path, since: str | None = None) -> list[dict]:
+    """The measurements in <out>/records.jsonl (those at or after `since`, an ISO time)."""
+    return [measurement(r) for r in _load(out) if not since or r.get("time", "") >= since]
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv), then the measurements this invocation made."""
+    args = parse_args(argv)
+    since = dt.datetime.now().isoformat(timespec="seconds")
+    main(argv)
+    return [] if args.list else records(Path(args.out), since)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ unconstrained best, smartlaunch's choice under each policy, regret both ways, pr
 measured speedup per N, the cold decision's time and where it went, and smartlaunch's DDP×4
 against torchrun's; then the goals. Pure functions over records, plus the CLI:
 
-    python bench/multi_n_4gpu_report.py OUT_DIR_OR_RECORDS... [--out README.md] [--json F]
+    python bench/multi_n_4gpu_report.py OUT_DIR_OR_RECORDS... [--run LABEL] [--out README.md] [--json F]
 
 Several record files (two device calls) merge; a row is scored only against the single runs
 of its own call (a speedup is a ratio from one call on one machine).
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import multi_n
-from regret import read_jsonl
+from common import read_jsonl
 
 GOAL_REGRET_POLICY = 0.02
 GOAL_REGRET_FREE = 0.05
@@ -41,13 +41,15 @@ def policies() -> dict[str, tuple[float, tuple[int, ...]]]:
 
 
 # ---- records -------------------------------------------------------------------------------
-def load(paths) -> list[dict]:
+def load(paths, runs=()) -> list[dict]:
+    """Records of output directories, their records.jsonl, or data files of the common format
+    (bench/results/multi-n-4gpu.jsonl: only the given runs, when given), one level each."""
     recs = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
             p = p / "records.jsonl"
-        recs += read_jsonl(p)
+        recs += read_jsonl(p, runs)
     return recs
 
 
@@ -367,11 +369,14 @@ def write(records: list[dict], out: Path, name: str = "README.md") -> list[Path]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("sources", nargs="+", help="output directories or records.jsonl files")
+    ap.add_argument("sources", nargs="+", help="output directories, records.jsonl files or "
+                    "data files (bench/results/multi-n-4gpu.jsonl)")
+    ap.add_argument("--run", action="append", default=[],
+                    help="from data files, only these runs (a label or its prefix; repeatable)")
     ap.add_argument("--out", help="markdown file (default: print)")
     ap.add_argument("--json", help="also write the rows and summary here")
     args = ap.parse_args(argv)
-    records = load(args.sources)
+    records = load(args.sources, args.run)
     if not records:
         print(f"no records in {', '.join(args.sources)}; give the directory bench/multi_n_4gpu.py "
               "wrote (--out) or its records.jsonl", file=sys.stderr)

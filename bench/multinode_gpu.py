@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import common
-import regret
 
 from smartlaunch.worker_env import free_port
 
@@ -101,7 +100,7 @@ def rate(res: dict) -> float | None:
 
 
 def one(nodes: Nodes, script: str, out: dict) -> dict:
-    sl = list(regret.SMARTLAUNCH)
+    sl = list(common.SMARTLAUNCH)
     tr = [sys.executable, "-m", "torch.distributed.run"]
     g = str(nodes.half)
     row: dict = {"script": script, "gpus_per_node": nodes.half}
@@ -135,11 +134,49 @@ def one(nodes: Nodes, script: str, out: dict) -> dict:
     return row
 
 
-def main() -> int:
+def measurement(row: dict) -> dict:
+    """One script's row as a measurement of the common format (bench/_record.py)."""
+    m = row.get("measured") or {}
+    rcs = [*(row.get("decide_rc") or []), *(row.get("launch_rc") or []),
+           *[c for v in (row.get("torchrun_rc") or {}).values() for c in v]]
+    out = {"conditions": {"script": row["script"], "gpus_per_node": row.get("gpus_per_node")},
+           "figures": {"chosen_nnodes": int(row["chosen_nnodes"]) if row.get("chosen_nnodes")
+                       else None, "strategy": row.get("strategy"),
+                       "sps_2_nodes": m.get("2"), "sps_1_node": m.get("1"),
+                       "launch_sps": row.get("launch_rate"), "regret": row.get("regret"),
+                       "decide_s": row.get("decide_s"),
+                       # the deciding node's reason that holds both predictions
+                       "why": next((r for r in row.get("reasons") or () if "predicted" in r),
+                                   None)},
+           "detail": {"launch_lines": row.get("launch_lines") or []}}
+    err = row.get("error") or row.get("decide_error") or \
+        (f"exit codes {rcs}" if any(rcs) else None)
+    if err:
+        out["error"] = err
+    return out
+
+
+def records(path: Path) -> list[dict]:
+    """The measurements of a multinode-gpu.json."""
+    return [measurement(r) for r in json.loads(Path(path).read_text())["rows"]]
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv) into --out (a temporary directory unless given), then
+    one measurement per script."""
+    argv = list(argv)
+    if "--out" not in argv:
+        argv += ["--out", tempfile.mkdtemp(prefix="multinode-gpu-")]
+    main(argv)
+    path = Path(argv[argv.index("--out") + 1]) / "multinode-gpu.json"
+    return records(path) if path.exists() else []
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scripts", default="gpt-124m-b8")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     n = gpu_count()

@@ -9,7 +9,7 @@ all-reduce between the nodes); then the job is measured both ways on the same li
 nodes (DDP, world 2) and on one node (world 1); regret = best measured / chosen measured - 1.
 
     python bench/multinode_link.py [--rates 1gbit,10gbit] [--step-ms 100] [--grad-mb 16]
-        [--out bench/results/multinode-link-cpu.md]
+        [--out REPORT.md]                  # python -m bench run multinode-link ...
 
 Needs root (`ip netns`, `tc`). Every namespace and process is removed at the end.
 """
@@ -55,8 +55,9 @@ def one_rate(root: Path, rate: str | None, job: tuple[str, ...]) -> dict:
             raise RuntimeError("decision failed:\n" + nodes[0].output_tail())
         out = nodes[0].output
         plan = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
-        why = next(r["text"] for r in plan["reasons"]
-                   if r["rule"] == "multi-node: the all-reduce between nodes, measured")
+        why = next((r["text"] for r in plan["reasons"]
+                    if r["rule"] == "multi-node: the all-reduce between nodes, measured"),
+                   "no measured choice (the dry run measured no step?)")
         chosen = int(plan["nnodes"])
         both = [c.launch(k, "--nproc-per-node", "1", script=c.train, job=job) for k in range(2)]
         if [n.wait(TIMEOUT_S) for n in both] != [0, 0]:
@@ -74,7 +75,34 @@ def one_rate(root: Path, rate: str | None, job: tuple[str, ...]) -> dict:
         c.close()
 
 
-def main() -> int:
+def measurement(r: dict, job: dict) -> dict:
+    """One link rate's row as a measurement of the common format (bench/_record.py); job: the
+    job's step_ms, grad_mb, steps and batch."""
+    m = r["measured_sps"]
+    two, one = m.get(2, m.get("2")), m.get(1, m.get("1"))
+    return {"conditions": {"rate": r["rate"], "qdisc": r["qdisc"], **job},
+            "figures": {"chosen_nodes": r["chosen_nodes"], "best_nodes": r["best_nodes"],
+                        "sps_2_nodes": two, "sps_1_node": one, "regret": r["regret"],
+                        "decide_s": r["decide_s"], "left_running": len(r["left_running"]),
+                        "why": r["why"]}}
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv), one measurement per link rate."""
+    args, rows = measure(argv)
+    job = {"step_ms": args.step_ms, "grad_mb": args.grad_mb, "steps": args.steps,
+           "batch": args.batch}
+    return [measurement(r, job) for r in rows]
+
+
+def main(argv=None) -> int:
+    measure(argv)
+    return 0
+
+
+def measure(argv=None) -> tuple[argparse.Namespace, list[dict]]:
+    """Runs every rate, prints the report (and with --out writes it and its JSON); returns the
+    arguments and the rows."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="1gbit,10gbit")
     ap.add_argument("--step-ms", type=float, default=100.0)
@@ -82,7 +110,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     job = (str(args.step_ms / 1e3), str(int(args.grad_mb * (1 << 20))), str(args.steps),
            str(args.batch))
     rows = []
@@ -111,7 +139,8 @@ def main() -> int:
                   f"{sum(len(r['left_running']) for r in rows)}."]
     if args.out:
         Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
-    return emit(lines, args.out)
+    emit(lines, args.out)
+    return args, rows
 
 
 if __name__ == "__main__":

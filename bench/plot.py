@@ -2,7 +2,7 @@
 the ±15% band of the issue's goal. Filled: what the plan said (a trial's measurement where one
 ran); hollow: the cost model's own prediction on those trial rows. Imports matplotlib (headless) only when called.
 
-    python bench/plot.py bench/results/regret-<date>-<machine>.json   # redraw from a report
+    python bench/plot.py DIR/regret-<date>-<machine>.json   # redraw from regret.py's report
 """
 from __future__ import annotations
 

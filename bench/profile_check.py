@@ -120,12 +120,41 @@ def case(name: str, tmp: Path, env: dict, own_steps: int) -> dict:
     return row
 
 
-def main() -> None:
+def measurement(r: dict) -> dict:
+    """One row of --out's list as a measurement of the common format (bench/_record.py)."""
+    figures = {"own_ms": r["own_ms"]}
+    for kind in ("window", "cut"):
+        k = r.get(kind) or {}
+        figures.update({f"{kind}_step_ms": k.get("step_ms"), f"{kind}_vs_own": k.get("vs_own"),
+                        f"{kind}_steps": k.get("steps"), f"{kind}_cut_short": k.get("cut_short")})
+    w = r.get("window") or {}
+    figures.update({f"{x}_ms": w.get(f"{x}_s") for x in ("forward", "backward", "optimizer")},
+                   batch=w.get("batch"), micro_batches=w.get("micro_batches"),
+                   timing=w.get("timing"))
+    m = {"conditions": {"case": r["case"]}, "figures": figures}
+    errs = [e for e in (r.get("own_err"), *((r.get(k) or {}).get("err") for k in ("window", "cut")))
+            if e]
+    if errs:
+        m["error"] = errs[0].strip().splitlines()[-1][:300]
+    return m
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv) with --out into a temporary file unless given, then
+    one measurement per case."""
+    argv = list(argv)
+    if "--out" not in argv:
+        argv += ["--out", tempfile.mkstemp(prefix="profile-check-", suffix=".json")[1]]
+    main(argv)
+    return [measurement(r) for r in json.loads(Path(argv[argv.index("--out") + 1]).read_text())]
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="mlp,lstm,conv,accum,hf")
     ap.add_argument("--out", default=None)
     ap.add_argument("--own-steps", type=int, default=300)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)

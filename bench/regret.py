@@ -6,8 +6,8 @@ samples/s, ask `smartlaunch --explain=json` what it would do, and score it and t
 Every measurement is appended to <out>/regret-records.jsonl as soon as it ends, so a run that
 is cut short loses at most the measurement in flight, and a later run resumes: measurements
 already recorded successfully are skipped (--fresh re-measures). Each run, and --report-only,
-then writes regret-<date>-<machine>.{md,json,png} from all the records.
-"""
+then writes regret-<date>-<machine>.{md,json,png} from all the records. `python -m bench run
+regret ...` keeps this invocation's measurements in bench/results/regret.jsonl (bench())."""
 from __future__ import annotations
 
 import argparse
@@ -15,22 +15,18 @@ import datetime as dt
 import json
 import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import _record
 import common
 import multi_n
 import report_md
-from common import CONDITIONS, SUITE
+from common import CONDITIONS, REPO, SMARTLAUNCH, SUITE, machine_label, read_jsonl, run
 
-REPO = Path(__file__).resolve().parent.parent
 RECORDS = "regret-records.jsonl"
-SMARTLAUNCH = (sys.executable, "-c", "import sys; from smartlaunch.cli import main; "
-               "sys.argv[0] = 'smartlaunch'; sys.exit(main())")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,7 +39,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--nproc", default="2",
                    help="DDP sizes to measure, comma-separated (one rank per GPU): --nproc 2,3,4 "
                         "measures single and DDP×2, ×3, ×4; smartlaunch may use up to the largest")
-    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "bench-regret"),
+                   help="working directory: its regret-records.jsonl is resumed (`python -m "
+                        "bench run regret` appends the measurements to bench/results/regret.jsonl)")
+    p.add_argument("--data", default=None,
+                   help="with --report-only: the report from this data file of the common format "
+                        "(e.g. bench/results/regret.jsonl) instead of --out's records")
+    p.add_argument("--run", action="append", default=[],
+                   help="with --data: only these runs (a label or its prefix; repeatable)")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per child run")
     p.add_argument("--budget", type=float, default=None,
                    help="wall seconds for the whole invocation: no run starts after it, runs are "
@@ -77,39 +80,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---- running children -----------------------------------------------------------------------
-def run(argv: list[str], env: dict[str, str], timeout: float) -> dict:
-    """Run one child in its own session; on timeout its whole process group is ended, so
-    torchrun's workers go with it."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=max(1.0, timeout))
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = proc.communicate(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                out, err = "", ""
-    wall = time.perf_counter() - t0
-    return {"rc": proc.returncode, "stdout": out or "", "stderr": err or "", "wall_s": wall,
-            "timed_out": timed_out}
-
-
-def _error(res: dict, what: str) -> str:
-    if res["timed_out"]:
-        return f"timed out after {res['wall_s']:.0f} s"
-    tail = (res["stderr"].strip().splitlines() or res["stdout"].strip().splitlines() or [""])[-3:]
-    return f"{what} (rc={res['rc']}): " + " | ".join(t.strip()[:300] for t in tail)
-
-
 def script_argv(e: common.Entry, args, steps: int | None = None) -> list[str]:
     return [e.script, *e.args, "--warmup", str(args.warmup if args.warmup is not None else e.warmup),
             "--steps", str(steps if steps is not None else
@@ -132,7 +102,7 @@ def measure(kind: str, e: common.Entry, cond: str | None, args, timeout: float,
            **({"nproc": nproc} if kind == "ddp" else {}),
            "ok": res["rc"] == 0 and tp is not None, **(tp or {}), **common.parse_model_line(res["stdout"])}
     if not rec["ok"]:
-        rec["error"] = _error(res, "no throughput line" if res["rc"] == 0 else "failed")
+        rec["error"] = common.run_error(res, "no throughput line" if res["rc"] == 0 else "failed")
     return rec
 
 
@@ -148,7 +118,7 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
     rec = {"kind": "smartlaunch", "script": e.id, "condition": cond, "cmd": argv[len(base):],
            "wall_s": res["wall_s"], "ok": res["rc"] == 0 and plan is not None}
     if not rec["ok"]:
-        rec["error"] = _error(res, "no plan JSON" if res["rc"] == 0 else "failed")
+        rec["error"] = common.run_error(res, "no plan JSON" if res["rc"] == 0 else "failed")
         return rec
     rec.update(common.plan_summary(plan, args.nprocs[0]))
     if warm:
@@ -156,7 +126,7 @@ def decide(e: common.Entry, cond: str, args, timeout: float, warm: bool) -> dict
         # The decision time that matters to a user: the whole command, caches warm.
         rec["warm_wall_s"] = again["wall_s"] if again["rc"] == 0 else None
         if again["rc"] != 0:
-            rec["warm_error"] = _error(again, "failed")
+            rec["warm_error"] = common.run_error(again, "failed")
         else:
             plan2 = common.parse_plan(again["stdout"]) or {}
             rec["warm_choice"] = common.plan_summary(plan2, args.nprocs[0])["choice"] if plan2 else None
@@ -169,49 +139,34 @@ def load_records(out: Path) -> list[dict]:
     return read_jsonl(out / RECORDS)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """One record per line; a missing file is none, a line cut by a kill mid-write is skipped."""
-    if not path.exists():
-        return []
-    recs = []
-    for line in path.read_text().splitlines():
-        try:
-            recs.append(json.loads(line))
-        except ValueError:
-            continue
-    return recs
+# What the data file keeps of a record (bench/_record.py): these as conditions, the other
+# scalars as figures, the plan's candidates, profile, curve and timings as detail.
+CONDITION_KEYS = ("kind", "script", "condition", "nproc", "steps")
+
+
+def measurement(rec: dict) -> dict:
+    """One raw record of <out>/regret-records.jsonl as a measurement of the common format."""
+    return _record.split(common.compact_record(rec), CONDITION_KEYS)
+
+
+def records(out: Path, since: str | None = None) -> list[dict]:
+    """The measurements in <out>/regret-records.jsonl (those recorded at or after `since`,
+    an ISO time), in the common format."""
+    return [measurement(r) for r in load_records(out)
+            if not since or r.get("time", "") >= since]
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: main(argv), then the measurements this invocation made."""
+    args = parse_args(argv)
+    since = dt.datetime.now().isoformat(timespec="seconds")
+    main(argv)
+    return [] if args.report_only or args.list else records(Path(args.out), since)
 
 
 def append_record(out: Path, rec: dict) -> None:
     with open(out / RECORDS, "a") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
-
-
-def machine_label() -> str:
-    """"2xH200" from NVML, else from nvidia-smi (nvidia-ml-py may be absent where the
-    package was installed with --no-deps), else "cpu-<host>"."""
-    names: list[str] = []
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                n = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                names.append(n.decode() if isinstance(n, bytes) else n)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout
-            names = [ln.strip() for ln in out.splitlines() if ln.strip()]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    if not names:
-        return "cpu-" + socket.gethostname().split(".")[0]
-    words = names[0].replace("NVIDIA", "").split()
-    short = next((w for w in words if any(c.isdigit() for c in w)), words[-1] if words else "GPU")
-    return f"{len(names)}x{short}"
 
 
 def write_report(records: list[dict], out: Path, conditions=tuple(CONDITIONS)) -> list[Path]:
@@ -322,6 +277,10 @@ def main(argv=None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.report_only and args.data:
+        for p in write_report(read_jsonl(Path(args.data), args.run), out):
+            print(f"wrote {p}")
+        return 0
     try:
         if not args.report_only:
             run_suite(args, out)

@@ -1,6 +1,6 @@
 """How long `discover()` takes on this machine (issue #3: <= 0.3 s for an 8-GPU node).
 
-    python bench/topology_bench.py -n 20 [--out bench/results/topology-h200.jsonl]
+    python bench/topology_bench.py -n 20 [--out FILE.jsonl]      # python -m bench run topology
 
 Runs discover() N times in this process (each call does nvmlInit .. nvmlShutdown, as the
 launcher does), prints the median and the GPU count, and with --out appends one JSON line.
@@ -25,7 +25,8 @@ from smartlaunch.topology import discover  # noqa: E402
 TARGET_S = 0.3
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(argv: list[str] | None = None) -> dict:
+    """Times discover(), prints the result (and appends it to --out); returns it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=20, help="timed calls after the first (default 20)")
     parser.add_argument("--out", help="append a JSON line with the result to this file")
@@ -71,6 +72,26 @@ def main(argv: list[str] | None = None) -> int:
         with out.open("a") as f:
             f.write(json.dumps(result) + "\n")
         print(f"wrote {out}")
+    return result
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: one measurement of the common format (bench/_record.py)."""
+    r = measure(argv)
+    figures = {k: r[k] for k in ("gpus", "gpu_name", "first_s", "median_s", "min_s", "max_s",
+                                 "target_s", "driver", "nccl")}
+    figures["links"] = ",".join(r["links"]) or None
+    m = {"conditions": {"source": r["source"], "calls": r["n"], "all": "--all" in argv},
+         "figures": figures}
+    if r.get("by_call_s"):
+        m["detail"] = {"by_call_s": r["by_call_s"]}
+    if r.get("note"):
+        m["note"] = r["note"]
+    return [m]
+
+
+def main(argv: list[str] | None = None) -> int:
+    measure(argv)
     return 0
 
 

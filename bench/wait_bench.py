@@ -2,7 +2,7 @@
 launcher exit, and how much do the waiters write?
 
     python bench/wait_bench.py [--launchers 20] [--job-s 0.5] [--src DIR] [--label NAME]
-                               [--out bench/results/wait-<date>.json]
+                               [--out FILE.json]   # python -m bench run wait
 
 N concurrent `smartlaunch --strategy single job.py` on the fake 2-GPU topology
 (SMARTLAUNCH_FAKE_TOPOLOGY=h200-nv18-pair), all started at once, one private lease dir. The
@@ -79,14 +79,40 @@ def run_batch(n: int, job_s: float, src: Path) -> dict:
             "sample_stderr": errs[max(range(n), key=lambda i: lines[i])][-1500:]}
 
 
+def measurement(r: dict) -> dict:
+    """One batch's result as a measurement of the common format (bench/_record.py)."""
+    lat = r["exit_latency_s"]
+    return {"conditions": {"launchers": r["launchers"], "job_s": r["job_s"],
+                           "label": r.get("label")},
+            "figures": {"jobs_ran": r["jobs_ran"], "wall_s": r["wall_s"],
+                        "exit_latency_median_s": lat["median"], "exit_latency_min_s": lat["min"],
+                        "exit_latency_max_s": lat["max"],
+                        "stderr_lines": r["stderr_lines"]["total"],
+                        "stderr_lines_max": r["stderr_lines"]["max_per_launcher"],
+                        "exit_codes": ",".join(map(str, r["exit_codes"])),
+                        "loadavg_before": r.get("loadavg_before")},
+            "detail": {"exit_latency_s": lat["all"]},
+            "date": str(r.get("date", ""))[:10] or None}
+
+
+def bench(argv: list[str]) -> list[dict]:
+    """bench/run.py's entry: one batch, one measurement."""
+    return [measurement(measure(argv))]
+
+
 def main() -> None:
+    measure()
+
+
+def measure(argv: list[str] | None = None) -> dict:
+    """Runs one batch, prints its result (and adds it to --out's list); returns it."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--launchers", type=int, default=20)
     ap.add_argument("--job-s", type=float, default=0.5)
     ap.add_argument("--src", type=Path, default=REPO)
     ap.add_argument("--label", default="this checkout")
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     r = run_batch(args.launchers, args.job_s, args.src.resolve())
     r.update(label=args.label, cpus=os.cpu_count(),
              loadavg_before=os.getloadavg()[0],
@@ -96,6 +122,7 @@ def main() -> None:
         rows = json.loads(args.out.read_text()) if args.out.exists() else []
         rows.append(r)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return r
 
 
 if __name__ == "__main__":
