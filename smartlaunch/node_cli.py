@@ -27,7 +27,8 @@ SUBCOMMAND_MODULES = (
 
 # The package data the admin docs install, by heading: (package directory, the doc to read).
 PACKAGE = Path(__file__).resolve().parent
-SHIPPED = (("Slurm node hooks and submit filter (docs/slurm-admin.md)", PACKAGE / "slurm" / "scripts"),
+SHIPPED = (("Slurm node hooks and submit filter (docs/slurm-admin.md)",
+            PACKAGE / "slurm" / "scripts"),
            ("Policies (docs/policy.md)", PACKAGE / "policy" / "shipped"))
 
 

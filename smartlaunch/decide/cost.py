@@ -127,8 +127,8 @@ def constants_text(model: CostModel, spread: dict | None = None) -> str:
         return f" ± {_g(v * scale, digits)}" if isinstance(v, (int, float)) and math.isfinite(v) \
             else ""
     # s/byte -> ms/GB: x 1e9 bytes x 1e3 ms
-    return (f"all-reduce contention {_g(model.contention_s_per_byte * 1e12, 3)}{pm('contention_s_per_byte', 1e12, 2)} "
-            f"ms/GB, DDP overhead {model.ddp_overhead_s * 1e3:.2f}"
+    return (f"all-reduce contention {_g(model.contention_s_per_byte * 1e12, 3)}"
+            f"{pm('contention_s_per_byte', 1e12, 2)} ms/GB, DDP overhead {model.ddp_overhead_s * 1e3:.2f}"
             f"{pm('ddp_overhead_s', 1e3, 2)} ms per step, "
             f"{_g(model.per_tensor_s * 1e6, 2)}{pm('per_tensor_s', 1e6, 2)} µs per gradient tensor")
 
