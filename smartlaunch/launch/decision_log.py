@@ -358,11 +358,17 @@ def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], s
 
 def measurement_gpu_seconds(plan: Plan) -> float:
     """GPU-seconds the decision's measurements took on this node, from plan.timings (seconds
-    per stage): the dry run's stage on one GPU (when the profile was measured, not read from
-    the cache), the all-reduce stage (and a sweep run beside the dry run) on the GPUs of the
-    measured group, the trials' stage on the mean GPU count of the candidates measured (one
-    trial per candidate; their separate lengths are not kept). 0 on the CPU and for a plan
-    across nodes (its measurement ran on the deciding node; docs/fleet.md)."""
+    per stage) and the GPUs each stage runs on, as a GPU is occupied (a GPU two measurements
+    share at once counts once):
+      dry run      `profile` on one GPU, when the profile was measured (not read from the cache);
+      all-reduce   a sweep beside the dry run (`allreduce_early`) on the measured group, less
+                   its overlap with the dry run on the dry run's GPU; the rest of `allreduce`
+                   (other groups' sweeps, after the wait for that one) on the mean size of the
+                   DDP candidates' groups, each of which needs a curve;
+      trials       `trials` on the mean GPU count of the candidates measured.
+    Their separate lengths are not in the plan, so the means assume equally long sweeps and
+    trials (docs/fleet.md says how close that came). 0 on the CPU and for a plan across nodes
+    (its measurement ran on the deciding node)."""
     t = plan.timings
     if plan.device != "cuda" or plan.multi_node or not t:
         return 0.0
@@ -370,14 +376,15 @@ def measurement_gpu_seconds(plan: Plan) -> float:
     def secs(key: str) -> float:
         v = t.get(key)
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0
-    groups = [len(c.gpus) for c in plan.candidates if len(c.gpus) > 1]
     comm = plan.comm
-    sweep = len(comm.derived_from or comm.gpus) if comm is not None else max(groups, default=0)
-    tried = [len(c.gpus) for c in plan.candidates if c.measured and c.gpus] or \
-        [max(groups, default=1)]
+    measured = len(comm.derived_from or comm.gpus) if comm is not None else 0
+    groups = [len(c.gpus) for c in plan.candidates if len(c.gpus) > 1] or [measured]
+    tried = [len(c.gpus) for c in plan.candidates if c.measured and c.gpus] or [max(groups)]
     dry = secs("profile") if plan.profile is not None and not plan.profile.cached else 0.0
-    return (dry + (secs("allreduce") + secs("allreduce_early")) * sweep
-            + secs("trials") * sum(tried) / len(tried))
+    early = secs("allreduce_early")
+    later = max(0.0, secs("allreduce") - max(0.0, early - dry))   # less the wait for `early`
+    return (dry + early * (measured or max(groups)) - min(dry, early)
+            + later * sum(groups) / len(groups) + secs("trials") * sum(tried) / len(tried))
 
 
 def torchrun_gpu_seconds(plan: Plan, units: Mapping, run_s: float,
