@@ -1,11 +1,12 @@
-"""The seeds' two reference MLPs as one torchrun-style training script.
+"""Two reference MLPs (a medium and a large one) as one torchrun-style training script.
 
   medium: Dense 256-128-64 + ReLU + Dropout(0.2)             (~258K parameters)
   large:  Dense 1024-1024-512-512-256 + ReLU + Dropout(0.3)  (~6.9M parameters)
 
 Synthetic data made on the device (so a step is compute and communication). The input width
-defaults to the size that reproduces the seeds' parameter counts (845 features -> 258,378
-parameters; 4,800 -> 6,887,178); `--in-features 50` gives the seeds' feature count instead. Runs unchanged under `torchrun`, `smartlaunch` or plain `python`:
+defaults to the size that gives the reference parameter counts (845 features -> 258,378
+parameters; 4,800 -> 6,887,178); `--in-features 50` gives the reference data set's feature
+count instead. Runs unchanged under `torchrun`, `smartlaunch` or plain `python`:
 nccl on GPUs, gloo on the CPU, DDP-wrapped when WORLD_SIZE > 1. Rank 0 prints
 `throughput: samples/s=<all ranks> per_rank=<one rank> world=<n> step_ms=<median>`.
 """
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 LAYERS = {"medium": ((256, 128, 64), 0.2), "large": ((1024, 1024, 512, 512, 256), 0.3)}
-# Input widths that reproduce the seeds' parameter counts (258,432 and 6,885,376) within 0.1%.
+# Input widths that reproduce the reference parameter counts (258,432 and 6,885,376) within 0.1%.
 IN_FEATURES = {"medium": 845, "large": 4800}
 
 
@@ -43,7 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--in-features", type=int, default=None,
-                   help="input width (default: the width matching the seeds' parameter count)")
+                   help="input width (default: the width matching the reference parameter count)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

@@ -140,7 +140,9 @@ def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
                    help="auto (default) decides from measurements; single, independent and "
                         "ddp force one (ddp behaves exactly like torchrun)")
     g.add_argument("--explain", nargs="?", const="text", choices=EXPLAIN_FORMATS, default=None,
-                   help="print the plan (text, or json: see docs/plan-schema.md) and do not launch")
+                   help="print the plan (text, or json: see docs/plan-schema.md) and launch "
+                        "nothing; what is not cached is measured first, on the GPUs (dry run, "
+                        "all-reduce, trials)")
     g.add_argument("--policy", dest="sl_policy", metavar="PATH",
                    help="user policy file (default ./smartlaunch.yaml, then "
                         "~/.config/smartlaunch/policy.yaml)")

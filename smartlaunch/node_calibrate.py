@@ -18,9 +18,9 @@ from smartlaunch.store import BadRecord
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="measure this node's DDP overhead, contention "
-                              "(κ) and cost per gradient tensor for the cost model, and cache "
-                              "them with the topology")
+    p = subparsers.add_parser("calibrate", help="measure this node's constants for the cost "
+                              "model (DDP overhead, all-reduce contention, cost per gradient "
+                              "tensor) and cache them")
     p.add_argument("--gpus", default=None, help="two comma-separated GPU indices (default: the "
                    "first two)")
     p.add_argument("--windows", type=int, default=5, help="measured windows per model (the "
@@ -30,8 +30,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-wait", action="store_true", help="fail at once when another job "
                    "holds the GPUs instead of waiting for them")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
-    p.add_argument("--out", default=None, help="also write the record (JSON) to this file "
-                   "(bench/heldout.py --constants replays held-out rows with it)")
+    p.add_argument("--out", default=None, help="also write the record (JSON) to this file, "
+                   "to keep or to compare with another node's")
     p.set_defaults(func=calibrate)
 
 
@@ -48,6 +48,7 @@ def calibrate(args) -> int:
     topo = discover(environ)
     policy = load_policy(args.policy, environ=environ)
     gpus = _gpus(args, [g.index for g in topo.gpus])
+    _check_out(args.out)
     with LeaseManager.from_policy(policy, say=_say) as leases:
         lease = leases.acquire(topo, gpus, 2, wait=not args.no_wait,
                                timeout_s=policy.jobs.wait_timeout_s, status=_say)
@@ -116,6 +117,22 @@ def _gpus(args, known: list[int]) -> list[int]:
     if not 2 <= args.windows <= 50:
         raise UsageError(f"--windows {args.windows}: use 2 to 50 (the spread needs two)")
     return gpus
+
+
+def _check_out(path: str | None) -> None:
+    """An --out that cannot be written is said before the minutes of measuring, not after."""
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"--out {path} is a directory; name a file, e.g. "
+                         f"{os.path.join(path, 'calibration.json')}")
+    if not os.path.isdir(parent):
+        raise UsageError(f"--out {path}: the directory {parent} does not exist; create it or "
+                         f"give another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: this user may not write in {parent}; give a path "
+                         f"you may write")
 
 
 def _say(line: str) -> None:

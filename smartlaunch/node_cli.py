@@ -2,6 +2,8 @@
 
 Each subcommand lives with its layer in a module exposing `register(subparsers)`, which adds
 a parser whose `func(args) -> int` runs it. Modules load lazily-cheaply: no NVML at import.
+`files` is this module's own: where the installed package keeps the files the admin docs
+install (the Slurm hook scripts, the shipped policies).
 """
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import argparse
 import importlib
 import sys
 import warnings
+from pathlib import Path
 
-from smartlaunch.errors import SmartlaunchError
+from smartlaunch.errors import SmartlaunchError, UsageError
 from smartlaunch.proc import Interrupted
 
 SUBCOMMAND_MODULES = (
@@ -22,6 +25,12 @@ SUBCOMMAND_MODULES = (
     "smartlaunch.launch.fleet",     # report (the decision log: the admins' fleet view)
 )
 
+# The package data the admin docs install, by heading: (package directory, the doc to read).
+PACKAGE = Path(__file__).resolve().parent
+SHIPPED = (("Slurm node hooks and submit filter (docs/slurm-admin.md)",
+            PACKAGE / "slurm" / "scripts"),
+           ("Policies (docs/policy.md)", PACKAGE / "policy" / "shipped"))
+
 
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints a usage block before its error; a log wants one line, as smartlaunch's
@@ -29,6 +38,15 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"smartlaunch-node: error: {message} (see `{self.prog} --help`)\n")
+
+    def command_list(self) -> str:
+        """What `git` prints without a command: the usage line, then one line per command."""
+        sub = next(a for a in self._actions if isinstance(a, argparse._SubParsersAction))
+        rows = [(c.dest, c.help or "") for c in sub._choices_actions]
+        width = max(len(name) for name, _ in rows) + 2
+        return (self.format_usage() + "\ncommands:\n"
+                + "".join(f"  {name:<{width}}{text}\n" for name, text in rows)
+                + f"\n`{self.prog} COMMAND --help` shows a command's options.\n")
 
 
 class _Version(argparse.Action):
@@ -58,14 +76,59 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         mod.register(sub)
+    files = sub.add_parser(
+        "files", help="where the Slurm hook scripts and the shipped policies are installed",
+        description="Without NAME: every file the admin docs install, under its package "
+                    "directory. With NAME (e.g. prolog, shared-cluster.yaml): that file's "
+                    "absolute path alone, for `install \"$(smartlaunch-node files prolog)\" ...`.")
+    files.add_argument("name", nargs="?", metavar="NAME")
+    files.set_defaults(func=_files)
     return parser
+
+
+def shipped_files() -> dict[str, list[Path]]:
+    """{heading: the files of that kind in the installed package, by name}."""
+    return {head: sorted(p for p in folder.iterdir() if p.is_file() and p.name[0] != ".")
+            for head, folder in SHIPPED}
+
+
+def _files(args) -> int:
+    found = shipped_files()
+    if args.name is None:
+        for head, paths in found.items():
+            print(f"{head}:")
+            print("".join(f"  {p}\n" for p in paths), end="")
+        return 0
+    match = [p for paths in found.values() for p in paths if p.name == args.name]
+    if not match:
+        names = ", ".join(p.name for paths in found.values() for p in paths)
+        raise UsageError(f"no shipped file named {args.name!r}; the names are: {names}")
+    print(match[0])
+    return 0
+
+
+def _parse(parser: _OneLineParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, but an argument a subcommand does not take is that subcommand's error
+    (argparse reports it from the top-level parser, pointing at the wrong --help)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        owner = parser
+        while True:             # down to the deepest command given (`policy check`)
+            sub = next((a for a in owner._actions if isinstance(a, argparse._SubParsersAction)),
+                       None)
+            chosen = getattr(args, sub.dest, None) if sub is not None else None
+            if chosen not in (sub.choices if sub is not None else {}):
+                break
+            owner = sub.choices[chosen]
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "func", None):
-        parser.print_usage(sys.stderr)
+        print(parser.command_list(), end="", file=sys.stderr)
         return 2
     try:
         return int(args.func(args) or 0)

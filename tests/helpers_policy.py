@@ -22,7 +22,7 @@ import pytest
 from smartlaunch.policy.load import ADMIN_POLICY_PATH, load_policy
 
 REPO = Path(__file__).resolve().parent.parent
-POLICIES = REPO / "policies"
+POLICIES = REPO / "smartlaunch" / "policy" / "shipped"
 
 
 def write(directory: Path | str, name: str, text: str) -> str:

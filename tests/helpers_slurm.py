@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "tests" / "slurm"
-HOOKS = REPO / "hooks" / "slurm"
+HOOKS = REPO / "smartlaunch" / "slurm" / "scripts"
 LUA_CAP = 1          # below the node's 2 GPUs, so a satisfiable request is refused by policy
 PROGRAMS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "scontrol", "squeue", "lua5.3")
 

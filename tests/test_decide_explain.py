@@ -150,3 +150,65 @@ def test_a_note_every_binding_shares_is_said_once(clean_env):
     assert "  every binding: numactl not installed: CPU affinity only, memory not bound" in numa
     ranks = [line for line in numa if line.startswith("  local rank")]
     assert len(ranks) == len(plan.gpus) >= 2 and all("via sched_setaffinity" in r for r in ranks)
+
+
+def _comm_line(points, grad_bytes):
+    from types import SimpleNamespace
+    from smartlaunch.decide.select import comm_summary
+    from smartlaunch.profile.api import CommCurve
+    curve = CommCurve.from_points(2, "gloo", points, gpus=(0, 1))
+    summary = comm_summary(curve, SimpleNamespace(grad_bytes=grad_bytes))
+    plan = dataclasses.replace(_no_profile(), comm=summary)
+    line = next(x for x in render_text(plan, REGISTRY).splitlines() if x.startswith("all-reduce"))
+    return line, summary
+
+
+KiB, MiB = 1 << 10, 1 << 20
+CPU_CURVE = [(64 * KiB << i, 200e-6 + (64 * KiB << i) / 1.2e9) for i in range(5)]  # to 1 MiB
+
+
+def test_the_all_reduce_line_shows_only_measured_sizes(clean_env):
+    # Was "busbw 1.2 GB/s at 256 MiB" from a curve measured up to 1 MiB (the fit's guess).
+    line, c = _comm_line(CPU_CURVE, 1_000_000)
+    assert "256 MiB" not in line and c.busbw_256MiB_GBps is None
+    assert "busbw 1.0 GB/s at 1 MiB, the largest measured, 1.0 GB/s at the gradient size, " \
+           "latency 200 µs" in line
+    assert (c.busbw_largest_GBps, c.busbw_at_grad_GBps, c.latency_us) == (0.976, 0.968, 200.0)
+
+
+@pytest.mark.parametrize("grad, says", [
+    (10_000, "no figure at the gradient size (9.77 KiB, below the smallest measured, 64 KiB)"),
+    (300 * MiB, "no figure at the gradient size (300 MiB, above the largest measured, 1 MiB)"),
+])
+def test_a_gradient_size_outside_the_curve_has_no_figure_and_says_why(clean_env, grad, says):
+    # Was "0.0 GB/s at the gradient size": the fit's latency over a 10 KB message.
+    line, c = _comm_line(CPU_CURVE, grad)
+    assert says in line and "0.0 GB/s" not in line and c.busbw_at_grad_GBps is None
+
+
+def test_an_implausible_fitted_latency_gives_way_to_the_smallest_size(clean_env):
+    # Was "latency 19734 µs": a curve that is not straight fits an intercept above (or at 0,
+    # below) anything measured; the smallest size's own time is shown, as such.
+    bent = [(1 * MiB, 1e-3), (2 * MiB, 1.1e-3), (4 * MiB, 30e-3), (8 * MiB, 60e-3)]
+    line, c = _comm_line(bent, 3 * MiB)
+    assert c.latency_us is None and "latency" not in line
+    assert line.endswith("1000 µs for 1 MiB, the smallest measured size")
+
+
+def test_slow_links_are_not_rounded_to_zero(clean_env):
+    slow = [(64 * KiB << i, 0.2 + (64 * KiB << i) / 1e6) for i in range(3)]
+    line, c = _comm_line(slow, 100 * KiB)
+    assert "0.0 GB/s" not in line and "busbw 0.00057 GB/s at 256 KiB" in line
+    assert c.busbw_largest_GBps == 0.000567
+
+
+def test_the_decision_line_says_the_policy_floor_refused_ddp(clean_env):
+    from smartlaunch.decide.explain import decision_line
+    topo = dual_socket()
+    plan = decide(request(max_gpus=2), topo, policy(), profile(), comm_for=FakeComm(topo),
+                  trial=FakeTrial({("single", 1): 20000.0, ("ddp", 2): 23200.0}))
+    assert plan.strategy.value == "single"
+    line = decision_line(plan, REGISTRY, floor=0.7)
+    assert "— DDP×2 measured 1.16× one GPU (58%, below the policy's 70%)" in line, line
+    # without the floor (a caller that does not pass it): the efficiency, no claim about why
+    assert "DDP×2 measured 1.16× one GPU (58% efficiency)" in decision_line(plan, REGISTRY)

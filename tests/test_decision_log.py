@@ -16,8 +16,8 @@ from helpers_nobody import AS_NOBODY, needs_nobody, shared_tmp
 from helpers_policy import needs_admin_install
 from helpers_decide import decide
 from smartlaunch.launch.decision_log import (
-    LOCK_WAIT_S, MAX_LINE, LogBusy, append_line, encode, mispredicted, read_log, record,
-    torchrun_gpu_seconds,
+    LOCK_WAIT_S, MAX_LINE, LogBusy, append_line, encode, measurement_gpu_seconds, mispredicted,
+    read_log, record, torchrun_gpu_seconds,
 )
 from smartlaunch.strategies import REGISTRY
 
@@ -132,6 +132,36 @@ def test_the_line_has_what_was_asked_decided_measured_and_how_it_ended(clean_env
     never = record(plan, request(max_gpus=2), REGISTRY, environ={}, started=0.0, wall_s=5.0,
                    run_s=5.0, exit_code=6, ran=None)
     assert never["gpu_s"] == 0.0 and never["run_s"] == 0.0 and never["exit_code"] == 6
+
+
+def test_gpu_seconds_count_the_measurements_before_the_job():
+    # Was: GPUs held x run_s only, so the ~20 s of measuring on the GPUs before a launch was
+    # missing and "saved" overstated. By hand, as the GPUs are occupied: the dry run 2 s on
+    # GPU0; the sweep beside it 3 s on GPUs 0,1, less the 2 s GPU0 ran both (4); of the 1.5 s
+    # the decision then spent on all-reduce, 1 s waited for that sweep and 0.5 s swept again
+    # on the pair (1); trials 6 s over the single and DDP×2 candidates measured, 1.5 GPUs on
+    # average (9): 2 + 4 + 1 + 9 = 16.
+    import dataclasses
+    timings = {"profile": 2.0, "allreduce": 1.5, "allreduce_early": 3.0, "trials": 6.0,
+               "trials_start": 3.0, "decide": 0.02, "total": 12.6}
+    plan = dataclasses.replace(_plan(12.0), timings=timings)
+    assert [len(c.gpus) for c in plan.candidates if c.measured] == [1, 2]
+    assert plan.comm.gpus == (0, 1) and not plan.profile.cached
+    assert measurement_gpu_seconds(plan) == pytest.approx(16.0)
+    rec = record(plan, request(max_gpus=2), REGISTRY, environ={}, started=0.0, wall_s=130.0,
+                 run_s=100.0, exit_code=0, ran=plan)
+    assert rec["measure_gpu_s"] == 16.0 and rec["gpu_s"] == 116.0
+    assert rec["torchrun"]["gpu_s"] == pytest.approx(166.667, abs=1e-3)   # torchrun measures nothing
+    # A launch that never got its GPUs still measured.
+    never = record(plan, request(max_gpus=2), REGISTRY, environ={}, started=0.0, wall_s=15.0,
+                   run_s=15.0, exit_code=6, ran=None)
+    assert never["gpu_s"] == 16.0
+    # A cached profile ran no dry run: the sweep alone on the pair (6), no wait past it, the
+    # trials (9). The CPU and plans across nodes count none here.
+    cached = dataclasses.replace(plan, profile=dataclasses.replace(plan.profile, cached=True))
+    assert measurement_gpu_seconds(cached) == pytest.approx(15.0)
+    assert measurement_gpu_seconds(dataclasses.replace(plan, device="cpu")) == 0.0
+    assert measurement_gpu_seconds(dataclasses.replace(plan, nnodes="2")) == 0.0
 
 
 def test_a_misprediction_is_outside_the_band_in_log_space():

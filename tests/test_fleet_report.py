@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -29,7 +30,7 @@ def rec(strategy, gpus, run_s, *, torchrun_s, user="alice", host="n1", exit_code
             "torchrun": {"gpus": 2, "gpu_s": torchrun_s, "basis": "test"}}
 
 
-def fleet_log(path):
+def fleet_log(path, host="n1"):
     """22 launches. By hand:
     10 single, 1 GPU × 360 s = 3,600 GPU-s = 1.000 GPU-h; torchrun measured each at DDP×2
        0.8× one GPU: 2 × 360 / 0.8 = 900 GPU-s, so 540 saved each = 5,400 s = 1.500 GPU-h.
@@ -44,12 +45,12 @@ def fleet_log(path):
     rows = []
     for i in range(10):
         checked = [("DDP×2", 1.8, 0.8)] if i < 2 else [("DDP×2", 1.0, 0.9)] if i == 2 else []
-        rows.append(rec("single", 1, 360.0, torchrun_s=900.0, checked=checked))
+        rows.append(rec("single", 1, 360.0, torchrun_s=900.0, checked=checked, host=host))
     for i in range(6):
         rows.append(rec("ddp", 2, 1800.0, torchrun_s=3600.0, exit_code=1 if i == 0 else 0,
-                        checked=[("DDP×2", 1.9, 1.2)] if i == 1 else []))
+                        checked=[("DDP×2", 1.9, 1.2)] if i == 1 else [], host=host))
     for _ in range(4):
-        rows.append(rec("independent", 4, 900.0, torchrun_s=None))
+        rows.append(rec("independent", 4, 900.0, torchrun_s=None, host=host))
     for _ in range(2):
         rows.append(rec("single", 0, 50.0, torchrun_s=None, user="bob", host="n2", days_ago=30))
     for r in rows:
@@ -112,6 +113,10 @@ def test_since_forms():
     (["--log", "{tmp}/decisions.jsonl", "--since", "yesterday"], "--since 'yesterday' is not"),
     (["--log", "{tmp}", ], "is a directory"),
     (["--log", "{tmp}/decisions.jsonl", "--by", "gpu"], "argument --by: invalid choice"),
+    # node_exporter's textfile collector reads *.prom only: a .txt would never be exported
+    (["--log", "{tmp}/decisions.jsonl", "--prometheus", "{tmp}/x.txt"],
+     "--prometheus {tmp}/x.txt: node_exporter's textfile collector reads only *.prom files; "
+     "name it e.g. {tmp}/smartlaunch.prom"),
 ])
 def test_bad_input_is_one_line_and_exit_2(clean_env, args, expected):
     fleet_log(clean_env / "decisions.jsonl")
@@ -121,21 +126,13 @@ def test_bad_input_is_one_line_and_exit_2(clean_env, args, expected):
     assert expected.format(tmp=clean_env) in lines[0]
 
 
-SAMPLE = re.compile(r'^([a-z_]+)(\{strategy="([a-z]+)"\})? (-?[0-9.e+]+)$')
+SAMPLE = re.compile(r'^([a-z_]+)\{host="([^"]+)"(?:,strategy="([a-z]+)")?\} (-?[0-9.e+]+)$')
 
 
-def test_prometheus_textfile_parses_back(clean_env):
-    log = fleet_log(clean_env / "decisions.jsonl")
-    out_dir = clean_env / "textfile"
-    out_dir.mkdir()
-    prom = out_dir / "smartlaunch.prom"
-    prom.write_text("old\n")
-    r = node(["report", "--log", str(log), "--prometheus", str(prom)])
-    assert r.returncode == 0 and r.stdout == "", r.stderr
-    assert os.listdir(out_dir) == ["smartlaunch.prom"]      # the temp file was renamed
-    assert oct(prom.stat().st_mode & 0o777) == oct(0o644)
+def parse_textfile(text: str) -> tuple[dict, dict]:
+    """({(name, host, strategy): value}, {name: type}), every sample after its HELP and TYPE."""
     helped, typed, values = set(), {}, {}
-    for line in prom.read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("# HELP "):
             helped.add(line.split()[2])
         elif line.startswith("# TYPE "):
@@ -144,19 +141,55 @@ def test_prometheus_textfile_parses_back(clean_env):
         else:
             m = SAMPLE.match(line)
             assert m, line
-            name, _, label, value = m.groups()
+            name, host, label, value = m.groups()
             assert name in helped and name in typed, f"{name} before its HELP/TYPE"
-            values[(name, label)] = float(value)
-    assert values[("smartlaunch_launches_total", "single")] == 12
-    assert values[("smartlaunch_launches_total", "ddp")] == 6
-    assert values[("smartlaunch_launches_total", "independent")] == 4
-    assert values[("smartlaunch_failed_launches_total", "ddp")] == 1
-    assert values[("smartlaunch_gpu_seconds_total", None)] == 39600
-    assert values[("smartlaunch_gpu_seconds_saved_total", None)] == 5400
-    assert values[("smartlaunch_launches_without_baseline_total", None)] == 6
-    assert values[("smartlaunch_mispredictions_total", None)] == 3
-    assert typed["smartlaunch_launches_total"] == "counter"
-    assert typed["smartlaunch_gpu_seconds_saved_total"] == "gauge"    # may go negative
+            values[(name, host, label)] = float(value)
+    return values, typed
+
+
+def test_prometheus_textfile_has_this_nodes_counters(clean_env):
+    # The log is shared with node n2 (bob's two CPU launches): each node exports its own
+    # lines, so the sum over every node's exporter counts each launch once.
+    me = socket.gethostname()
+    log = fleet_log(clean_env / "decisions.jsonl", host=me)
+    append_line(log, encode(rec("single", 1, 100.0, torchrun_s=50.0, host=me)))  # 50 lost
+    out_dir = clean_env / "textfile"
+    out_dir.mkdir()
+    prom = out_dir / "smartlaunch.prom"
+    prom.write_text("old\n")
+    r = node(["report", "--log", str(log), "--prometheus", str(prom)])
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert os.listdir(out_dir) == ["smartlaunch.prom"]      # the temp file was renamed
+    assert oct(prom.stat().st_mode & 0o777) == oct(0o644)
+    values, typed = parse_textfile(prom.read_text())
+    assert {h for _, h, _ in values} == {me}
+    assert values[("smartlaunch_launches_total", me, "single")] == 11     # n2's 2 not here
+    assert values[("smartlaunch_launches_total", me, "ddp")] == 6
+    assert values[("smartlaunch_launches_total", me, "independent")] == 4
+    assert values[("smartlaunch_failed_launches_total", me, "ddp")] == 1
+    assert values[("smartlaunch_gpu_seconds_total", me, None)] == 39700
+    assert values[("smartlaunch_gpu_seconds_saved_total", me, None)] == 5400
+    assert values[("smartlaunch_gpu_seconds_lost_total", me, None)] == 50
+    assert values[("smartlaunch_launches_without_baseline_total", me, None)] == 4
+    assert values[("smartlaunch_mispredictions_total", me, None)] == 3
+    # Counters only: every figure grows with the log (saved and lost are two, not a net).
+    assert {k for n, k in typed.items() if n.endswith("_total")} == {"counter"}
+    assert {n for n, k in typed.items() if k == "gauge"} == {"smartlaunch_report_timestamp_seconds"}
+
+
+def test_prometheus_with_since_writes_gauges_without_total(clean_env):
+    # A window's figures go down as launches leave it: gauges, not counters.
+    me = socket.gethostname()
+    log = fleet_log(clean_env / "decisions.jsonl", host=me)
+    prom = clean_env / "smartlaunch.prom"
+    since = (NOW - timedelta(days=7)).date().isoformat()
+    r = node(["report", "--log", str(log), "--since", since, "--prometheus", str(prom)])
+    assert r.returncode == 0, r.stderr
+    values, typed = parse_textfile(prom.read_text())
+    assert set(typed.values()) == {"gauge"} and not any(n.endswith("_total") for n in typed)
+    assert values[("smartlaunch_launches", me, "single")] == 10
+    assert values[("smartlaunch_gpu_seconds_saved", me, None)] == 5400
+    assert values[("smartlaunch_report_window_seconds", me, None)] > 7 * 86400
 
 
 def test_a_log_written_by_launches_reads_back(clean_env):
@@ -192,3 +225,16 @@ def test_nan_huge_and_overlong_lines_do_not_poison_the_totals(clean_env):
     with open(log, "a") as f:
         f.write(good + "\n")
     assert table(node(["report", "--log", str(log)]).stdout)["ddp"][0] == "7"
+
+
+def test_the_report_says_what_measuring_cost(clean_env):
+    # gpu_s counts the measurements before the job (measure_gpu_s); the report says how much.
+    log = clean_env / "decisions.jsonl"
+    for measure in (360.0, 1440.0):
+        r = rec("single", 1, 3600.0, torchrun_s=7200.0)
+        append_line(log, encode(dict(r, gpu_s=r["gpu_s"] + measure, measure_gpu_s=measure)))
+    out = node(["report", "--log", str(log)])
+    assert out.returncode == 0, out.stderr
+    #                 launches failed used (2 h + 0.5 h) saved (4 h - 2.5 h)
+    assert table(out.stdout)["total"][:4] == ["2", "0", "2.500", "1.500"]
+    assert "GPU-hours used include 0.500 spent measuring before the jobs started" in out.stdout

@@ -29,7 +29,7 @@ from smartlaunch.topology.fake import from_json
 PAIR = {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}
 TRAIN = [str(EXAMPLES / "train.py"), "--steps", "60", "--warmup", "1"]
 NO_TRIALS = "decision: {trials: false}\n"
-MEASURED = re.compile(r"κ [\d.]+ ± [\d.]+ ms/GB, DDP overhead [\d.]+ ± [\d.]+ ms per step, "
+MEASURED = re.compile(r"all-reduce contention [\d.]+ ± [\d.]+ ms/GB, DDP overhead [\d.]+ ± [\d.]+ ms per step, "
                       r"[\d.]+ ± [\d.]+ µs per gradient tensor "
                       r"\(measured on this node \d{4}-\d\d-\d\d(; [a-z_]+ shipped)?\)")
 
@@ -174,8 +174,8 @@ def _ddp_step(cwd) -> float:
 def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(clean_env):
     (clean_env / "smartlaunch.yaml").write_text(NO_TRIALS)
     before, _ = _explain(clean_env)
-    assert ("κ 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient tensor (shipped, "
-            "fitted on 2x H200") in before
+    assert ("all-reduce contention 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient "
+            "tensor (shipped, fitted on 2x H200: docs/decision.md") in before
     assert "[decide/cost.py]" in before
 
     t0 = time.monotonic()

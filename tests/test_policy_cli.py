@@ -61,6 +61,27 @@ def test_check_names_every_problem_one_line_each(clean_env):
     assert "decision.trials: expected true or false, got str 'maybe'" in lines[1]
 
 
+def test_check_names_every_bad_element_of_a_list(clean_env):
+    # Was: world_sizes named [1] only, so fixing it showed [2] on the next run.
+    path = write(clean_env, "bad.yaml", 'decision:\n  world_sizes: [2, "x", 3.5, 2, 0]\n'
+                                        '  allowed_strategies: [single, dpp, 3]\n')
+    out = node("check", path, cwd=clean_env)
+    assert out.returncode == 3 and out.stdout == ""
+    lines = own_lines(out.stderr)
+    assert [line.split(": ")[3] for line in lines] == [
+        "decision.world_sizes[1]", "decision.world_sizes[2]", "decision.world_sizes[3]",
+        "decision.world_sizes[4]", "decision.allowed_strategies[1]",
+        "decision.allowed_strategies[2]"], lines
+    assert "world_sizes[3]: 2 is listed twice" in lines[2]
+    assert "world_sizes[4]: 0 is out of range" in lines[3]
+
+
+def test_check_says_one_key_not_one_keys(clean_env):
+    path = write(clean_env, "admin.yaml", "enforce:\n  decision:\n    max_gpus: 2\n")
+    out = node("check", path, cwd=clean_env)
+    assert out.returncode == 0 and f"OK: {path} (enforces 1 key; " in out.stdout
+
+
 @needs_admin_install
 def test_check_without_file_validates_every_layer(clean_env):
     admin = write(clean_env, "admin.yaml", "enforce:\n  decision: {max_gpus: 4}\n")

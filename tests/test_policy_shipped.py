@@ -1,4 +1,5 @@
-"""The policies shipped in policies/: valid, and default.yaml is exactly the built-in policy."""
+"""The policies shipped in smartlaunch/policy/shipped/: valid, and default.yaml is exactly the
+built-in policy."""
 from __future__ import annotations
 
 import os

@@ -161,8 +161,8 @@ def _recording_python(path, record) -> str:
 
 
 def test_a_hook_started_by_a_relative_path_reads_the_hooks_env_beside_it(tmp_path):
-    # `sh hooks/slurm/prolog` by hand: the wrapper's `cd /` used to come first, so it looked
-    # for /hooks/slurm/hooks.env and took /etc's. A CDPATH must not redirect the lookup either.
+    # `sh sub/prolog` by hand: the wrapper's `cd /` used to come first, so it looked for
+    # /sub/hooks.env and took /etc's. A CDPATH must not redirect the lookup either.
     record = tmp_path / "record"
     for d in ("sub", "decoy/sub"):
         (tmp_path / d).mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""hooks/slurm/job_submit.lua under a plain Lua interpreter with a stub `slurm` table.
+"""smartlaunch/slurm/scripts/job_submit.lua under a plain Lua interpreter with a stub `slurm` table.
 
 The real-slurmctld test (test_slurm_cluster.py) shows the plugin loads and rejects; this one
 covers every spelling of a GPU request quickly."""

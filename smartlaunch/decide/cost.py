@@ -106,8 +106,8 @@ def calibrated(model: CostModel, record: dict | None) -> tuple[CostModel, str]:
     got = {k: float(v) for k, v in (values if isinstance(values, dict) else {}).items()
            if k in NODE_CONSTANTS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
     if not got:
-        return model, (f"{constants_text(model)} (shipped, fitted on 2x H200 by "
-                       f"bench/fit_cost.py; `smartlaunch-node calibrate` measures this node's)")
+        return model, (f"{constants_text(model)} (shipped, fitted on 2x H200: docs/decision.md; "
+                       f"`smartlaunch-node calibrate` measures this node's)")
     spread = record.get("spread") if isinstance(record.get("spread"), dict) else {}
     where = "measured on this node" + (f" {record['date']}" if record.get("date") else "")
     shipped = sorted(set(NODE_CONSTANTS) - set(got))
@@ -117,8 +117,9 @@ def calibrated(model: CostModel, record: dict | None) -> tuple[CostModel, str]:
 
 
 def constants_text(model: CostModel, spread: dict | None = None) -> str:
-    """"κ 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient tensor", with "± spread"
-    where it is known."""
+    """"all-reduce contention 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient
+    tensor", with "± spread" where it is known (contention: κ, the backward time lost per
+    byte of all-reduce traffic that overlaps it; docs/decision.md)."""
     spread = spread or {}
 
     def pm(key: str, scale: float, digits: int) -> str:
@@ -126,8 +127,8 @@ def constants_text(model: CostModel, spread: dict | None = None) -> str:
         return f" ± {_g(v * scale, digits)}" if isinstance(v, (int, float)) and math.isfinite(v) \
             else ""
     # s/byte -> ms/GB: x 1e9 bytes x 1e3 ms
-    return (f"κ {_g(model.contention_s_per_byte * 1e12, 3)}{pm('contention_s_per_byte', 1e12, 2)} "
-            f"ms/GB, DDP overhead {model.ddp_overhead_s * 1e3:.2f}"
+    return (f"all-reduce contention {_g(model.contention_s_per_byte * 1e12, 3)}"
+            f"{pm('contention_s_per_byte', 1e12, 2)} ms/GB, DDP overhead {model.ddp_overhead_s * 1e3:.2f}"
             f"{pm('ddp_overhead_s', 1e3, 2)} ms per step, "
             f"{_g(model.per_tensor_s * 1e6, 2)}{pm('per_tensor_s', 1e6, 2)} µs per gradient tensor")
 

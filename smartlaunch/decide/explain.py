@@ -8,7 +8,7 @@ from __future__ import annotations
 from smartlaunch.decide.api import Units
 from smartlaunch.decide.batch import global_batch
 from smartlaunch.decide.plan import Candidate, CommSummary, Plan, strategy_name
-from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, times
+from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, size, times, us
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.vocab import format_ranges
 
@@ -162,15 +162,30 @@ def world_size_sentence(p: ModelProfile) -> str:
 
 
 def _comm(c: CommSummary | None) -> list[str]:
+    """Only measured figures: a size past the curve's points is named, not extrapolated."""
     if c is None:
         return ["all-reduce: not measured"]
-    at_grad = c.busbw_at_grad_GBps
     how = f"derived from {gpu_list(c.derived_from)}'s {'cached' if c.cached else 'measured'}" \
         f" curve" if c.derived_from else "cached" if c.cached else "measured"
-    return [f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, {how}): busbw "
-            f"{gbps(c.busbw_256MiB_GBps * 1e9)} at 256 MiB"
-            + (f", {gbps(at_grad * 1e9)} at the gradient size" if at_grad else "")
-            + f", latency {c.latency_us:.0f} µs"]
+    head = f"all-reduce ({c.backend}, {gpu_list(c.gpus or ())}, {how})"
+    if not c.points:
+        return [f"{head}: no measured sizes"]
+    (lo, t_lo), hi = c.points[0], c.points[-1][0]
+    if c.busbw_256MiB_GBps is not None:
+        parts = [f"busbw {gbps(c.busbw_256MiB_GBps * 1e9)} at 256 MiB"]
+    elif c.busbw_largest_GBps is not None:
+        parts = [f"busbw {gbps(c.busbw_largest_GBps * 1e9)} at {size(hi)}, the largest measured"]
+    else:
+        parts = []
+    if c.busbw_at_grad_GBps is not None:
+        parts.append(f"{gbps(c.busbw_at_grad_GBps * 1e9)} at the gradient size")
+    elif c.grad_bytes:
+        side = f"below the smallest measured, {size(lo)}" if c.grad_bytes < lo else \
+            f"above the largest measured, {size(hi)}"
+        parts.append(f"no figure at the gradient size ({size(c.grad_bytes)}, {side})")
+    parts.append(f"latency {c.latency_us:.0f} µs" if c.latency_us is not None else
+                 f"{us(t_lo)} for {size(lo)}, the smallest measured size")
+    return [f"{head}: " + ", ".join(parts)]
 
 
 def _table(cands: tuple[Candidate, ...], units: Units) -> list[str]:
@@ -229,9 +244,10 @@ def _trial_split(t: dict) -> str:
     return f" [{', '.join(parts)}]" if parts else ""
 
 
-def decision_line(plan: Plan, units: Units) -> str:
+def decision_line(plan: Plan, units: Units, floor: float | None = None) -> str:
     """The one line every launch prints before the job's output (without `smartlaunch: `):
-    what runs, where, and the number that decided it."""
+    what runs, where, and the number that decided it. floor: the policy's
+    decision.min_efficiency, so a collective candidate it refused says it was below it."""
     what = units[plan.strategy].line(plan)
     chosen = next((c for c in plan.candidates if c.chosen), None)
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
@@ -255,10 +271,23 @@ def decision_line(plan: Plan, units: Units) -> str:
     elif rival is not None:
         why = (f"{units[rival.strategy].short_name(rival)} "
                f"{'measured' if rival.measured else 'predicted'} "
-               f"{times(rival.speedup)} one GPU")
+               f"{times(rival.speedup)} one GPU" + _against_floor(rival, floor))
     elif plan.device != "cuda":
         why = "no GPU visible"
     else:
         why = ""
     batch = global_batch(plan, units)
     return f"{what}{' — ' + why if why else ''}{'; ' + batch if batch else ''}; --explain for why"
+
+
+def _against_floor(c: Candidate, floor: float | None) -> str:
+    """' (58%, below the policy's 70%)' for a candidate the efficiency floor refused; its
+    efficiency alone where the floor is not known or not what refused it."""
+    if c.efficiency is None:
+        return ""
+    if floor is None or c.efficiency >= floor:
+        return f" ({pct(c.efficiency)} efficiency)"
+    eff = pct(c.efficiency)
+    if eff == pct(floor):       # 69.6% is not "70%, below the policy's 70%"
+        eff = f"{c.efficiency * 100:.1f}%"
+    return f" ({eff}, below the policy's {pct(floor)})"

@@ -69,14 +69,16 @@ class Reason:
 @dataclass(frozen=True)
 class CommSummary:
     """The all-reduce curve a DDP candidate was predicted with, as --explain and the JSON
-    show it (docs/plan-schema.md, "Comm")."""
+    show it (docs/plan-schema.md, "Comm"). Figures only inside the measured sizes: None
+    where one would be extrapolated (the curve stops below 256 MiB, a gradient size outside
+    the points) or where the fit's latency is not plausible."""
     world_size: int
     backend: str
     gpus: tuple[int, ...]
-    busbw_256MiB_GBps: float
+    busbw_256MiB_GBps: float | None
     busbw_at_grad_GBps: float | None
     grad_bytes: int | None
-    latency_us: float
+    latency_us: float | None
     cached: bool
     env: dict[str, str]
     # The measured curve itself, so a decision can be replayed and audited offline.
@@ -84,6 +86,9 @@ class CommSummary:
     bandwidth_Bps: float
     # The measured group this curve was derived from (decide/curves.py); () when measured.
     derived_from: tuple[int, ...] = ()
+    # Bus bandwidth at the largest measured size (points[-1]), what --explain shows when the
+    # curve stops below 256 MiB.
+    busbw_largest_GBps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

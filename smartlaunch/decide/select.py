@@ -599,13 +599,25 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
 
 
 def comm_summary(curve, profile) -> CommSummary | None:
+    """The curve's figures for --explain and the JSON, each only where it was measured: a
+    bus bandwidth at a size inside the points (None outside: the fit would extrapolate), the
+    fit's latency only when plausible (above 0 and not above the smallest size's time)."""
     if curve is None:
         return None
     grad = profile.grad_bytes if profile is not None and profile.grad_bytes else None
+    sizes = [int(b) for b, _ in curve.points]
+
+    def busbw(n: int | None) -> float | None:
+        if not n or not sizes or not sizes[0] <= n <= sizes[-1]:
+            return None
+        v = curve.bus_bandwidth_Bps(n) / 1e9
+        return round(v, 3) if v >= 0.1 else float(f"{v:.3g}")    # never a rounded 0.0
+    first = float(curve.points[0][1]) if curve.points else 0.0
+    latency = round(curve.latency_s * 1e6, 3) if 0 < curve.latency_s <= first else None
     return CommSummary(
         world_size=curve.world_size, backend=curve.backend, gpus=tuple(curve.gpus),
-        busbw_256MiB_GBps=round(curve.bus_bandwidth_Bps(256 * MiB) / 1e9, 3),
-        busbw_at_grad_GBps=round(curve.bus_bandwidth_Bps(grad) / 1e9, 3) if grad else None,
-        grad_bytes=grad, latency_us=round(curve.latency_s * 1e6, 3), cached=curve.cached,
+        busbw_256MiB_GBps=busbw(256 * MiB), busbw_at_grad_GBps=busbw(grad),
+        grad_bytes=grad, latency_us=latency, cached=curve.cached,
         env=dict(curve.env), points=tuple((int(b), float(t)) for b, t in curve.points),
-        bandwidth_Bps=curve.bandwidth_Bps, derived_from=tuple(curve.derived_from))
+        bandwidth_Bps=curve.bandwidth_Bps, derived_from=tuple(curve.derived_from),
+        busbw_largest_GBps=busbw(sizes[-1] if sizes else None))

@@ -39,4 +39,20 @@ def mb(nbytes: float | None) -> str:
 
 
 def gbps(bps: float | None) -> str:
-    return "??" if bps is None else f"{bps / 1e9:.1f} GB/s"
+    """One decimal; two significant digits below 0.1 GB/s, so a slow link is not '0.0'."""
+    if bps is None:
+        return "??"
+    v = bps / 1e9
+    return f"{v:.1f} GB/s" if v >= 0.1 or v == 0 else f"{v:.2g} GB/s"
+
+
+def size(nbytes: int) -> str:
+    """A message size as the all-reduce sweep steps them (powers of two): '64 KiB', '1 MiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} µs"

@@ -5,9 +5,10 @@ Every launch that got a plan appends exactly one line when it ends (a job that r
 failed, one that never got its GPUs; not `--explain`): when and where, who, the Slurm job,
 the command, what was asked (--strategy, --nproc-per-node, the GPUs visible), what was decided
 (strategy, world size, GPUs), the plan's predicted and measured speedups, the outcome (exit
-code, wall time), the GPU-seconds it held and the GPU-seconds the same work would have taken as
-torchrun launches it: DDP over every allowed GPU (`Plan.requested_max`). That last figure comes
-from measured rates only (the chosen candidate's and torchrun's, both measured by a trial or an
+code, wall time), the GPU-seconds it used (the measurements before the job, from the plan's
+timings, and the GPUs held while the job ran) and the GPU-seconds the same work would have
+taken as torchrun launches it: DDP over every allowed GPU (`Plan.requested_max`), measuring
+nothing. That last figure comes from measured rates only (the chosen candidate's and torchrun's, both measured by a trial or an
 earlier launch of the job); where either was not measured it is null, never a guess.
 
 Where: policy paths.decision_log. Its built-in value, a node path, is used where its directory
@@ -172,6 +173,7 @@ def check_record(rec) -> bool:
     checked = rec.get("checked", [])
     return all((
         all(_finite(rec.get(k), 0.0, MAX_SECONDS) for k in ("wall_s", "run_s", "gpu_s")),
+        _finite(rec.get("measure_gpu_s"), 0.0, MAX_SECONDS, null=True),   # older lines: absent
         rec.get("exit_code") is None or (isinstance(rec.get("exit_code"), int) and
                                          not isinstance(rec.get("exit_code"), bool) and
                                          0 <= rec["exit_code"] <= 255),
@@ -327,8 +329,9 @@ def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], s
                if c.measured and c.model_speedup and c.speedup
                and _role(units, c.strategy) != Role.BASELINE][:MAX_CHECKED]
     command = shlex.join(request.worker_command())
-    gpu_s = len(gpus) * run_s
-    torchrun_s, basis = torchrun_gpu_seconds(plan, units, run_s, gpu_s)
+    held_s = len(gpus) * run_s
+    measure_s = measurement_gpu_seconds(plan)
+    torchrun_s, basis = torchrun_gpu_seconds(plan, units, run_s, held_s)
     return {
         "format": FORMAT,
         "time": datetime.fromtimestamp(started).astimezone().isoformat(timespec="seconds"),
@@ -346,18 +349,50 @@ def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], s
         "predicted_speedup": _r(predicted), "measured_speedup": _r(measured),
         "band": plan.uncertainty_band, "checked": checked,
         "exit_code": exit_code, "wall_s": round(wall_s, 3), "run_s": round(run_s, 3),
-        "gpu_s": round(gpu_s, 3),
+        "gpu_s": round(held_s + measure_s, 3), "measure_gpu_s": round(measure_s, 3),
         "torchrun": {"gpus": plan.requested_max if plan.device == "cuda" else 0,
                      "gpu_s": None if torchrun_s is None else round(torchrun_s, 3),
                      "basis": basis},
     }
 
 
+def measurement_gpu_seconds(plan: Plan) -> float:
+    """GPU-seconds the decision's measurements took on this node, from plan.timings (seconds
+    per stage) and the GPUs each stage runs on, as a GPU is occupied (a GPU two measurements
+    share at once counts once):
+      dry run      `profile` on one GPU, when the profile was measured (not read from the cache);
+      all-reduce   a sweep beside the dry run (`allreduce_early`) on the measured group, less
+                   its overlap with the dry run on the dry run's GPU; the rest of `allreduce`
+                   (other groups' sweeps, after the wait for that one) on the mean size of the
+                   DDP candidates' groups, each of which needs a curve;
+      trials       `trials` on the mean GPU count of the candidates measured.
+    Their separate lengths are not in the plan, so the means assume equally long sweeps and
+    trials (docs/fleet.md says how close that came). 0 on the CPU and for a plan across nodes
+    (its measurement ran on the deciding node)."""
+    t = plan.timings
+    if plan.device != "cuda" or plan.multi_node or not t:
+        return 0.0
+
+    def secs(key: str) -> float:
+        v = t.get(key)
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else 0.0
+    comm = plan.comm
+    measured = len(comm.derived_from or comm.gpus) if comm is not None else 0
+    groups = [len(c.gpus) for c in plan.candidates if len(c.gpus) > 1] or [measured]
+    tried = [len(c.gpus) for c in plan.candidates if c.measured and c.gpus] or [max(groups)]
+    dry = secs("profile") if plan.profile is not None and not plan.profile.cached else 0.0
+    early = secs("allreduce_early")
+    later = max(0.0, secs("allreduce") - max(0.0, early - dry))   # less the wait for `early`
+    return (dry + early * (measured or max(groups)) - min(dry, early)
+            + later * sum(groups) / len(groups) + secs("trials") * sum(tried) / len(tried))
+
+
 def torchrun_gpu_seconds(plan: Plan, units: Mapping, run_s: float,
                          gpu_s: float) -> tuple[float | None, str]:
     """(GPU-seconds torchrun would have taken for the work this launch did, how that is
-    known). torchrun runs DDP over all `requested_max` GPUs; the work is the chosen plan's
-    measured rate × run_s, at torchrun's measured rate. None where a rate was not measured."""
+    known). torchrun runs DDP over all `requested_max` GPUs and measures nothing first; the
+    work is the chosen plan's measured rate × run_s, at torchrun's measured rate. gpu_s: the
+    GPUs this launch held × run_s. None where a rate was not measured."""
     n = plan.requested_max
     if plan.device != "cuda" or not plan.gpus:
         return None, "no GPUs"

@@ -1,17 +1,22 @@
 """`smartlaunch-node report`: the admins' fleet view of the decision log (launch/decision_log.py).
 
 Reads the log (one node's, or a shared one every node appends to) and prints one table:
-launches and failures per strategy (or user, or host), GPU-hours used, GPU-hours saved (or
-lost, negative) against torchrun, summed only over launches whose torchrun figure was
-measured, with how many had none, and mispredictions (a measured speedup outside the plan's
-uncertainty band around its prediction), the worst few listed. `--prometheus PATH` writes the
-same totals as a node_exporter textfile instead (written to a temp file in PATH's directory,
-then renamed over PATH, so the collector never reads half a file).
+launches and failures per strategy (or user, or host), GPU-hours used (measuring included),
+GPU-hours saved (or lost, negative) against torchrun, summed only over launches whose torchrun
+figure was measured, with how many had none, and mispredictions (a measured speedup outside
+the plan's uncertainty band around its prediction), the worst few listed.
+
+`--prometheus PATH` writes this node's figures (the lines whose host is this node: node_exporter
+runs on every node, so a shared log is not counted once per node) as a node_exporter textfile
+instead: written to a temp file in PATH's directory, then renamed over PATH, so the collector
+never reads half a file. Without --since they are counters over the whole log (they only grow
+while the log does); with --since, gauges of that window, named without `_total`.
 """
 from __future__ import annotations
 
 import os
 import re
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,8 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--by", choices=GROUPS, default="strategy",
                    help="one row per strategy (default), user or host")
     p.add_argument("--prometheus", metavar="PATH", default=None,
-                   help="write the totals as a node_exporter textfile-collector file (*.prom) "
-                        "instead of printing the table")
+                   help="write this node's figures as a node_exporter textfile-collector file "
+                        "(PATH must end in .prom) instead of printing the table")
     p.add_argument("--policy", metavar="PATH", default=None,
                    help="policy file whose paths.decision_log is read (default: as a launch)")
     p.set_defaults(func=report)
@@ -49,6 +54,10 @@ def register(subparsers) -> None:
 
 def report(args) -> int:
     since = parse_since(args.since) if args.since else None
+    if args.prometheus and not args.prometheus.endswith(".prom"):
+        raise UsageError(f"--prometheus {args.prometheus}: node_exporter's textfile collector "
+                         f"reads only *.prom files; name it e.g. "
+                         f"{os.path.join(os.path.dirname(args.prometheus), 'smartlaunch.prom')}")
     path = Path(args.log) if args.log else _default_log(args.policy)
     if not path.exists():
         where = "--log" if args.log else "paths.decision_log"
@@ -64,7 +73,12 @@ def report(args) -> int:
     kept = list(iter_since(records, since))
     summary = summarize(kept, args.by)
     if args.prometheus:
-        write_textfile(Path(args.prometheus), prometheus(summarize(kept, "strategy")))
+        host = socket.gethostname()
+        mine = [r for r in kept if r.get("host") == host]
+        write_textfile(Path(args.prometheus),
+                       prometheus(summarize(mine, "strategy"), host, window=args.since,
+                                  window_s=(datetime.now().astimezone() - since).total_seconds()
+                                  if since is not None else None))
         return 0
     print(render(summary, kept, path=str(path), since=args.since, bad=bad, by=args.by))
     return 0
@@ -96,8 +110,11 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 class Row:
     launches: int = 0
     failed: int = 0
-    gpu_s: float = 0.0
+    gpu_s: float = 0.0            # measuring included
+    measure_s: float = 0.0        # of gpu_s: the measurements before the jobs
     saved_s: float = 0.0          # torchrun's GPU-seconds - ours, where torchrun's was measured
+    gained_s: float = 0.0         # saved_s split by sign, each only growing with the log
+    lost_s: float = 0.0
     baseline: int = 0             # launches with a measured torchrun figure
     no_baseline: int = 0
     mispredicted: int = 0
@@ -107,12 +124,15 @@ class Row:
         self.failed += rec.get("exit_code") not in (0, None)
         used = _num(rec.get("gpu_s")) or 0.0
         self.gpu_s += used
+        self.measure_s += _num(rec.get("measure_gpu_s")) or 0.0
         theirs = _num((rec.get("torchrun") or {}).get("gpu_s"))
         if theirs is None:
             self.no_baseline += 1
         else:
             self.baseline += 1
             self.saved_s += theirs - used
+            self.gained_s += max(0.0, theirs - used)
+            self.lost_s += max(0.0, used - theirs)
         self.mispredicted += mispredicted(rec) is not None
 
 
@@ -166,6 +186,9 @@ def render(summary: dict[str, Row], records: list[dict], *, path: str, since: st
     else:
         lines.append(f"GPU-hours saved against torchrun: unknown; none of the "
                      f"{total.no_baseline} launch(es) had a measured torchrun rate.")
+    if total.measure_s:
+        lines.append(f"GPU-hours used include {total.measure_s / 3600:.3f} spent measuring before "
+                     f"the jobs started (dry runs, all-reduce sweeps, trials).")
     worst = sorted(((m, rec) for rec in records if (m := mispredicted(rec)) is not None),
                    key=lambda x: -x[0][0])[:WORST_SHOWN]
     if worst:
@@ -187,37 +210,51 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def prometheus(summary: dict[str, Row]) -> str:
-    """The totals in the text exposition format node_exporter's textfile collector reads."""
+def prometheus(summary: dict[str, Row], host: str, *, window: str | None = None,
+               window_s: float | None = None) -> str:
+    """One node's figures in the text exposition format node_exporter's textfile collector
+    reads, each with a `host` label. window None: counters over the whole log, `*_total`
+    (they only grow while the log does: the GPU-seconds saved and lost are two counters, not
+    one figure that may go down); else gauges of the window (`--since`), without `_total`."""
     total = summary["total"]
     per = {k: r for k, r in summary.items() if k != "total"}
+    kind, suffix = ("counter", "_total") if window is None else ("gauge", "")
+    over = "in the decision log" if window is None else f"since {window}"
+    where = f'host="{_label(host)}"'
     out: list[str] = []
 
-    def metric(name: str, kind: str, text: str, values: list[tuple[str, float]]) -> None:
-        out.append(f"# HELP {name} {text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{labels} {value}" if isinstance(value, int) else
-                   f"{name}{labels} {value:.3f}" for labels, value in values)
+    def metric(name: str, text: str, values: list[tuple[str, float]], typed: str = "") -> None:
+        full = name + ("" if typed else suffix)
+        out.append(f"# HELP {full} {text}")
+        out.append(f"# TYPE {full} {typed or kind}")
+        out.extend(f"{full}{{{labels}}} {value}" if isinstance(value, int) else
+                   f"{full}{{{labels}}} {value:.3f}" for labels, value in values)
 
-    metric("smartlaunch_launches_total", "counter",
-           "Launches in the decision log, by the strategy decided.",
-           [(f'{{strategy="{_label(k)}"}}', r.launches) for k, r in per.items()])
-    metric("smartlaunch_failed_launches_total", "counter",
-           "Launches that ended with a non-zero exit code, by the strategy decided.",
-           [(f'{{strategy="{_label(k)}"}}', r.failed) for k, r in per.items()])
-    metric("smartlaunch_gpu_seconds_total", "counter",
-           "GPU-seconds held by launches (GPUs x run time).", [("", total.gpu_s)])
-    metric("smartlaunch_gpu_seconds_saved_total", "gauge",
-           "GPU-seconds saved against torchrun's launch of the same work (negative: lost), "
-           "over launches whose torchrun rate was measured.", [("", total.saved_s)])
-    metric("smartlaunch_launches_without_baseline_total", "counter",
-           "Launches with no measured torchrun rate (not in the saved GPU-seconds).",
-           [("", total.no_baseline)])
-    metric("smartlaunch_mispredictions_total", "counter",
-           "Launches whose measured speedup lay outside the prediction's uncertainty band.",
-           [("", total.mispredicted)])
-    metric("smartlaunch_report_timestamp_seconds", "gauge",
-           "When this file was written (Unix time).", [("", round(time.time(), 3))])
+    metric("smartlaunch_launches", f"Launches on this node {over}, by the strategy decided.",
+           [(f'{where},strategy="{_label(k)}"', r.launches) for k, r in per.items()])
+    metric("smartlaunch_failed_launches", f"Launches on this node {over} that ended with a "
+           "non-zero exit code, by the strategy decided.",
+           [(f'{where},strategy="{_label(k)}"', r.failed) for k, r in per.items()])
+    metric("smartlaunch_gpu_seconds", f"GPU-seconds used by launches on this node {over}: "
+           "the measurements before each job, then the GPUs held while it ran.",
+           [(where, total.gpu_s)])
+    metric("smartlaunch_measure_gpu_seconds", f"Of those, GPU-seconds spent measuring before "
+           f"the jobs {over} (dry runs, all-reduce sweeps, trials).", [(where, total.measure_s)])
+    metric("smartlaunch_gpu_seconds_saved", f"GPU-seconds saved against torchrun's launch of "
+           f"the same work {over}, summed over the launches that saved (torchrun's rate "
+           "measured).", [(where, total.gained_s)])
+    metric("smartlaunch_gpu_seconds_lost", f"GPU-seconds lost against torchrun's launch of "
+           f"the same work {over}, summed over the launches that lost (torchrun's rate "
+           "measured; measuring counts as lost).", [(where, total.lost_s)])
+    metric("smartlaunch_launches_without_baseline", f"Launches on this node {over} with no "
+           "measured torchrun rate (in neither saved nor lost).", [(where, total.no_baseline)])
+    metric("smartlaunch_mispredictions", f"Launches on this node {over} whose measured speedup "
+           "lay outside the prediction's uncertainty band.", [(where, total.mispredicted)])
+    if window_s is not None:
+        metric("smartlaunch_report_window_seconds", f"The length of the window (--since "
+               f"{window}), seconds.", [(where, round(window_s, 3))], typed="gauge")
+    metric("smartlaunch_report_timestamp_seconds", "When this file was written (Unix time).",
+           [(where, round(time.time(), 3))], typed="gauge")
     return "\n".join(out) + "\n"
 
 

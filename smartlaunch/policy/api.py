@@ -1,7 +1,7 @@
 """Data types of the policy layer: the effective, merged policy.
 
 Layers, lowest first: built-in defaults (these dataclass defaults, mirrored and documented in
-policies/default.yaml) < admin file (/etc/smartlaunch/policy.yaml) < user file. The admin's
+policy/shipped/default.yaml) < admin file (/etc/smartlaunch/policy.yaml) < user file. The admin's
 `enforce:` section then wins over everything, CLI and environment included. `sources` records
 which layer set each dotted key, so --explain and `policy show` can name the rule.
 """

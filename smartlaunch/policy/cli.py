@@ -44,7 +44,8 @@ def _check_files(args: argparse.Namespace) -> int:
         parsed = validate_file(args.file)
         note = ""
         if parsed.enforce:
-            note = (f" (enforces {len(parsed.enforce)} keys; enforce: is honoured only in "
+            n = len(parsed.enforce)
+            note = (f" (enforces {n} key{'s' if n != 1 else ''}; enforce: is honoured only in "
                     f"{ADMIN_POLICY_PATH})")
         print(f"OK: {args.file}{note}")
         if parsed.user_refusal:

@@ -1,7 +1,7 @@
 """Reading the policy layers and merging them into one `Policy`.
 
 Layers, lowest first:
-  built-in   the dataclass defaults in api.py (documented in policies/default.yaml)
+  built-in   the dataclass defaults in api.py (documented in policy/shipped/default.yaml)
   admin      /etc/smartlaunch/policy.yaml, a fixed path: a user cannot name another admin file
   user       --policy PATH, else ./smartlaunch.yaml, else ~/.config/smartlaunch/policy.yaml
              (the first that exists; only one is read)

@@ -363,17 +363,18 @@ class _Walker:
         out: list[int] = []
         rng = RANGES.get(dotted)
         for i, item in enumerate(node.value):
-            v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise self.error(item, f"{label}[{i}]", f"expected an integer, got "
-                                 f"{_describe(v)}")
-            if rng and not rng.holds(v):
-                raise self.error(item, f"{label}[{i}]", f"{v} is out of range; use a value "
-                                 f"{rng.describe()}")
-            if v in out:
-                raise self.error(item, f"{label}[{i}]", f"{v} is listed twice; remove the "
-                                 "repeat")
-            out.append(v)
+            with self.noting():         # every bad element is named, not the first only
+                v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise self.error(item, f"{label}[{i}]", f"expected an integer, got "
+                                     f"{_describe(v)}")
+                if rng and not rng.holds(v):
+                    raise self.error(item, f"{label}[{i}]", f"{v} is out of range; use a value "
+                                     f"{rng.describe()}")
+                if v in out:
+                    raise self.error(item, f"{label}[{i}]", f"{v} is listed twice; remove the "
+                                     "repeat")
+                out.append(v)
         return tuple(sorted(out))
 
 

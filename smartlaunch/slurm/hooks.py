@@ -2,7 +2,8 @@
 
 Inputs are only (a) the admin's hooks.env, read as KEY=VALUE data, never sourced, refused
 unless root-owned and not group/world-writable when we run as root, and (b) the few SLURM_*
-variables hooks/slurm/{prolog,epilog} pass by name. Nothing of the user's is imported, run
+variables the prolog and epilog scripts (slurm/scripts/, `smartlaunch-node files`) pass by
+name. Nothing of the user's is imported, run
 or written to: state lives in a root-owned directory (default /run/smartlaunch).
 
 Run as `python -I -m smartlaunch.slurm.hooks prolog --config /etc/smartlaunch/hooks.env`.
@@ -302,7 +303,7 @@ def check_job_env(mode: str, env: Mapping[str, str]) -> None:
         what = ", ".join(missing) + " not set" if missing else f"SLURM_JOB_UID={uid!r} is not a uid"
         raise SlurmError(f"{mode} for job {env['SLURM_JOB_ID']}: {what}; slurmd sets "
                          f"{', '.join(JOB_IDENTITY)} for every {mode} (slurm.conf "
-                         f"{mode.capitalize()}= running hooks/slurm/{mode}); for a manual "
+                         f"{mode.capitalize()}= naming the installed {mode} script); for a manual "
                          f"health check run it without SLURM_JOB_ID")
 
 
