@@ -114,18 +114,26 @@ class Driver:
         """`measured` with the answer to `need` (and any reason it adds) in it."""
         self.clock.lap("decide")            # the step's own time, up to this need
         log.debug("decide needs %s", need)
+        t0 = time.perf_counter()
         if isinstance(need, NeedLeases):
             got = measured.add(need, self._leased())
             self.clock.lap("leases")
-        elif isinstance(need, NeedProfile):
+            return got
+        if isinstance(need, NeedProfile):
             got = self._profile(need, measured)
             self.clock.lap("profile")
+            gpus = {need.gpu} | self._early_gpus()
         elif isinstance(need, NeedCurve):
             got = measured.add(need, self._curve(need))
             self.clock.lap("allreduce")
+            gpus = set(need.gpus)
         else:
             got = measured.add(need, self._trial(need, measured))
             self.clock.lap("trials")
+            gpus = set(need.gpus)
+        # GPU-seconds the measurement occupied (the fleet report's measure_gpu_s): a curve or
+        # trial read from the cache takes no time, so counts next to nothing.
+        self.clock.add({"measure_gpu_s": (time.perf_counter() - t0) * len(gpus)})
         log.debug("answered: %s", ", ".join(f"{k} {v:.3f} s" for k, v in self.clock.laps.items()))
         return got
 
@@ -220,6 +228,15 @@ class Driver:
         return early_work.Early(self.session, trials, sweep,
                                 sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
 
+    def _early_gpus(self) -> set[int]:
+        """The GPUs of what started beside the dry run: occupied while it ran."""
+        if self.early is None:
+            return set()
+        out = set(self.early.sweep.gpus) if self.early.sweep is not None else set()
+        for t in self.early.trials:
+            out |= set(t.gpus)
+        return out
+
     def _curve_cached(self, group) -> bool:
         from smartlaunch.profile.cache import cached_comm
         from smartlaunch.profile.comm import backend_for, device_for
@@ -312,7 +329,8 @@ class Driver:
         from smartlaunch.profile.baseline import load_constants
         record = load_constants(self.policy, self.topology, self.environ)
         model, text = calibrated(CostModel(), record)
-        rule = "node calibration: smartlaunch-node calibrate" if record else "decide/cost.py"
+        rule = "node calibration: smartlaunch-node calibrate" if record else \
+            "shipped cost model: docs/decision.md"
         return model, Reason(f"cost model: {text}", rule)
 
 

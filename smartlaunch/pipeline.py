@@ -46,7 +46,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
     def announce(final_plan) -> None:      # once the GPUs are held, just before the job
         record.began(final_plan)
         if not (request.quiet or policy.launch.quiet):
-            status.line(decision_line(final_plan, REGISTRY))
+            status.line(decision_line(final_plan, REGISTRY, policy.decision.min_efficiency))
         for r in final_plan.reasons:        # an idle Slurm allocation: said even with --quiet
             if r.rule == SLURM_IDLE_RULE:
                 status.line(r.text)

@@ -137,7 +137,7 @@ def test_the_derived_curve_keeps_the_bus_bandwidth_and_the_latency():
 
 def test_the_plan_names_the_derived_curves_and_where_they_came_from(clean_env):
     plan, _ = run(fixture("nvswitch-8gpu"), req=request(max_gpus=4))
-    said = [r for r in plan.reasons if r.rule == "decide/curves.py"]
+    said = [r for r in plan.reasons if r.rule == "derived curves: docs/decision.md"]
     assert len(said) == 1
     assert said[0].text.startswith(
         "all-reduce curves derived, not measured: GPUs 0,1 from the curve measured on "

@@ -254,7 +254,7 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
     cands = ctx.candidates(choice)
     derived = derived_note(topology, ctx.curves)
     if derived:
-        reasons.append(Reason(derived, "decide/curves.py"))
+        reasons.append(Reason(derived, "derived curves: docs/decision.md"))
     if choice is None:
         choice = choose_auto(ctx, cands)
         if ctx.packings and (choice.strategy, choice.gpus) in cands \

@@ -357,9 +357,10 @@ def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], s
 
 
 def measurement_gpu_seconds(plan: Plan) -> float:
-    """GPU-seconds the decision's measurements took on this node, from plan.timings (seconds
-    per stage) and the GPUs each stage runs on, as a GPU is occupied (a GPU two measurements
-    share at once counts once):
+    """GPU-seconds the decision's measurements took on this node: what the driver counted as
+    it measured (timings["measure_gpu_s"]: each measurement's seconds × the GPUs it occupied),
+    else, for a plan without it, estimated from plan.timings (seconds per stage) and the GPUs
+    each stage runs on, as a GPU is occupied (a GPU two measurements share at once counts once):
       dry run      `profile` on one GPU, when the profile was measured (not read from the cache);
       all-reduce   a sweep beside the dry run (`allreduce_early`) on the measured group, less
                    its overlap with the dry run on the dry run's GPU; the rest of `allreduce`
@@ -372,6 +373,9 @@ def measurement_gpu_seconds(plan: Plan) -> float:
     t = plan.timings
     if plan.device != "cuda" or plan.multi_node or not t:
         return 0.0
+    exact = t.get("measure_gpu_s")             # counted by the driver as it measured
+    if isinstance(exact, (int, float)) and math.isfinite(exact) and exact >= 0:
+        return float(exact)
 
     def secs(key: str) -> float:
         v = t.get(key)

@@ -261,7 +261,9 @@ class Watchdog(threading.Thread):
         if r.rec.steps == 0:
             return time.monotonic() - r.rec.t_start, self.launch.startup_grace_s
         median = statistics.median(r.step_s) if r.step_s else 0.0
-        return (time.monotonic() - r.rec.t_last,
+        # A record read as its first step is stored has a count but no time yet: the start.
+        last = r.rec.t_last or r.rec.t_first or r.rec.t_start
+        return (time.monotonic() - last,
                 max(self.launch.hang_timeout_s, self.launch.hang_step_multiple * median))
 
     def _check_hang(self, now: float) -> None:

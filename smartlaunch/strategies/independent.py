@@ -63,7 +63,8 @@ def prefer(ctx, key, pred, rival) -> bool:
 
 
 def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
-    reasons.append(Reason(f"{why}: {len(request.variants)} independent CPU jobs",
+    n = len(request.variants)
+    reasons.append(Reason(f"{why}: {n} independent CPU job{'s' if n != 1 else ''}",
                           "user: --each" if request.strategy == "auto" else
                           "user: --strategy independent"))
     return Plan(NAME, "cpu", (), 1, 1, reasons=tuple(reasons), **base)
@@ -110,16 +111,17 @@ def _what(plan: Plan, on_cpu: str) -> str:
         g = plan.groups[0]
         return (f"{n} variants, each as DDP×{len(g.gpus)} on its own group: GPUs "
                 + " | ".join(",".join(map(str, x.gpus)) for x in plan.groups) + share)
-    return (f"{n} independent single-GPU jobs on {gpu_list(plan.gpus)}" if plan.gpus else
-            f"{n} independent {on_cpu}") + share
+    s = "s" if n != 1 else ""
+    return (f"{n} independent single-GPU job{s} on {gpu_list(plan.gpus)}" if plan.gpus else
+            f"{n} independent {on_cpu.format(s=s)}") + share
 
 
 def headline(plan: Plan) -> str:
-    return _what(plan, "CPU jobs")
+    return _what(plan, "CPU job{s}")
 
 
 def line(plan: Plan) -> str:
-    return _what(plan, "jobs on the CPU")
+    return _what(plan, "job{s} on the CPU")
 
 
 def short_name(c: Candidate) -> str:
