@@ -201,25 +201,27 @@ def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(cle
     after, _ = _explain(clean_env)
     assert shown.group(0) in after and "[node calibration: smartlaunch-node calibrate]" in after
 
-    # The decision is made with those values: a node whose DDP overhead were 10 s per step
-    # would never pick DDP, and says why with that number.
-    record["constants"]["ddp_overhead_s"] = 10.0
+    # The decision is made with those values: a node whose DDP overhead were 1 s per step (the
+    # most a record may hold: baseline.CONSTANT_RANGES) would never pick DDP, and says why
+    # with that number.
+    record["constants"]["ddp_overhead_s"] = 1.0
     cached[0].write_text(json.dumps(record))
     note, r = _explain(clean_env)
-    assert "DDP overhead 10000.00" in note
+    assert "DDP overhead 1000.00" in note
     assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
-    # and so is the per-tensor cost: 1 s per gradient tensor adds at least a second to the
-    # DDP step predicted with free DDP, and DDP is not picked. (Whether free DDP is picked
+    # and so is the per-tensor cost: 10 ms per gradient tensor (the most a record may hold)
+    # adds at least 10 ms per tensor to the DDP step predicted with free DDP, and DDP is not
+    # picked. (Whether free DDP is picked
     # depends on the gloo all-reduce measured on this loaded CPU: once it was not.)
     record["constants"] = dict.fromkeys(record["constants"], 0.0)
     cached[0].write_text(json.dumps(record))
     free = _ddp_step(clean_env)
-    record["constants"]["per_tensor_s"] = 1.0
+    record["constants"]["per_tensor_s"] = 0.01
     cached[0].write_text(json.dumps(record))
     note, r = _explain(clean_env)
-    assert "1000000 ± " in note and "µs per gradient tensor" in note
+    assert "10000 ± " in note and "µs per gradient tensor" in note
     assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
-    assert _ddp_step(clean_env) >= free + 1.0
+    assert _ddp_step(clean_env) >= free + 0.01 * 8       # examples/train.py: 8 tensors
 
 
 @pytest.mark.parametrize("args, env, want", [
