@@ -40,19 +40,21 @@ from smartlaunch.profile.session import Session, Stage, State, owned
 from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
 from smartlaunch.vocab import Strategy
+from smartlaunch.worker_env import narrow_visible
 
 KILL_GRACE_S = 5.0
 
 
-def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
-                      *, session: Session | None = None, expected_step_s: float | None = None,
+def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str], *, topology,
+                      session: Session | None = None, expected_step_s: float | None = None,
                       expected_setup_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
                       phases: Callable[[dict[str, float]], None] | None = None,
                       early: "list[Trial] | None" = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in
-    `session` (None: one of its own per trial). None: the trial could not measure (script failed, stalled, --no-python).
+    `session` (None: one of its own per trial) on `gpus` of `topology` (the job's). None: the
+    trial could not measure (script failed, stalled, --no-python).
     phases(seconds by phase): told after each trial where its seconds went (trial_phases).
     early: trials set up beside the dry run (profile/early.py), waiting at their gates: each
     used when decide asks for exactly its candidate; the others are left to the session to end.
@@ -86,7 +88,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             session.go(run.stage, measure=steps)
         else:
             run = Trial.start(session, request, policy, environ, isolated, tuple(gpus),
-                              steps=steps, python=python)
+                              topology=topology, steps=steps, python=python)
         deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s)
         listing = undo_roots(request, policy, isolated, (run.tmp,))
         rc, stalled = watched(session, run.stage, deadlines)
@@ -166,17 +168,17 @@ class Trial:
     @classmethod
     def start(cls, session: Session, request: Request, policy: Policy,
               environ: Mapping[str, str], isolated: bool, gpus: tuple[int, ...], *,
-              steps: int | None = None, gate: bool = False,
+              topology, steps: int | None = None, gate: bool = False,
               python: str = sys.executable) -> "Trial":
-        """Its ranks on `gpus` (one rank on none: the CPU), started now: measuring `steps`,
-        or (gate) setting the script up and waiting before its first forward for the go
+        """Its ranks on `gpus` of `topology` (one rank on none: the CPU), started now: measuring
+        `steps`, or (gate) setting the script up and waiting before its first forward for the go
         that carries the step count (profile/early.py)."""
         tmp = session.tempdir("smartlaunch-trial-")
         run = cls(None, tuple(gpus), isolated, tmp)
         run.out.mkdir()
         env = {**environ, **sandbox.DRYRUN_ENV, "SMARTLAUNCH_TRIAL": "1"}
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
+            env["CUDA_VISIBLE_DEVICES"] = narrow_visible(gpus, environ, topology)
         n = max(1, len(gpus))
         cmd = trial_command(request, policy, n, str(run.out), python, steps=steps, gate=gate)
         if isolated:
@@ -231,17 +233,6 @@ def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None,
     if request.module:
         args.append("--module")
     return [*args, request.script, *request.script_args]
-
-
-def visible_devices(environ: Mapping[str, str], gpus) -> str:
-    """CUDA_VISIBLE_DEVICES for the candidate: its ordinals are relative to the job's own
-    CUDA_VISIBLE_DEVICES (Slurm, the user), so map them through it."""
-    seen = environ.get("CUDA_VISIBLE_DEVICES")
-    if seen:
-        ids = [s.strip() for s in seen.split(",") if s.strip()]
-        if all(g < len(ids) for g in gpus):
-            return ",".join(ids[g] for g in gpus)
-    return ",".join(str(g) for g in gpus)
 
 
 DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
