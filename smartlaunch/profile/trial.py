@@ -21,7 +21,6 @@ rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -39,6 +38,7 @@ from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.session import Session, Stage, State, owned
 from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
+from smartlaunch.store import read_json
 from smartlaunch.vocab import Strategy
 from smartlaunch.worker_env import narrow_visible
 
@@ -102,7 +102,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
         # A killed trial's rank 0 writes what it had on SIGTERM: a window cut by a stall
         # or the time limit, not a rate to decide by.
-        result = None if killed else read_rank0(run.out)
+        result = None if killed else read_json(run.out / "rank0.json")
         if phases is not None:
             phases(trial_phases(result, t_spawn, t_end, killed=killed))
         if log is not None and (rc != 0 or result is None):
@@ -272,14 +272,6 @@ def watched(session: Session, stage: Stage, deadlines: Deadlines) -> tuple[int |
             session.kill(stage, "ended after its result", signal.SIGTERM, KILL_GRACE_S)
             return 0, ""
     return stage.code, ""
-
-
-def read_rank0(out_dir: Path) -> dict | None:
-    path = out_dir / "rank0.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def samples_per_s(result: dict | None, nproc: int) -> float | None:
