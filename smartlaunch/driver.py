@@ -222,8 +222,8 @@ class Driver:
         limit = float(policy.dryrun.time_limit_s)
         sweep = Sweep(self.session, topology, work.group, policy, self.environ) \
             if work.sweep else None
-        trials = [Trial.start(self.session, request, policy, self.environ, isolated, g, gate=True)
-                  for g in work.trials]
+        trials = [Trial.start(self.session, request, policy, self.environ, isolated, g,
+                              topology=topology, gate=True) for g in work.trials]
         # The sweep's ranks wait at most about a dry run's time at their gate, then half its limit.
         return early_work.Early(self.session, trials, sweep,
                                 sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
@@ -305,7 +305,8 @@ class Driver:
         if self._runner is None:
             from smartlaunch.profile.trial import make_trial_runner
             self._runner = make_trial_runner(
-                self.request, self.policy, self.environ, session=self.session,
+                self.request, self.policy, self.environ, topology=self.topology,
+                session=self.session,
                 expected_step_s=profile.step_time_s if profile is not None else None,
                 expected_setup_s=profile.startup_s if profile is not None else None,
                 phases=lambda p: self.clock.add({f"trials_{k}": v for k, v in p.items()}),

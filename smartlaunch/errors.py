@@ -73,14 +73,33 @@ class RendezvousError(SmartlaunchError):
     exit_code = ExitCode.RENDEZVOUS
 
 
-class WireError(RendezvousError):
-    """A value another node published (the rendezvous store) is not what its reader takes:
-    `field` names where ("plan.gpus[2]"), `why` what is wrong. The message is "field F: why";
-    the reader says whose message it was (pipeline_nodes)."""
+class BadValue(Exception):
+    """A value read from outside (another node's, a cache file's) that is not what its reader
+    (wire.Reader) takes: `field` names where ("plan.gpus[2]"), `why` what is wrong. Each kind
+    says whose value it was in its message, and `shown(v)` is how a reader raising it names
+    a bad value in `why`: here its type or number, never a stranger's text."""
+
+    def __init__(self, field: str, why: str, message: str):
+        super().__init__(message)
+        self.field, self.why = field, why
+
+    @staticmethod
+    def shown(v) -> str:
+        """'a string', 'a list', 'null', 3; a long number by its length."""
+        if isinstance(v, bool) or v is None:
+            return {True: "true", False: "false", None: "null"}[v]
+        if isinstance(v, (int, float)):
+            s = repr(v)
+            return s if len(s) <= 24 else f"an integer of {len(s)} digits"
+        return {str: "a string", list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+class WireError(BadValue, RendezvousError):
+    """A value another node published (the rendezvous store) is not what its reader takes.
+    The message is "field F: why"; the reader says whose message it was (pipeline_nodes)."""
 
     def __init__(self, field: str, why: str):
-        super().__init__(f"field {field}: {why}" if field else why)
-        self.field, self.why = field, why
+        super().__init__(field, why, f"field {field}: {why}" if field else why)
 
 
 class NodeMismatchError(SmartlaunchError):

@@ -38,6 +38,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 from datetime import timedelta
 
 from smartlaunch import wire
@@ -164,24 +165,39 @@ def _open(ep: Endpoint):
                 raise RendezvousError(f"cannot host the rendezvous store at {ep.where}: port "
                                       f"{ep.port} is taken on this node; free it or give "
                                       f"another port in --rdzv-endpoint") from None
-    deadline = time.monotonic() + ep.join_timeout_s
-    while True:
-        left = deadline - time.monotonic()
+
+    def connect():
         try:
             # A plain connection first: c10d logs every attempt that fails, we only wait.
             socket.create_connection((ep.host, ep.port), timeout=CONNECT_TRY_S).close()
             client = TCPStore(ep.host, ep.port, is_master=False, wait_for_workers=False,
                               timeout=timedelta(seconds=CONNECT_TRY_S))
             client.set_timeout(timedelta(seconds=STORE_OP_S))
-            return _prefixed(client, ep), False
+            return client
         except (OSError, RuntimeError, ValueError, TimeoutError):
-            if left <= 0:
-                raise RendezvousError(
-                    f"cannot reach the rendezvous store at {ep.where} within join_timeout="
-                    f"{ep.join_timeout_s:g} s: the node it names decides for the job; start "
-                    f"smartlaunch there, and check that its port is reachable from this "
-                    f"node") from None
-            time.sleep(POLL_S)
+            return None
+    client = _poll(connect, ep.join_timeout_s)
+    if client is None:
+        raise RendezvousError(
+            f"cannot reach the rendezvous store at {ep.where} within join_timeout="
+            f"{ep.join_timeout_s:g} s: the node it names decides for the job; start "
+            f"smartlaunch there, and check that its port is reachable from this node")
+    return _prefixed(client, ep), False
+
+
+def _poll(ready: Callable[[], Any], timeout_s: float | None = None) -> Any:
+    """The first value other than None that ready() returns, called every POLL_S; None once
+    timeout_s seconds have passed without one (never, without timeout_s: the caller's ready
+    raises or returns). Ctrl-C is seen in the sleep between two calls (KeyboardInterrupt
+    goes to the caller), so no wait on the store outlasts it by more than one store call."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        got = ready()
+        if got is not None:
+            return got
+        if deadline is not None and time.monotonic() > deadline:
+            return None
+        time.sleep(POLL_S)
 
 
 def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, environ,
@@ -251,15 +267,12 @@ def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status
     def keep(why: str) -> Plan:
         return dataclasses.replace(plan, reasons=plan.reasons + (
             Reason(f"all {n} nodes: {why}", rule),))
-    deadline = time.monotonic() + ep.join_timeout_s
     if status is not None:
         status.ticking(f"waiting for the other {n - 1} node(s) to measure the all-reduce "
                        f"between nodes (at most {ep.join_timeout_s:g} s)")
-    while store.add(KEY_ARRIVED, 0) < n - 1:
-        if time.monotonic() > deadline:
-            return keep(f"not every node arrived within join_timeout={ep.join_timeout_s:g} s "
-                        f"to measure the all-reduce between nodes")
-        time.sleep(POLL_S)
+    if _poll(lambda: store.add(KEY_ARRIVED, 0) >= n - 1 or None, ep.join_timeout_s) is None:
+        return keep(f"not every node arrived within join_timeout={ep.join_timeout_s:g} s "
+                    f"to measure the all-reduce between nodes")
     device = device_for(topo) if plan.device == "cuda" else "cpu"   # a fake topology: gloo
     spec = internode.offer(store, nodes=n, device=device,
                            sizes=internode.sizes_for(plan.profile.grad_bytes, device),
@@ -290,13 +303,15 @@ def _serve(store, ep: Endpoint, status, what: str) -> int:
     """Until the other nodes (--nnodes' least) have read the plan, at most join_timeout; how
     many did."""
     want = ep.min_nodes - 1
-    deadline = time.monotonic() + ep.join_timeout_s
     if status is not None and want > 0:
         status.ticking(f"waiting for the other {want} node(s) to {what} (at most "
                        f"{ep.join_timeout_s:g} s)")
-    while (read := store.add(KEY_READ, 0)) < want and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    return read
+
+    def all_read() -> int | None:
+        read = store.add(KEY_READ, 0)
+        return read if read >= want else None
+    read = _poll(all_read, ep.join_timeout_s)
+    return store.add(KEY_READ, 0) if read is None else read
 
 
 def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) -> tuple:
@@ -491,7 +506,9 @@ def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
     decider offers one (once)."""
     from smartlaunch.profile import internode
     offered = False
-    while True:
+
+    def plan() -> bytes | None:
+        nonlocal offered
         try:
             if store.check([KEY_PLAN]):
                 return store.get(KEY_PLAN)
@@ -502,7 +519,8 @@ def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
             raise RendezvousError(
                 f"lost the rendezvous store at {ep.where} before the plan came: the node that "
                 f"decides for the job ended (its own output says why)") from exc
-        time.sleep(POLL_S)
+        return None
+    return _poll(plan)
 
 
 def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, environ,

@@ -3,7 +3,8 @@ sure it never outlives smartlaunch (issue 14).
 
 - `spawn()` starts a child in its own session, so the child and everything it forks (DataLoader
   workers) form one process group that `Child.stop()` ends as a whole, and a terminal's Ctrl-C
-  reaches it once, from us (as torchrun forwards it), not twice.
+  reaches it once, from us (as torchrun forwards it), not twice. `stop_all()` is the one stop
+  with a grace (a signal, the grace, SIGKILL, the reap), for one child or many at once.
 - Every spawned child is registered with this process's guard (`python -m smartlaunch.guard`,
   started on first use, one per smartlaunch process): it holds a pipe from us and, when that
   pipe reaches EOF because we died (SIGKILL included), SIGKILLs every registered group and every
@@ -84,12 +85,7 @@ def signal_group(pid: int, sig: int) -> bool:
         os.killpg(pid, sig)
         return True
     except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+        return signal_process(pid, sig)
 
 
 def signal_name(sig: int | None) -> str | None:
@@ -99,6 +95,11 @@ def signal_name(sig: int | None) -> str | None:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def describe_exit(code: int) -> str:
+    """A Popen return code in words: "exited with code 3", "was killed by SIGKILL"."""
+    return f"exited with code {code}" if code >= 0 else f"was killed by {signal_name(-code)}"
 
 
 def run_processes(run_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
@@ -292,14 +293,9 @@ class Child:
 
     def stop(self, first: int = signal.SIGTERM, grace_s: float = 3.0) -> int:
         """`first` to the group, SIGKILL after grace_s; then end what the leader left behind
-        (orphaned DataLoader workers). Returns the leader's return code."""
-        if self.proc.poll() is None:
-            self.send(first)
-            if self.wait(grace_s) is None:
-                self.send(signal.SIGKILL)
-        code = self.proc.wait()
-        self.reap()
-        return code
+        (orphaned DataLoader workers). Returns the leader's return code (stop_all)."""
+        stop_all((self,), first, grace_s)
+        return self.proc.returncode
 
     def reap(self) -> None:
         """The leader exited: SIGKILL the rest of its group and stop guarding it. The session
@@ -327,6 +323,24 @@ class Child:
             _restore(self._previous)
         if self.stage and (exc_type is KeyboardInterrupt or isinstance(exc, Signalled)):
             raise Interrupted(first, self.stage) from None
+
+
+def stop_all(children: Iterable[Child], first: int = signal.SIGTERM, grace_s: float = 3.0) -> None:
+    """The one stop with a grace: `first` to every live child's group at once (as torchrun's
+    agent signals all its workers, so each one's hooks write what they measured), SIGKILL to
+    each still running grace_s later, then every child waited for and reaped (Child.reap:
+    what its leader left behind). Returns once all of them have exited."""
+    children = list(children)
+    live = [c for c in children if c.returncode is None]
+    for c in live:
+        c.send(first)
+    deadline = time.monotonic() + grace_s
+    for c in live:
+        if c.wait(max(0.0, deadline - time.monotonic())) is None:
+            c.send(signal.SIGKILL)
+    for c in children:
+        c.proc.wait()
+        c.reap()
 
 
 class Signalled(SystemExit):

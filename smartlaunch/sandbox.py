@@ -298,14 +298,6 @@ def wrap(argv: list[str], scratch: str, keep: list[str], status: str,
     return [python, "-m", "smartlaunch.sandbox", *opts, "--", *argv]
 
 
-def read_status(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     scratch, keep, status = "", [], ""

@@ -15,21 +15,23 @@ directory others may reach is not one to write in; flock_holder names a lock's h
 A cache is a saving, never a need: a cache directory that cannot be written (full, read-only,
 not this user's to write) is said once (`cache_folder`, `keep`) and the launch measures without
 caching. What is read back is checked before use: `load` parses a record with its type's
-from_dict, whose checks (`record`, `number`, `count`, ...) raise BadRecord naming the field; a
-bad record is said once and treated as absent, so it is measured again.
+from_dict, whose checks (the cache's readers of wire.py: `obj`, `number`, `integer`, ...)
+raise BadRecord naming the field; a bad record is said once and treated as absent, so it is
+measured again.
 """
 from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from smartlaunch.errors import PolicyError
+from smartlaunch import wire
+from smartlaunch.errors import BadValue, PolicyError
 
 DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
 # What a write to a cache directory can meet that no retry fixes: the launch goes on without it.
@@ -44,13 +46,33 @@ MAX_TEXT = 64 << 10             # a note, an error tail, a device name
 MAX_ITEMS = 4096                # GPUs of a group, points of a curve, entries of a map
 
 
-class BadRecord(ValueError):
-    """A stored record that is not what its reader expects. `field` names the first bad field
-    ("curve.points[3][1]"), `why` what is wrong with it; str(): "field: why"."""
+class BadRecord(BadValue, ValueError):
+    """A stored record that is not what its reader expects (CACHE, below). `field` names the
+    first bad field ("curve.points[3][1]"), `why` what is wrong with it; str(): "field: why".
+    A bad value is named as it is (`shown`: "the string 'fast'"): the file is the user's own."""
 
     def __init__(self, field: str, why: str):
-        super().__init__(f"{field}: {why}")
-        self.field, self.why = field, why
+        super().__init__(field, why, f"{field}: {why}")
+
+    @staticmethod
+    def shown(v) -> str:
+        if isinstance(v, dict):
+            return "an object"
+        if isinstance(v, (list, tuple)):
+            return "a list"
+        if isinstance(v, str):
+            return f"the string {v[:40]!r}"
+        if v is None or isinstance(v, bool):
+            return json.dumps(v)
+        return f"{v!r}"[:40]
+
+
+# The cache's readers (wire.py), as its records' from_dict call them: a bad field is a
+# BadRecord; strings are the user's own, kept as written.
+CACHE = wire.Reader(BadRecord, max_text=MAX_TEXT, max_items=MAX_ITEMS, printable=False)
+integer, number, flag, text = CACHE.integer, CACHE.number, CACHE.flag, CACHE.text
+items, obj, required, optional, within = (CACHE.items, CACHE.obj, CACHE.required,
+                                          CACHE.optional, CACHE.within)
 
 
 class CacheUnwritable(PolicyError):
@@ -233,126 +255,23 @@ def load(path: Path, parse, what: str, *, then: str = "measuring again", read=No
         return None
 
 
-def read_record(path: Path):
-    """The JSON value at `path` (opened without following a link, a regular file), or None
-    when absent or unreadable; BadRecord when it is not JSON or larger than MAX_RECORD_BYTES."""
+def read_record(path: Path, trusted: Callable[[os.stat_result], bool] | None = None):
+    """The JSON value at `path` (opened without following a link, a regular file, and one
+    whose stat `trusted` accepts when given: trusted_json), or None when absent, unreadable
+    or not accepted; BadRecord when it is not JSON or larger than MAX_RECORD_BYTES."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None  # absent, or a symlink planted in our place
     with os.fdopen(fd, "rb") as f:
         try:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or (trusted is not None and not trusted(st)):
                 return None
             raw = f.read(MAX_RECORD_BYTES + 1)
         except OSError:
             return None
-    return _parse(raw)
-
-
-def _parse(raw: bytes):
-    if len(raw) > MAX_RECORD_BYTES:
-        raise BadRecord("the file", f"larger than {MAX_RECORD_BYTES >> 20} MiB")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise BadRecord("the file", f"not JSON ({str(exc)[:80]})") from None
-
-
-# --- checks of a stored record's fields: each returns the value or raises BadRecord ----------
-
-def _kind(value) -> str:
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}"
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    return f"{value!r}"[:40]
-
-
-def record(value, name: str = "the record") -> dict:
-    """A JSON object (a dict), else BadRecord."""
-    if not isinstance(value, dict):
-        raise BadRecord(name, f"{_kind(value)}, not an object")
-    return value
-
-
-def number(value, name: str, *, positive: bool = False, low: float | None = 0.0,
-           high: float | None = None) -> float:
-    """A finite number (JSON int or float, not true/false): > 0 when positive, else >= low
-    (None: any sign), <= high when given."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRecord(name, f"{_kind(value)}, not a number")
-    try:
-        v = float(value)
-    except OverflowError:
-        v = math.inf
-    if not math.isfinite(v):
-        raise BadRecord(name, f"{_kind(value)} is not a finite number")
-    if positive and v <= 0:
-        raise BadRecord(name, f"{v:g} is not positive")
-    if not positive and low is not None and v < low:
-        raise BadRecord(name, f"{v:g} is below {low:g}")
-    if high is not None and v > high:
-        raise BadRecord(name, f"{v:g} is above {high:g}")
-    return v
-
-
-def count(value, name: str, *, low: int = 0, high: int = 1 << 62) -> int:
-    """A whole number (JSON int, not true/false) from low to high."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRecord(name, f"{_kind(value)}, not a whole number")
-    if not low <= value <= high:
-        raise BadRecord(name, f"{value} is not from {low} to {high}")
-    return value
-
-
-def text(value, name: str, *, limit: int = MAX_TEXT) -> str:
-    if not isinstance(value, str):
-        raise BadRecord(name, f"{_kind(value)}, not a string")
-    if len(value) > limit:
-        raise BadRecord(name, f"longer than {limit} characters")
-    return value
-
-
-def flag(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise BadRecord(name, f"{_kind(value)}, not true or false")
-    return value
-
-
-def items(value, name: str, *, limit: int = MAX_ITEMS) -> list:
-    """A JSON list of at most `limit` items."""
-    if not isinstance(value, list):
-        raise BadRecord(name, f"{_kind(value)}, not a list")
-    if len(value) > limit:
-        raise BadRecord(name, f"{len(value)} items, more than {limit}")
-    return value
-
-
-def within(prefix: str, parse, value):
-    """parse(value) for a record nested at `prefix`: its BadRecord's field named from the top
-    ("curve.points[2]"; "curve" where the value itself is of the wrong type)."""
-    try:
-        return parse(value)
-    except BadRecord as exc:
-        field = prefix if exc.field == "the record" else f"{prefix}.{exc.field}"
-        raise BadRecord(field, exc.why) from None
-
-
-def optional(check, value, name: str, **kw):
-    """None, or check(value, name, **kw)."""
-    return None if value is None else check(value, name, **kw)
-
-
-def required(d: dict, key: str, prefix: str = ""):
-    """d[key], else BadRecord naming it as missing."""
-    if key not in d:
-        raise BadRecord(prefix + key, "missing")
-    return d[key]
+    return CACHE.loads(raw, MAX_RECORD_BYTES, "the file")
 
 
 def mapped_record(path, size: int, mode: int = 0o644):
@@ -483,19 +402,7 @@ def trusted_json(path: Path, top: Path):
             return None
         if not stat.S_ISDIR(st.st_mode) or not ok(st):
             return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or not ok(st):
-                return None
-            raw = f.read(MAX_RECORD_BYTES + 1)
-    except OSError:
-        return None
-    return _parse(raw)
+    return read_record(path, ok)
 
 
 def write_public_json(path: Path, data: dict) -> None:

@@ -14,8 +14,7 @@ from helpers_common import REPO
 LAYERS = (
     ("smartlaunch", "smartlaunch.errors", "smartlaunch.vocab", "smartlaunch.request", "smartlaunch.logconf",
      "smartlaunch.worker_env", "smartlaunch.store", "smartlaunch.proc", "smartlaunch.guard",
-     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.ranks",
-     "smartlaunch.wire"),
+     "smartlaunch.sandbox", "smartlaunch.entry", "smartlaunch.allocation", "smartlaunch.wire"),
     ("smartlaunch.topology", "smartlaunch.policy"),
     ("smartlaunch.profile",),
     ("smartlaunch.decide",),

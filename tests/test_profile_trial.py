@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 from helpers_common import wait_until
+from helpers_jobs import fake_topology
 from smartlaunch.proc import proc_state
 from smartlaunch.vocab import Strategy
-from smartlaunch.profile.trial import make_trial_runner, samples_per_s, visible_devices
+from smartlaunch.profile.trial import make_trial_runner, samples_per_s
 from smartlaunch.policy.api import DecisionPolicy, DryRunPolicy, Policy
 from smartlaunch.request import Request
 
 SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "decide" / "tiny_ddp.py")
+TOPO = fake_topology(2)      # the trials' GPUs, by UUID in CUDA_VISIBLE_DEVICES
 QUICK = Policy(decision=DecisionPolicy(trial_steps=3), dryrun=DryRunPolicy(warmup_steps=1))
 
 
@@ -23,7 +25,8 @@ def test_a_ddp_trial_measures_samples_per_second(clean_env):
     # Single runs the same torchrun path with --nproc-per-node 1; one real run keeps CI short.
     logs, phases = [], []
     t0 = time.time()
-    trial = make_trial_runner(Request(script=SCRIPT), QUICK, dict(os.environ), log=logs.append,
+    trial = make_trial_runner(Request(script=SCRIPT), QUICK, dict(os.environ), topology=TOPO,
+                              log=logs.append,
                               phases=phases.append)
     two = trial(Strategy.DDP, (0, 1))
     wall = time.time() - t0
@@ -44,8 +47,8 @@ def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     pol = dataclasses.replace(QUICK, dryrun=DryRunPolicy(time_limit_s=limit))
     env = {**os.environ, "HANG": "1", "HANG_PIDFILE": str(tmp_path / "pid")}
     logs, phases = [], []
-    trial = make_trial_runner(Request(script=SCRIPT), pol, env, log=logs.append,
-                              phases=phases.append)
+    trial = make_trial_runner(Request(script=SCRIPT), pol, env, topology=TOPO,
+                              log=logs.append, phases=phases.append)
     t0 = time.monotonic()
     assert trial(Strategy.DDP, (0, 1)) is None
     assert time.monotonic() - t0 < limit + 10.0
@@ -60,13 +63,18 @@ def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
 
 
 def test_no_python_entrypoints_cannot_be_trialled(clean_env):
-    trial = make_trial_runner(Request(script="/bin/true", no_python=True), QUICK, {})
+    trial = make_trial_runner(Request(script="/bin/true", no_python=True), QUICK, {},
+                              topology=TOPO)
     assert trial(Strategy.SINGLE, (0,)) is None
 
 
 def test_candidate_ordinals_map_through_the_jobs_visible_devices():
-    assert visible_devices({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, (1, 3)) == "5,7"
-    assert visible_devices({}, (0, 1)) == "0,1"
+    # The one function every child's CUDA_VISIBLE_DEVICES comes from (worker_env): the
+    # job's own tokens where it has them, else the GPUs' UUIDs (immune to CUDA_DEVICE_ORDER).
+    from smartlaunch.worker_env import narrow_visible
+    topo = fake_topology(4)
+    assert narrow_visible((1, 3), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, topo) == "5,7"
+    assert narrow_visible((0, 1), {}, topo) == "GPU-fake-0000-aaaa,GPU-fake-0001-aaaa"
 
 
 def test_rate_is_ranks_times_batch_over_rank0_step():
@@ -109,13 +117,13 @@ echo '{{"step_time_s": 0.002, "batch_size": 8}}' > "$out/rank0.json"
 """)
     fake.chmod(0o755)
     pol = Policy(decision=DecisionPolicy(trial_steps=20, trial_seconds=0.5))
-    trial = make_trial_runner(Request(script=SCRIPT), pol, {}, python=str(fake))
+    trial = make_trial_runner(Request(script=SCRIPT), pol, {}, topology=TOPO, python=str(fake))
     assert trial(Strategy.SINGLE, (0,)) == pytest.approx(8 / 0.002)
     assert trial(Strategy.DDP, (0, 1)) == pytest.approx(2 * 8 / 0.002)
     # No profile estimate: the first runs trial_steps; the second fills 0.5 s of 2 ms steps.
     assert seen.read_text().split() == ["20", "250"]
-    hinted = make_trial_runner(Request(script=SCRIPT), pol, {}, python=str(fake),
-                               expected_step_s=0.01)
+    hinted = make_trial_runner(Request(script=SCRIPT), pol, {}, topology=TOPO,
+                               python=str(fake), expected_step_s=0.01)
     hinted(Strategy.SINGLE, (0,))
     assert seen.read_text().split()[-1] == "50"
 
@@ -138,8 +146,8 @@ def test_a_trial_that_stops_stepping_is_killed_at_its_progress_deadline(clean_en
     script = str(Path(__file__).resolve().parent / "scripts" / "decide" / "stall_ddp.py")
     env = {**os.environ, "STALL_PIDFILE": str(shared_dir / "pid"), "STALL_AFTER": "3"}
     pol = dataclasses.replace(QUICK, dryrun=DryRunPolicy(warmup_steps=1, time_limit_s=120.0))
-    trial = make_trial_runner(Request(script=script), pol, env, expected_step_s=0.01,
-                              expected_setup_s=1.0)
+    trial = make_trial_runner(Request(script=script), pol, env, topology=TOPO,
+                              expected_step_s=0.01, expected_setup_s=1.0)
     t0 = time.monotonic()
     assert trial(Strategy.DDP, (0, 1)) is None
     took = time.monotonic() - t0

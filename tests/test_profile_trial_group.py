@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from helpers_common import wait_until
+from helpers_jobs import fake_topology
 from smartlaunch import sandbox
 from smartlaunch.policy.api import DecisionPolicy, DryRunPolicy, Policy
 from smartlaunch.profile.trial import make_trial_runner
@@ -21,6 +22,7 @@ from smartlaunch.vocab import Strategy
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "decide"
 ENV_SCRIPT = str(SCRIPTS / "trial_env.py")
+TOPO = fake_topology(2)      # the trials' GPUs, by UUID in CUDA_VISIBLE_DEVICES
 QUICK = Policy(decision=DecisionPolicy(trial_steps=3), dryrun=DryRunPolicy(warmup_steps=1))
 
 
@@ -43,7 +45,8 @@ def test_trial_ranks_see_what_torchrun_gives_them(clean_env, shared_dir):
     theirs_dir.mkdir()
     logs = []
     trial = make_trial_runner(Request(script=ENV_SCRIPT), QUICK,
-                              {**os.environ, "ENV_DUMP": str(ours_dir)}, log=logs.append)
+                              {**os.environ, "ENV_DUMP": str(ours_dir)}, topology=TOPO,
+                              log=logs.append)
     rate = trial(Strategy.DDP, (0, 1))
     assert rate is not None and rate > 0, logs          # gloo over env:// joined, steps timed
     ours = dumps(ours_dir, 2)
@@ -80,7 +83,8 @@ def test_a_failing_rank_ends_its_peers_and_the_trial(clean_env, shared_dir):
     pol = Policy(decision=DecisionPolicy(trial_steps=3),
                  dryrun=DryRunPolicy(warmup_steps=1, time_limit_s=120))
     t0 = time.monotonic()
-    assert make_trial_runner(Request(script=ENV_SCRIPT), pol, env, log=logs.append)(
+    assert make_trial_runner(Request(script=ENV_SCRIPT), pol, env, topology=TOPO,
+                             log=logs.append)(
         Strategy.DDP, (0, 1)) is None
     assert time.monotonic() - t0 < 60            # not the time limit: rank 0 was ended
     assert any("rank 1 exited with code 3" in line for line in logs), logs

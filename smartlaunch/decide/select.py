@@ -10,7 +10,7 @@ from typing import Any
 from smartlaunch.decide.api import Role, by_role
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy, strategy_name
-from smartlaunch.decide.rerank import Corrected, settle
+from smartlaunch.decide.rerank import Corrected, pick, settle
 from smartlaunch.decide.words import gbps, gpu_list, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
@@ -68,14 +68,10 @@ def _trial_cap(ctx) -> str:
 
 
 def _pick(ctx, scores: dict) -> tuple:
-    """scores: key -> speedup over the baseline. The most samples/s among SCALED candidates
-    that meet the policy's efficiency and beat the baseline; otherwise the baseline. Ties go
-    to fewer GPUs."""
-    floor = ctx.policy.decision.min_efficiency
-    base = _baseline(ctx, scores)
-    ok = [k for k, s in scores.items() if _role(ctx, k) == Role.SCALED and s is not None
-          and s / _key_n(k) >= floor and s > 1.0]
-    return max(ok, key=lambda k: (scores[k], -_key_n(k))) if ok else base
+    """scores: key -> speedup over the baseline, of the baseline and SCALED candidates.
+    rerank.pick at the policy's efficiency: the most samples/s among those that meet it and
+    beat the baseline; otherwise the baseline. Ties go to fewer GPUs."""
+    return pick(scores, _baseline(ctx, scores), _key_n, ctx.policy.decision.min_efficiency)
 
 
 def choose_auto(ctx, cands: dict) -> Choice:
@@ -182,8 +178,8 @@ def _top(ctx, scaled: list, scores: dict) -> list:
     59% and 41% were tried and ×2 at 82% was not (examples/train.py on pcie-4gpu-x8, CPU,
     2026-11-22)."""
     base = _baseline(ctx, scores)
-    pick = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
-    first = [pick] if pick in scaled else []
+    own = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
+    first = [own] if own in scaled else []
     rest = sorted((k for k in scaled if k not in first), key=lambda k: (-scores[k], _key_n(k)))
     return sorted((first + rest)[:MAX_SCALED_TRIALS], key=_key_n)
 
@@ -278,9 +274,9 @@ def _first(ctx, scaled: list, scores: dict) -> list:
     BatchNorm net's DDP×2 trial ran although DDP×4 was tried too and measured 2.43×, more
     than two GPUs can give, and cost the cold decision ~12 s of its 29 s."""
     base = _baseline(ctx, scores)
-    pick = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
-    if pick in scaled:
-        return [pick]
+    own = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
+    if own in scaled:
+        return [own]
     return sorted(scaled, key=lambda k: (-scores[k], _key_n(k)))[:1]
 
 

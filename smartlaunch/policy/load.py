@@ -28,12 +28,12 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
-import pwd
 import stat
 from collections.abc import Mapping
 from typing import Any
 
 from smartlaunch.errors import PolicyError
+from smartlaunch.store import owner_name
 from smartlaunch.policy.api import Policy
 from smartlaunch.policy.rules import ENFORCE_MODES, SECTIONS, base_key, section_fields
 from smartlaunch.policy.schema import ParsedFile, parse_text
@@ -78,13 +78,6 @@ def _kind_of(st: os.stat_result) -> str:
     return "not a regular file"
 
 
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "no such user"
-
-
 def user_file_problem(path: str, st: os.stat_result) -> str | None:
     """Why a user-layer policy file (`--policy`, ./smartlaunch.yaml, ~/.config/...) must not be
     read, as the end of one line, or None. Its launch.env reaches every worker, so whoever
@@ -93,7 +86,7 @@ def user_file_problem(path: str, st: os.stat_result) -> str | None:
     me = os.geteuid()
     why = None
     if st.st_uid not in (me, 0):
-        why = (f"is owned by uid {st.st_uid} ({_user_name(st.st_uid)}), not by you: another "
+        why = (f"is owned by uid {st.st_uid} ({owner_name(st.st_uid)}), not by you: another "
                f"user could make smartlaunch run code as you; refusing it. Fix: delete it, or "
                f"copy it to a file you own and pass --policy")
     elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smartlaunch.store import (
-    MAX_ITEMS, MAX_SECONDS, BadRecord, count, flag, items, number, optional, record, required,
+    MAX_ITEMS, MAX_SECONDS, BadRecord, flag, integer, items, number, obj, optional, required,
     text,
 )
+from smartlaunch.wire import RECORD
 
 
 class ProfileStatus(str, enum.Enum):
@@ -130,7 +131,7 @@ class ModelProfile:
         range (a step time that is not a positive finite number, a negative count, a
         measured window longer than the dry run that measured it)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in record(d).items() if k in names}
+        d = {k: v for k, v in obj(d, RECORD).items() if k in names}
         status = required(d, "status")
         try:
             d["status"] = ProfileStatus(status)
@@ -138,17 +139,17 @@ class ModelProfile:
             raise BadRecord("status", f"{status!r} is not a profile status") from None
         for k in _COUNTS:
             if k in d:
-                d[k] = count(d[k], k)
+                d[k] = integer(d[k], k, 0)
         for k in _OPTIONAL_COUNTS:
-            d[k] = optional(count, d.get(k), k)
-        d["exit_code"] = optional(count, d.get("exit_code"), "exit_code", low=-255, high=1 << 16)
+            d[k] = optional(integer, d.get(k), k, 0)
+        d["exit_code"] = optional(integer, d.get("exit_code"), "exit_code", -255, 1 << 16)
         for k in _POSITIVE_TIMES:
-            d[k] = optional(number, d.get(k), k, positive=True, high=MAX_SECONDS)
+            d[k] = optional(number, d.get(k), k, hi=MAX_SECONDS, positive=True)
         for k in _TIMES:
-            d[k] = optional(number, d.get(k), k, high=MAX_SECONDS)
+            d[k] = optional(number, d.get(k), k, 0.0, MAX_SECONDS)
         # The script's own set-up less the launcher's gate wait: near 0, either side of it.
-        d["startup_s"] = optional(number, d.get("startup_s"), "startup_s", low=-MAX_SECONDS,
-                                  high=MAX_SECONDS)
+        d["startup_s"] = optional(number, d.get("startup_s"), "startup_s", -MAX_SECONDS,
+                                  MAX_SECONDS)
         for k in ("note", "error_tail", "device"):
             if k in d:
                 d[k] = text(d[k], k)
@@ -157,11 +158,8 @@ class ModelProfile:
         for k in ("window_cut_short", "cached"):
             if k in d:
                 d[k] = flag(d[k], k)
-        dtypes = record(d.get("param_dtypes", {}), "param_dtypes")
-        if len(dtypes) > 64:
-            raise BadRecord("param_dtypes", f"{len(dtypes)} dtypes, more than 64")
-        d["param_dtypes"] = {text(k, "param_dtypes", limit=64): count(v, f"param_dtypes.{k}")
-                             for k, v in dtypes.items()}
+        d["param_dtypes"] = {text(k, "param_dtypes", 64): integer(v, f"param_dtypes.{k}", 0)
+                             for k, v in obj(d.get("param_dtypes", {}), "param_dtypes", 64).items()}
         if d["status"] in (ProfileStatus.OK, ProfileStatus.INCOMPLETE) \
                 and d.get("step_time_s") is None:
             raise BadRecord("step_time_s", f"missing from a profile with status "
@@ -249,31 +247,29 @@ class CommCurve:
         or out of range (a size that is not a positive whole number, sizes out of order, a
         time or bandwidth that is not a positive finite number, too many points or GPUs)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in record(d).items() if k in names}
-        d["world_size"] = count(required(d, "world_size"), "world_size", low=1, high=MAX_ITEMS)
-        d["backend"] = text(required(d, "backend"), "backend", limit=32)
+        d = {k: v for k, v in obj(d, RECORD).items() if k in names}
+        d["world_size"] = integer(required(d, "world_size"), "world_size", 1, MAX_ITEMS)
+        d["backend"] = text(required(d, "backend"), "backend", 32)
         points = []
-        for i, p in enumerate(items(required(d, "points"), "points", limit=256)):
-            pair = items(p, f"points[{i}]", limit=2)
+        for i, p in enumerate(items(required(d, "points"), "points", 256)):
+            pair = items(p, f"points[{i}]", 2)
             if len(pair) != 2:
                 raise BadRecord(f"points[{i}]", f"{len(pair)} values, not [bytes, seconds]")
-            size = count(pair[0], f"points[{i}][0]", low=1)
+            size = integer(pair[0], f"points[{i}][0]", 1)
             if points and size <= points[-1][0]:
                 raise BadRecord(f"points[{i}][0]", f"{size} bytes after {points[-1][0]}: "
                                                    f"sizes out of order")
-            points.append((size, number(pair[1], f"points[{i}][1]", positive=True,
-                                        high=MAX_SECONDS)))
+            points.append((size, number(pair[1], f"points[{i}][1]", hi=MAX_SECONDS,
+                                        positive=True)))
         if not points:
             raise BadRecord("points", "no points")
         d["points"] = tuple(points)
-        d["latency_s"] = number(required(d, "latency_s"), "latency_s", high=MAX_SECONDS)
+        d["latency_s"] = number(required(d, "latency_s"), "latency_s", 0.0, MAX_SECONDS)
         d["bandwidth_Bps"] = number(required(d, "bandwidth_Bps"), "bandwidth_Bps", positive=True)
-        env = record(d.get("env", {}), "env")
-        if len(env) > MAX_ITEMS:
-            raise BadRecord("env", f"{len(env)} variables, more than {MAX_ITEMS}")
-        d["env"] = {text(k, "env", limit=256): text(v, f"env.{k}") for k, v in env.items()}
+        d["env"] = {text(k, "env", 256): text(v, f"env.{k}")
+                    for k, v in obj(d.get("env", {}), "env", MAX_ITEMS).items()}
         for k in ("gpus", "derived_from"):
-            d[k] = tuple(count(g, f"{k}[{i}]", high=MAX_ITEMS)
+            d[k] = tuple(integer(g, f"{k}[{i}]", 0, MAX_ITEMS)
                          for i, g in enumerate(items(d.get(k, []), k)))
         if "cached" in d:
             d["cached"] = flag(d["cached"], "cached")
@@ -315,9 +311,9 @@ class TrialRecord:
         """Checked: BadRecord when samples_per_s is not a positive finite number or, given
         `one_gpu` (the dry run's samples/s: ModelProfile.samples_per_s), is above TRIAL_RANGE
         x nproc x one_gpu, or (one GPU) below one_gpu / TRIAL_FLOOR."""
-        d = record(d)
+        d = obj(d, RECORD)
         rate = number(required(d, "samples_per_s"), "samples_per_s", positive=True)
-        when = number(required(d, "measured_at"), "measured_at")
+        when = number(required(d, "measured_at"), "measured_at", 0.0)
         if one_gpu:
             high = TRIAL_RANGE * nproc * one_gpu
             if rate > high:

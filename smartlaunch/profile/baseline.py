@@ -22,8 +22,9 @@ from pathlib import Path
 from smartlaunch.profile.cache import node_key, torch_version
 from smartlaunch.profile.comm import CommBenchError, backend_for, device_for, run_ranks
 from smartlaunch.store import (
-    MAX_SECONDS, cache_folder, cache_root, keep, load, number, record, required, text,
+    MAX_SECONDS, cache_folder, cache_root, keep, load, number, obj, required, text,
 )
+from smartlaunch.wire import RECORD
 
 TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing
 FORMAT = 2                # 2: a third model, many small tensors (per_tensor_s); 1 is not read
@@ -121,20 +122,20 @@ def calibration_from_dict(d) -> dict:
     "constants", "spread", "date"): BadRecord naming the first field of the wrong type or out
     of range (a constant negative, not finite, or above CONSTANT_RANGES; a spread that is
     negative; no constants, fingerprint or time of measurement)."""
-    d = record(d)
-    text(required(d, "fingerprint"), "fingerprint", limit=256)
-    number(required(d, "measured_at"), "measured_at")
-    constants = record(required(d, "constants"), "constants")
+    d = obj(d, RECORD)
+    text(required(d, "fingerprint"), "fingerprint", 256)
+    number(required(d, "measured_at"), "measured_at", 0.0)
+    constants = obj(required(d, "constants"), "constants")
     for k, high in CONSTANT_RANGES.items():     # one missing stays the shipped one (cost.py)
         if k in constants:
-            number(constants[k], f"constants.{k}", high=high)
-    spread = record(d.get("spread", {}), "spread")
+            number(constants[k], f"constants.{k}", 0.0, high)
+    spread = obj(d.get("spread", {}), "spread")
     for k in CONSTANT_RANGES:
         v = spread.get(k)
         if v is not None and not (isinstance(v, float) and math.isnan(v)):  # 1 window: NaN
-            number(v, f"spread.{k}", high=MAX_SECONDS)
+            number(v, f"spread.{k}", 0.0, MAX_SECONDS)
     if "date" in d:
-        text(d["date"], "date", limit=64)
+        text(d["date"], "date", 64)
     return d
 
 

@@ -31,9 +31,10 @@ from pathlib import Path
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus, TrialRecord
 # read_json and write_json are also read from here (comm.py, internode.py, tests).
 from smartlaunch.store import (
-    UNWRITABLE, BadRecord, cache_folder, cache_root, keep, load, number, private_dir, read_json,
-    record, required, trusted_json, within, write_json, write_public_json,
+    UNWRITABLE, BadRecord, cache_folder, cache_root, keep, load, number, obj, private_dir,
+    read_json, required, trusted_json, within, write_json, write_public_json,
 )
+from smartlaunch.wire import RECORD
 
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
@@ -200,8 +201,8 @@ def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None
 
 def _stored_curve(d) -> tuple[float, CommCurve]:
     """{"measured_at", "curve"} as store_comm wrote it, checked (BadRecord naming the field)."""
-    d = record(d)
-    when = number(required(d, "measured_at"), "measured_at")
+    d = obj(d, RECORD)
+    when = number(required(d, "measured_at"), "measured_at", 0.0)
     return when, within("curve", CommCurve.from_dict, required(d, "curve"))
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from smartlaunch import proc, ranks
+from smartlaunch import proc
 from smartlaunch.errors import ExitCode, SmartlaunchError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import cached_comm, comm_key, nccl_env, read_json, store_comm
@@ -134,14 +134,16 @@ def ranks_result(stage: Stage, tmp: str, gpus, device: str, what: str, hint: str
     for rank, child in enumerate(stage.children):
         code = child.returncode
         if code:
-            raise CommBenchError(f"{where} failed: rank {rank} {ranks.describe(code)}; {hint} "
-                                 f"Last lines: " + " | ".join(_tail(tmp, rank)))
+            raise CommBenchError(f"{where} failed: rank {rank} {proc.describe_exit(code)}; "
+                                 f"{hint} Last lines: " +
+                                 " | ".join(tail(os.path.join(tmp, f"rank{rank}.log"))))
     return read_json(Path(tmp) / "result.json")
 
 
-def _tail(tmp: str, rank: int, lines: int = 5) -> list[str]:
+def tail(path: str, lines: int = 5) -> list[str]:
+    """The last `lines` lines of a rank's log (of its last 8 KiB); none when it cannot be read."""
     try:
-        with open(os.path.join(tmp, f"rank{rank}.log"), "rb") as f:
+        with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
             return f.read().decode(errors="replace").strip().splitlines()[-lines:]

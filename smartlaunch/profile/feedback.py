@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from smartlaunch.profile.cache import comm_key, profile_key
 from smartlaunch.store import (
-    MAX_ITEMS, MAX_SECONDS, BadRecord, cache_folder, cache_root, count, items, keep, load,
-    number, optional, record, required, text, within,
+    MAX_ITEMS, MAX_SECONDS, BadRecord, cache_folder, cache_root, integer, items, keep, load,
+    number, obj, optional, required, text, within,
 )
+from smartlaunch.wire import RECORD
 
 # A launch shorter than this says little about the steady rate (start-up, clock ramp, the
 # first checkpoint): not recorded.
@@ -62,21 +63,20 @@ class MeasuredRate:
         or out of range, or at odds with the others (steps_per_s is (steps - 1) / seconds,
         rank_steps_per_s that times the ranks: measured_rate's arithmetic)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in record(d).items() if k in names}
-        d["strategy"] = text(required(d, "strategy"), "strategy", limit=64)
-        d["gpus"] = tuple(count(g, f"gpus[{i}]", high=MAX_ITEMS)
+        d = {k: v for k, v in obj(d, RECORD).items() if k in names}
+        d["strategy"] = text(required(d, "strategy"), "strategy", 64)
+        d["gpus"] = tuple(integer(g, f"gpus[{i}]", 0, MAX_ITEMS)
                           for i, g in enumerate(items(required(d, "gpus"), "gpus")))
         if not d["gpus"] or (d["strategy"] == ONE_RANK) != (len(d["gpus"]) == 1):
             raise BadRecord("gpus", f"{len(d['gpus'])} GPUs for strategy {d['strategy']!r}")
-        d["steps"] = count(required(d, "steps"), "steps", low=2)
-        d["seconds"] = number(required(d, "seconds"), "seconds", positive=True,
-                              high=MAX_SECONDS)
+        d["steps"] = integer(required(d, "steps"), "steps", 2)
+        d["seconds"] = number(required(d, "seconds"), "seconds", hi=MAX_SECONDS, positive=True)
         for k in ("steps_per_s", "rank_steps_per_s"):
             d[k] = number(required(d, k), k, positive=True)
         d["samples_per_s"] = optional(number, d.get("samples_per_s"), "samples_per_s",
                                       positive=True)
         d["assumed"] = text(d.get("assumed", ""), "assumed")
-        d["measured_at"] = number(d.get("measured_at", 0.0), "measured_at")
+        d["measured_at"] = number(d.get("measured_at", 0.0), "measured_at", 0.0)
         rate = cls(**d)
         for k, want in (("steps_per_s", (rate.steps - 1) / rate.seconds),
                         ("rank_steps_per_s", rate.nproc * rate.steps_per_s)):
@@ -124,9 +124,7 @@ def rates_path(policy, key: str, environ, *, create: bool = False):
 def rates_from_dict(d: dict) -> dict[str, MeasuredRate]:
     """{"runs": {candidate name: MeasuredRate.to_dict()}}, checked: BadRecord naming the first
     bad field ("runs.ddp:0,1.seconds"), or a run kept under another candidate's name."""
-    runs = record(required(record(d), "runs"), "runs")
-    if len(runs) > MAX_ITEMS:
-        raise BadRecord("runs", f"{len(runs)} runs, more than {MAX_ITEMS}")
+    runs = obj(required(obj(d, RECORD), "runs"), "runs", MAX_ITEMS)
     out = {}
     for name, run in runs.items():
         rate = within(f"runs.{name}", MeasuredRate.from_dict, run)

@@ -25,19 +25,28 @@ MAX_NODES = 256          # containers looked into per call: a forward hook must 
 
 def leading_dim(args, kwargs=None) -> int | None:
     """Batch of one forward call, or None when no tensor with a dimension is found."""
+    t = _first_tensor([args, kwargs or {}], lambda t: t.dim() > 0)
+    return None if t is None else int(t.shape[0])
+
+
+def first_grad_tensor(output):
+    """The first tensor in a forward call's output that requires grad, or None."""
+    return _first_tensor([output], lambda t: t.requires_grad)
+
+
+def _first_tensor(roots: list, want: Callable):
+    """The first tensor t for which want(t) holds, in order (depth first) through what
+    `roots` hold (_children; a tensor is not looked into), at most MAX_NODES looked at; None."""
     import torch
-    stack = [args, kwargs or {}]
-    seen = 0
+    stack, seen = list(roots), 0
     while stack and seen < MAX_NODES:
         a = stack.pop(0)
         seen += 1
         if isinstance(a, torch.Tensor):
-            if a.dim() > 0:
-                return int(a.shape[0])
-            continue
-        if isinstance(a, (str, bytes)):
-            continue
-        stack[:0] = _children(a)
+            if want(a):
+                return a
+        else:
+            stack[:0] = _children(a)
     return None
 
 
@@ -51,21 +60,6 @@ def _children(a) -> list:
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         return [getattr(a, f.name, None) for f in dataclasses.fields(a)]
     return []
-
-
-def first_grad_tensor(output):
-    import torch
-    stack = [output]
-    seen = 0
-    while stack and seen < MAX_NODES:
-        a = stack.pop(0)
-        seen += 1
-        if isinstance(a, torch.Tensor):
-            if a.requires_grad:
-                return a
-        else:
-            stack[:0] = _children(a)
-    return None
 
 
 # ---- world size reads ------------------------------------------------------------------------

@@ -5,8 +5,8 @@ Every node of a multi-node job runs one rank of the single-node benchmark
 number of nodes, MASTER_ADDR = the rendezvous endpoint's host as this node names it, and
 MASTER_PORT = a port the deciding node chose and published on the job's store (the caller's:
 pipeline_nodes.py) in an `Offer`. Rank 0, on the deciding node, writes the curve;
-decide/nodes.py scales it to fewer nodes. The rank is a child of ours with a bounded wait,
-killed on failure or time-out like the benchmark's ranks.
+decide/nodes.py scales it to fewer nodes. The rank is a child of ours in a Session of its own
+(profile/session.py), with a bounded wait, killed on time-out like the benchmark's ranks.
 
 The offer is read from an unauthenticated store (docs/trust-model.md): it carries numbers and
 names only, each checked by `read_offer` against this node's own view (its --nnodes, its GPUs
@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import tempfile
+import subprocess
+import sys
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from smartlaunch import proc, ranks, wire
+from smartlaunch import proc, wire
 from smartlaunch.errors import WireError
 from smartlaunch.profile.api import CommCurve
 from smartlaunch.profile.cache import nccl_env, read_json
-from smartlaunch.profile.comm import backend_for, rank_base_env
+from smartlaunch.profile.comm import backend_for, rank_base_env, tail
+from smartlaunch.profile.session import Session
 from smartlaunch.worker_env import free_port
 
 KEY = "internode"           # the deciding node's Offer, as JSON, on the store
@@ -121,27 +122,25 @@ def measure(spec: Offer, rank: int, environ: Mapping[str, str], *, host: str,
                RANK=str(rank), WORLD_SIZE=str(spec.nodes), LOCAL_RANK="0",
                LOCAL_WORLD_SIZE="1", MASTER_ADDR=host, MASTER_PORT=str(spec.port))
     iters = 5 if device == "cuda" else 7
-    with proc.stage("the all-reduce between nodes"), \
-            tempfile.TemporaryDirectory(prefix="smartlaunch-internode-") as tmp:
-        proc.remove_on_exit(tmp)
-        out = os.path.join(tmp, "result.json")
-        argv = ["--backend", backend, "--out", out, "--sizes", ",".join(map(str, spec.sizes)),
+    with proc.stage("the all-reduce between nodes"), Session() as session:
+        tmp = session.tempdir("smartlaunch-internode-")
+        out, log = os.path.join(tmp, "result.json"), os.path.join(tmp, "leader.log")
+        argv = [sys.executable, "-m", "smartlaunch.profile.comm_worker", "--backend", backend,
+                "--out", out, "--sizes", ",".join(map(str, spec.sizes)),
                 "--iters", str(iters), "--stat", "median",
                 *(["--device-index", str(spec.gpus[0])] if device == "cuda" else [])]
-        group: list[ranks.Rank] = []
-        try:
-            group = ranks.start_ranks("smartlaunch.profile.comm_worker", [argv], [env],
-                                      logs=[os.path.join(tmp, "leader.log")])
-            failed = ranks.wait_all(group, time_limit_s)
-            if failed is not None:
-                raise RuntimeError(f"the leader rank {rank} {failed[1]}: " +
-                                   " | ".join(ranks.tail(group[0])))
-            if rank != 0:
-                return None
-            points = read_json(Path(out))
-        finally:
-            ranks.stop_all(group, signal.SIGKILL, 0)
-            proc.remove_on_exit(tmp, done=True)
+        with open(log, "ab") as f:
+            stage = session.start("the all-reduce between nodes",
+                                  [(argv, env, {"stdout": f, "stderr": subprocess.STDOUT})])
+        if not session.wait(lambda: stage.over, time_limit_s):
+            session.kill(stage, f"did not finish within {time_limit_s:g} s")
+        if stage.why or stage.code:
+            raise RuntimeError(f"the leader rank {rank} "
+                               f"{stage.why or proc.describe_exit(stage.code)}: " +
+                               " | ".join(tail(log)))
+        if rank != 0:
+            return None
+        points = read_json(Path(out))
     if not points:
         raise RuntimeError("the leader rank 0 wrote no result")
     return CommCurve.from_points(spec.nodes, backend, [tuple(p) for p in points],

@@ -199,7 +199,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
             code = stage.children[0].returncode
         elapsed = time.monotonic() - t0
         data = read_json(Path(out))
-        iso = sandbox.read_status(status) if isolated else {}
+        iso = (read_json(Path(status)) or {}) if isolated else {}
         if listing is not None:
             iso_note = f"{iso_note}; {undo_note(listing, own)}"
     if isolated and not iso.get("isolated"):

@@ -12,7 +12,9 @@ control socket (profile/control.py, the child's end) and an explicit state:
 `wait(until, timeout)` is the one event loop: it reads every control socket, each child's
 exit (a pidfd) and the dry run's stderr as they come, runs the rules the pipeline added
 (profile/early.py: who may go when), and returns when `until()` holds or the time is up. No
-thread, no gate or marker file, no polling of /proc.
+thread, no gate or marker file, no polling of /proc. A process that starts ranks of its own
+outside a decision (a trial's spawner, trial_group.py; a node's leader rank of the all-reduce
+between nodes, internode.py) serves them with a Session of its own.
 """
 from __future__ import annotations
 
@@ -123,15 +125,18 @@ class Session:
               ranks: int = 1, gate: bool = False) -> Stage:
         """commands: (argv, env, popen options) per process, each given `ranks` control
         sockets (SMARTLAUNCH_CONTROL_FD: one descriptor, or a comma list a spawner hands out
-        one per rank). gate: the processes stop at their gate until `go`."""
+        one per rank; ranks=0: none, the process gets its env and pass_fds as given). gate:
+        the processes stop at their gate until `go`."""
         stage = Stage(role, gate)
         self.stages.append(stage)
         for argv, env, popen in commands:
             pairs = [socket.socketpair() for _ in range(ranks)]
             fds = [theirs.fileno() for _, theirs in pairs]
+            if fds:
+                env = {**env, ENV_VAR: ",".join(map(str, fds))}
             try:
-                child = proc.spawn(argv, env={**env, ENV_VAR: ",".join(map(str, fds))},
-                                   pass_fds=fds, **popen)
+                child = proc.spawn(argv, env=env, **{
+                    **popen, "pass_fds": (*fds, *popen.get("pass_fds", ()))})
             except BaseException:
                 for mine, theirs in pairs:
                     mine.close()
@@ -190,28 +195,14 @@ class Session:
         if stage.over:
             return
         stage.why, stage.t_end = why, time.monotonic()
-        live = [c for c in stage.children if c.returncode is None]
-        for c in live:
-            c.send(first)
-        t_end = time.monotonic() + grace_s
-        for c in live:
-            c.wait(max(0.0, t_end - time.monotonic()))
-        for c in stage.children:
-            c.stop(signal.SIGKILL, 0)
+        proc.stop_all(stage.children, first, grace_s)
 
     def close(self) -> None:
         """End what still runs (SIGTERM, a short grace, SIGKILL), release every descriptor,
         remove the temp dirs. Safe to call twice."""
-        live = [s for s in self.stages if not s.over]
+        live = [s for s in self.stages if not s.over]   # the others were reaped as they ended
+        proc.stop_all([c for s in live for c in s.children], signal.SIGTERM, 1.0)
         for s in live:
-            for c in s.children:
-                if c.returncode is None:
-                    c.send(signal.SIGTERM)
-        t_end = time.monotonic() + (1.0 if live else 0.0)
-        for s in live:          # the others were reaped when they ended or were killed
-            for c in s.children:
-                c.wait(max(0.0, t_end - time.monotonic()))
-                c.stop(signal.SIGKILL, 0)
             s.why = "the decision no longer needed it"
         for key in list(self.sel.get_map().values()):
             self.sel.unregister(key.fileobj)

@@ -21,7 +21,6 @@ rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -39,20 +38,23 @@ from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.session import Session, Stage, State, owned
 from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
+from smartlaunch.store import read_json
 from smartlaunch.vocab import Strategy
+from smartlaunch.worker_env import narrow_visible
 
 KILL_GRACE_S = 5.0
 
 
-def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str],
-                      *, session: Session | None = None, expected_step_s: float | None = None,
+def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str], *, topology,
+                      session: Session | None = None, expected_step_s: float | None = None,
                       expected_setup_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
                       phases: Callable[[dict[str, float]], None] | None = None,
                       early: "list[Trial] | None" = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in
-    `session` (None: one of its own per trial). None: the trial could not measure (script failed, stalled, --no-python).
+    `session` (None: one of its own per trial) on `gpus` of `topology` (the job's). None: the
+    trial could not measure (script failed, stalled, --no-python).
     phases(seconds by phase): told after each trial where its seconds went (trial_phases).
     early: trials set up beside the dry run (profile/early.py), waiting at their gates: each
     used when decide asks for exactly its candidate; the others are left to the session to end.
@@ -86,7 +88,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             session.go(run.stage, measure=steps)
         else:
             run = Trial.start(session, request, policy, environ, isolated, tuple(gpus),
-                              steps=steps, python=python)
+                              topology=topology, steps=steps, python=python)
         deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s)
         listing = undo_roots(request, policy, isolated, (run.tmp,))
         rc, stalled = watched(session, run.stage, deadlines)
@@ -100,7 +102,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
         # A killed trial's rank 0 writes what it had on SIGTERM: a window cut by a stall
         # or the time limit, not a rate to decide by.
-        result = None if killed else read_rank0(run.out)
+        result = None if killed else read_json(run.out / "rank0.json")
         if phases is not None:
             phases(trial_phases(result, t_spawn, t_end, killed=killed))
         if log is not None and (rc != 0 or result is None):
@@ -166,17 +168,17 @@ class Trial:
     @classmethod
     def start(cls, session: Session, request: Request, policy: Policy,
               environ: Mapping[str, str], isolated: bool, gpus: tuple[int, ...], *,
-              steps: int | None = None, gate: bool = False,
+              topology, steps: int | None = None, gate: bool = False,
               python: str = sys.executable) -> "Trial":
-        """Its ranks on `gpus` (one rank on none: the CPU), started now: measuring `steps`,
-        or (gate) setting the script up and waiting before its first forward for the go
+        """Its ranks on `gpus` of `topology` (one rank on none: the CPU), started now: measuring
+        `steps`, or (gate) setting the script up and waiting before its first forward for the go
         that carries the step count (profile/early.py)."""
         tmp = session.tempdir("smartlaunch-trial-")
         run = cls(None, tuple(gpus), isolated, tmp)
         run.out.mkdir()
         env = {**environ, **sandbox.DRYRUN_ENV, "SMARTLAUNCH_TRIAL": "1"}
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(environ, gpus)
+            env["CUDA_VISIBLE_DEVICES"] = narrow_visible(gpus, environ, topology)
         n = max(1, len(gpus))
         cmd = trial_command(request, policy, n, str(run.out), python, steps=steps, gate=gate)
         if isolated:
@@ -233,17 +235,6 @@ def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None,
     return [*args, request.script, *request.script_args]
 
 
-def visible_devices(environ: Mapping[str, str], gpus) -> str:
-    """CUDA_VISIBLE_DEVICES for the candidate: its ordinals are relative to the job's own
-    CUDA_VISIBLE_DEVICES (Slurm, the user), so map them through it."""
-    seen = environ.get("CUDA_VISIBLE_DEVICES")
-    if seen:
-        ids = [s.strip() for s in seen.split(",") if s.strip()]
-        if all(g < len(ids) for g in gpus):
-            return ",".join(ids[g] for g in gpus)
-    return ",".join(str(g) for g in gpus)
-
-
 DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
 
 
@@ -281,14 +272,6 @@ def watched(session: Session, stage: Stage, deadlines: Deadlines) -> tuple[int |
             session.kill(stage, "ended after its result", signal.SIGTERM, KILL_GRACE_S)
             return 0, ""
     return stage.code, ""
-
-
-def read_rank0(out_dir: Path) -> dict | None:
-    path = out_dir / "rank0.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def samples_per_s(result: dict | None, nproc: int) -> float | None:

@@ -24,8 +24,9 @@ import signal
 import sys
 import uuid
 
-from smartlaunch import proc, ranks
+from smartlaunch import proc
 from smartlaunch.profile.control import ENV_VAR
+from smartlaunch.profile.session import Session
 from smartlaunch.worker_env import free_port, rank_env
 
 SHIM = "smartlaunch.profile.trial"
@@ -59,24 +60,29 @@ def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | No
 
 def run_group(nproc: int, shim_args: list[str]) -> int:
     """Start the ranks, wait for all; one failing (or a signal to us) ends the rest."""
-    group: list[ranks.Rank] = []
-    try:
-        envs, fds = rank_envs(os.environ, nproc)
-        group = ranks.start_ranks(SHIM, [shim_args] * nproc, envs, fds=fds)
-        failed = ranks.wait_all(group, float("inf"))
-        if failed is None:
+    envs, fds = rank_envs(os.environ, nproc)
+    argv = [sys.executable, "-m", SHIM, *shim_args]
+    with Session() as session:
+        stage = session.start("a trial's ranks", [
+            (argv, env, {"pass_fds": (fds[r],) if fds else ()}) for r, env in enumerate(envs)],
+            ranks=0)            # their control sockets are the ones we were given
+
+        def failed() -> int | None:
+            return next((r for r, c in enumerate(stage.children)
+                         if c.returncode not in (None, 0)), None)
+        try:
+            session.wait(lambda: stage.over or failed() is not None)
+        except proc.Signalled as sig:
+            session.kill(stage, proc.signal_name(sig.signum), sig.signum, GRACE_S)
+            raise
+        rank = failed()
+        if rank is None:
             return 0
-        rank, why = failed
-        print(f"smartlaunch trial: rank {rank} {why}; ending the other ranks", file=sys.stderr,
-              flush=True)
-        ranks.stop_all(group, signal.SIGTERM, GRACE_S)
-        code = group[rank].child.returncode
-        return code if code and code > 0 else 128 + (-code if code else signal.SIGTERM)
-    except proc.Signalled as sig:
-        ranks.stop_all(group, sig.signum, GRACE_S)
-        raise
-    finally:
-        ranks.stop_all(group, signal.SIGKILL, 0)
+        code = stage.children[rank].returncode
+        print(f"smartlaunch trial: rank {rank} {proc.describe_exit(code)}; ending the other "
+              f"ranks", file=sys.stderr, flush=True)
+        session.kill(stage, f"rank {rank} failed", signal.SIGTERM, GRACE_S)
+        return code if code > 0 else 128 - code
 
 
 def _signalled(signum, _frame):
