@@ -332,7 +332,7 @@ def _variants(each: list[str], each_file: str | None) -> tuple[tuple[str, ...], 
 
 
 def _check_nnodes(value: str) -> None:
-    """torchrun's MIN:MAX (or N); torchrun itself exits 1 or asserts on 3:1 (issue 13)."""
+    """torchrun's MIN:MAX (or N); torchrun itself exits 1 or asserts on 3:1."""
     parts = value.split(":")
     try:
         lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
@@ -486,9 +486,8 @@ def console_main() -> None:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     code = main()
     # Everything of ours is done: leases released, children reaped. What is left is the
-    # interpreter's teardown of torch (imported for torchrun's parser): 0.5 s on an idle
-    # 2-core machine, and ~18 s per launcher with 20 launchers queued on 2 GPUs there
-    # (bench/results/wait-2026-11-22-cpu.md). A job's launcher should end with its job.
+    # interpreter's teardown of torch (imported for torchrun's parser), which takes seconds
+    # on a loaded node (docs/benchmarks.md). A job's launcher should end with its job.
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -79,7 +79,7 @@ def calibrate(args) -> int:
     print(f"node calibration on GPUs {','.join(map(str, gpus))} ({record['gpu_name']}, "
           f"{run.backend}), {record['windows']} windows per model, {run.elapsed_s:.1f} s:")
     print(f"  {text}")
-    print(f"  shipped: {shipped.split(' (')[0]} (fitted on 2x H200)")
+    print(f"  shipped: {shipped.split(' (')[0]} (docs/decision.md says where they were fitted)")
     for row in record["models"]:
         size = (f"{row['grad_bytes'] / 2 ** 20:.0f} MiB" if row["grad_bytes"] >= 2 ** 20 else
                 f"{row['grad_bytes'] / 2 ** 10:.0f} KiB")

@@ -1,5 +1,5 @@
 """One process helper for every layer: spawn a child tree, bound it in time, end it, and make
-sure it never outlives smartlaunch (issue 14).
+sure it never outlives smartlaunch.
 
 - `spawn()` starts a child in its own session, so the child and everything it forks (DataLoader
   workers) form one process group that `Child.stop()` ends as a whole, and a terminal's Ctrl-C

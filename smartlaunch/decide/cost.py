@@ -10,7 +10,7 @@ Every term is a physical cost with a bound (docs/decision.md copies this table):
               NCCL's kernels share SMs and HBM with the backward they overlap; per byte of
               ring traffic that costs kappa, but never more than rho times the backward time
               they overlap (overlap = s*B after the first bucket is ready): a 2 ms step
-              cannot lose 4 ms to contention (issue 15: 4.1 ms charged, 1.1 ms measured)
+              cannot lose 4 ms to contention
     ready_k   = (s*B + contend) * (bytes of buckets 0..k) / G    gradients arrive over the
               (stretched) backward
     end_k     = max(ready_k, end_{k-1}) + comm(bytes_k) + per_bucket_s   one NCCL stream
@@ -29,14 +29,10 @@ Every term is a physical cost with a bound (docs/decision.md copies this table):
 comm() is the all-reduce curve measured in the job's own environment, so link speed is never a
 constant. kappa, ddp_overhead_s and per_tensor_s depend on the machine (how NCCL's kernels share
 the GPU, how fast the host runs the reducer); `calibrated()` replaces them with values measured
-on the node when a calibration record exists, and the defaults below are the 2x H200 fit
-(per_tensor_s 0: the old suite could not identify it; the calibration measures it).
-
-Why contention at all: on 2x H200 (2026-11-22) compute-bound models lost far more than their
-standalone all-reduce although it fits inside backward: ResNet-50 2.0 ms for a 0.36 ms
-all-reduce, GPT-124M 11.6 ms for 1.8 ms, ViT-L/16 25.5 ms for 4.3 ms, on NVLink; per gradient
-byte ~20 ms/GB, on NVLink and the host path alike. GPT's and ViT's costs are about their whole
-backward time, which is the bound rho expresses.
+on the node when a calibration record exists, and the defaults below are the shipped fit
+(per_tensor_s 0: the fit could not identify it; the calibration measures it). Why contention
+at all, with the measurements that showed it, and where every constant was fitted:
+docs/decision.md, "The cost model".
 """
 from __future__ import annotations
 
@@ -54,8 +50,8 @@ class CostModel:
     """Every constant of the prediction, with its default and why.
 
     The fitted defaults (compute_slowdown, ddp_overhead_s, per_tensor_s, contention_s_per_byte,
-    contention_cap) come from bench/fit_cost.py over bench/results/regret-records.jsonl (the
-    old suite: 9 scripts, 24 script x link rows on 2x H200, 2026-11-22); their error on
+    contention_cap) come from bench/fit_cost.py over run `suite-s2` of
+    bench/results/regret.jsonl (docs/decision.md: which scripts and machine); their error on
     scripts that were not in the fit is MODEL_ERROR below."""
 
     # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP makes the first bucket small so the
@@ -106,8 +102,8 @@ def calibrated(model: CostModel, record: dict | None) -> tuple[CostModel, str]:
     got = {k: float(v) for k, v in (values if isinstance(values, dict) else {}).items()
            if k in NODE_CONSTANTS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
     if not got:
-        return model, (f"{constants_text(model)} (shipped, fitted on 2x H200: docs/decision.md; "
-                       f"`smartlaunch-node calibrate` measures this node's)")
+        return model, (f"{constants_text(model)} (shipped: docs/decision.md says where they were "
+                       f"fitted; `smartlaunch-node calibrate` measures this node's)")
     spread = record.get("spread") if isinstance(record.get("spread"), dict) else {}
     where = "measured on this node" + (f" {record['date']}" if record.get("date") else "")
     shipped = sorted(set(NODE_CONSTANTS) - set(got))
@@ -157,13 +153,12 @@ class ModelError:
         return math.expm1(self.p90_log)
 
 
-# The held-out error of the frozen constants: 12 script x link rows of 4 scripts from families
-# the fit never saw (bench/results/heldout/heldout-2026-11-22-2xH200.md), measured after the
-# constants were committed (9a133e3). Before that run the band came from the old suite's
-# leave-one-script-out error (p90 0.241, median 0.118, 24 rows). Replace it only with the error
-# of scripts measured after the constants it describes were frozen.
+# The held-out error of the frozen constants: script x link rows from families the fit never
+# saw, measured after the constants were committed (docs/decision.md, "Trials", says which
+# run). Replace it only with the error of scripts measured after the constants it describes
+# were frozen.
 MODEL_ERROR = ModelError(p90_log=0.336, median_log=0.127, rows=12, label="held-out error",
-                         source="12 held-out script x link rows, 2x H200 2026-11-22")
+                         source="12 held-out script x link rows (docs/decision.md)")
 
 
 @dataclass(frozen=True)

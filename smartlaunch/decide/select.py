@@ -11,13 +11,13 @@ from smartlaunch.decide.api import Role, by_role
 from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.plan import Candidate, CommSummary, Reason, Strategy, strategy_name
 from smartlaunch.decide.rerank import Corrected, pick, settle
-from smartlaunch.decide.words import gbps, gpu_list, pct, rate, times
+from smartlaunch.decide.words import gbps, gpu_list, mb, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
 # A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
 # (docs/decision.md): where predictions rank the SCALED candidates (every unit's together), only the
-# best two are tried (issue 17: an 8-GPU node would otherwise try seven DDP group sizes).
+# best two are tried (an 8-GPU node would otherwise try seven DDP group sizes).
 MAX_SCALED_TRIALS = 2
 
 
@@ -174,9 +174,8 @@ def choose_auto(ctx, cands: dict) -> Choice:
 def _top(ctx, scaled: list, scores: dict) -> list:
     """The MAX_SCALED_TRIALS SCALED candidates to try, in N order: the model's own pick (the most
     samples/s among those predicted to meet the policy), then the most predicted samples/s
-    among the rest, which a trial may show meeting it. By samples/s alone, DDP×3 and ×4 at
-    59% and 41% were tried and ×2 at 82% was not (examples/train.py on pcie-4gpu-x8, CPU,
-    2026-11-22)."""
+    among the rest, which a trial may show meeting it (by samples/s alone, the largest groups
+    would be tried even where only a smaller one meets the policy)."""
     base = _baseline(ctx, scores)
     own = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
     first = [own] if own in scaled else []
@@ -200,8 +199,8 @@ def uncertainty(ctx) -> tuple[float, str]:
 
 def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
     """Earlier launches of this job measured what DDP×N really gave: those candidates are
-    scored by measurement, the rest by the model (issue 15: predictions were off by up to 4×
-    on workloads the model was not fitted to)."""
+    scored by measurement, the rest by the model (a measurement of this job beats a
+    prediction fitted on others)."""
     from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
     runs = {k: ctx.launched.get(candidate_name(strategy_name(k[0]), k[1])) for k in scaled}
     runs = {k: r for k, r in runs.items() if r is not None}
@@ -270,9 +269,8 @@ def _by_model(ctx, scores: dict, note: str | None) -> Choice:
 def _first(ctx, scaled: list, scores: dict) -> list:
     """The one SCALED candidate tried first: the model's own pick, else the most predicted
     samples/s among `scaled` (a trial may show it meeting the policy). The others are tried
-    after it only while one could still change the choice (rerank.settle): on a 4× H100 the
-    BatchNorm net's DDP×2 trial ran although DDP×4 was tried too and measured 2.43×, more
-    than two GPUs can give, and cost the cold decision ~12 s of its 29 s."""
+    after it only while one could still change the choice (rerank.settle): a trial that
+    cannot change the outcome costs the cold decision its seconds for nothing."""
     base = _baseline(ctx, scores)
     own = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
     if own in scaled:
@@ -539,7 +537,13 @@ def group_note(ctx, gpus: tuple[int, ...]) -> str:
     if curve is not None:
         grad = ctx.profile.grad_bytes if ctx.profile is not None and ctx.profile.grad_bytes \
             else 256 * MiB
-        where = "at the gradient size" if grad != 256 * MiB else "at 256 MiB"
+        low, top = int(curve.points[0][0]), int(curve.points[-1][0])
+        if low <= grad <= top:   # a figure inside the measured sizes, never the fit beyond
+            where = "at the gradient size" if grad != 256 * MiB else "at 256 MiB"
+        elif grad > top:
+            grad, where = top, f"at {mb(top)}, the largest measured"
+        else:
+            grad, where = low, f"at {mb(low)}, the smallest measured"
         how = f"derived from the curve measured on {gpu_list(curve.derived_from)}" if curve.derived_from else \
             "measured on this group"
         text += f", all-reduce {gbps(curve.bus_bandwidth_Bps(grad))} {where} {how}"

@@ -40,8 +40,8 @@ def register(subparsers) -> None:
                    help="the decision log (default: policy paths.decision_log as a launch here "
                         "would write it)")
     p.add_argument("--since", metavar="WHEN", default=None,
-                   help="only launches since a date (2026-11-01, 2026-11-01T08:00) or for the "
-                        "last 7d, 24h or 90m")
+                   help="only launches since a date (YYYY-MM-DD or YYYY-MM-DDTHH:MM) or for "
+                        "the last 7d, 24h or 90m")
     p.add_argument("--by", choices=GROUPS, default="strategy",
                    help="one row per strategy (default), user or host")
     p.add_argument("--prometheus", metavar="PATH", default=None,
@@ -101,8 +101,8 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     try:
         t = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise UsageError(f"--since {text!r} is not a date or an age; give 2026-11-01, "
-                         f"2026-11-01T08:00, 7d, 24h or 90m") from None
+        raise UsageError(f"--since {text!r} is not a date or an age; give YYYY-MM-DD, "
+                         f"YYYY-MM-DDTHH:MM, 7d, 24h or 90m") from None
     return t if t.tzinfo is not None else t.astimezone()
 
 

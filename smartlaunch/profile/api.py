@@ -67,7 +67,7 @@ class ModelProfile:
     gate_wait_s: float | None = None             # its first forward held for the all-reduce
     #                                              sweep beside it (profile/early.py); None: no gate
     dry_run_s: float | None = None               # total cost of the dry run
-    device: str = "cpu"                          # "cuda:0 (NVIDIA H200)" or "cpu"
+    device: str = "cpu"                          # "cuda:0 (<GPU model>)" or "cpu"
     exit_code: int | None = None                 # the script's, when it crashed
     error_tail: str = ""                         # last lines of its stderr, when it crashed
     cached: bool = False
@@ -87,16 +87,15 @@ class ModelProfile:
         """The script read the world size before its first step AND accumulates micro-batches:
         nanoGPT's pattern (accumulation //= WORLD_SIZE), where the per-rank work under DDP is
         not the profiled work. Reading it alone is what every DDP-ready script does (to init
-        DDP, to size a sampler); it is recorded and explained, but does not ask for a trial:
-        the held-out run of 2026-11-22 sent every suite script to a trial on reading alone."""
+        DDP, to size a sampler); it is recorded and explained, but does not ask for a trial
+        (on reading alone every DDP-ready script would be sent to one)."""
         return bool(self.reads_world_size) and (self.micro_batches or 1) > 1
 
     def trial_rate(self, min_steps: int, min_seconds: float) -> float | None:
         """samples/s of the window, counted as a trial counts it (batch unknown: 1), when the
         window is as good as a trial's (complete, at least min_steps and min_seconds): the dry
         run ran the same hooks on one GPU of this model, so a trial of one GPU would measure
-        it again at the cost of a second start of the script (13.5-15.8 s on 2x H200,
-        2026-11-23). None: a trial must measure it."""
+        it again at the cost of a second start of the script. None: a trial must measure it."""
         if self.status != ProfileStatus.OK or self.window_cut_short or not self.step_time_s:
             return None
         window = self.window_s or self.steps_measured * self.step_time_s

@@ -1,7 +1,7 @@
 """The node calibration's measurement: single GPU vs DDP×2 on synthetic models, cached per node.
 
 cost.py's machine-dependent constants (contention per gradient byte, per-step DDP overhead,
-per gradient tensor) were fitted on one 2x H200 box, the last at 0 (issue 15).
+per gradient tensor) were fitted on one machine, the last at 0 (docs/decision.md).
 `smartlaunch-node calibrate` measures them here: this module runs the synthetic workers (baseline_worker.py, one per GPU, NCCL; or gloo ranks on
 the CPU for a fake topology) exactly as comm.py runs its benchmark: each in its own session,
 the whole run bounded by a time limit, every worker killed on failure or time-out. The
@@ -33,9 +33,9 @@ FORMAT = 2                # 2: a third model, many small tensors (per_tensor_s);
 # backward (~4 x 2 x 2 x 2048 x 4096^2 flops) lasts several times its 256 MiB all-reduce, so
 # contention is measured below its cap (cost.py: at most contention_cap x the overlap).
 # The third model has the small one's gradient bytes in many tensors instead of 1 (32^2 x
-# 1024 = 1024^2), so what DDP adds to it beyond the small model is per gradient tensor: the
-# held-out model with 1,202 small tensors paid ~30 µs each on 2x H200 (issue 15), which the old
-# suite could not tell from 0. Its step is launch-bound, as that model's was: nothing hides
+# 1024 = 1024^2), so what DDP adds to it beyond the small model is per gradient tensor (a
+# model with about a thousand small tensors pays tens of µs for each, too little for a fit
+# over ordinary models to tell from 0: docs/decision.md). Its step is launch-bound, as that model's was: nothing hides
 # the reducer's per-tensor host work there. On the CPU 256 tensors (8^2 x 256 = 128^2): with
 # 1,024 the calibration took 26 s of its 30 s goal on the loaded 2-core machine.
 GPU_MODELS = ((1024, 1, 2048), (4096, 4, 2048), (32, 1024, 2048))  # 4 MiB, 256 MiB, 4 MiB/1024

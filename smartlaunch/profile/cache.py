@@ -39,7 +39,7 @@ from smartlaunch.wire import RECORD
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
-# 2: device-time windows, batch_size per optimizer step (issue 15); older entries re-profile.
+# 2: device-time windows, batch_size per optimizer step; older entries re-profile.
 PROFILE_FORMAT = 2
 
 

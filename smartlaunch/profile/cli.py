@@ -19,9 +19,10 @@ SHOW_SIZES = (1 << 20, 16 << 20, 64 << 20, 256 << 20)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench-comm", help="measure all-reduce over the GPUs and cache it")
-    p.add_argument("--gpus", default=None, help="comma-separated GPU indices (default: all)")
+    p.add_argument("--gpus", type=_gpu_list, default=None,
+                   help="comma-separated GPU indices (default: all)")
     p.add_argument("--no-pairs", action="store_true", help="only the whole group, not each pair")
-    p.add_argument("--max-mb", type=int, default=None, help="largest message (MiB); default 256")
+    p.add_argument("--max-mb", type=_mib, default=None, help="largest message (MiB); default 256")
     p.add_argument("--policy", default=None, help="policy file (for paths.cache_dir)")
     p.add_argument("--json", action="store_true", help="print the curves as JSON")
     p.add_argument("--node-cache", metavar="DIR", default=None,
@@ -40,6 +41,27 @@ def register(subparsers) -> None:
     q.set_defaults(func=profile)
 
 
+def _gpu_list(text: str) -> list[int]:
+    """--gpus: indices separated by commas, as argparse's type (a bad one: one line, exit 2)."""
+    try:
+        gpus = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        gpus = []
+    if not gpus or any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of GPU indices; e.g. --gpus 0,1")
+    return gpus
+
+
+def _mib(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MiB; give at least 1")
+    return n
+
+
 def _policy(path):
     from smartlaunch.policy.load import load_policy
     return load_policy(path, environ=os.environ)
@@ -51,7 +73,7 @@ def bench_comm(args) -> int:
     topo = discover(os.environ)
     policy = _policy(args.policy)
     known = [g.index for g in topo.gpus]
-    gpus = known if args.gpus is None else [int(x) for x in args.gpus.split(",") if x.strip()]
+    gpus = known if args.gpus is None else args.gpus
     unknown = sorted(set(gpus) - set(known))
     if unknown:
         raise UsageError(f"GPUs {unknown} are not visible (visible: {known}); fix --gpus")
@@ -78,7 +100,15 @@ def bench_comm(args) -> int:
     for c in curves:
         row = "".join(f"{c.bus_bandwidth_Bps(s) / 1e9:>12.2f}" for s in shown)
         src = " (cached)" if c.cached else ""
-        print(f"{','.join(map(str, c.gpus)):<16}{c.backend:<8}{c.latency_s * 1e6:>8.0f}us  {row}{src}")
+        # the fit's intercept only where it is a latency: positive, at most the smallest time
+        smallest = c.points[0][1]
+        lat = c.latency_s if 0 < c.latency_s <= smallest else smallest
+        mark = "" if lat == c.latency_s else "*"
+        print(f"{','.join(map(str, c.gpus)):<16}{c.backend:<8}{lat * 1e6:>8.0f}us{mark:<1} "
+              f"{row}{src}")
+    if any(not 0 < c.latency_s <= c.points[0][1] for c in curves):
+        print(f"* the time of the smallest size measured ({_mb(curves[0].points[0][0])}): the "
+              f"fit's latency was not one")
     from smartlaunch.profile.cache import nccl_env
     nccl = nccl_env(os.environ)
     if nccl:
@@ -93,6 +123,9 @@ def _mb(n: int) -> str:
 def profile(args) -> int:
     from smartlaunch.profile.cache import profile_entrypoint
     from smartlaunch.request import Request
+    if not args.module and not os.path.isfile(args.script):
+        raise UsageError(f"no such file: {args.script}; give the training script's path (or -m "
+                         f"for a module)")
     policy = _policy(args.policy)
     gpu, model = _gpu(args.gpu)
     req = Request(script=args.script, script_args=tuple(args.script_args), module=args.module,

@@ -4,9 +4,8 @@ A mark is taken at a hook point (step end, forward start/end, backward start/end
 waiting for the device; marks are read only after the window's closing `sync()`. On CUDA a
 mark is an event recorded on the current stream, so the time between two marks is the time the
 GPU took for the work queued between them, however far the CPU ran ahead. Host intervals of
-free-running CUDA steps are not step times: a 134M-parameter wide MLP read 1.83 ms per step from
-host intervals against 4.0 ms of real step time (2x H200, 2026-11-22, issue 15), because the
-CPU enqueues steps faster than the GPU runs them until the queue fills.
+free-running CUDA steps are not step times (a wide MLP's read less than half its real step),
+because the CPU enqueues steps faster than the GPU runs them until the queue fills.
 
 Tests inject their own clock with the same four methods (a fake device whose marks complete
 later than the host reaches them).

@@ -4,9 +4,6 @@ One `smartlaunch.profile.comm_worker` process per GPU (NCCL) or per emulated ran
 CPU, e.g. with a fake topology), started in the job's environment so NCCL variables already set
 (NCCL_P2P_DISABLE, the policy's PHB tuning, ...) shape what is measured. Each worker runs in its
 own session; on failure or time-out every one of them is killed, nothing is left behind.
-
-Reference (issue #4, 2x H200 NVLink, 256 MB, bus bandwidth): ~296 GB/s default, 27 GB/s with
-NCCL_P2P_DISABLE=1, 3.1 GB/s with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1.
 """
 from __future__ import annotations
 

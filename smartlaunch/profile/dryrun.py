@@ -72,9 +72,8 @@ class Recorder:
         # Warm-up steps after the first: step-end marks and forward/backward spans, for the
         # split. The window: step-end marks only, no other hook, opened after the warm-up.
         # Marks are device time, read after the closing sync; steps run free (a sync per step
-        # serialises the CPU's kernel launches with the GPU: an LSTM at 8.9 ms synced vs
-        # 5.1 ms free on H200), and the split's hooks stay out of the window (with them, 4
-        # micro-batches of a small MLP measured 3.94 ms against its own 2.87 ms on H200).
+        # serialises the CPU's kernel launches with the GPU and slows a launch-bound step),
+        # and the split's hooks stay out of the window (they would slow a small model's step).
         self.warm: list = []
         self.warm_spans: list[list[tuple[str, object, object]]] = []
         self.cur: list[tuple[str, object, object]] = []

@@ -2,7 +2,7 @@
 
 A cold decision on N GPUs measures the dry run (one GPU), the all-reduce curve of the largest
 DDP candidate's group, then a DDP trial of it. Started one after another, each paid Python's
-start-up and `import torch` (~3 s on 2x H200) and the script's own set-up again. So, when the
+start-up and `import torch` (seconds on a GPU node) and the script's own set-up again. So, when the
 decision will need them (`what_to_start`, a pure function of what is known before anything
 runs) and cores are spare, they start together with the dry run, in the same Session:
 

@@ -2,8 +2,8 @@
 script's own code asks for the world size before its first step.
 
 Batch: the leading dimension of the first tensor found in a forward call's positional
-arguments, then its keyword arguments (a Hugging Face Trainer calls `model(**inputs)`, which
-left `batch_size` unknown before issue 15), looking inside dicts and other mappings
+arguments, then its keyword arguments (a Hugging Face Trainer calls `model(**inputs)`),
+looking inside dicts and other mappings
 (`BatchEncoding` is a UserDict, not a dict), lists, tuples (named tuples too) and dataclasses.
 
 World size: a script that computes its per-rank work from the world size (nanoGPT divides its

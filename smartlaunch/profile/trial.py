@@ -7,14 +7,14 @@ the script after them. Rank 0's synced window gives samples/s = N x batch / step
 How long: at least `decision.trial_steps` steps and at least `decision.trial_seconds` of
 measured window, estimated from the profile's step time (or the previous trial's). A 20-step
 window of a 2 ms step is 40 ms, short enough for one slow all-reduce or clock ramp to move the
-ratio by 20% (2x H200, 2026-11-22: a 20-step trial saw 0.98x where 500 steps gave 1.22x). Every
-rank gets the same step count on its command line, so the ranks stop together.
+ratio by 20% (docs/decision.md). Every rank gets the same step count on its command line, so
+the ranks stop together.
 
     python -m smartlaunch.profile.trial_group --nproc N -- \
         --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
 
 The spawner (trial_group.py) starts N ranks of this module with torchrun's environment,
-without torchrun's agent (~3 s of start-up saved on 2x H200; see trial_group.py).
+without torchrun's agent (seconds of start-up saved; see trial_group.py).
 
 Run as a module (`python -m smartlaunch.profile.trial`), this file is the per-rank shim: each
 rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.profile.dryrun.

@@ -1,13 +1,12 @@
-"""A trial's ranks, started without torchrun's agent (issue 15, item 7).
+"""A trial's ranks, started without torchrun's agent.
 
     python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...
 
 runs N ranks of `python -m smartlaunch.profile.trial SHIM_ARGS` with torchrun's environment
 contract (worker_env.rank_env; OMP_NUM_THREADS=1 when unset and N > 1, as run.py sets it) and
 exits with 0 when all exit 0, else with the first failed rank's code. torchrun's agent cost
-a trial ~3 s of its 6.3 s start-up on 2x H200 (2026-11-23: a python, `import
-torch.distributed.run`, a rendezvous, then the ranks' own starts): this spawner imports no
-torch. It runs inside the trial's sandbox (sandbox.wrap of this command), so every rank
+a trial about half its start-up (a python, `import torch.distributed.run`, a rendezvous, then
+the ranks' own starts): this spawner imports no torch. It runs inside the trial's sandbox (sandbox.wrap of this command), so every rank
 shares one overlay; like the agent, it starts each rank in its own session, ends the others
 when one fails, and passes SIGTERM/SIGINT/SIGHUP on to every rank (the dry-run hooks write
 what they measured on SIGTERM), SIGKILLing what is left after GRACE_S.
