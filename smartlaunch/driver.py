@@ -292,14 +292,16 @@ class Driver:
             from smartlaunch.decide.words import gpu_list
             unit = self.units[strategy]
             what = f"{unit.WORD}×{len(gpus)}" if unit.ROLE == Role.SCALED else unit.WORD
-            self.status.ticking(f"trial {need.number} of {need.of}: {what} on {gpu_list(gpus)} "
-                                f"(measured steps, at least "
+            again = " again, near the policy's floor" if need.attempt > 1 else ""
+            self.status.ticking(f"trial {need.number} of {need.of}: {what} on {gpu_list(gpus)}"
+                                f"{again} (measured steps, at least "
                                 f"{self.policy.decision.trial_seconds:g} s)")
             return runner(strategy, gpus)
         run = cached_trials(announced, self.request, self.policy, topology=self.topology,
                             environ=self.environ, one_gpu=one_gpu)
-        rate = run(need.strategy, need.gpus)
-        return TrialResult(rate, runner.why.get(need.key, "") if rate is None else "")
+        rate = run(need.strategy, need.gpus, need.attempt)
+        why = runner.why.get((need.strategy, need.gpus), "") if rate is None else ""
+        return TrialResult(rate, why)
 
     def _trial_runner(self, profile):
         if self._runner is None:

@@ -144,9 +144,11 @@ class FakeTrial:
     def planned(self, n: int) -> None:
         self.rounds.append(n)
 
-    def __call__(self, strategy, gpus):
+    def __call__(self, strategy, gpus, attempt=1):
+        """A rate from the table; a list there gives its attempt-th entry (the last beyond)."""
         self.calls.append(Candidate(strategy, tuple(gpus)))
-        return self.rates.get((strategy_name(strategy), len(gpus)))
+        got = self.rates.get((strategy_name(strategy), len(gpus)))
+        return got[min(attempt, len(got)) - 1] if isinstance(got, list) else got
 
 
 def policy(**decision) -> Policy:
@@ -190,6 +192,7 @@ def decide(request, topology, policy, profile, *, units, comm_for, trial=None,
             if need.of > (rounds[-1] if rounds else 0):      # a round announced (planned)
                 rounds.append(need.of)
                 trial.planned(need.of - need.number + 1)
-            rate = trial(need.strategy, need.gpus)
+            rate = trial(need.strategy, need.gpus, need.attempt) if need.attempt > 1 else \
+                trial(need.strategy, need.gpus)
             why = getattr(trial, "why", {}).get(need.key, "") if rate is None else ""
             measured = measured.add(need, TrialResult(rate, why))

@@ -190,7 +190,9 @@ def test_trial_decides_near_the_threshold(clean_env):
     base, _ = run(dual_socket(), profile(), req=request(max_gpus=2))
     eff = [c for c in base.candidates if c.strategy == Strategy.DDP][0].efficiency
     assert abs(eff - 0.7) <= 0.1
-    for ddp_rate, want in ((1500.0, Strategy.DDP), (1200.0, Strategy.SINGLE)):
+    # (measured 85% and 60%: each clear of the floor by more than a trial's spread, so one
+    # round of trials decides; a result near it is measured again: test_decide_rerank.py)
+    for ddp_rate, want in ((1700.0, Strategy.DDP), (1200.0, Strategy.SINGLE)):
         trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): ddp_rate})
         plan, _ = run(dual_socket(), profile(), req=request(max_gpus=2), trial=trial)
         assert plan.strategy == want
@@ -210,7 +212,7 @@ def test_a_dry_run_window_as_long_as_a_trial_answers_the_one_gpu_trial(clean_env
     # A window shorter than decision.trial_seconds, cut short or incomplete: a real trial.
     for short in (profile(), profile(steps_measured=500, window_s=1.2, window_cut_short=True),
                   profile(steps_measured=500, window_s=1.2, status=ProfileStatus.INCOMPLETE)):
-        trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1500.0})
+        trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1700.0})
         run(dual_socket(), short, req=request(max_gpus=2), trial=trial)
         assert [c.strategy for c in trial.calls] == [Strategy.SINGLE, Strategy.DDP]
 
@@ -229,11 +231,11 @@ def test_trial_unavailable_falls_back_to_the_prediction_or_the_policy(clean_env)
 
 def test_no_profile_runs_trials_of_every_candidate(clean_env):
     trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 180.0, ("ddp", 3): 250.0,
-                       ("ddp", 4): 260.0})
+                       ("ddp", 4): 240.0})
     bad = profile(status=ProfileStatus.NO_STEP, step_ms=None, note="no optimizer step in 120 s")
     plan, _ = run(pcie4(), bad, policy(world_sizes=(1, 2, 3, 4)), trial=trial)
     assert [len(c.gpus) for c in trial.calls] == [1, 2, 3, 4]
-    assert plan.strategy == Strategy.DDP and len(plan.gpus) == 3   # 4 is 65% efficient
+    assert plan.strategy == Strategy.DDP and len(plan.gpus) == 3   # 4: 60%, and slower
     assert "no_step" in " ".join(r.text for r in plan.reasons)
     # Trials off: no trial even with a runner.
     trial = FakeTrial({("single", 1): 100.0})

@@ -150,7 +150,7 @@ def test_dual_socket_four_under_one_socket_before_four_spread(clean_env):
 def test_band_trials_the_pick_then_each_size_its_correction_leaves_within_reach(clean_env):
     topo = fixture("pcie-4gpu-x8")
     trial = FakeTrial({("single", 1): 1000.0, ("ddp", 2): 1800.0, ("ddp", 3): 2300.0,
-                       ("ddp", 4): 3000.0})
+                       ("ddp", 4): 3400.0})
     plan, _ = run(topo, profile(**RESNET), policy(uncertainty_band=1.0, world_sizes=EVERY_N),
                   trial=trial)
     # The model's pick x3 first; it measured 6% above its prediction, so at +100% both x2
@@ -160,7 +160,7 @@ def test_band_trials_the_pick_then_each_size_its_correction_leaves_within_reach(
     assert plan.gpus == (0, 1, 2, 3) and all(c.measured for c in plan.candidates)
     why = [r.text for r in plan.reasons if "measured trials" in r.text][0]
     assert "DDP×3 2,300 samples/s; then DDP×2 1,800 samples/s, tried because" in why
-    assert "; then DDP×4 3,000 samples/s, tried because the trials corrected its prediction " \
+    assert "; then DDP×4 3,400 samples/s, tried because the trials corrected its prediction " \
            "to 1.78× (45%: the model's 1.68× × 1.06, as DDP×3 measured against its " \
            "prediction), which at +100% would meet the policy's 70% and beat DDP×3's 2.30×" in why
 
@@ -185,7 +185,9 @@ def test_trials_keep_the_models_pick_and_the_fastest_other(clean_env):
     plan, _ = run(topo, profile(params=25_600_000, step_ms=60.0, steps_measured=5),
                   policy(uncertainty_band=0.2, min_efficiency=0.9, world_sizes=EVERY_N),
                   trial=trial)
-    assert [len(c.gpus) for c in trial.calls] == [1, 3, 4]
+    # x4's 91% lies within a trial's spread of the 90% floor that decided for it: it and one
+    # GPU are measured again, NEAR_FLOOR_REPEATS times (every draw the same here)
+    assert [len(c.gpus) for c in trial.calls] == [1, 3, 4, 1, 4, 1, 4]
     assert plan.gpus == (0, 1, 2, 3)                       # measured 91%
     x2 = ddp_by_n(plan)[2]
     # corrected by x3's trial (0.97 of its prediction), x2 cannot beat x4 even at +20%

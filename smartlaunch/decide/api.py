@@ -36,8 +36,9 @@ class Variants(str, enum.Enum):
 class Trial(Protocol):
     """Measures one candidate by a few real steps (profile.trial; pipeline numbers them)."""
 
-    def __call__(self, strategy: str, gpus: tuple[int, ...]) -> float | None:
-        """samples/s of `strategy` on `gpus`, or None when the trial could not measure."""
+    def __call__(self, strategy: str, gpus: tuple[int, ...], attempt: int = 1) -> float | None:
+        """samples/s of `strategy` on `gpus`, or None when the trial could not measure;
+        attempt > 1: measured again (another draw)."""
 
     def planned(self, n: int) -> None:
         """A round of n trials starts (the status line says "trial 2 of n"); a later round
@@ -166,15 +167,18 @@ class NeedCurve:
 @dataclass(frozen=True)
 class NeedTrial:
     """A trial of `strategy` on `gpus` (profile.trial): the number-th of `of` this decision
-    has asked for so far (for "trial 2 of 3"). Answered by a TrialResult."""
+    has asked for so far (for "trial 2 of 3"); attempt > 1: the same candidate measured again
+    (a new draw, near the policy's floor). Answered by a TrialResult."""
     strategy: str
     gpus: tuple[int, ...]
     number: int = 1
     of: int = 1
+    attempt: int = 1
 
     @property
     def key(self) -> tuple:
-        return (self.strategy, self.gpus)
+        base = (self.strategy, self.gpus)
+        return base if self.attempt == 1 else (*base, self.attempt)
 
 
 @dataclass(frozen=True)

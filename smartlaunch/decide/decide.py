@@ -149,11 +149,12 @@ class _Trials:
     def planned(self, n: int) -> None:
         self.n = self.k + n
 
-    def __call__(self, strategy, gpus) -> float | None:
+    def __call__(self, strategy, gpus, attempt: int = 1) -> float | None:
         self.k += 1
-        got = self.measured.trials.get((strategy, tuple(gpus)))
+        need = NeedTrial(strategy, tuple(gpus), self.k, max(self.n, self.k), attempt)
+        got = self.measured.trials.get(need.key)
         if got is None:
-            raise _Needed(NeedTrial(strategy, tuple(gpus), self.k, max(self.n, self.k)))
+            raise _Needed(need)
         return got.samples_per_s
 
 

@@ -265,7 +265,8 @@ def decision_line(plan: Plan, units: Units, floor: float | None = None) -> str:
                f"GPU's samples/s in all")
     elif units[plan.strategy].COLLECTIVE and chosen is not None and chosen.speedup is not None:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU" \
-            + (", as trials of other sizes corrected it" if chosen.corrected else "")
+            + (", as trials of other sizes corrected it" if chosen.corrected else "") \
+            + _draws(chosen)
         if chosen.measured and chosen.speedup > len(chosen.gpus) * 1.05:
             why += f" (superlinear on {len(chosen.gpus)} GPUs: --explain says why)"
     elif rival is not None:
@@ -280,12 +281,24 @@ def decision_line(plan: Plan, units: Units, floor: float | None = None) -> str:
     return f"{what}{' — ' + why if why else ''}{'; ' + batch if batch else ''}; --explain for why"
 
 
+def _draws(c: Candidate, then: str = "") -> str:
+    """' (mean of 3 trials: 69% ± 8%)' for a figure measured again near the policy's floor
+    (then: what follows inside the brackets)."""
+    if c.draws < 2 or c.efficiency is None:
+        return ""
+    from smartlaunch.decide.select import interval
+    return f" (mean of {c.draws} trials: {pct(c.efficiency)} ± {pct(interval(c.draws))}{then})"
+
+
 def _against_floor(c: Candidate, floor: float | None) -> str:
     """' (58%, below the policy's 70%)' for a candidate the efficiency floor refused; its
     efficiency alone where the floor is not known or not what refused it."""
     if c.efficiency is None:
         return ""
-    if floor is None or c.efficiency >= floor:
+    below = floor is not None and c.efficiency < floor
+    if c.draws > 1:
+        return _draws(c, f", below the policy's {pct(floor)}" if below else "")
+    if not below:
         return f" ({pct(c.efficiency)} efficiency)"
     eff = pct(c.efficiency)
     if eff == pct(floor):       # 69.6% is not "70%, below the policy's 70%"

@@ -56,6 +56,9 @@ class Candidate:
     # Independent jobs: the GPUs each variant runs on (k of V variants as V × DDP×k groups,
     # decide/pack.py); None for the other strategies.
     per_variant: int | None = None
+    # Trials behind a measured figure: more than one where it was measured again near the
+    # policy's floor (its speedup is then the mean of the draws; decide/select.py).
+    draws: int = 1
     chosen: bool = False
     reason: str = ""
 

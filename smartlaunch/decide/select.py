@@ -31,6 +31,7 @@ class Choice:
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
     superlinear: str = ""        # why a measured speedup above N× on N GPUs stands, if one does
     corrected: dict = field(default_factory=dict)  # untried key -> rerank.Corrected
+    draws: dict = field(default_factory=dict)      # key -> its trials, where more than one
 
 
 def _key_n(key) -> int:
@@ -342,6 +343,10 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         got = ctx.trial(k[0], k[1])
         if got is not None and got > 0:
             measured[k] = float(got)
+    draws = {k: [v] for k, v in measured.items()}
+    again = _again_near_floor(ctx, measured, draws, single, tried)
+    if again:
+        st = _settle(ctx, measured, single, tried)
     scores = {k: v / measured[single] for k, v in measured.items()}
     win = st.by_prediction or st.winner
     names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}" +
@@ -365,6 +370,8 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
                  f"{pct(d.min_efficiency)} and beat {_short(ctx, st.winner)} even at "
                  f"+{pct(edge)})" if any(k in st.corrected for k in untried) else
                  f" ({_trial_cap(ctx)}, or out of the policy's reach even at the band's edge)")
+    if again:
+        text += "; " + again
     if superlinear:
         text += f"; superlinear: {superlinear}"
     lost = [k for k in keys if k not in measured]
@@ -383,10 +390,11 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
     else:
         final, basis = _name(ctx, win), "trial"
     final += _near_floor(ctx, scores, win, scores[win] if win in scores
-                         else st.corrected[win].speedup)
+                         else st.corrected[win].speedup, draws)
     ctx.reasons.append(Reason(f"{text} → {final}", rule))
+    counts = {k: sum(1 for v in vs if v == v) for k, vs in draws.items()}
     return Choice(win[0], win[1], basis, measured, superlinear=superlinear,
-                  corrected=st.corrected), text
+                  corrected=st.corrected, draws={k: n for k, n in counts.items() if n > 1}), text
 
 
 def _settle(ctx, measured: dict, single, tried: set):
@@ -412,34 +420,114 @@ def _corrected_words(ctx, key, c: Corrected) -> str:
 # One trial's run-to-run spread: the standard deviation of ln(speedup) between repeated
 # measurements of one script's DDP speedup (bench/results/trial-spread.md says which runs).
 TRIAL_SPREAD = 0.07
+# Near the policy's floor a candidate whose side of it decides the choice is measured again,
+# with the baseline, at most this many more times (its interval narrows as 1/sqrt(draws)):
+# each repeat costs two trials, so the bound is 2 x this x (a trial's start-up + its window).
+NEAR_FLOOR_REPEATS = 2
 
 
-def _near_floor(ctx, scores: dict, win, win_speedup: float) -> str:
-    """"; DDP×2's measured 63% is within ..." for every measured candidate whose side of the
-    policy's floor decided the choice and lies within two of TRIAL_SPREAD of it: the chosen
-    one just above the floor, or one refused only by it (more samples/s than the choice).
-    Another run of the same trial could land on the other side; the user is told how to
-    run either."""
+def _deciding(ctx, k, e: float, s: float, win, win_speedup: float) -> str | None:
+    """How to run the other side when candidate k's side of the floor decided the choice
+    (chosen just above it, or refused only by it while faster than the choice); None when
+    its side did not decide."""
+    floor, n = ctx.policy.decision.min_efficiency, _key_n(k)
+    if k == win and e >= floor:
+        return "--strategy single runs one GPU"
+    if k != win and e < floor and s > win_speedup:
+        return f"--strategy {strategy_name(k[0])} --nproc-per-node {n} runs it"
+    return None
+
+
+def _reach(draws: int) -> float:
+    """Two run-to-run standard deviations of ln(efficiency) after `draws` trial pairs."""
+    return 2 * TRIAL_SPREAD / math.sqrt(max(1, draws))
+
+
+def interval(draws: int) -> float:
+    """The relative half-width of a measured efficiency's interval after `draws` trials
+    (two run-to-run standard deviations of their mean)."""
+    return math.expm1(_reach(draws))
+
+
+def _near(ctx, scores: dict, win, win_speedup: float, draws: dict) -> dict:
+    """Measured candidates whose side of the policy's floor decided the choice and whose
+    efficiency lies within _reach of it: key -> (efficiency, draws, how to run the other side)."""
     floor = ctx.policy.decision.min_efficiency
     if floor <= 0:
-        return ""
-    said = []
+        return {}
+    single = _baseline(ctx, scores)
+    out = {}
     for k, s in scores.items():
         n = _key_n(k)
         if n < 2 or s <= 0 or not ctx.units[k[0]].COLLECTIVE:
             continue
-        e = s / n
-        if abs(math.log(e / floor)) > 2 * TRIAL_SPREAD:
+        m = min(sum(1 for v in draws.get(k, [1]) if v == v), len(draws.get(single, [1])))
+        e = round(s / n, 9)             # a mean of equal draws reads as each of them
+        other = _deciding(ctx, k, e, s, win, win_speedup)
+        if other is not None and abs(math.log(e / floor)) <= _reach(m):
+            out[k] = (e, m, other)
+    return out
+
+
+def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> str:
+    """Measure again, with the baseline, each candidate near the floor whose side of it
+    decides the choice, at most NEAR_FLOOR_REPEATS times, until its interval clears the
+    floor; measured[k] becomes the geometric mean of k's draws. The sentence saying so, or
+    "" when nothing was near."""
+    repeats, lost = 0, ""
+    for attempt in range(2, 2 + NEAR_FLOOR_REPEATS):
+        st = _settle(ctx, measured, single, tried)
+        win = st.by_prediction or st.winner
+        scores = {k: v / measured[single] for k, v in measured.items()}
+        win_speedup = scores[win] if win in scores else st.corrected[win].speedup
+        near = [k for k in _near(ctx, scores, win, win_speedup, draws) if ctx.units[k[0]].TRIAL]
+        if not near:
+            break
+        ctx.trial.planned(1 + len(near))
+        base = ctx.trial(single[0], single[1], attempt)
+        if base is None or base <= 0:       # without the baseline's draw, a pair is not one
+            lost = (f"; the trial of {_name(ctx, single)} to measure again near the policy's "
+                    f"{pct(ctx.policy.decision.min_efficiency)} gave no measurement")
+            break
+        repeats = attempt - 1
+        draws[single].append(float(base))
+        for k in near:
+            got = ctx.trial(k[0], k[1], attempt)
+            draws[k].append(float(got) if got is not None and got > 0 else math.nan)
+        for k, vs in draws.items():
+            ok = [v for v in vs if v == v]     # a draw that gave nothing is NaN
+            measured[k] = ok[0] if len(set(ok)) == 1 else \
+                math.exp(sum(map(math.log, ok)) / len(ok))
+    if not repeats:
+        return lost[2:]
+    words = []
+    for k, vs in draws.items():
+        if k == single or len(vs) < 2:
             continue
-        if k == win and e >= floor:
-            other = "--strategy single runs one GPU"
-        elif k != win and e < floor and s > win_speedup:
-            other = f"--strategy {strategy_name(k[0])} --nproc-per-node {n} runs it"
-        else:
-            continue
+        pairs = [round(v / b / _key_n(k), 9) for v, b in zip(vs, draws[single]) if v == v]
+        mean = round(measured[k] / measured[single] / _key_n(k), 9)
+        words.append(f"{_short(ctx, k)} " + ", ".join(pct(e) for e in pairs) +
+                     f" (mean {pct(mean)})")
+    return (f"measured again near the policy's {pct(ctx.policy.decision.min_efficiency)} with "
+            f"the baseline ({repeats} more round{'s' if repeats > 1 else ''}, at most "
+            f"{NEAR_FLOOR_REPEATS}): " + "; ".join(words) + lost)
+
+
+def _near_floor(ctx, scores: dict, win, win_speedup: float, draws: dict | None = None) -> str:
+    """"; DDP×2's measured 63% is within ..." for every measured candidate whose side of the
+    policy's floor decided the choice and lies within two run-to-run standard deviations of
+    it after its draws (measured again by _again_near_floor as far as the bound allows).
+    Another run could still land on the other side; the user is told how to run either."""
+    floor = ctx.policy.decision.min_efficiency
+    said = []
+    for k, (e, m, other) in _near(ctx, scores, win, win_speedup, draws or {}).items():
+        spread = pct(math.expm1(TRIAL_SPREAD))
+        over = "one trial" if m == 1 else f"the mean of {m} trials"
         said.append(f"{_short(ctx, k)}'s measured {pct(e)} is within two run-to-run standard "
-                    f"deviations of one trial (±{pct(math.expm1(TRIAL_SPREAD))} each) of the "
-                    f"policy's {pct(floor)}: another run could land on the other side ({other})")
+                    f"deviations of {over} (±{spread} each"
+                    + (f", ±{pct(math.expm1(_reach(m) / 2))} for the mean" if m > 1 else "")
+                    + f") of the policy's {pct(floor)}: another run could land on the other "
+                    f"side ({other})")
     return "".join(f"; {x}" for x in said)
 
 
@@ -487,7 +575,7 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
         if key in choice.measured and base_rate:
             sp = choice.measured[key] / base_rate
             f = dict(predicted_samples_per_s=choice.measured[key], speedup=sp,
-                     efficiency=sp / n, measured=True,
+                     efficiency=sp / n, measured=True, draws=choice.draws.get(key, 1),
                      predicted_step_s=(n * batch / choice.measured[key]) if batch else None)
             if pred is not None:
                 f["allreduce_s"] = pred.allreduce_s or None

@@ -298,10 +298,11 @@ def cached_trials(runner, request, policy, *, topology, environ, one_gpu: float 
     same script, arguments and GPU model (the profile key), same GPU group, topology and NCCL
     environment (the comm key). `--reprofile` measures again. one_gpu: the dry run's samples/s
     on one GPU (ModelProfile.samples_per_s), which kept trials must be in range of
-    (api.TrialRecord); None: not known."""
-    def run(strategy, gpus):
+    (api.TrialRecord); None: not known. run(strategy, gpus, attempt): attempt > 1 is another
+    draw of the same trial, kept beside the first."""
+    def run(strategy, gpus, attempt: int = 1):
         hit = cached_trial(request, policy, topology=topology, environ=environ,
-                           strategy=strategy, gpus=gpus, one_gpu=one_gpu)
+                           strategy=strategy, gpus=gpus, one_gpu=one_gpu, attempt=attempt)
         if hit is not None:
             return hit
         rate = runner(strategy, gpus)
@@ -309,28 +310,28 @@ def cached_trials(runner, request, policy, *, topology, environ, one_gpu: float 
         if rate is not None and _readable(
                 lambda d: TrialRecord.from_dict(d, nproc=len(gpus), one_gpu=one_gpu), data):
             keep(cache_root(policy, environ),
-                 trial_path(request, policy, topology, environ, strategy, gpus), data)
+                 trial_path(request, policy, topology, environ, strategy, gpus, attempt), data)
         return rate
     return run
 
 
 def cached_trial(request, policy, *, topology, environ, strategy, gpus,
-                 one_gpu: float | None = None) -> float | None:
-    """The kept samples/s of this trial, or None (not measured yet, --reprofile, or a bad
-    record: said once). one_gpu: as cached_trials'."""
+                 one_gpu: float | None = None, attempt: int = 1) -> float | None:
+    """The kept samples/s of this trial (its attempt-th draw), or None (not measured yet,
+    --reprofile, or a bad record: said once). one_gpu: as cached_trials'."""
     if request.reprofile:
         return None
-    hit = load(trial_path(request, policy, topology, environ, strategy, gpus),
+    hit = load(trial_path(request, policy, topology, environ, strategy, gpus, attempt),
                lambda d: TrialRecord.from_dict(d, nproc=len(gpus), one_gpu=one_gpu), "trial")
     return hit.samples_per_s if hit is not None else None
 
 
-def trial_path(request, policy, topology, environ, strategy, gpus) -> Path:
+def trial_path(request, policy, topology, environ, strategy, gpus, attempt: int = 1) -> Path:
     folder = cache_folder(cache_root(policy, environ), "trials")
     gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
     base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
-    key = hashlib.sha256(json.dumps(
-        [base, strategy.value, comm_key(topology, gpus, "trial", environ),
-         policy.decision.trial_steps, policy.decision.trial_seconds]
-    ).encode()).hexdigest()[:32]
+    parts = [base, strategy.value, comm_key(topology, gpus, "trial", environ),
+             policy.decision.trial_steps, policy.decision.trial_seconds]
+    key = hashlib.sha256(json.dumps(parts + ([attempt] if attempt > 1 else [])
+                                    ).encode()).hexdigest()[:32]
     return folder / f"{key}.json"
