@@ -45,7 +45,7 @@ def test_each_node_runs_its_share_once_with_the_sweeps_indices(cluster, tmp_path
     for k, node in enumerate(nodes):
         first = next(line for line in smartlaunch_lines(node) if "independent" in line)
         share = "variants 0-1 of 3" if k == 0 else "variant 2 of 3"
-        assert re.match(rf"smartlaunch: \d independent (single-GPU jobs on GPUs? [\d,]+|jobs on "
+        assert re.match(rf"smartlaunch: \d independent (single-GPU jobs? on GPUs? [\d,]+|jobs? on "
                         rf"the CPU) \({share}: this node's share\) — a sweep split over 2 nodes",
                         first), first
         assert "Traceback" not in node.output
