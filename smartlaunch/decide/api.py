@@ -60,7 +60,7 @@ class StrategyUnit(Protocol):
 
     def forced(self, ctx) -> Any:
         """The Choice (select.Choice) when --strategy names this unit, or None to let the
-        candidates decide. ctx: decide's _Ctx (request, topology, policy, usable GPUs...)."""
+        candidates decide. ctx: decide.Ctx (request, topology, policy, usable GPUs...)."""
 
     def candidates(self, ctx, forced) -> dict[tuple, tuple[Candidate, Prediction | None]]:
         """(NAME, gpus) -> (candidate, prediction or None); reasons for those not considered

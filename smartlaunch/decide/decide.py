@@ -45,6 +45,7 @@ from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
 WAIT_REASON = "every usable GPU is leased by another launch: no dry run"
+CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
 
 
 def decide(inputs: Inputs, measured: Measured = Measured()) -> Plan | Need:
@@ -239,8 +240,8 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
         reasons.append(Reason(e.text + " → not used",
                               policy.rule(rule) if rule else "lease: another launch holds it"))
 
-    ctx = _Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons)
-    ctx.launched, ctx.units, ctx.excluded = dict(launched or {}), units, excluded
+    ctx = Ctx(request, topology, policy, profile, comm_for, trial, model, usable, cap, reasons,
+              units, launched=dict(launched or {}), excluded=excluded)
     if request.multi_node:
         choice = _multi_node(request, topology, policy, usable, excluded, cap, reasons,
                              units)
@@ -325,7 +326,7 @@ def _screen(topology, policy, peak, unavailable, forced, reasons):
 
 def _note_world_sizes(ctx) -> None:
     """Says which group sizes decision.world_sizes keeps the automatic choice from (the SCALED
-    units skip them, and _Ctx.candidates drops any a unit still offers)."""
+    units skip them, and Ctx.candidates drops any a unit still offers)."""
     d = ctx.policy.decision
     scaled = [u for u in ctx.units.values() if u.ROLE == Role.SCALED
               and strategy_name(u.NAME) in d.allowed_strategies]
@@ -435,23 +436,31 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units
     return Choice(unit.NAME, group, "multi-node")
 
 
-class _Ctx:
-    """What choosing needs: inputs, the screened GPUs and the reasons so far."""
-
-    def __init__(self, request, topology, policy, profile, comm_for, trial, model, usable, cap,
-                 reasons):
-        self.request, self.topology, self.policy, self.profile = request, topology, policy, profile
-        self.comm_for, self.trial, self.model = comm_for, trial, model
-        self.usable, self.cap, self.reasons = usable, cap, reasons
-        self.curves: dict[tuple[int, ...], CommCurve] = {}
-        self.launched: dict[str, MeasuredRate] = {}
-        self.scaled_keys: list = []     # every SCALED candidate, for naming those not tried
-        self.preds: dict = {}           # SCALED key -> its Prediction or None (select.py)
-        self.units: Units = {}
-        self.excluded: list = []        # groups.Excluded: the GPUs screened out, and why
-        self.left: tuple[int, ...] = ()  # usable GPUs the chosen plan does not hold
-        self.packings: list = []        # pack.Packing: the variants as DDP groups (pack.py)
-        self.packed = None              # pack.Packed: the chosen one, None: one GPU each
+@dataclasses.dataclass
+class Ctx:
+    """What one choice (steps 4-5) works with: the inputs, the GPUs screened, and what the
+    choosing gathers as it goes. The strategy units (strategies/), select.py and pack.py read
+    it and add to `reasons`, `curves`, `preds`, `scaled_keys`, `packings`, `packed` and
+    `left`; it lives for one call of decide and is never part of the Plan."""
+    request: Request
+    topology: Topology
+    policy: Policy
+    profile: ModelProfile | None
+    comm_for: CommFor                   # a group's curve (decide's: measured, or a NeedCurve)
+    trial: object | None                # decide's _Trials, or None: no trial may run
+    model: CostModel
+    usable: list[int]                   # the GPUs the choice may use
+    cap: int                            # the most GPUs the job may use
+    reasons: list[Reason]
+    units: Units
+    launched: dict[str, MeasuredRate] = dataclasses.field(default_factory=dict)
+    excluded: list = dataclasses.field(default_factory=list)   # groups.Excluded, and why
+    curves: dict[tuple[int, ...], CommCurve] = dataclasses.field(default_factory=dict)
+    scaled_keys: list = dataclasses.field(default_factory=list)  # every SCALED candidate
+    preds: dict = dataclasses.field(default_factory=dict)  # SCALED key -> Prediction or None
+    left: tuple[int, ...] = ()          # usable GPUs the chosen plan does not hold
+    packings: list = dataclasses.field(default_factory=list)   # pack.Packing: variants as groups
+    packed: object = None               # pack.Packed: the chosen one, None: one GPU each
 
     @property
     def predictable(self) -> bool:
