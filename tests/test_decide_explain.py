@@ -154,7 +154,7 @@ def test_a_note_every_binding_shares_is_said_once(clean_env):
 
 def _comm_line(points, grad_bytes):
     from types import SimpleNamespace
-    from smartlaunch.decide.select import comm_summary
+    from smartlaunch.decide.describe import comm_summary
     from smartlaunch.profile.api import CommCurve
     curve = CommCurve.from_points(2, "gloo", points, gpus=(0, 1))
     summary = comm_summary(curve, SimpleNamespace(grad_bytes=grad_bytes))

@@ -36,7 +36,8 @@ from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.curves import derived_note, group_curves
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.prepare import prepare
-from smartlaunch.decide.select import Choice, choose_auto, comm_summary, uncertainty
+from smartlaunch.decide.describe import comm_summary, describe
+from smartlaunch.decide.select import Choice, choose_auto, uncertainty
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.api import CommCurve, ModelProfile
@@ -502,7 +503,6 @@ class Ctx:
                 if got.get(g) is not None else None for g in groups}
 
     def finish(self, choice: Choice, cands):
-        from smartlaunch.decide.select import describe
         plan_cands = describe(self, choice, cands)
         curve = self.curves.get(choice.gpus) or next(iter(self.curves.values()), None)
         return plan_cands, comm_summary(curve, self.profile)

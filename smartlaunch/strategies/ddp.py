@@ -8,7 +8,8 @@ from smartlaunch.decide.api import Role, Variants
 from smartlaunch.decide.decide import short_of
 from smartlaunch.decide.explain import placement, rank_binding
 from smartlaunch.decide.plan import Candidate, Plan, Reason
-from smartlaunch.decide.select import Choice, group_note
+from smartlaunch.decide.describe import group_note
+from smartlaunch.decide.select import Choice
 from smartlaunch.decide.words import gpu_list, ms, pct, rate, times
 from smartlaunch.errors import PlanError, PolicyError
 from smartlaunch.vocab import Strategy
