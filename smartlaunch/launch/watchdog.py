@@ -146,10 +146,6 @@ class Watchdog(threading.Thread):
             self._refresh(time.monotonic())
             return {lr: r.rec for lr, r in self._ranks.items()}
 
-    def all_pids(self) -> list[int]:
-        with self._lock:
-            return [r.rec.pid for r in self._ranks.values()]
-
     def note_children(self) -> None:
         """SIGCHLD handler body (main thread): read the exit status of a rank that just died
         from /proc before torch's agent reaps it (it polls every monitor_interval). Lock-free:

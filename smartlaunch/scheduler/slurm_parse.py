@@ -87,11 +87,6 @@ def parse_key_values(text: str) -> dict[str, str]:
     return out
 
 
-def parse_records(text: str) -> list[dict[str, str]]:
-    """Several one-line records (`scontrol -o show nodes`)."""
-    return [parse_key_values(line) for line in text.splitlines() if line.strip()]
-
-
 def node_state_flags(state: str) -> set[str]:
     """'IDLE+DRAIN' -> {'IDLE', 'DRAIN'}; 'DRAINED' implies DRAIN."""
     flags = {s for s in state.upper().replace("*", "").split("+") if s}
