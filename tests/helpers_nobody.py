@@ -32,7 +32,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid 
 def _why_not(uid: int, read_all: bool) -> str | None:
     if os.geteuid() != 0:
         return "running a command as another uid needs root"
-    probe = subprocess.run([*as_user(uid, read_all=read_all), PY, "-c", "import smartlaunch"],
+    # What the tests run as that account imports: the launcher, psutil and torch (a venv
+    # under a 0700 folder lets the interpreter start but hides its site-packages).
+    probe = subprocess.run([*as_user(uid, read_all=read_all), PY, "-c",
+                            "import smartlaunch.launch.leases, smartlaunch.cli, psutil, torch"],
                            capture_output=True, text=True, env=python_env())
     return None if probe.returncode == 0 else f"setpriv cannot run python as uid {uid} " \
         f"{'' if read_all else 'without capabilities '}here: {probe.stderr.strip()[-200:]}"
