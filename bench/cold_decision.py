@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 GOAL_S = 15.0
 POLICIES = {
     "throughput": "decision:\n  min_efficiency: 0.5\n",
+    # the same with the dry run's fixed counts (1 + 5 warm-up, 20 measured: issue 38, item 2)
+    "throughput-fixed": "decision:\n  min_efficiency: 0.5\ndryrun:\n  precision: 0\n",
     "trials": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n",
     # the same, with every rank started when needed (no warm processes beside the dry run)
     "trials-cold": "decision:\n  min_efficiency: 0.5\n  uncertainty_band: 2.0\n"
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scripts", default="embbag-b4096,wide-mlp-b16,hf-style-b32")
     ap.add_argument("--conditions", default="nvlink")
-    ap.add_argument("--which", default="throughput,trials", help="policies: throughput,trials")
+    ap.add_argument("--which", default="throughput,trials", help="policies: " + ",".join(POLICIES))
     ap.add_argument("--fake", help="topology fixture name (CPU machines)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--out")

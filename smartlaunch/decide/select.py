@@ -299,7 +299,8 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
     # run to a trial's window would cut short the ones of scripts that end sooner, and a
     # cut-short profile widens the band (more trials, not fewer).
     floor_s = min(d.trial_seconds, ctx.policy.dryrun.measure_seconds)
-    by_dry_run = ctx.profile.trial_rate(d.trial_steps, floor_s) \
+    precision = ctx.policy.dryrun.precision
+    by_dry_run = ctx.profile.trial_rate(d.trial_steps, floor_s, precision) \
         if ctx.profile is not None else None
     if by_dry_run is not None:
         measured[single] = by_dry_run
@@ -321,7 +322,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
             measured[single] = float(again)
             by_dry_run = None
             superlinear += (f"; one GPU measured again by a trial: {rate(again)} (its dry run "
-                            f"gave {rate(ctx.profile.trial_rate(d.trial_steps, floor_s))})")
+                            f"gave {rate(ctx.profile.trial_rate(d.trial_steps, floor_s, precision))})")
             still = _superlinear(ctx, measured, single, keys)
             superlinear += (f"; still superlinear against it ({still}): the one-process run is "
                             "held back by something two processes split (an input pipeline "

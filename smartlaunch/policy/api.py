@@ -93,6 +93,7 @@ class DryRunPolicy:
     warmup_steps: int = 5
     measure_steps: int = 20
     measure_seconds: float = 0.5          # and keep measuring until the window is this long
+    precision: float = 0.02               # stop once the mean step is known this well (0: off)
     isolation: str = "require"            # require | best-effort | off (smartlaunch.sandbox)
 
 

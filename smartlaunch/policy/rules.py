@@ -66,6 +66,7 @@ RANGES: dict[str, Range] = {
     "dryrun.warmup_steps": Range(0, 10_000),
     "dryrun.measure_steps": Range(1, 10_000),
     "dryrun.measure_seconds": Range(0.0, 600.0),
+    "dryrun.precision": Range(0.0, 1.0),
     "jobs.jobs_per_gpu": Range(1, 16),
     "jobs.wait_timeout_s": Range(0.0, 30 * DAY_S),
     "paths.comm_cache_max_age_s": Range(0.0, 365 * DAY_S),

@@ -53,6 +53,7 @@ class ModelProfile:
     # window's closing sync; the host clock on CPU), never host intervals.
     step_time_s: float | None = None             # window / steps in it
     step_time_p90_s: float | None = None
+    step_time_ci: float | None = None            # the mean step's 95% half-width / the mean
     backward_s: float | None = None              # per step, all micro-batches
     forward_s: float | None = None
     optimizer_s: float | None = None             # last backward end -> step end
@@ -91,15 +92,18 @@ class ModelProfile:
         (on reading alone every DDP-ready script would be sent to one)."""
         return bool(self.reads_world_size) and (self.micro_batches or 1) > 1
 
-    def trial_rate(self, min_steps: int, min_seconds: float) -> float | None:
+    def trial_rate(self, min_steps: int, min_seconds: float,
+                   precision: float = 0.0) -> float | None:
         """samples/s of the window, counted as a trial counts it (batch unknown: 1), when the
-        window is as good as a trial's (complete, at least min_steps and min_seconds): the dry
-        run ran the same hooks on one GPU of this model, so a trial of one GPU would measure
-        it again at the cost of a second start of the script. None: a trial must measure it."""
+        window is as good as a trial's (complete, at least min_seconds, and min_steps or a
+        mean known to `precision`, dryrun.precision): the dry run ran the same hooks on one
+        GPU of this model, so a trial of one GPU would measure it again at the cost of a
+        second start of the script. None: a trial must measure it."""
         if self.status != ProfileStatus.OK or self.window_cut_short or not self.step_time_s:
             return None
         window = self.window_s or self.steps_measured * self.step_time_s
-        if self.steps_measured < min_steps or window < min_seconds:
+        precise = self.step_time_ci is not None and self.step_time_ci <= precision
+        if (self.steps_measured < min_steps and not precise) or window < min_seconds:
             return None
         return self.samples_per_s
 
@@ -146,6 +150,7 @@ class ModelProfile:
             d[k] = optional(number, d.get(k), k, hi=MAX_SECONDS, positive=True)
         for k in _TIMES:
             d[k] = optional(number, d.get(k), k, 0.0, MAX_SECONDS)
+        d["step_time_ci"] = optional(number, d.get("step_time_ci"), "step_time_ci", 0.0, 100.0)
         # The script's own set-up less the launcher's gate wait: near 0, either side of it.
         d["startup_s"] = optional(number, d.get("startup_s"), "startup_s", -MAX_SECONDS,
                                   MAX_SECONDS)

@@ -93,6 +93,7 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
         "script": request.script, "module": request.module, "args": list(request.script_args),
         "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
         "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
+        "precision": policy.dryrun.precision,
         "torch": torch_version(), "gpu": gpu_model, "format": PROFILE_FORMAT,
     }
     h.update(json.dumps(key, sort_keys=True).encode())

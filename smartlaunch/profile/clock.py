@@ -67,6 +67,26 @@ def device_clock(torch):
     return HostClock()
 
 
+# Student's t at 97.5% by degrees of freedom (the largest row at or below df is used, which
+# errs wide); beyond 60, 2.0.
+_T975 = ((1, 12.71), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365),
+         (8, 2.306), (9, 2.262), (10, 2.228), (15, 2.131), (20, 2.086), (30, 2.042),
+         (60, 2.0))
+
+
+def relative_half_width(xs: list[float]) -> float | None:
+    """The 95% interval's half-width of the mean of `xs`, over the mean; None below 2 values
+    or a mean that is not positive."""
+    n = len(xs)
+    if n < 2:
+        return None
+    mean = sum(xs) / n
+    if mean <= 0:
+        return None
+    t = next(t for df, t in reversed(_T975) if df <= n - 1)
+    return t * statistics.stdev(xs) / (n ** 0.5) / mean
+
+
 def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
     """Step time from a closed window (marks at its start and each step end), and its split
     from the warm-up steps: warm = step-end marks, warm_spans[i] = [(kind, start, end), ...]
@@ -79,7 +99,8 @@ def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
     per = sorted(clock.seconds(a, b) for a, b in zip(marks, marks[1:]))
     step = clock.seconds(marks[0], marks[-1]) / n
     out.update(step_time_s=step, window_s=step * n,
-               step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]))
+               step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]),
+               step_time_ci=relative_half_width(per))
     shares: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
     for i, spans in enumerate(warm_spans[:len(warm) - 1]):
         total = clock.seconds(warm[i], warm[i + 1])

@@ -6,7 +6,10 @@ Hooks (all global, none needs the script's cooperation):
 - an optimizer step post-hook: one step = one `step()` of the first optimizer that steps
   (or one `smartlaunch.profile_step()` once the script calls it). After `warmup` steps a
   window opens (one device sync) and every step end is marked in device time (clock.py);
-  `measure` steps, more while the window is shorter than `min-seconds` (at most MAX_STEPS);
+  `measure` steps, more while the window is shorter than `min-seconds` (at most MAX_STEPS).
+  With `--precision P` (one process only): fewer once the window's mean step is known to P
+  (relative 95% half-width, at least PRECISE_STEPS and `min-seconds`), and a warm-up that
+  ends once steps are steady or goes on past a recompile (Recorder.warmed);
 - module forward hooks until the first step: the root modules called (depth 0), DDP/FSDP, and
   each grad-enabled root call's batch (inputs.py: positional and keyword arguments); in the
   warm-up steps after it only the model's roots keep two hooks that count micro-batches and
@@ -30,12 +33,15 @@ import sys
 import time
 
 from smartlaunch.entry import exit_now, report_uncaught, run_entrypoint
-from smartlaunch.profile.clock import device_clock, read_window
+from smartlaunch.profile.clock import device_clock, read_window, relative_half_width
 from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import (WorldSizeWatch, first_grad_tensor, leading_dim,
                                         unique, wrapper_name)
 
 MAX_STEPS = 5000          # --min-seconds never measures more steps than this
+PRECISE_STEPS = 8         # --precision stops a window no shorter than this
+SAME_STEP = 0.05          # two warm-up steps this close (relative) end the warm-up early
+COMPILE_STEP = 2.0        # a warm-up step this many times its predecessor's: a (re)compile
 MAX_CALLS = 10000         # grad-enabled model calls remembered per step (batch, micro-batches)
 
 
@@ -45,13 +51,19 @@ def _end_script() -> None:      # in-process use (tests): end the script the pol
 
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
-                 clock=None, control=None, exit=_end_script, gate: bool = False):
+                 clock=None, control=None, exit=_end_script, gate: bool = False,
+                 precision: float = 0.0):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
         # Only for one process: ranks of a DDP trial must stop at the same step, so trials
         # size their window in steps (profile.trial) and leave this 0.
         self.min_seconds = max(0.0, min_seconds)
+        # Also only for one process: the window ends once its mean step is known this well
+        # (relative 95% half-width), and the warm-up ends when steps are steady (warmed()).
+        self.precision = max(0.0, precision)
+        self.read = 0                     # window marks known complete (a prefix)
+        self.window_steps: list[float] = []   # their step times, for the precision stop
         self.clock = clock                # None: chosen when the window opens (clock.py)
         self.host = clock.now if clock is not None else time.perf_counter
         self.exit = exit                  # after the measured window is written
@@ -188,6 +200,7 @@ class Recorder:
         if self.primary != "marker":  # a marker overrides optimizer steps: restart counting
             self.primary, self.steps = "marker", 0
             self.t_window, self.marks, self.warm, self.warm_spans = None, [], [], []
+            self.read, self.window_steps = 0, []
             self.cur, self.per_step = [], []
         self.on_step()
 
@@ -206,7 +219,7 @@ class Recorder:
                 self.warm_spans.append(self.cur)
             self.warm.append(self.clock.mark())
             self.cur = []
-            if self.steps >= self.warmup + 1:
+            if self.warmed():
                 self.open_window()
             if self.control is not None:
                 self.control.step(self.steps, self.warmup + 1 + self.measure)
@@ -216,10 +229,57 @@ class Recorder:
         t = self.host()
         if self.control is not None:
             self.control.step(self.steps, self.goal(n, t - self.t_window))
-        if n >= self.measure and (t - self.t_window >= self.min_seconds or n >= MAX_STEPS):
+        long_enough = t - self.t_window >= self.min_seconds
+        if (n >= self.measure and (long_enough or n >= MAX_STEPS)) \
+                or (self.precision and n >= PRECISE_STEPS and long_enough and self.precise()):
             self.close_window("measured")
             self.write(reason="measured")
             self.exit()                   # main(): the process at once (exit_now)
+
+    def warmed(self) -> bool:
+        """The warm-up is over: `warmup` steps after the first; with a precision goal sooner,
+        after 2, once the last two took the same device time (within SAME_STEP), or later, to
+        twice `warmup`, while the last took COMPILE_STEP times the one before (a recompile).
+        Only marks already complete are read (never a wait): unknown keeps the plain count."""
+        past = self.steps - 1
+        if not self.precision:
+            return past >= self.warmup
+        last = self._last_warm_steps()
+        if last is not None:
+            before, after = last
+            if past >= 2 and abs(after - before) <= SAME_STEP * before:
+                return True
+            if self.warmup <= past < 2 * self.warmup and after > COMPILE_STEP * before:
+                return False
+        return past >= self.warmup
+
+    def _last_warm_steps(self) -> tuple[float, float] | None:
+        """Device times of the last two warm-up steps (after the first), when complete."""
+        if len(self.warm) < 3:
+            return None
+        try:
+            if not self.clock.done(self.warm[-1]):
+                return None
+            a, b, c = self.warm[-3:]
+            return self.clock.seconds(a, b), self.clock.seconds(b, c)
+        except Exception:   # a broken device: the plain count decides
+            return None
+
+    def precise(self) -> bool:
+        """The window's mean step is known to `precision`: read the marks complete so far
+        (no wait) and compare their step times' 95% interval with it."""
+        try:
+            while self.read < len(self.marks) and self.clock.done(self.marks[self.read]):
+                if self.read:
+                    self.window_steps.append(
+                        self.clock.seconds(self.marks[self.read - 1], self.marks[self.read]))
+                self.read += 1
+        except Exception:   # a broken device: the step count decides
+            return False
+        if len(self.window_steps) < PRECISE_STEPS:
+            return False
+        hw = relative_half_width(self.window_steps)
+        return hw is not None and hw <= self.precision
 
     def goal(self, n: int, spent: float) -> int:
         """Steps the dry run will have seen when the window closes: warm-up, the window's
@@ -308,6 +368,7 @@ class Recorder:
             "param_dtypes": dtypes,
             "wrapped": wrapper_name(self.roots.values()),
             "measure_asked": self.measure,
+            "precise": self.closed == "measured" and len(self.marks) - 1 < self.measure,
             "peak_host_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "device": "cpu",
             "reads_world_size": self.world.where,
@@ -369,7 +430,8 @@ def main(argv: list[str] | None = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
     from smartlaunch.profile.control import Control
     rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
-                   control=Control.from_env(), exit=exit_now, gate=opts["gate"])
+                   control=Control.from_env(), exit=exit_now, gate=opts["gate"],
+                   precision=opts["precision"])
     if opts["cpu_shim"]:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()

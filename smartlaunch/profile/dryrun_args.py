@@ -1,7 +1,8 @@
 """The dry-run child's command line (profile/dryrun.py's `main` reads it; runner.py writes it).
 
     python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N]
-                                         [--min-seconds S] [--gate] [--cpu-shim] [--module]
+                                         [--min-seconds S] [--precision P] [--gate]
+                                         [--cpu-shim] [--module]
                                          SCRIPT [ARGS...]
 
 --gate: the script's first forward (or step) waits for its go on the control socket
@@ -15,13 +16,13 @@ from __future__ import annotations
 import os
 
 USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
-         "[--min-seconds S] [--gate] [--cpu-shim] [--module] SCRIPT [ARGS...]")
+         "[--min-seconds S] [--precision P] [--gate] [--cpu-shim] [--module] SCRIPT [ARGS...]")
 
 
 def parse(argv: list[str]) -> dict:
     opts = {"out": os.environ.get("SMARTLAUNCH_DRYRUN_OUT", ""), "gate": False,
             "warmup": 5, "measure": 20,
-            "min_seconds": 0.0,
+            "min_seconds": 0.0, "precision": 0.0,
             "module": False, "cpu_shim": os.environ.get("SMARTLAUNCH_DRYRUN_CPU_SHIM") == "1"}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -33,8 +34,8 @@ def parse(argv: list[str]) -> dict:
         elif a == "--gate":
             opts["gate"] = True
             i += 1
-        elif a == "--min-seconds" and i + 1 < len(argv):
-            opts["min_seconds"] = float(argv[i + 1])
+        elif a in ("--min-seconds", "--precision") and i + 1 < len(argv):
+            opts[a[2:].replace("-", "_")] = float(argv[i + 1])
             i += 2
         elif a in ("--module", "-m"):
             opts["module"] = True

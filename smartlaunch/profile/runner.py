@@ -165,7 +165,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         os.makedirs(result_dir(tmp))
         args = ["--warmup", str(policy.dryrun.warmup_steps),
                 "--measure", str(policy.dryrun.measure_steps),
-                "--min-seconds", str(policy.dryrun.measure_seconds)]
+                "--min-seconds", str(policy.dryrun.measure_seconds),
+                "--precision", str(policy.dryrun.precision)]
         if gate:
             args.append("--gate")
         if request.module:
@@ -252,7 +253,7 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
              echoed: bool) -> ModelProfile:
     limit_txt = f"{limit:g} s"
     where = f"(script output: {log_path})"
-    complete = bool(data) and int(data.get("steps_measured") or 0) >= _asked(request, data)
+    complete = bool(data) and _complete(request, data)
     if not timed_out and code not in (0, None) and not complete:
         last = "\n".join(tail[-10:])
         how = f"exit code {code}" if code > 0 else f"signal {-code}"
@@ -276,7 +277,7 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
     kw = {k: v for k, v in data.items() if k in fields}
     kw["dry_run_s"] = elapsed
     measured = int(data.get("steps_measured") or 0)
-    if measured and measured >= _asked(request, data):
+    if measured and _complete(request, data):
         status, note = ProfileStatus.OK, f"{measured} steps measured {where}"
         if data.get("window_cut_short"):
             note = (f"{measured} steps measured, but the script ended before the window's "
@@ -303,3 +304,11 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
 
 def _asked(request, data) -> int:
     return int(data.get("measure_asked") or 1)
+
+
+def _complete(request, data) -> bool:
+    """The window holds the steps asked, or closed early with the mean known to the precision
+    asked (dryrun.precision)."""
+    measured = int(data.get("steps_measured") or 0)
+    return measured >= _asked(request, data) or (
+        data.get("reason") == "measured" and bool(data.get("precise")) and measured > 0)
