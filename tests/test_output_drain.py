@@ -68,7 +68,10 @@ def test_ddp_ranks_run_with_named_copiers_in_their_own_groups(clean_env):
         "import os, psutil\n"
         "me = os.getpid()\n"
         "kids = [c for c in psutil.Process(me).children() if c.name() == 'sl-output-copy']\n"
-        "print('copiers', len(kids), all(os.getpgid(c.pid) != os.getpgid(me) for c in kids), flush=True)\n")
+        # one write: under python -u (as torchrun runs ranks) print writes each piece apart,
+        # and two ranks' pieces interleave on the shared stdout
+        "line = f'copiers {len(kids)} {all(os.getpgid(c.pid) != os.getpgid(me) for c in kids)}\\n'\n"
+        "os.write(1, line.encode())\n")
     r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--quiet", "--strategy", "ddp", str(script)],
                        cwd=clean_env, capture_output=True, text=True, timeout=180,
                        env={**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})

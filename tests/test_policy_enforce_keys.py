@@ -58,6 +58,7 @@ CASES = {
     "dryrun.warmup_steps": (3, 1, 3),
     "dryrun.measure_steps": (10, 100, 10),
     "dryrun.measure_seconds": (0.2, 2.0, 0.2),
+    "dryrun.precision": (0.0, 0.05, 0.0),
     "dryrun.isolation": ("require", "off", "require"),
     "jobs.fail_fast": (True, False, True),
     "jobs.jobs_per_gpu": (1, 4, 1),
