@@ -4,12 +4,16 @@ Ground floor: the topology layer needs the allocation to know which GPUs the job
 (CUDA_VISIBLE_DEVICES may count inside it), and the scheduler layer (smartlaunch.scheduler,
 above launch) builds its job context on the same rules, so they live once, here, below both.
 A PBS or Kubernetes allocation is one more function in ALLOCATORS.
+
+`idle_line`: the plan measured against the whole job's allocation (decide adds it to the plan's
+reasons under IDLE_RULE; the launch says it even with --quiet, since admins read wasted
+allocations from job logs).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 from smartlaunch.errors import SlurmError
 from smartlaunch.vocab import RangeError, parse_ranges
@@ -128,3 +132,62 @@ def gpu_allocation(environ: Mapping[str, str], *,
         if alloc is not None:
             return alloc
     return None
+
+
+IDLE_RULE = "slurm allocation: idle GPUs or nodes"
+
+
+class JobAllocation(Protocol):
+    """What the scheduler gave the whole job (scheduler/slurm.SlurmContext has these)."""
+    job_id: str
+    step_id: str | None            # None in a batch script / salloc shell
+    nnodes: int                    # nodes taking part in this launch
+    job_nnodes: int                # nodes of the whole allocation
+    gpus: tuple[int, ...]          # GPUs allocated on this node
+
+
+def nodes_used(ctx: "JobAllocation", plan) -> int:
+    """Nodes this launch runs on. A multi-node plan: the most its --nnodes allows (a plan that
+    takes fewer nodes than it was given says so in plan.nnodes). Otherwise every node of the
+    step runs its own launch (the batch script: one node). A sweep across nodes: the nodes
+    with a share of its variants."""
+    if plan.node_variants:
+        return sum(1 for share in plan.node_variants if share)
+    if plan.multi_node:
+        top = (plan.nnodes or "1").rpartition(":")[2]
+        if top.isdigit():
+            return int(top)
+    return ctx.nnodes
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def idle_line(ctx: "JobAllocation | None", plan) -> str:
+    """One sentence when the plan leaves GPUs Slurm allocated on this node or nodes of the job
+    idle, with the request that would fit next time; '' otherwise."""
+    if ctx is None:
+        return ""
+    gpu_idle = bool(ctx.gpus) and len(plan.gpus) < len(ctx.gpus)
+    used = nodes_used(ctx, plan)
+    node_idle = max(0, ctx.job_nnodes - used)
+    if not (gpu_idle or node_idle):
+        return ""
+    parts = []
+    if gpu_idle:
+        free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
+        parts.append(f"{len(plan.gpus)} of the {len(ctx.gpus)} GPUs Slurm allocated on this "
+                     f"node ({len(ctx.gpus) - len(plan.gpus)} idle for the whole job; GPUs left "
+                     f"free: {free})")
+    if node_idle:
+        why = "idle for the whole job" if ctx.step_id is None else \
+            f"outside this srun step {ctx.job_id}.{ctx.step_id}: idle unless another step uses them"
+        parts.append(f"{used} of the {ctx.job_nnodes} nodes Slurm allocated to job {ctx.job_id} "
+                     f"({node_idle} {why})")
+    per_node = max(1, len(plan.gpus)) if gpu_idle else len(ctx.gpus)
+    gpus = [f"--gpus-per-node={per_node}"] if per_node else []
+    sbatch = " ".join([f"--nodes={used if node_idle else ctx.job_nnodes}", *gpus])
+    srun = " ".join(([f"--nodes={used}"] if node_idle else []) + gpus)
+    return (f"the plan uses {' and '.join(parts)}; a request that fits this plan next time: "
+            f"`sbatch {sbatch}` (or `srun {srun}`)")

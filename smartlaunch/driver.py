@@ -24,6 +24,7 @@ import shutil
 import time
 from collections.abc import Mapping
 
+from smartlaunch.allocation import JobAllocation
 from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLeases, NeedProfile,
                                     NeedTrial, Role, TrialResult, Units)
 from smartlaunch.decide.decide import decide, resolve
@@ -82,12 +83,14 @@ class Driver:
     _runner: object = None          # the trial runner, made at the first trial
     _torch_rule: bool = False       # _import_torch_once is (or was) a session rule
 
-    def plan(self, request: Request, notes: tuple[Reason, ...] = ()) -> Plan:
+    def plan(self, request: Request, notes: tuple[Reason, ...] = (),
+             allocation: JobAllocation | None = None) -> Plan:
         """The Plan decide makes for `request` with every Need fulfilled here; notes: reasons
-        the caller adds (a Slurm allocation's)."""
+        the caller adds (a Slurm allocation's); allocation: the batch job's (Inputs)."""
         self.request, self.early, self._runner = request, None, None
         inputs = Inputs(request, self.topology, self.policy, self.units, self.environ,
                         notes=notes, numactl=shutil.which("numactl") or "",
+                        allocation=allocation,
                         torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
         decide(inputs)      # an impossible request fails here, before the caches are read
         model, model_note = self._cost_model()

@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from smartlaunch.allocation import IDLE_RULE
 from smartlaunch.decide.plan import Reason
 from smartlaunch.driver import Clock, Driver, NullStream
 from smartlaunch.profile.session import Session
@@ -48,7 +49,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         if not (request.quiet or policy.launch.quiet):
             status.line(decision_line(final_plan, REGISTRY, policy.decision.min_efficiency))
         for r in final_plan.reasons:        # an idle Slurm allocation: said even with --quiet
-            if r.rule == SLURM_IDLE_RULE:
+            if r.rule == IDLE_RULE:
                 status.line(r.text)
     from smartlaunch.scheduler.slurm_fit import release_unused
     released, environ = release_unused(plan, policy, environ)  # slurm.release_unused
@@ -101,27 +102,13 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
         driver = Driver(policy, topology, environ, session, status, REGISTRY, clock, cores)
 
         def decide_here(req: Request) -> tuple:
-            plan = driver.plan(req, tuple(notes))
-            idle = slurm_idle(slurm, plan)
-            if idle:        # the allocation against what the plan uses: known only now
-                plan = dataclasses.replace(plan, reasons=plan.reasons + (
-                    Reason(idle, SLURM_IDLE_RULE),))
-            return plan, topology, policy
+            return driver.plan(req, tuple(notes), slurm), topology, policy
         if request.multi_node:      # one node decides for all (pipeline_nodes.py)
             from smartlaunch.pipeline_nodes import one_decision
             return one_decision(request, topology, policy, environ, decide_here, status)
         return decide_here(request)
 
 
-SLURM_IDLE_RULE = "slurm allocation: idle GPUs or nodes"
-
-
-def slurm_idle(slurm, plan) -> str:
-    """One sentence when the plan leaves GPUs or nodes Slurm allocated idle, with the request
-    that would fit next time (scheduler/slurm_fit.py); '' otherwise. Admins read wasted
-    allocations from job logs, so the launch prints it too (`run`), not only --explain."""
-    from smartlaunch.scheduler.slurm_fit import idle_line
-    return idle_line(slurm, plan)
 
 
 def _check_paths(request: Request, policy, environ) -> None:

@@ -226,7 +226,7 @@ BATCH_3 = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "g[1-3]", "SLURM_JOB_NUM_N
 
 
 def test_idle_nodes_are_said_with_the_request_that_fits():
-    from smartlaunch.scheduler.slurm_fit import idle_line
+    from smartlaunch.allocation import idle_line
     batch = detect(BATCH_3, runner=hostnames_runner())
     # A batch script runs on the first node only; no GPUs asked.
     assert idle_line(batch, _plan(gpus=())) == (

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from smartlaunch.allocation import JobAllocation
 from smartlaunch.decide.cost import CostModel, Prediction
 from smartlaunch.decide.plan import Candidate, NumaBinding, Plan, Reason
 from smartlaunch.policy.api import Policy
@@ -128,7 +129,9 @@ class Inputs:
     that says which values predict DDP (used where a prediction can be made); launched: the
     measured rates of earlier launches of this job (profile.feedback); notes: reasons the
     caller adds to the plan (a Slurm allocation's); numactl: its path ("" absent, None: looked
-    up); torchrun_numa: the user's own torchrun --numa-binding."""
+    up); torchrun_numa: the user's own torchrun --numa-binding; allocation: the batch job's
+    (scheduler/slurm.SlurmContext), whose GPUs or nodes the plan leaves idle are said in its
+    reasons (allocation.idle_line)."""
     request: Request
     topology: Topology
     policy: Policy
@@ -140,6 +143,7 @@ class Inputs:
     notes: tuple[Reason, ...] = ()
     numactl: str | None = None
     torchrun_numa: str | None = None
+    allocation: JobAllocation | None = None
 
 
 @dataclass(frozen=True)

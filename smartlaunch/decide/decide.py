@@ -38,6 +38,7 @@ from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.prepare import prepare
 from smartlaunch.decide.describe import comm_summary, describe
 from smartlaunch.decide.select import Choice, choose_auto, uncertainty
+from smartlaunch.allocation import IDLE_RULE, idle_line
 from smartlaunch.errors import NoFreeGPUError, PlanError, PolicyError, UsageError
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.api import CommCurve, ModelProfile
@@ -126,12 +127,14 @@ def needs_profile(request: Request, topology: Topology, usable: list[int],
 
 
 def _finish(i: Inputs, m: Measured, plan: Plan, profile: ModelProfile | None) -> Plan:
-    """6: the workers' environment and bindings, the reasons the inputs and measurements add,
-    the timings."""
+    """6: the workers' environment and bindings, the reasons the inputs and measurements add
+    (the idle part of the job's allocation last), the timings."""
     plan = prepare(plan, i.topology, i.policy, i.environ, units=i.units, numactl=i.numactl,
                    torchrun_numa=i.torchrun_numa)
     model_note = (i.model_note,) if i.model_note is not None and _predictable(i, profile) else ()
-    reasons = plan.reasons + i.notes + m.notes + model_note
+    idle = idle_line(i.allocation, plan)    # the job's allocation against what the plan uses
+    idle_note = (Reason(idle, IDLE_RULE),) if idle else ()
+    reasons = plan.reasons + i.notes + m.notes + model_note + idle_note
     return dataclasses.replace(plan, reasons=reasons, timings=dict(m.timings))
 
 

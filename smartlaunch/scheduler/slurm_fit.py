@@ -1,7 +1,7 @@
 """A Slurm allocation measured against the plan.
 
-`idle_line`: one sentence when the plan leaves GPUs of this node or nodes of the job idle, with
-the `sbatch`/`srun` request that would fit next time (said at launch, even with --quiet).
+The plan's own line when it leaves GPUs or nodes of the job idle is decide's
+(`smartlaunch.allocation.idle_line`, said at launch even with --quiet).
 
 `release_unused`: with the policy key `slurm.release_unused`, shrink the job to the nodes the
 plan uses before launching: `scontrol update JobId=<job> NumNodes=<used>`. Slurm lets a user
@@ -21,59 +21,13 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from smartlaunch.allocation import nodes_used, plural as _plural
 from smartlaunch.errors import SlurmError
 from smartlaunch.scheduler.slurm import SlurmContext, detect
 from smartlaunch.scheduler.slurm_parse import parse_key_values
 from smartlaunch.scheduler.slurm_run import Runner, _one_line, run_slurm, subprocess_runner
 
 _ENV_NAME = re.compile(r"SLURM_[A-Z0-9_]+\Z")
-
-
-def nodes_used(ctx: SlurmContext, plan) -> int:
-    """Nodes this launch runs on. A multi-node plan: the most its --nnodes allows (a plan that
-    takes fewer nodes than it was given says so in plan.nnodes). Otherwise every node of the
-    step runs its own launch (the batch script: one node). A sweep across nodes: the nodes
-    with a share of its variants."""
-    if plan.node_variants:
-        return sum(1 for share in plan.node_variants if share)
-    if plan.multi_node:
-        top = (plan.nnodes or "1").rpartition(":")[2]
-        if top.isdigit():
-            return int(top)
-    return ctx.nnodes
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def idle_line(ctx: SlurmContext | None, plan) -> str:
-    """One sentence when the plan leaves GPUs Slurm allocated on this node or nodes of the job
-    idle, with the request that would fit next time; '' otherwise."""
-    if ctx is None:
-        return ""
-    gpu_idle = bool(ctx.gpus) and len(plan.gpus) < len(ctx.gpus)
-    used = nodes_used(ctx, plan)
-    node_idle = max(0, ctx.job_nnodes - used)
-    if not (gpu_idle or node_idle):
-        return ""
-    parts = []
-    if gpu_idle:
-        free = ", ".join(f"GPU{g}" for g in plan.left_free) or "none usable"
-        parts.append(f"{len(plan.gpus)} of the {len(ctx.gpus)} GPUs Slurm allocated on this "
-                     f"node ({len(ctx.gpus) - len(plan.gpus)} idle for the whole job; GPUs left "
-                     f"free: {free})")
-    if node_idle:
-        why = "idle for the whole job" if ctx.step_id is None else \
-            f"outside this srun step {ctx.job_id}.{ctx.step_id}: idle unless another step uses them"
-        parts.append(f"{used} of the {ctx.job_nnodes} nodes Slurm allocated to job {ctx.job_id} "
-                     f"({node_idle} {why})")
-    per_node = max(1, len(plan.gpus)) if gpu_idle else len(ctx.gpus)
-    gpus = [f"--gpus-per-node={per_node}"] if per_node else []
-    sbatch = " ".join([f"--nodes={used if node_idle else ctx.job_nnodes}", *gpus])
-    srun = " ".join(([f"--nodes={used}"] if node_idle else []) + gpus)
-    return (f"the plan uses {' and '.join(parts)}; a request that fits this plan next time: "
-            f"`sbatch {sbatch}` (or `srun {srun}`)")
 
 
 def release_unused(plan, policy, environ: Mapping[str, str], *,
