@@ -11,8 +11,8 @@ except /proc, /sys, /dev (GPU device nodes, /dev/shm for DataLoader and NCCL) an
 Mounts below a covered directory (a container's driver libraries, a dataset) are bound back
 read-only on top of it, outermost first (_restore).
 Writes land in <scratch>/<n>/upper, which the parent deletes afterwards; the real files are
-never written. The --keep directories (where the child reports its result) are bind-mounted
-back on top, so they alone are shared. The namespace, and the overlays with it, vanish with
+never written. The --keep directories (where the child reports its result, and torch.compile's
+cache: compile_caches) are bind-mounted back on top, so they alone are shared. The namespace, and the overlays with it, vanish with
 the last process inside.
 
 Limits: directories under /dev, /dev/shm and /run are shared; a filesystem the kernel cannot
@@ -29,7 +29,11 @@ import ctypes
 import errno
 import json
 import os
+import pwd
+import re
+import stat
 import sys
+from collections.abc import Mapping
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
@@ -150,12 +154,12 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
     # must belong to this namespace) and before the first overlay hides its path.
     fds = []
 
-    def opened(path: str) -> str:
-        fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    def opened(path: str, nofollow: int = 0) -> str:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | nofollow)
         fds.append(fd)
         return f"/proc/self/fd/{fd}"
 
-    kept = [(os.path.realpath(k), opened(k)) for k in keep]
+    kept = [(os.path.realpath(k), opened(k, os.O_NOFOLLOW)) for k in keep]
     below = [m for m in _mount_points() if m != "/"]
     # Every layer and every mount below a target is opened before the first overlay: an
     # overlay shows its lower filesystem without the mounts on it, so once /usr is covered
@@ -287,6 +291,45 @@ def unavailable(paths=()) -> str | None:
                        f"of a non-root overlay maps only yours, so writes below it would fail")
         _probed[key] = why
     return _probed[key]
+
+
+def compile_caches(environ: Mapping[str, str]) -> list[str]:
+    """torch.compile's caches as the script would use them: TORCHINDUCTOR_CACHE_DIR, else
+    torch's default <temp dir>/torchinductor_<user> (inductor keeps its Triton kernels below
+    it), and TRITON_CACHE_DIR where set. Kept shared through the sandbox, so that the launch
+    and the trials after the dry run find what it compiled instead of compiling again (the
+    caches are keyed by the code, the torch build and the device). Only a directory that
+    exists already, is ours, is not a link, and no one else can write: one that is not there
+    is not made, and the dry run's compile then goes with its overlay."""
+    paths = [environ.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_default(environ),
+             environ.get("TRITON_CACHE_DIR")]
+    out = []
+    for path in paths:
+        if not path:
+            continue
+        path = os.path.abspath(path)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() \
+                and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and path not in out:
+            out.append(path)
+    return out
+
+
+def _inductor_default(environ: Mapping[str, str]) -> str:
+    """torch._inductor's default cache directory for this user and environment."""
+    user = next((environ[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if environ.get(k)),
+                None)
+    if user is None:
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            user = f"uid_{os.getuid()}"
+    tmp = next((environ[k] for k in ("TMPDIR", "TEMP", "TMP") if environ.get(k)
+                and os.path.isdir(environ[k])), "/tmp")
+    return os.path.join(tmp, "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def wrap(argv: list[str], scratch: str, keep: list[str], status: str,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from smartlaunch import sandbox
 from smartlaunch.policy.api import DryRunPolicy, Policy
 from smartlaunch.profile.api import ProfileStatus
@@ -151,3 +153,64 @@ def test_restored_mounts_are_read_only_and_covered_below(tmp_path, shared_dir):
     assert f"refused {hosts} 30" in r.stdout, r.stdout          # EROFS: shared, read-only
     assert f"wrote {data}/scratch/ckpt.pt" in r.stdout, r.stdout  # the overlay took it
     assert "real hosts: 127.0.0.1 localhost" in r.stdout and "real scratch: []" in r.stdout, r.stdout
+
+
+# ---- torch.compile's cache, shared through the sandbox --------------------------------------
+def test_compile_caches_are_only_existing_private_directories_of_ours(tmp_path):
+    ours = tmp_path / "inductor"
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(ours)}
+    assert sandbox.compile_caches(env) == []                 # not there: never made
+    assert not ours.exists()
+    ours.mkdir(mode=0o755)
+    assert sandbox.compile_caches(env) == [str(ours)]
+    triton = tmp_path / "triton"
+    triton.mkdir(mode=0o700)
+    assert sandbox.compile_caches({**env, "TRITON_CACHE_DIR": str(triton)}) == [str(ours),
+                                                                              str(triton)]
+    os.chmod(ours, 0o775)                                    # a group may write it: not shared
+    assert sandbox.compile_caches(env) == []
+    os.chmod(ours, 0o700)
+    link = tmp_path / "link"
+    link.symlink_to(ours)
+    assert sandbox.compile_caches({"TORCHINDUCTOR_CACHE_DIR": str(link)}) == []
+    if os.geteuid() == 0:
+        os.chown(ours, 65534, 65534)                         # another user's: not shared
+        assert sandbox.compile_caches(env) == []
+
+
+def test_the_default_is_torchs_own_for_this_user(tmp_path):
+    env = {"TMPDIR": str(tmp_path), "USER": "a/b"}
+    assert sandbox._inductor_default(env) == str(tmp_path / "torchinductor_a_b")
+    (tmp_path / "torchinductor_a_b").mkdir(mode=0o700)
+    assert sandbox.compile_caches(env) == [str(tmp_path / "torchinductor_a_b")]
+
+
+COMPILED = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = torch.compile(model)
+for _ in range(40):
+    step(torch.randn(8, 16)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_isolated_dry_run_fills_an_existing_compile_cache_and_makes_none(clean_env):
+    """What the dry run compiled is in the user's inductor cache afterwards (the launch then
+    finds it), and a cache directory that was not there is not made."""
+    script = clean_env / "compiled.py"
+    script.write_text(COMPILED)
+    cache = clean_env / "inductor"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    policy = Policy(dryrun=DryRunPolicy(warmup_steps=2, measure_steps=5, measure_seconds=0.0))
+    prof = run_dry_run(Request(script=str(script)), policy, gpu=None, environ=env)
+    assert prof.status == ProfileStatus.OK, prof.note
+    assert not cache.exists()
+    cache.mkdir(mode=0o700)
+    prof = run_dry_run(Request(script=str(script)), policy, gpu=None, environ=env)
+    assert prof.status == ProfileStatus.OK, prof.note
+    assert any((cache / "fxgraph").rglob("*")), sorted(p.name for p in cache.iterdir())

@@ -175,7 +175,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
                request.script, *request.script_args]
         status = isolation_status(tmp)
         if isolated:
-            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [result_dir(tmp)], status)
+            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"),
+                               [result_dir(tmp), *sandbox.compile_caches(environ)], status)
         own = (str(cache_root(policy, environ)), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()

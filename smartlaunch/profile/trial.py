@@ -182,7 +182,8 @@ class Trial:
         n = max(1, len(gpus))
         cmd = trial_command(request, policy, n, str(run.out), python, steps=steps, gate=gate)
         if isolated:
-            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"), [str(run.out)],
+            cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"),
+                               [str(run.out), *sandbox.compile_caches(env)],
                                str(run.out / "isolation.json"), python)
         with open(run.log, "wb") as out:
             run.stage = session.start("a trial", [(cmd, env, {"stdout": out,
