@@ -103,10 +103,11 @@ def endpoint_of(args) -> Endpoint | None:
 
 def one_decision(request, topology, policy, environ, decide: Callable[..., tuple],
                  status=None) -> tuple:
-    """(plan, topology, policy) for this node of a multi-node job: `decide(request)`'s on the
-    node that hosts the store (published for the others), the published one elsewhere. A
-    sweep is decided for the first node's share (NodeSweep.request); each node's plan is its
-    own share (Plan.for_node)."""
+    """(plan, topology, policy) for this node of a multi-node job: `decide(request, reasons)`'s
+    on the node that hosts the store (published for the others; reasons: who decides for the
+    job, which decide puts in the plan), the published one elsewhere. A sweep is decided for
+    the first node's share (NodeSweep.request); each node's plan is its own share
+    (Plan.for_node)."""
     from smartlaunch.decide.nodes import sweep_across_nodes
     sweep = sweep_across_nodes(request)
     args = request.torchrun_args
@@ -119,28 +120,29 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
                          f"--rdzv-backend c10d (the node hosting its store splits the sweep), "
                          f"or static with --node-rank")
 
-    def decide_all() -> tuple:
+    def decide_all(why: Reason) -> tuple:
         if sweep is None:
-            return decide(request)
-        plan, topo, pol = decide(sweep.request)
+            return decide(request, (why,))
+        plan, topo, pol = decide(sweep.request, (why,))
         return sweep.plan(plan), topo, pol
 
-    def decide_one_node() -> tuple:
-        return decide(dataclasses.replace(request, nnodes="1", nnodes_from=""))
+    def decide_one_node(why: Reason) -> tuple:
+        return decide(dataclasses.replace(request, nnodes="1", nnodes_from=""), (why,))
     if ep is None:
-        plan, topo, policy = decide_all()
-        why = Reason(f"each node of this job decides alone: the {backend} rendezvous has no "
-                     f"store before the job starts (c10d has: there the rendezvous' node "
-                     f"decides for all)" + (f"; this node runs the share of --node-rank "
-                                            f"{args.node_rank}" if sweep is not None else ""),
-                     f"user: {backend}")
-        plan = dataclasses.replace(plan, reasons=plan.reasons + (why,))
+        plan, topo, policy = decide_all(Reason(
+            f"each node of this job decides alone: the {backend} rendezvous has no store "
+            f"before the job starts (c10d has: there the rendezvous' node decides for all)"
+            + (f"; this node runs the share of --node-rank {args.node_rank}"
+               if sweep is not None else ""), f"user: {backend}"))
         return (_share(plan, args.node_rank, "this node") if sweep else plan), topo, policy
     store, hosting = _open(ep)
     me = socket.gethostname()
     if hosting:
-        return _decide_for_all(store, ep, me, request, decide_all, status, environ,
-                               decide_one_node)
+        why = Reason(f"this node decides for every node of the job (it hosts the rendezvous "
+                     f"store at {ep.where}); the others run this plan on hardware like this "
+                     f"node's ({topology.hardware()})", "multi-node: one decision for the job")
+        return _decide_for_all(store, ep, me, request, lambda: decide_all(why), status,
+                               environ, lambda: decide_one_node(why))
     return _read_plan(store, ep, request, topology, policy, environ, status)
 
 
@@ -212,10 +214,6 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, envir
         _publish(store, {"host": me, "error": str(exc), "code": int(exc.exit_code)})
         _serve(store, ep, status, "read why this node stopped")
         raise
-    why = Reason(f"this node decides for every node of the job (it hosts the rendezvous store "
-                 f"at {ep.where}); the others run this plan on hardware like this node's "
-                 f"({topo.hardware()})", "multi-node: one decision for the job")
-    plan = dataclasses.replace(plan, reasons=plan.reasons + (why,))
     _publish(store, {"host": me, "plan": plan.to_dict()})
     if request.explain:         # nothing to launch: stay until the others have read it
         _serve(store, ep, status, "read the plan")
