@@ -22,11 +22,11 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from smartlaunch.allocation import JobAllocation
-from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLeases, NeedProfile,
-                                    NeedTrial, Role, TrialResult, Units)
+from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLeases, NeedNodes,
+                                    NeedProfile, NeedTrial, Role, TrialResult, Units)
 from smartlaunch.decide.decide import decide, resolve
 from smartlaunch.decide.plan import Plan, Reason
 from smartlaunch.errors import DryRunError
@@ -82,15 +82,20 @@ class Driver:
     early: object = None            # profile.early.Early, once started
     _runner: object = None          # the trial runner, made at the first trial
     _torch_rule: bool = False       # _import_torch_once is (or was) a session rule
+    _between: Callable | None = None  # fulfils NeedNodes (plan's `between`)
 
     def plan(self, request: Request, notes: tuple[Reason, ...] = (),
-             allocation: JobAllocation | None = None) -> Plan:
+             allocation: JobAllocation | None = None, nodes: int = 0,
+             between: Callable[[NeedNodes], object] | None = None) -> Plan:
         """The Plan decide makes for `request` with every Need fulfilled here; notes: reasons
-        the caller adds (a Slurm allocation's); allocation: the batch job's (Inputs)."""
+        the caller adds (a Slurm allocation's); allocation: the batch job's; nodes: the node
+        count this node decides for (Inputs); between: what measures the all-reduce between
+        them over the rendezvous store (pipeline_nodes: a CommCurve, or why not)."""
         self.request, self.early, self._runner = request, None, None
+        self._between = between
         inputs = Inputs(request, self.topology, self.policy, self.units, self.environ,
                         notes=notes, numactl=shutil.which("numactl") or "",
-                        allocation=allocation,
+                        allocation=allocation, nodes=nodes,
                         torchrun_numa=getattr(request.torchrun_args, "numa_binding", None))
         decide(inputs)      # an impossible request fails here, before the caches are read
         model, model_note = self._cost_model()
@@ -130,6 +135,11 @@ class Driver:
             got = measured.add(need, self._curve(need))
             self.clock.lap("allreduce")
             gpus = set(need.gpus)
+        elif isinstance(need, NeedNodes):
+            got = measured.add(need, self._between(need) if self._between is not None
+                               else "no rendezvous store to measure it over")
+            self.clock.lap("nodes")
+            gpus = set(need.gpus[:1])         # one leader rank on this node
         else:
             got = measured.add(need, self._trial(need, measured))
             self.clock.lap("trials")

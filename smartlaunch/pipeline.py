@@ -101,8 +101,11 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     with Session() as session:
         driver = Driver(policy, topology, environ, session, status, REGISTRY, clock, cores)
 
-        def decide_here(req: Request) -> tuple:
-            return driver.plan(req, tuple(notes), slurm), topology, policy
+        def decide_here(req: Request, more: tuple[Reason, ...] = (), nodes: int = 0,
+                        between=None) -> tuple:
+            """more, nodes, between: a multi-node job's (pipeline_nodes.one_decision): who
+            decides for it, and the node count to choose among over its store."""
+            return driver.plan(req, (*notes, *more), slurm, nodes, between), topology, policy
         if request.multi_node:      # one node decides for all (pipeline_nodes.py)
             from smartlaunch.pipeline_nodes import one_decision
             return one_decision(request, topology, policy, environ, decide_here, status)

@@ -33,6 +33,7 @@ environment, as prepare() does on the deciding node.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import socket
@@ -42,13 +43,14 @@ from typing import Any
 from datetime import timedelta
 
 from smartlaunch import wire
+from smartlaunch.decide.api import NeedNodes
+from smartlaunch.decide.nodes import RULE_NODES
 from smartlaunch.decide.plan import Plan, Reason
 from smartlaunch.errors import (ExitCode, NodeMismatchError, NodeNotNeeded, RendezvousError,
                                 SmartlaunchError, UsageError, WireError)
 
 KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
 KEY_READ = "read"           # a counter: the nodes that have read it
-RULE_NODES = "multi-node: the all-reduce between nodes, measured"
 KEY_ARRIVED = "arrived"     # a counter: the other nodes that have come (their rank between nodes)
 POLL_S = 0.1                # between store checks: Ctrl-C is seen between two
 CONNECT_TRY_S = 2           # one connection attempt (the whole wait is join_timeout)
@@ -103,10 +105,11 @@ def endpoint_of(args) -> Endpoint | None:
 
 def one_decision(request, topology, policy, environ, decide: Callable[..., tuple],
                  status=None) -> tuple:
-    """(plan, topology, policy) for this node of a multi-node job: `decide(request)`'s on the
-    node that hosts the store (published for the others), the published one elsewhere. A
-    sweep is decided for the first node's share (NodeSweep.request); each node's plan is its
-    own share (Plan.for_node)."""
+    """(plan, topology, policy) for this node of a multi-node job: `decide(request, reasons)`'s
+    on the node that hosts the store (published for the others; reasons: who decides for the
+    job, which decide puts in the plan), the published one elsewhere. A sweep is decided for
+    the first node's share (NodeSweep.request); each node's plan is its own share
+    (Plan.for_node)."""
     from smartlaunch.decide.nodes import sweep_across_nodes
     sweep = sweep_across_nodes(request)
     args = request.torchrun_args
@@ -119,28 +122,29 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
                          f"--rdzv-backend c10d (the node hosting its store splits the sweep), "
                          f"or static with --node-rank")
 
-    def decide_all() -> tuple:
+    def decide_all(why: Reason, nodes: int = 0, between=None) -> tuple:
         if sweep is None:
-            return decide(request)
-        plan, topo, pol = decide(sweep.request)
+            return decide(request, (why,), nodes, between)
+        plan, topo, pol = decide(sweep.request, (why,))
         return sweep.plan(plan), topo, pol
-
-    def decide_one_node() -> tuple:
-        return decide(dataclasses.replace(request, nnodes="1", nnodes_from=""))
     if ep is None:
-        plan, topo, policy = decide_all()
-        why = Reason(f"each node of this job decides alone: the {backend} rendezvous has no "
-                     f"store before the job starts (c10d has: there the rendezvous' node "
-                     f"decides for all)" + (f"; this node runs the share of --node-rank "
-                                            f"{args.node_rank}" if sweep is not None else ""),
-                     f"user: {backend}")
-        plan = dataclasses.replace(plan, reasons=plan.reasons + (why,))
+        plan, topo, policy = decide_all(Reason(
+            f"each node of this job decides alone: the {backend} rendezvous has no store "
+            f"before the job starts (c10d has: there the rendezvous' node decides for all)"
+            + (f"; this node runs the share of --node-rank {args.node_rank}"
+               if sweep is not None else ""), f"user: {backend}"))
         return (_share(plan, args.node_rank, "this node") if sweep else plan), topo, policy
     store, hosting = _open(ep)
     me = socket.gethostname()
     if hosting:
-        return _decide_for_all(store, ep, me, request, decide_all, status, environ,
-                               decide_one_node)
+        why = Reason(f"this node decides for every node of the job (it hosts the rendezvous "
+                     f"store at {ep.where}); the others run this plan on hardware like this "
+                     f"node's ({topology.hardware()})", "multi-node: one decision for the job")
+        # How many nodes run it is decide's choice where the count is fixed (step 7).
+        nodes = ep.max_nodes if ep.min_nodes == ep.max_nodes >= 2 and sweep is None else 0
+        return _decide_for_all(store, ep, me, request, lambda: decide_all(
+            why, nodes, functools.partial(_between, store, ep, topology, environ, status)),
+            status)
     return _read_plan(store, ep, request, topology, policy, environ, status)
 
 
@@ -200,22 +204,13 @@ def _poll(ready: Callable[[], Any], timeout_s: float | None = None) -> Any:
         time.sleep(POLL_S)
 
 
-def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, environ,
-                    decide_one_node) -> tuple:
+def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tuple:
     try:
         plan, topo, policy = decide()
-        if _choosable(plan, ep):
-            plan = _across_nodes(store, ep, plan, topo, policy, environ, status)
-            if plan.nnodes == "1":
-                plan = _kept_node(plan, decide_one_node)
     except SmartlaunchError as exc:
         _publish(store, {"host": me, "error": str(exc), "code": int(exc.exit_code)})
         _serve(store, ep, status, "read why this node stopped")
         raise
-    why = Reason(f"this node decides for every node of the job (it hosts the rendezvous store "
-                 f"at {ep.where}); the others run this plan on hardware like this node's "
-                 f"({topo.hardware()})", "multi-node: one decision for the job")
-    plan = dataclasses.replace(plan, reasons=plan.reasons + (why,))
     _publish(store, {"host": me, "plan": plan.to_dict()})
     if request.explain:         # nothing to launch: stay until the others have read it
         _serve(store, ep, status, "read the plan")
@@ -232,67 +227,28 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status, envir
     return (_share(plan, 0, me) if plan.node_variants else plan), topo, policy
 
 
-def _kept_node(across: Plan, decide_one_node) -> Plan:
-    """One node kept: what runs on it is decided as for a one-node job (single GPU, DDP×k,
-    trials), not the local DDP torchrun would run there; the node choice's reasons stay."""
-    from smartlaunch.decide.words import gpu_list
-    from smartlaunch.strategies import REGISTRY
-    plan, _, _ = decide_one_node()
-    word = REGISTRY[plan.strategy].WORD
-    what = f"{word}×{plan.nproc_per_node}" if plan.nproc_per_node > 1 else word
-    why = Reason(f"on the one node kept, the job is decided as a one-node job (as with "
-                 f"--nnodes 1): {what} on {gpu_list(plan.gpus)}", RULE_NODES)
-    kept = tuple(r for r in across.reasons if r.rule == RULE_NODES)
-    return dataclasses.replace(plan, reasons=plan.reasons + kept + (why,))
-
-
-def _choosable(plan: Plan, ep: Endpoint) -> bool:
-    """Whether how many nodes to use is a choice: a DDP plan with a usable profile (a dry run
-    on the deciding node's GPU) and a fixed node count (a range is torch's elastic choice)."""
-    return (ep.min_nodes == ep.max_nodes >= 2 and plan.profile is not None
-            and plan.profile.usable and bool(plan.profile.step_time_s) and not plan.forced
-            and not plan.node_variants)
-
-
-def _across_nodes(store, ep: Endpoint, plan: Plan, topo, policy, environ, status) -> Plan:
-    """Once every node has arrived: the all-reduce between them (one leader rank per node),
-    the two-level curve, and how many nodes run the job (decide/nodes.py)."""
-    from smartlaunch.decide.nodes import TwoLevelCurve, choose_nodes
-    from smartlaunch.decide.plan import strategy_name
+def _between(store, ep: Endpoint, topology, environ, status, need: NeedNodes):
+    """NeedNodes fulfilled: once every node has come, the all-reduce between them (one leader
+    rank per node, this one rank 0): the leader curve, or why none was measured."""
     from smartlaunch.profile import internode
-    from smartlaunch.profile.api import CommCurve
     from smartlaunch.profile.comm import device_for
-    n, rule = ep.max_nodes, RULE_NODES
-
-    def keep(why: str) -> Plan:
-        return dataclasses.replace(plan, reasons=plan.reasons + (
-            Reason(f"all {n} nodes: {why}", rule),))
+    n = need.nodes
     if status is not None:
         status.ticking(f"waiting for the other {n - 1} node(s) to measure the all-reduce "
                        f"between nodes (at most {ep.join_timeout_s:g} s)")
     if _poll(lambda: store.add(KEY_ARRIVED, 0) >= n - 1 or None, ep.join_timeout_s) is None:
-        return keep(f"not every node arrived within join_timeout={ep.join_timeout_s:g} s "
-                    f"to measure the all-reduce between nodes")
-    device = device_for(topo) if plan.device == "cuda" else "cpu"   # a fake topology: gloo
+        return (f"not every node arrived within join_timeout={ep.join_timeout_s:g} s to "
+                f"measure the all-reduce between nodes")
+    device = device_for(topology) if need.cuda else "cpu"   # a fake topology: gloo
     spec = internode.offer(store, nodes=n, device=device,
-                           sizes=internode.sizes_for(plan.profile.grad_bytes, device),
-                           strategy=strategy_name(plan.strategy), gpus=plan.gpus,
-                           link_class=plan.link_class)
+                           sizes=internode.sizes_for(need.grad_bytes, device),
+                           strategy=need.strategy, gpus=need.gpus, link_class=need.link_class)
     if status is not None:
         status.ticking(f"measuring the all-reduce between the {n} nodes (one rank on each)")
     try:
-        inter = internode.measure(spec, 0, {**environ, **plan.env_dict()}, host=ep.host)
+        return internode.measure(spec, 0, {**environ, **dict(need.env)}, host=ep.host)
     except RuntimeError as exc:
-        return keep(f"the all-reduce between nodes could not be measured ({exc})")
-    intra = None
-    if plan.nproc_per_node > 1 and plan.comm is not None:
-        intra = CommCurve.from_points(plan.comm.world_size, plan.comm.backend, plan.comm.points)
-    elif plan.nproc_per_node > 1:
-        return keep("the within-node all-reduce curve is missing, so nothing to weigh")
-    choice = choose_nodes(plan.profile, TwoLevelCurve(intra, inter, plan.nproc_per_node),
-                          allowed=lambda ranks: ranks in policy.decision.world_sizes)
-    return dataclasses.replace(plan, nnodes=str(choice.nodes),
-                               reasons=plan.reasons + (Reason(choice.text, rule),))
+        return f"the all-reduce between nodes could not be measured ({exc})"
 
 
 def _publish(store, message: dict) -> None:

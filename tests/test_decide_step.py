@@ -7,8 +7,8 @@ import pytest
 from helpers_decide import TEST_MODEL, FakeComm, curve, nv_pair, nvswitch8, policy, profile, request
 
 from smartlaunch.decide import Plan, decide, resolve
-from smartlaunch.decide.api import (Inputs, Measured, NeedCurve, NeedLeases, NeedProfile,
-                                    NeedTrial, TrialResult)
+from smartlaunch.decide.api import (Inputs, Measured, NeedCurve, NeedLeases, NeedNodes,
+                                    NeedProfile, NeedTrial, TrialResult)
 from smartlaunch.decide.decide import WAIT_REASON
 from smartlaunch.decide.explain import render_text
 from smartlaunch.decide.plan import Reason
@@ -85,3 +85,49 @@ def test_the_same_measurements_give_the_same_answer():
     m = Measured(leased=frozenset(), profile=profile(), profiled=True,
                  curves={(0, 1): curve(2, 100e9, gpus=(0, 1))})
     assert decide(inputs(topo=topo), m) == decide(inputs(topo=topo), m)
+
+
+def test_how_many_nodes_is_the_last_need_and_one_node_kept_is_decided_as_one_node():
+    """Step 7: a job across a fixed 2 nodes that this node decides for asks for the all-reduce
+    between them last; a slow link keeps one node, whose plan is the one-node job's (with its
+    own trials), a fast one keeps both; an unmeasured link keeps both and says why."""
+    topo = nv_pair()
+    comm = FakeComm(topo)
+
+    def run(between):
+        asked = []
+
+        def fulfil(need, m):
+            asked.append(need)
+            if isinstance(need, NeedLeases):
+                return m.add(need, frozenset())
+            if isinstance(need, NeedProfile):
+                return m.add(need, profile(step_ms=2.4))
+            if isinstance(need, NeedCurve):
+                return m.add(need, comm(need.gpus))
+            if isinstance(need, NeedNodes):
+                return m.add(need, between)
+            return m.add(need, TrialResult(100.0 if need.strategy.value == "single" else 180.0))
+        req = request(nnodes="2", nnodes_from="user")
+        return resolve(inputs(req, topo, nodes=2), fulfil), asked
+
+    slow, asked = run(curve(2, 0.05e9))
+    kinds = [type(n).__name__ for n in asked]
+    assert kinds[:4] == ["NeedLeases", "NeedProfile", "NeedCurve", "NeedNodes"], kinds
+    assert asked[3] == NeedNodes(2, profile().grad_bytes, "ddp", (0, 1), "NV18", True, ())
+    assert "NeedTrial" in kinds[4:]                 # the one-node job's own choice
+    assert slow.nnodes == "1" and not slow.multi_node
+    texts = [r.text for r in slow.reasons]
+    assert any(t.startswith("1 of the 2 nodes:") for t in texts)
+    assert texts[-1].startswith("on the one node kept, the job is decided as a one-node job")
+    fast, asked = run(curve(2, 50e9))
+    assert fast.nnodes == "2" and isinstance(asked[-1], NeedNodes)
+    assert any(r.text.startswith("all 2 nodes: DDP×4 predicted") for r in fast.reasons)
+    unmeasured, _ = run("not every node arrived within join_timeout=5 s")
+    assert unmeasured.nnodes == "2"
+    assert unmeasured.reasons[-1].text == "all 2 nodes: not every node arrived within join_timeout=5 s"
+    # not this node's choice (nodes=0: another node decides, or a range of nodes)
+    plan = decide(inputs(request(nnodes="2", nnodes_from="user"), topo),
+                  Measured(leased=frozenset(), profile=profile(), profiled=True,
+                           curves={(0, 1): comm((0, 1))}))
+    assert isinstance(plan, Plan) and plan.nnodes == "2"

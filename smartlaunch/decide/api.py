@@ -131,7 +131,8 @@ class Inputs:
     caller adds to the plan (a Slurm allocation's); numactl: its path ("" absent, None: looked
     up); torchrun_numa: the user's own torchrun --numa-binding; allocation: the batch job's
     (scheduler/slurm.SlurmContext), whose GPUs or nodes the plan leaves idle are said in its
-    reasons (allocation.idle_line)."""
+    reasons (allocation.idle_line); nodes: the fixed node count of a job this node decides
+    for (it hosts the rendezvous store), whose use of fewer nodes is a choice (0: none)."""
     request: Request
     topology: Topology
     policy: Policy
@@ -144,6 +145,7 @@ class Inputs:
     numactl: str | None = None
     torchrun_numa: str | None = None
     allocation: JobAllocation | None = None
+    nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,25 +188,43 @@ class NeedTrial:
 
 
 @dataclass(frozen=True)
+class NeedNodes:
+    """The all-reduce between the job's `nodes` nodes, one leader rank on each, over the
+    rendezvous store (profile/internode.py), once all have come: what fewer nodes would cost
+    (decide/nodes.py). cuda: the plan runs on GPUs (else gloo ranks emulate the link); env:
+    the plan's NCCL variables. Answered by the leader curve (a CommCurve), or a few words on
+    why none was measured."""
+    nodes: int
+    grad_bytes: int
+    strategy: str
+    gpus: tuple[int, ...]
+    link_class: str | None
+    cuda: bool
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class TrialResult:
     samples_per_s: float | None        # None: the trial could not measure
     why: str = ""                      # why not, in a few words
 
 
-Need = NeedLeases | NeedProfile | NeedCurve | NeedTrial
+Need = NeedLeases | NeedProfile | NeedCurve | NeedTrial | NeedNodes
 
 
 @dataclass(frozen=True)
 class Measured:
     """What has been measured so far, given back to decide with each call. leased: None until
     read; profile: the dry run's ModelProfile once `profiled` (None: it gave none); curves and
-    trials: by group and by (strategy, gpus); timings: seconds per stage, the plan's
-    `timings`; notes: reasons the measurements add (an early trial that was stopped)."""
+    trials: by group and by (strategy, gpus); between: NeedNodes' answer once asked;
+    timings: seconds per stage, the plan's `timings`; notes: reasons the measurements add (an
+    early trial that was stopped)."""
     leased: frozenset[int] | None = None
     profile: Any = None
     profiled: bool = False
     curves: Mapping[tuple[int, ...], Any] = field(default_factory=dict)
     trials: Mapping[tuple, TrialResult] = field(default_factory=dict)
+    between: Any = None
     timings: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[Reason, ...] = ()
 
@@ -216,4 +236,6 @@ class Measured:
             return dataclasses.replace(self, profile=answer, profiled=True)
         if isinstance(need, NeedCurve):
             return dataclasses.replace(self, curves={**self.curves, need.gpus: answer})
+        if isinstance(need, NeedNodes):
+            return dataclasses.replace(self, between=answer)
         return dataclasses.replace(self, trials={**self.trials, need.key: answer})

@@ -16,11 +16,13 @@ smartlaunch/driver.py in production), until a Plan comes back. The whole sequenc
      close to the policy's threshold or there is no usable profile, by measured trials
      (NeedTrial, one at a time while one could still change the choice: select.py);
   6. the plan: the chosen strategy's fields, the workers' NCCL variables and NUMA bindings
-     (prepare.py), every reason with its numbers, and the timings measured.
+     (prepare.py), every reason with its numbers, and the timings measured;
+  7. NeedNodes: for a job across a fixed number of nodes that this node decides for
+     (Inputs.nodes), the all-reduce between them, and how many run it (decide/nodes.py); a
+     job kept on one node is decided as a one-node job.
 
 A job across nodes (--nnodes > 1, or Slurm's several nodes) is launched as torchrun would on
-every node (_multi_node); how many of its nodes run it is decided after, by the node that
-decides for all (decide/nodes.py, pipeline_nodes.py).
+every node (_multi_node), on as many of them as step 7 keeps.
 """
 from __future__ import annotations
 
@@ -30,12 +32,14 @@ from collections.abc import Callable, Mapping
 
 from smartlaunch.decide import groups as G
 from smartlaunch.decide import pack
-from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLeases, NeedProfile,
-                                    NeedTrial, Role, Units, Variants, by_role)
+from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLeases, NeedNodes,
+                                    NeedProfile, NeedTrial, Role, Units, Variants, by_role)
 from smartlaunch.decide.cost import CostModel, Prediction, predict_ddp
 from smartlaunch.decide.curves import derived_note, group_curves
+from smartlaunch.decide.nodes import RULE_NODES, TwoLevelCurve, choose_nodes
 from smartlaunch.decide.plan import Candidate, Plan, Reason, strategy_name
 from smartlaunch.decide.prepare import prepare
+from smartlaunch.decide.words import gpu_list
 from smartlaunch.decide.describe import comm_summary, describe
 from smartlaunch.decide.select import Choice, choose_auto, uncertainty
 from smartlaunch.allocation import IDLE_RULE, idle_line
@@ -84,6 +88,11 @@ class _Needed(Exception):
 
 
 def _sequence(i: Inputs, m: Measured) -> Plan:
+    return _nodes(i, m, _steps(i, m))
+
+
+def _steps(i: Inputs, m: Measured) -> Plan:
+    """Steps 1-6 (the module's docstring)."""
     r, topology, policy = i.request, i.topology, i.policy
     _choose(i, None, frozenset(), cheap=True)        # 1: the request alone
     if not topology.gpus:
@@ -107,6 +116,49 @@ def _sequence(i: Inputs, m: Measured) -> Plan:
     else:
         profile = None
     return _finish(i, m, _choose(i, profile, leased, measured=m), profile)   # 4-5
+
+
+def _nodes(i: Inputs, m: Measured, plan: Plan) -> Plan:
+    """7: how many of the job's i.nodes nodes run it, where that is a choice (choosable): the
+    leader curve between them (NeedNodes) with the within-node curve, weighed by
+    decide/nodes.py; on one node kept, the plan of the same job with --nnodes 1."""
+    n = i.nodes
+    if n < 2 or not choosable(plan):
+        return plan
+    if m.between is None:
+        raise _Needed(NeedNodes(n, plan.profile.grad_bytes, strategy_name(plan.strategy),
+                                plan.gpus, plan.link_class, plan.device == "cuda",
+                                tuple(plan.env_dict().items())))
+
+    def keep(why: str) -> Plan:
+        return dataclasses.replace(plan, reasons=plan.reasons + (
+            Reason(f"all {n} nodes: {why}", RULE_NODES),))
+    if not isinstance(m.between, CommCurve):
+        return keep(str(m.between))
+    intra = None
+    if plan.nproc_per_node > 1 and plan.comm is not None:
+        intra = CommCurve.from_points(plan.comm.world_size, plan.comm.backend, plan.comm.points)
+    elif plan.nproc_per_node > 1:
+        return keep("the within-node all-reduce curve is missing, so nothing to weigh")
+    choice = choose_nodes(plan.profile, TwoLevelCurve(intra, m.between, plan.nproc_per_node),
+                          allowed=lambda ranks: ranks in i.policy.decision.world_sizes)
+    kept = (Reason(choice.text, RULE_NODES),)
+    if choice.nodes > 1:
+        return dataclasses.replace(plan, nnodes=str(choice.nodes), reasons=plan.reasons + kept)
+    one = _sequence(dataclasses.replace(i, nodes=0, request=dataclasses.replace(
+        i.request, nnodes="1", nnodes_from="")), m)
+    word = i.units[one.strategy].WORD
+    what = f"{word}×{one.nproc_per_node}" if one.nproc_per_node > 1 else word
+    why = Reason(f"on the one node kept, the job is decided as a one-node job (as with "
+                 f"--nnodes 1): {what} on {gpu_list(one.gpus)}", RULE_NODES)
+    return dataclasses.replace(one, reasons=one.reasons + kept + (why,))
+
+
+def choosable(plan: Plan) -> bool:
+    """Whether how many nodes to use is a choice: a DDP plan across a fixed node count with
+    a usable profile (a dry run on the deciding node's GPU), not forced, not a sweep."""
+    return (plan.multi_node and plan.profile is not None and plan.profile.usable
+            and bool(plan.profile.step_time_s) and not plan.forced and not plan.node_variants)
 
 
 def needs_profile(request: Request, topology: Topology, usable: list[int],

@@ -36,6 +36,8 @@ from smartlaunch.errors import UsageError
 from smartlaunch.profile.api import CommCurve, ModelProfile
 from smartlaunch.request import Request
 
+RULE_NODES = "multi-node: the all-reduce between nodes, measured"
+
 MARGIN = 0.02
 
 
