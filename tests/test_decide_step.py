@@ -49,10 +49,12 @@ def test_every_usable_gpu_leased_plans_a_wait_without_measuring():
     assert not no_wait.wait_for_lease and "--no-wait: fails at once" in render_text(no_wait, REGISTRY)
 
 
-def test_a_cold_decision_asks_for_its_curve_then_its_trials_and_states_the_plan_whole():
-    topo, asked = nv_pair(), []
+def fulfiller(topo, asked: list, between=None):
+    """A driver of values: no lease, a 2.4 ms profile, FakeComm's curves, trials of single
+    100 and DDP 180 samples/s (DDP×2 at 90%), `between` for the all-reduce between nodes;
+    every need recorded in `asked`."""
     comm = FakeComm(topo)
-    rates = {"single": 100.0, "ddp": 180.0}             # samples/s: DDP×2 at 90%
+    rates = {"single": 100.0, "ddp": 180.0}
 
     def fulfil(need, m):
         asked.append(need)
@@ -62,7 +64,15 @@ def test_a_cold_decision_asks_for_its_curve_then_its_trials_and_states_the_plan_
             return m.add(need, profile(step_ms=2.4))
         if isinstance(need, NeedCurve):
             return m.add(need, comm(need.gpus))
+        if isinstance(need, NeedNodes):
+            return m.add(need, between)
         return m.add(need, TrialResult(rates[need.strategy.value]))
+    return fulfil
+
+
+def test_a_cold_decision_asks_for_its_curve_then_its_trials_and_states_the_plan_whole():
+    topo, asked = nv_pair(), []
+    fulfil = fulfiller(topo, asked)
     note = Reason("a note the caller adds", "test")
     # a band so wide that every prediction is too close to the floor to decide alone
     plan = resolve(inputs(topo=topo, pol=policy(uncertainty_band=5.0), notes=(note,)), fulfil,
@@ -96,20 +106,8 @@ def test_how_many_nodes_is_the_last_need_and_one_node_kept_is_decided_as_one_nod
 
     def run(between):
         asked = []
-
-        def fulfil(need, m):
-            asked.append(need)
-            if isinstance(need, NeedLeases):
-                return m.add(need, frozenset())
-            if isinstance(need, NeedProfile):
-                return m.add(need, profile(step_ms=2.4))
-            if isinstance(need, NeedCurve):
-                return m.add(need, comm(need.gpus))
-            if isinstance(need, NeedNodes):
-                return m.add(need, between)
-            return m.add(need, TrialResult(100.0 if need.strategy.value == "single" else 180.0))
         req = request(nnodes="2", nnodes_from="user")
-        return resolve(inputs(req, topo, nodes=2), fulfil), asked
+        return resolve(inputs(req, topo, nodes=2), fulfiller(topo, asked, between)), asked
 
     slow, asked = run(curve(2, 0.05e9))
     kinds = [type(n).__name__ for n in asked]
