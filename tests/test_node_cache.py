@@ -90,12 +90,22 @@ def test_bench_comm_node_cache_is_what_a_jobs_launch_reads(tmp_path):
     # CPU with gloo for this fake node; then the job's view of GPUs 2,3 finds the curve.
     own = tmp_path / "root-cache.yaml"
     own.write_text(f"paths:\n  cache_dir: {tmp_path / 'rootcache'}\n")
-    r = subprocess.run([sys.executable, "-m", "smartlaunch.node_cli", "bench-comm", "--no-pairs",
-                        "--max-mb", "1", "--gpus", "2,3", "--policy", str(own),
-                        "--node-cache", str(tmp_path / "node")],
-                       env={**{k: v for k, v in os.environ.items() if not k.startswith("NCCL_")},
-                            "PYTHONPATH": str(REPO), "SMARTLAUNCH_FAKE_TOPOLOGY": FIXTURE},
-                       capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+    def bench(node):
+        return subprocess.run(
+            [sys.executable, "-m", "smartlaunch.node_cli", "bench-comm", "--no-pairs",
+             "--max-mb", "1", "--gpus", "2,3", "--policy", str(own), "--node-cache", str(node)],
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("NCCL_")},
+                 "PYTHONPATH": str(REPO), "SMARTLAUNCH_FAKE_TOPOLOGY": FIXTURE},
+            capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    # a state directory that is not there (a typo) is refused, not made
+    r = bench(tmp_path / "no" / "such")
+    assert r.returncode == 2 and not (tmp_path / "no").exists(), r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"smartlaunch-node: error: --node-cache {tmp_path / 'no' / 'such'} is not a directory; give the "
+        "node's state directory (the Slurm prolog's), which must exist"], r.stderr
+    (tmp_path / "node").mkdir()
+    r = bench(tmp_path / "node")
     assert r.returncode == 0, r.stderr[-2000:]
     got = load_node_comm(policy(tmp_path), JOB, (0, 1), "gloo", {}, need_bytes=0)
     assert got is not None and got.gpus == (0, 1) and got.world_size == 2

@@ -80,6 +80,10 @@ def bench_comm(args) -> int:
     if len(gpus) < 2:
         raise UsageError(f"bench-comm needs at least 2 GPUs, this node shows {known}; "
                          "nothing to measure")
+    if args.node_cache and (os.path.islink(args.node_cache) or not os.path.isdir(args.node_cache)):
+        # a shared place: never made here from a typo, never written through a link
+        raise UsageError(f"--node-cache {args.node_cache} is not a directory; give the node's "
+                         f"state directory (the Slurm prolog's), which must exist")
     groups = [tuple(gpus)]
     if not args.no_pairs and len(gpus) > 2:
         groups += [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
