@@ -49,12 +49,17 @@ def test_check_invalid_file_exits_with_the_policy_code(clean_env):
     assert len(own_lines(out.stderr)) == 1
 
 
-def test_check_names_every_problem_one_line_each(clean_env):
-    path = write(clean_env, "bad.yaml", "decision:\n  min_efficency: 0.5\n  trials: maybe\n"
-                                        "launch:\n  numa_binding: bind\njobz: {}\n")
+def _refused(clean_env, text: str) -> tuple:
+    """`policy check` of a bad file: exit 3, nothing on stdout; (its path, its own lines)."""
+    path = write(clean_env, "bad.yaml", text)
     out = node("check", path, cwd=clean_env)
     assert out.returncode == 3 and out.stdout == ""
-    lines = own_lines(out.stderr)
+    return path, own_lines(out.stderr)
+
+
+def test_check_names_every_problem_one_line_each(clean_env):
+    path, lines = _refused(clean_env, "decision:\n  min_efficency: 0.5\n  trials: maybe\n"
+                                      "launch:\n  numa_binding: bind\njobz: {}\n")
     assert [line.split(": ")[2] for line in lines] == [
         f"{path}:2", f"{path}:3", f"{path}:5", f"{path}:6"], lines
     assert all(line.startswith("smartlaunch-node: error: ") for line in lines)
@@ -63,11 +68,8 @@ def test_check_names_every_problem_one_line_each(clean_env):
 
 def test_check_names_every_bad_element_of_a_list(clean_env):
     # Was: world_sizes named [1] only, so fixing it showed [2] on the next run.
-    path = write(clean_env, "bad.yaml", 'decision:\n  world_sizes: [2, "x", 3.5, 2, 0]\n'
-                                        '  allowed_strategies: [single, dpp, 3]\n')
-    out = node("check", path, cwd=clean_env)
-    assert out.returncode == 3 and out.stdout == ""
-    lines = own_lines(out.stderr)
+    _, lines = _refused(clean_env, 'decision:\n  world_sizes: [2, "x", 3.5, 2, 0]\n'
+                                   '  allowed_strategies: [single, dpp, 3]\n')
     assert [line.split(": ")[3] for line in lines] == [
         "decision.world_sizes[1]", "decision.world_sizes[2]", "decision.world_sizes[3]",
         "decision.world_sizes[4]", "decision.allowed_strategies[1]",
