@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""DDP×N against the cost model on one node: measured speedups and the inputs the model takes.
+
+Per link condition, the all-reduce curve of every group size (`smartlaunch-node bench-comm`,
+measured, never derived). Per script, its profile (`smartlaunch-node profile --reprofile`: the
+dry run a cold decision runs), then per condition one `torchrun --nproc-per-node W` launch in
+the harness's --scaling mode: single, DDP×2, ... DDP×W measured in interleaved windows of one
+job (bench/suite/_harness.py `scaling`), so every size of a row shares the launch, the GPUs'
+state and the drift. Records go to <out>/records.jsonl as each run ends; the report
+(`--report`) replays the cost model on them.
+
+    python bench/scaling.py --scripts cnn-small-b128,gpt-124m-b8 --out $OUT/scaling --budget 540
+    python bench/scaling.py --report OUT.md records.jsonl [...]
+    python bench/scaling.py --tiny --fake-world 4 --scripts cnn-small-b128 --out /tmp/sc  # CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from smartlaunch.decide.cost import CostModel, predict_ddp  # noqa: E402
+from smartlaunch.profile.api import CommCurve, ModelProfile  # noqa: E402
+
+NODE = (sys.executable, "-m", "smartlaunch.node_cli")
+
+
+def torchrun() -> tuple[str, ...]:
+    return (sys.executable, "-m", "torch.distributed.run")
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def measure(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = out / "records.jsonl"
+    t_start = time.monotonic()
+    world = args.fake_world or gpu_count()
+    if world < 2:
+        print("scaling: needs 2 or more GPUs (or --fake-world on CPU)", file=sys.stderr)
+        return 2
+    sizes = [n for n in (int(x) for x in args.ns.split(",")) if n <= world]
+    label = common.machine_label()
+
+    def left() -> float:
+        return args.budget - (time.monotonic() - t_start)
+
+    def emit(rec: dict) -> None:
+        rec.update(machine=label, time=time.strftime("%Y-%m-%dT%H:%M:%S"), run=args.run)
+        with records.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    base = dict(os.environ)
+    if args.fake_world:
+        base["CUDA_VISIBLE_DEVICES"] = ""
+    conditions = args.conditions.split(",")
+    if not args.skip_curves:
+        for cond in conditions:
+            for n in sizes:
+                if n < 2 or left() < 20:
+                    continue
+                gpus = ",".join(map(str, range(n)))
+                res = common.run([*NODE, "bench-comm", "--gpus", gpus, "--no-pairs", "--json"],
+                                 common.child_env(base, cond), min(120, left()))
+                curve = None
+                if res["rc"] == 0:
+                    try:
+                        curve = json.loads(res["stdout"])[0]
+                    except (ValueError, IndexError):
+                        pass
+                emit({"kind": "curve", "condition": cond, "n": n, "curve": curve,
+                      "wall_s": round(res["wall_s"], 2),
+                      "error": None if curve else common.run_error(res, "bench-comm")})
+                print(f"curve {cond} ×{n}: {res['wall_s']:.1f} s", flush=True)
+    for sid in args.scripts.split(","):
+        e = common.entry(sid)
+        script_args = list(e.args) + (["--tiny"] if args.tiny else [])
+        if left() < 40:
+            print(f"budget: {sid} not started", flush=True)
+            break
+        res = common.run([*NODE, "profile", "--reprofile", e.script, *script_args,
+                          "--warmup", str(e.warmup), "--steps", "100000"],
+                         common.child_env(base, None), min(180, left()))
+        try:
+            prof = json.loads(res["stdout"])
+        except ValueError:
+            prof = None
+        emit({"kind": "profile", "script": sid, "profile": prof, "wall_s": round(res["wall_s"], 2),
+              "error": None if prof else common.run_error(res, "profile")})
+        print(f"profile {sid}: {res['wall_s']:.1f} s", flush=True)
+        for cond in conditions:
+            if left() < 30:
+                break
+            argv = [*torchrun(), "--standalone", "--nproc-per-node", str(world), e.script,
+                    *script_args, "--warmup", str(e.warmup), "--scaling",
+                    ",".join(map(str, sizes)), "--scaling-rounds", str(args.rounds),
+                    "--scaling-window-s", str(args.window_s)]
+            res = common.run(argv, common.child_env(base, cond), min(240, left()))
+            line = next((x for x in res["stdout"].splitlines() if x.startswith("scaling: ")), None)
+            got = json.loads(line[len("scaling: "):]) if line else None
+            emit({"kind": "scaling", "script": sid, "condition": cond, "result": got,
+                  "wall_s": round(res["wall_s"], 2),
+                  "error": None if got else common.run_error(res, "scaling run")})
+            print(f"scaling {sid} {cond}: {res['wall_s']:.1f} s", flush=True)
+    if args.report_to:
+        return report([records], Path(args.report_to))
+    return 0
+
+
+def jitter(profile: ModelProfile) -> float:
+    """The single-GPU step's spread as the profile gives it: (p90 - mean) / 1.2816, the
+    standard deviation of a normal with that 90th percentile."""
+    if profile.step_time_p90_s and profile.step_time_s:
+        return max(0.0, (profile.step_time_p90_s - profile.step_time_s) / 1.2816)
+    return 0.0
+
+
+def rows_from(paths: list[Path]) -> list[dict]:
+    recs = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
+    curves = {(r["condition"], r["n"]): CommCurve.from_dict(r["curve"])
+              for r in recs if r["kind"] == "curve" and r.get("curve")}
+    profiles = {r["script"]: ModelProfile.from_dict(r["profile"])
+                for r in recs if r["kind"] == "profile" and r.get("profile")}
+    rows = []
+    for r in recs:
+        if r["kind"] != "scaling" or not r.get("result"):
+            continue
+        sizes = r["result"]["sizes"]
+        t1 = statistics.median(sizes["1"]["window_ms"]) / 1e3
+        steps1 = sizes["1"]["step_ms"]
+        for n_text, v in sizes.items():
+            n = int(n_text)
+            if n == 1 or not v["window_ms"]:
+                continue
+            tn = statistics.median(v["window_ms"]) / 1e3
+            prof = profiles.get(r["script"])
+            curve = curves.get((r["condition"], n))
+            rows.append({"script": r["script"], "condition": r["condition"], "n": n,
+                         "t1_s": t1, "tn_s": tn, "measured": n * t1 / tn,
+                         "windows_1": sizes["1"]["window_ms"], "windows_n": v["window_ms"],
+                         "step_sd_1": statistics.pstdev(steps1) / 1e3 if len(steps1) > 1 else 0,
+                         "profile": prof, "curve": curve})
+    return rows
+
+
+def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
+    rows = rows_from(paths)
+    lines = ["# DDP×N: measured in one launch against the cost model", "",
+             f"Records: {', '.join(f'`{p}`' for p in paths)}. Measured speedup = N × single ÷ "
+             "DDP×N window medians of one launch (bench/scaling.py). Predicted: "
+             "smartlaunch.decide.cost.predict_ddp on the script's profile and the curve measured "
+             "at N in that condition.", "",
+             "| script | link | N | 1 GPU ms (profile) | DDP ms | measured | predicted | err | "
+             "comm | exposed | contention |", "|" + "---|" * 11]
+    errs = {}
+    for r in rows:
+        p, c = r["profile"], r["curve"]
+        if p is None or not p.usable or c is None:
+            pred_txt, err_txt, extra = "–", "–", "– | – | –"
+        else:
+            pr = predict_ddp(p, c, r["n"], model)
+            e = pr.speedup / r["measured"] - 1
+            errs.setdefault(r["n"], []).append(abs(e))
+            pred_txt, err_txt = f"{pr.speedup:.2f}", f"{100 * e:+.1f}%"
+            extra = (f"{pr.allreduce_s * 1e3:.2f} | {pr.exposed_s * 1e3:.2f} | "
+                     f"{pr.contention_s * 1e3:.2f}")
+        prof_ms = f" ({p.step_time_s * 1e3:.2f})" if p and p.step_time_s else ""
+        lines.append(f"| {r['script']} | {r['condition']} | {r['n']} | {r['t1_s'] * 1e3:.2f}"
+                     f"{prof_ms} | {r['tn_s'] * 1e3:.2f} | {r['measured']:.2f} | {pred_txt} | "
+                     f"{err_txt} | {extra} |")
+    lines += ["", "| N | rows | median abs err | p90 abs err |", "|---|---|---|---|"]
+    for n, es in sorted(errs.items()):
+        es = sorted(es)
+        p90 = es[min(len(es) - 1, math.ceil(0.9 * len(es)) - 1)]
+        lines.append(f"| {n} | {len(es)} | {100 * statistics.median(es):.1f}% | "
+                     f"{100 * p90:.1f}% |")
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scripts", default="cnn-small-b128")
+    ap.add_argument("--conditions", default="host,nvlink")
+    ap.add_argument("--ns", default="1,2,4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window-s", type=float, default=1.0)
+    ap.add_argument("--budget", type=float, default=540)
+    ap.add_argument("--out", default="scaling-out")
+    ap.add_argument("--run", default="scaling")
+    ap.add_argument("--skip-curves", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="toy models (CPU)")
+    ap.add_argument("--fake-world", type=int, default=0, help="CPU: this many gloo ranks")
+    ap.add_argument("--report-to", default="", help="write the report here after measuring")
+    ap.add_argument("--report", nargs="+", default=None, metavar=("OUT.md", "RECORDS"))
+    args = ap.parse_args(argv)
+    if args.report:
+        return report([Path(p) for p in args.report[1:]], Path(args.report[0]))
+    return measure(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
