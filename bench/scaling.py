@@ -67,6 +67,7 @@ def measure(args) -> int:
             f.write(json.dumps(rec) + "\n")
 
     base = dict(os.environ)
+    base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if args.fake_world:
         base["CUDA_VISIBLE_DEVICES"] = ""
     conditions = args.conditions.split(",")
@@ -105,19 +106,25 @@ def measure(args) -> int:
               "error": None if prof else common.run_error(res, "profile")})
         print(f"profile {sid}: {res['wall_s']:.1f} s", flush=True)
         for cond in conditions:
-            if left() < 30:
-                break
-            argv = [*torchrun(), "--standalone", "--nproc-per-node", str(world), e.script,
-                    *script_args, "--warmup", str(e.warmup), "--scaling",
-                    ",".join(map(str, sizes)), "--scaling-rounds", str(args.rounds),
-                    "--scaling-window-s", str(args.window_s)]
-            res = common.run(argv, common.child_env(base, cond), min(240, left()))
-            line = next((x for x in res["stdout"].splitlines() if x.startswith("scaling: ")), None)
-            got = json.loads(line[len("scaling: "):]) if line else None
-            emit({"kind": "scaling", "script": sid, "condition": cond, "result": got,
-                  "wall_s": round(res["wall_s"], 2),
-                  "error": None if got else common.run_error(res, "scaling run")})
-            print(f"scaling {sid} {cond}: {res['wall_s']:.1f} s", flush=True)
+            for n in sizes:
+                if n < 2 or left() < 30:
+                    continue
+                argv = [*torchrun(), "--standalone", "--nproc-per-node", str(n), e.script,
+                        *script_args, "--warmup", str(e.warmup), "--scaling", f"1,{n}",
+                        "--scaling-rounds", str(args.rounds),
+                        "--scaling-window-s", str(args.window_s)]
+                res = common.run(argv, common.child_env(base, cond), min(args.run_timeout, left()))
+                line = next((x for x in res["stdout"].splitlines()
+                             if x.startswith("scaling: ")), None)
+                got = json.loads(line[len("scaling: "):]) if line else None
+                emit({"kind": "scaling", "script": sid, "condition": cond, "n": n, "result": got,
+                      "wall_s": round(res["wall_s"], 2),
+                      "error": None if got else common.run_error(res, "scaling run")})
+                print(f"scaling {sid} {cond} ×{n}: {res['wall_s']:.1f} s", flush=True)
+                if res["timed_out"]:
+                    print(res["stderr"][-3000:], flush=True)
+                    print("a scaling run timed out: stopping here", flush=True)
+                    return report([records], Path(args.report_to)) if args.report_to else 1
     if args.report_to:
         return report([records], Path(args.report_to))
     return 0
@@ -145,6 +152,7 @@ def rows_from(paths: list[Path]) -> list[dict]:
         t1 = statistics.median(sizes["1"]["window_ms"]) / 1e3
         steps1 = sizes["1"]["step_ms"]
         for n_text, v in sizes.items():
+            r.setdefault("n", int(n_text))
             n = int(n_text)
             if n == 1 or not v["window_ms"]:
                 continue
@@ -203,6 +211,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=1.0)
     ap.add_argument("--budget", type=float, default=540)
+    ap.add_argument("--run-timeout", type=float, default=90, help="seconds for one torchrun")
     ap.add_argument("--out", default="scaling-out")
     ap.add_argument("--run", default="scaling")
     ap.add_argument("--skip-curves", action="store_true")

@@ -172,19 +172,33 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
 
 def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, accum,
             n_params) -> None:
-    """DDP over the first n ranks for every n in --scaling, one copy of the model per n (a
-    module under two DDP wrappers would all-reduce twice), in windows of about
-    --scaling-window-s each, rounds in alternating order (1,2,4 then 4,2,1) so drift does not
-    favour one size. Ranks beyond n wait in a CPU (gloo) barrier: nothing runs on their GPUs.
-    Rank 0 times each window between device syncs, and every step with device events (no sync
-    inside the window) for the per-step spread."""
+    """Single (rank 0 alone) against DDP over the whole world, in windows of about
+    --scaling-window-s each, rounds in alternating order so drift favours neither: the two
+    share the launch, the GPUs' state and the drift. --scaling is "1,<world>". While rank 0
+    runs alone the other ranks wait on the rendezvous store: nothing runs on their GPUs.
+    Rank 0 times each window between device syncs, and every step with device events (no
+    sync inside the window) for the per-step spread."""
     import copy
     import json
+    import sys
     sizes = [int(x) for x in str(args.scaling).split(",") if x.strip()]
-    assert all(1 <= n <= ctx.world for n in sizes), (sizes, ctx.world)
-    cpu = dist.new_group(backend="gloo") if ctx.world > 1 else None
-    groups = {n: (dist.new_group(list(range(n))) if 1 < n < ctx.world else None)
-              for n in sizes}
+    assert all(n in (1, ctx.world) for n in sizes), (sizes, ctx.world)
+    store = dist.distributed_c10d._get_default_store() if ctx.world > 1 else None
+    rounds_done = [0]
+
+    def everyone() -> None:
+        """A barrier on the store (no NCCL, no gloo)."""
+        if store is None:
+            return
+        rounds_done[0] += 1
+        key = f"scaling/{rounds_done[0]}"
+        if store.add(key, 1) == ctx.world:
+            store.set(key + "/go", "1")
+        store.wait([key + "/go"])
+
+    def say(what: str) -> None:
+        print(f"scaling rank {ctx.rank}: {what}", file=sys.stderr, flush=True)
+
     runs = {}
     for n in sizes:
         if ctx.rank >= n:
@@ -192,17 +206,17 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
         m = copy.deepcopy(model)
         if n > 1:
             m = nn.parallel.DistributedDataParallel(
-                m, device_ids=[ctx.local_rank] if ctx.cuda else None, process_group=groups[n])
-        opt = make_opt([p for p in m.parameters() if p.requires_grad])
-        runs[n] = (m, opt)
+                m, device_ids=[ctx.local_rank] if ctx.cuda else None)
+        runs[n] = (m, make_opt([p for p in m.parameters() if p.requires_grad]))
+    say("models ready")
 
     def step(n: int, i: int) -> None:
         m, opt = runs[n]
         opt.zero_grad(set_to_none=True)
         for k in range(accum):
             inputs, target = make_batch(i * accum + k)
-            ctxm = m.no_sync() if (n > 1 and k < accum - 1) else contextlib.nullcontext()
-            with ctxm:
+            quiet = m.no_sync() if (n > 1 and k < accum - 1) else contextlib.nullcontext()
+            with quiet:
                 with amp:
                     out = m(**inputs) if isinstance(inputs, dict) else m(*inputs)
                     loss = loss_fn(out, target) / accum
@@ -213,48 +227,46 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
         if ctx.cuda:
             torch.cuda.synchronize()
 
-    def barrier(n: int) -> None:
-        if n > 1:
-            dist.barrier(group=groups[n]) if groups[n] is not None else dist.barrier()
-
     steps = {n: 0 for n in sizes}
     result = {n: {"window_ms": [], "step_ms": []} for n in sizes}
     at = 0
     for r in range(args.scaling_rounds + 1):          # round 0: warm-up and window sizing
-        order = sizes if r % 2 == 0 else sizes[::-1]
-        for n in order:
-            if ctx.rank < n:
-                for _ in range(args.warmup if r == 0 else 3):
-                    step(n, at)
-                    at += 1
-                sync()
-                barrier(n)
-                count = steps[n] or 10
-                marks = [mark(ctx)] if ctx.rank == 0 else []
-                t0 = time.perf_counter()
-                for _ in range(count):
-                    step(n, at)
-                    at += 1
-                    if ctx.rank == 0:
-                        marks.append(mark(ctx))
-                sync()
-                took = time.perf_counter() - t0
-                if r == 0:
-                    steps[n] = max(10, int(args.scaling_window_s * count / took))
-                elif ctx.rank == 0:
-                    result[n]["window_ms"].append(took / count * 1e3)
-                    result[n]["step_ms"].extend(
-                        round(elapsed(a, b) * 1e3, 4) for a, b in zip(marks, marks[1:]))
-            if cpu is not None:
-                dist.barrier(group=cpu)
+        for n in (sizes if r % 2 == 0 else sizes[::-1]):
+            everyone()
+            if ctx.rank >= n:
+                continue
+            for _ in range(args.warmup if r == 0 else 3):
+                step(n, at)
+                at += 1
+            sync()
+            if n > 1:
+                dist.barrier()
+            count = steps[n] or 10
+            marks = [mark(ctx)] if ctx.rank == 0 else []
+            t0 = time.perf_counter()
+            for _ in range(count):
+                step(n, at)
+                at += 1
+                if ctx.rank == 0:
+                    marks.append(mark(ctx))
+            sync()
+            took = time.perf_counter() - t0
+            if r == 0:
+                steps[n] = max(10, int(args.scaling_window_s * count / took))
+            elif ctx.rank == 0:
+                result[n]["window_ms"].append(took / count * 1e3)
+                result[n]["step_ms"].extend(
+                    round(elapsed(a, b) * 1e3, 4) for a, b in zip(marks, marks[1:]))
+        if ctx.rank == 0:
+            say(f"round {r} done")
     if ctx.rank == 0:
         print("scaling: " + json.dumps({"model": name, "params": n_params,
                                         "batch": args.batch_size * accum, "world": ctx.world,
                                         "steps": steps, "sizes": result}), flush=True)
+    everyone()
     if ctx.world > 1:
         runs.clear()
         gc.collect()
-        dist.barrier(group=cpu)
         dist.destroy_process_group()
 
 
