@@ -251,8 +251,14 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
                     marks.append(mark(ctx))
             sync()
             took = time.perf_counter() - t0
-            if r == 0:
-                steps[n] = max(10, int(args.scaling_window_s * count / took))
+            if r == 0:      # rank 0's count for every rank: DDP ranks must step alike
+                want = max(10, int(args.scaling_window_s * count / took))
+                if store is None:
+                    steps[n] = want
+                else:
+                    if ctx.rank == 0:
+                        store.set(f"scaling/steps/{n}", str(want))
+                    steps[n] = int(store.get(f"scaling/steps/{n}"))
             elif ctx.rank == 0:
                 result[n]["window_ms"].append(took / count * 1e3)
                 result[n]["step_ms"].extend(
