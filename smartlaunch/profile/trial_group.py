@@ -1,21 +1,13 @@
-"""A trial's ranks, started without torchrun's agent.
+"""A trial's ranks, started without torchrun's agent (which cost a trial about half its
+start-up); this spawner imports no torch.
 
     python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...
 
 runs N ranks of `python -m smartlaunch.profile.trial SHIM_ARGS` with torchrun's environment
-contract (worker_env.rank_env; OMP_NUM_THREADS=1 when unset and N > 1, as run.py sets it) and
-exits with 0 when all exit 0, else with the first failed rank's code. torchrun's agent cost
-a trial about half its start-up (a python, `import torch.distributed.run`, a rendezvous, then
-the ranks' own starts): this spawner imports no torch. It runs inside the trial's sandbox (sandbox.wrap of this command), so every rank
-shares one overlay; like the agent, it starts each rank in its own session, ends the others
-when one fails, and passes SIGTERM/SIGINT/SIGHUP on to every rank (the dry-run hooks write
-what they measured on SIGTERM), SIGKILLing what is left after GRACE_S.
-There is no agent store: TORCHELASTIC_USE_AGENT_STORE=False, so rank 0's
-init_process_group creates the TCPStore at MASTER_PORT, as a single-rank job's does.
-
-Each rank gets its own control socket (profile/control.py): the session hands the spawner one
-descriptor per rank in SMARTLAUNCH_CONTROL_FD (a comma list) and it passes rank r the r-th.
-"""
+contract (worker_env.rank_env; OMP_NUM_THREADS=1 when unset and N > 1), each in its own session;
+one failing ends the others, SIGTERM/SIGINT/SIGHUP are passed on (SIGKILL after GRACE_S). Exits
+0 when all exit 0, else with the first failed rank's code. No agent store: rank 0 creates the
+TCPStore. Rank r gets the r-th control descriptor of SMARTLAUNCH_CONTROL_FD (a comma list)."""
 from __future__ import annotations
 
 import os
