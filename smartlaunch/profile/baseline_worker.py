@@ -1,12 +1,7 @@
-"""One rank of the node calibration (started by smartlaunch.profile.baseline, one per GPU).
-
-    RANK=r WORLD_SIZE=n ... python -m smartlaunch.profile.baseline_worker --backend nccl \
-        --device-index 3 --models 1024x1x2048,4096x4x2048 --windows 5 --window-s 0.2 --out F
-
-Each model WIDTHxLAYERSxBATCH is a stack of bias-free square Linear layers trained with SGD on
-synthetic data. Per model: `single`, rank 0 alone (its backward share, then `windows` windows of
-free-running steps), then `ddp`, every rank under DDP, a window's time the slowest rank's. Rank 0
-sizes the windows (about window-s each) and broadcasts the step count; it writes the JSON result."""
+"""One rank of the node calibration (started by smartlaunch.profile.baseline, one per GPU). Each
+model WIDTHxLAYERSxBATCH (square bias-free Linear layers, SGD, synthetic data) runs `single` (rank 0
+alone: its backward share, then `windows` windows of free-running steps) then `ddp` (every rank, a
+window's time the slowest rank's); rank 0 sizes the windows and writes the JSON result."""
 from __future__ import annotations
 
 import argparse

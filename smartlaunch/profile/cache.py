@@ -1,12 +1,8 @@
-"""Profile, all-reduce and trial caches: one JSON file per key under the policy's cache dir
-(store.cache_root), <cache_dir>/profiles/, comm/, trials/, logs/.
-
-Profile key: the script's bytes (for -m: the module's file) and its sibling *.py files, the
-arguments, working directory, PYTHONPATH, the CPU-shim switch, the dry-run settings, the torch
-version and the GPU model (not CUDA_VISIBLE_DEVICES). Comm key: topology fingerprint + GPU
-group + backend + every NCCL_* variable. A FileLock per key serializes cold dry runs of a job.
-Every entry read back is checked by its type's from_dict; a bad one is said once and measured
-again (store.load); an unwritable cache is said once and the launch measures without it."""
+"""Profile, all-reduce and trial caches: one JSON file per key under <cache_dir> (store.cache_root).
+Profile key: the script's (and its sibling *.py files') bytes, arguments, working directory,
+PYTHONPATH, CPU shim, dry-run settings, torch version and GPU model. Comm key: topology fingerprint,
+GPU group, backend, every NCCL_* variable. Entries read back are checked by their from_dict; a bad
+one is said once and measured again (store.load)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,12 +1,8 @@
-"""One rank of the all-reduce benchmark (started by smartlaunch.profile.comm, one per GPU).
-
-    RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
-        --backend nccl --device-index 3 --sizes 1048576,2097152 --iters 5 --out F [--gate]
-
-Each size: warm-up, then `iters` timed all-reduces after a barrier; the per-rank median (or min)
-is max-reduced over ranks and rank 0 writes [[bytes, seconds], ...] to --out. --gate: once the
-group is up, wait for the go (control.py). --groups "0,1,2,3;0,1": one curve per group of ranks
-in turn, each over a communicator of its own; --out holds [{"ranks", "points"}, ...]."""
+"""One rank of the all-reduce benchmark (started by smartlaunch.profile.comm, one per GPU). Each
+size: warm-up, then `iters` timed all-reduces after a barrier; the per-rank median (or min) is max-
+reduced over ranks and rank 0 writes [[bytes, seconds], ...] to --out. --gate: wait for the go once
+the group is up. --groups "0,1,2,3;0,1": one curve per group of ranks, each over its own
+communicator; --out then holds [{"ranks", "points"}, ...]."""
 from __future__ import annotations
 
 import argparse

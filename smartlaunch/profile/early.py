@@ -1,13 +1,8 @@
-"""What a cold decision starts beside its dry run, and the one rule for when each may go.
-
-When the decision will need them (`what_to_start`) and cores are spare, the all-reduce sweep of
-the largest DDP candidate's group and DDP trials start with the dry run in the same Session: the
-sweep's ranks join, then wait at their gate; the trials' ranks set the script up, then wait
-before the first forward until decide asks for that trial; the dry run waits before its first
-forward. `Early.rule` orders them: the sweep measures once the trials are set up (or gone), the
-dry run's measured steps once the sweep has ended. A trial still setting up when the dry run has
-waited as long as it took to get to its gate (at least READY_LIMIT_S), or while host memory runs
-low, is killed and the decision goes on without it."""
+"""What a cold decision starts beside its dry run (`what_to_start`: the all-reduce sweep of the
+largest DDP group, early DDP trials), each held at its gate, and `Early.rule`, the one rule for when
+each may go: the sweep once the trials are set up (or gone), the dry run's measured steps once the
+sweep has ended. A trial still setting up when the dry run has waited long enough, or while host
+memory runs low, is killed and the decision goes on without it."""
 from __future__ import annotations
 
 import time

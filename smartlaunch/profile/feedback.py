@@ -1,10 +1,6 @@
-"""Measured launches: the step rate of what actually ran, kept for the next plan of the same job
-(the profile key plus topology fingerprint and NCCL_* variables), which prefers it to predictions.
-
-Rates are compared in rank-steps per second (ranks x steps/s): each rank does the single-GPU
-step's work (torchrun's semantics), unless the script sizes its work by the world size (the
-record says so: `assumed`). Layout: <cache_dir>/launches/<key>.json = {"runs": {"single": {...},
-"ddp:0,1": {...}}}, the latest launch of each candidate."""
+"""Measured launches: the step rate of what actually ran, kept per job and candidate
+(<cache_dir>/launches/<key>.json) for the next plan, which prefers it to predictions. Rates are
+compared in rank-steps per second; a script that sizes its work by the world size is `assumed`."""
 from __future__ import annotations
 
 import dataclasses

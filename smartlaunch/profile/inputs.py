@@ -1,9 +1,6 @@
-"""What the dry run reads off the script's inputs.
-
-Batch: the leading dimension of the first tensor in a forward call's positional, then keyword
-arguments, looking inside mappings (HF's BatchEncoding too), lists, tuples and dataclasses.
-World size: the first read of it by the script's own code (not a library's) before its first
-optimizer step, as "file:line": its per-rank work may differ under DDP."""
+"""What the dry run reads off the script's inputs: a forward call's batch (the leading dimension of
+its first tensor, looked for in arguments, mappings, sequences and dataclasses) and where the
+script's own code first reads the world size before its first step ("file:line")."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,15 +1,7 @@
-"""Measured trials: a few real steps of one candidate, for when the model is not sure.
-
-The entrypoint runs as the plan would (torchrun semantics, the candidate's GPUs only) under the
-dry-run hooks, for at least `decision.trial_steps` steps and `decision.trial_seconds` of window;
-every rank gets the same step count, so the ranks stop together. Rank 0's window gives samples/s
-= N x batch / step. The spawner (trial_group.py) starts the ranks:
-
-    python -m smartlaunch.profile.trial_group --nproc N -- \
-        --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
-
-Run as a module, this file is the per-rank shim: it hands over to smartlaunch.profile.dryrun,
-writing rank<RANK>.json."""
+"""Measured trials: a few real steps of one candidate, run as the plan would run it (torchrun
+semantics, its GPUs only) under the dry-run hooks, every rank told the same step count; rank 0's
+window gives samples/s = N x batch / step. The spawner is trial_group.py; run as a module, this file
+is the per-rank shim handing over to smartlaunch.profile.dryrun (rank<RANK>.json)."""
 from __future__ import annotations
 
 import math
@@ -27,7 +19,6 @@ from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.session import Session, Stage, State, owned
-from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
 from smartlaunch.store import read_json
 from smartlaunch.vocab import Strategy
@@ -69,10 +60,9 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
         run = next((w for w in waiting if w.fits(gpus, isolated)), None)
+        t_spawn = time.time()
         if run is not None:     # the others wait for decide: it may still ask for them
             waiting.remove(run)
-        t_spawn = time.time()
-        if run is not None:
             session.go(run.stage, measure=steps)
         else:
             run = Trial.start(session, request, policy, environ, isolated, tuple(gpus),
@@ -203,20 +193,12 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None,
                   gate: bool = False) -> list[str]:
-    """The spawner's command line for nproc ranks of the shim (trial_group.py)."""
-    return spawner_command(nproc, shim_args(request, policy, out_dir, steps, gate=gate), python)
-
-
-def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None, *,
-              gate: bool = False) -> list[str]:
-    """Each rank's arguments to this module (below, `_shim`)."""
-    args = ["--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
-            "--measure", str(steps or policy.decision.trial_steps)]
-    if gate:
-        args.append("--gate")
-    if request.module:
-        args.append("--module")
-    return [*args, request.script, *request.script_args]
+    """The spawner's command line (trial_group.py) for nproc ranks of the shim (`_shim`)."""
+    return [python, "-m", "smartlaunch.profile.trial_group", "--nproc", str(nproc), "--",
+            "--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
+            "--measure", str(steps or policy.decision.trial_steps),
+            *(["--gate"] if gate else []), *(["--module"] if request.module else []),
+            request.script, *request.script_args]
 
 
 DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
