@@ -1,6 +1,6 @@
-"""The node calibration's measurement: single GPU vs DDP×2 on synthetic models (baseline_worker.py),
-run as comm.py runs its benchmark, and its cache: <cache_dir>/node/<key>.json, key = cache.node_key
-+ backend + format + torch version. decide/calibrate.py derives the constants from these times."""
+"""The node calibration's measurement: single GPU vs DDP×2 on synthetic models
+(baseline_worker.py), run as comm.py runs its benchmark, and its cache: <cache_dir>/node/<key>.json,
+key = cache.node_key + backend + format + torch version. decide/calibrate.py derives the constants."""
 from __future__ import annotations
 
 import math
