@@ -162,9 +162,8 @@ class NvmlBackend:
         )
 
     def _locality(self, c: Calls, d: _Device, n_nodes: int) -> tuple[int, tuple[int, ...]]:
-        """(NUMA node, local CPUs), by memory affinity as `nvidia-smi topo -m`:
-        nvmlDeviceGetNumaNodeId names the GPU's own memory node on Grace Hopper, not the CPUs near
-        it."""
+        """(NUMA node, local CPUs) by memory affinity, as `nvidia-smi topo -m` (NumaNodeId names
+        the GPU's own memory node on Grace Hopper, not the CPUs near it)."""
         words = math.ceil(max(os.cpu_count() or 1, 64) / 64)
         node = None
         mask = c.get("nvmlDeviceGetMemoryAffinity", d.handle, words, 0)   # scope NODE
