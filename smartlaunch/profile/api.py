@@ -1,8 +1,5 @@
-"""Data types of the profile layer: what the model costs, and what the link costs.
-
-`ModelProfile` comes from the dry run of the user's real entrypoint (smartlaunch.profile.dryrun);
-`CommCurve` from an all-reduce benchmark over a candidate GPU group (smartlaunch.profile.comm).
-"""
+"""Data types of the profile layer: `ModelProfile` (the dry run, profile/dryrun.py) and `CommCurve`
+(an all-reduce benchmark over a GPU group, profile/comm.py)."""
 from __future__ import annotations
 
 import bisect
@@ -25,8 +22,7 @@ class ProfileStatus(str, enum.Enum):
     INCOMPLETE = "incomplete"   # fewer measured steps than asked; numbers present but noisy
     SKIPPED = "skipped"         # not profiled (--no-python, forced strategy, ...)
     CRASHED = "crashed"         # the script failed; never launched
-    UNMEASURABLE = "unmeasurable"   # failed before its first step after reading WORLD_SIZE:
-    #                                 it may refuse the dry run's 1; launched as torchrun would
+    UNMEASURABLE = "unmeasurable"   # failed before its first step after reading WORLD_SIZE
 
 
 @dataclass(frozen=True)
@@ -39,18 +35,12 @@ class ModelProfile:
     grad_bytes: int = 0                          # bytes DDP would all-reduce per step
     num_grad_tensors: int = 0
     buffer_bytes: int = 0                        # module buffers DDP broadcasts every forward
-    # Samples per optimizer step: every micro-batch of an accumulated step (nanoGPT with
-    # accumulation 4 and batch 8: 32). Throughput is batch_size / step_time_s.
-    batch_size: int | None = None
+    batch_size: int | None = None                # samples per optimizer step, all micro-batches
     micro_batch_size: int | None = None          # batch of one forward call
     micro_batches: int | None = None             # forward calls of the model per optimizer step
-    # Where the script's own code read the world size before its first step ("train.py:89
-    # (reads WORLD_SIZE)"): its per-rank work may change under DDP (nanoGPT divides its
-    # accumulation by it), so the profiled work per rank is an assumption a trial must check.
-    reads_world_size: str | None = None
+    reads_world_size: str | None = None          # "train.py:89 (reads WORLD_SIZE)"
     wrapped: str | None = None                   # "DDP", "FSDP" when the script wraps itself
-    # All times are device time over the measurement window (CUDA events read after the
-    # window's closing sync; the host clock on CPU), never host intervals.
+    # Times: device time over the measurement window (clock.py), never host intervals.
     step_time_s: float | None = None             # window / steps in it
     step_time_p90_s: float | None = None
     step_time_ci: float | None = None            # the mean step's 95% half-width / the mean
@@ -63,10 +53,8 @@ class ModelProfile:
     timing: str | None = None                    # "cuda events" | "host clock"
     peak_gpu_mem_bytes: int | None = None
     peak_host_mem_bytes: int | None = None
-    startup_s: float | None = None               # script start -> first optimizer step
-    #                                              (less gate_wait_s: the script's own set-up)
-    gate_wait_s: float | None = None             # its first forward held for the all-reduce
-    #                                              sweep beside it (profile/early.py); None: no gate
+    startup_s: float | None = None               # script start -> first step, less gate_wait_s
+    gate_wait_s: float | None = None             # first forward held at its gate (early.py)
     dry_run_s: float | None = None               # total cost of the dry run
     device: str = "cpu"                          # "cuda:0 (<GPU model>)" or "cpu"
     exit_code: int | None = None                 # the script's, when it crashed
@@ -79,26 +67,21 @@ class ModelProfile:
 
     @property
     def low_confidence(self) -> bool:
-        """Times from a window the script cut short (or too few steps): the decision should
-        widen its uncertainty around them."""
+        """Times from a window the script cut short, or too few steps."""
         return self.window_cut_short or self.status == ProfileStatus.INCOMPLETE
 
     @property
     def work_depends_on_world_size(self) -> bool:
-        """The script read the world size before its first step AND accumulates micro-batches:
-        nanoGPT's pattern (accumulation //= WORLD_SIZE), where the per-rank work under DDP is
-        not the profiled work. Reading it alone is what every DDP-ready script does (to init
-        DDP, to size a sampler); it is recorded and explained, but does not ask for a trial
-        (on reading alone every DDP-ready script would be sent to one)."""
+        """The script read the world size before its first step AND accumulates micro-batches
+        (nanoGPT's accumulation //= WORLD_SIZE): its per-rank work under DDP is not the profiled
+        work. Reading it alone does not count."""
         return bool(self.reads_world_size) and (self.micro_batches or 1) > 1
 
     def trial_rate(self, min_steps: int, min_seconds: float,
                    precision: float = 0.0) -> float | None:
-        """samples/s of the window, counted as a trial counts it (batch unknown: 1), when the
-        window is as good as a trial's (complete, at least min_seconds, and min_steps or a
-        mean known to `precision`, dryrun.precision): the dry run ran the same hooks on one
-        GPU of this model, so a trial of one GPU would measure it again at the cost of a
-        second start of the script. None: a trial must measure it."""
+        """samples/s of the window, counted as a trial counts it, when the window is as good as a
+        trial's (complete, at least min_seconds, and min_steps or a mean known to `precision`);
+        None: a trial must measure it."""
         if self.status != ProfileStatus.OK or self.window_cut_short or not self.step_time_s:
             return None
         window = self.window_s or self.steps_measured * self.step_time_s
@@ -109,8 +92,7 @@ class ModelProfile:
 
     @property
     def samples_per_s(self) -> float | None:
-        """One GPU's samples/s by the dry run, counted as a trial counts it (batch unknown:
-        1); None for a profile without a step time."""
+        """One GPU's samples/s by the dry run (batch unknown: 1); None without a step time."""
         return (self.batch_size or 1) / self.step_time_s if self.usable else None
 
     @property
@@ -129,10 +111,8 @@ class ModelProfile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelProfile":
-        """The profile to_dict wrote (unknown keys ignored, absent ones at their defaults), its
-        every field checked: BadRecord naming the first that is of the wrong type or out of
-        range (a step time that is not a positive finite number, a negative count, a
-        measured window longer than the dry run that measured it)."""
+        """The profile to_dict wrote (unknown keys ignored, absent ones at their defaults), every
+        field checked: BadRecord naming the first of the wrong type or out of range."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in obj(d, RECORD).items() if k in names}
         status = required(d, "status")
@@ -151,7 +131,7 @@ class ModelProfile:
         for k in _TIMES:
             d[k] = optional(number, d.get(k), k, 0.0, MAX_SECONDS)
         d["step_time_ci"] = optional(number, d.get("step_time_ci"), "step_time_ci", 0.0, 100.0)
-        # The script's own set-up less the launcher's gate wait: near 0, either side of it.
+        # Set-up less the gate wait: near 0, either side of it.
         d["startup_s"] = optional(number, d.get("startup_s"), "startup_s", -MAX_SECONDS,
                                   MAX_SECONDS)
         for k in ("note", "error_tail", "device"):
@@ -176,13 +156,9 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class CommCurve:
-    """All-reduce time over one GPU group, in the environment the job runs with.
-
-    points: (message bytes, seconds) measured, sorted by size. Between points: linear
-    interpolation; outside: the alpha-beta fit (latency_s + bytes / bandwidth).
-    derived_from: empty for a measured curve; for one carried from another group's
-    (`for_group`), that group's GPUs.
-    """
+    """All-reduce time over one GPU group, in the environment the job runs with. points: (bytes,
+    seconds) sorted by size; linear between points, the alpha-beta fit outside. derived_from: for a
+    curve carried from another group (`for_group`), that group's GPUs."""
     world_size: int
     backend: str                                 # "nccl" or "gloo"
     points: tuple[tuple[int, float], ...]
@@ -212,12 +188,9 @@ class CommCurve:
         return nbytes / self.time(nbytes) * 2 * (n - 1) / n
 
     def for_group(self, gpus) -> "CommCurve":
-        """This curve carried to the group `gpus`, for a group whose every link is like this
-        group's (decide/curves.py checks that). A ring all-reduce of S bytes over n ranks moves
-        2(n-1)/n x S per rank, so nccl-tests' bus bandwidth (algbw x 2(n-1)/n) is the link's
-        and the same for every n; the per-call latency is kept as measured:
-            t_n(S) = t_m(S) - (1 - r) x max(0, t_m(S) - latency),  r = ((n-1)/n) / ((m-1)/m)
-        Its error against measured curves: bench/comm_derive.py, docs/decision.md."""
+        """This curve carried to the group `gpus`, whose every link is like this group's.
+        Bus bandwidth is the same for every n, the latency is kept:
+            t_n(S) = t_m(S) - (1 - r) x max(0, t_m(S) - latency),  r = ((n-1)/n) / ((m-1)/m)"""
         gpus = tuple(gpus)
         m, n = self.world_size, len(gpus)
         r = ((n - 1) / n) / ((m - 1) / m)
@@ -247,9 +220,8 @@ class CommCurve:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CommCurve":
-        """The curve to_dict wrote, checked: BadRecord naming the first field of the wrong type
-        or out of range (a size that is not a positive whole number, sizes out of order, a
-        time or bandwidth that is not a positive finite number, too many points or GPUs)."""
+        """The curve to_dict wrote, checked: BadRecord naming the first field of the wrong type or
+        out of range."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in obj(d, RECORD).items() if k in names}
         d["world_size"] = integer(required(d, "world_size"), "world_size", 1, MAX_ITEMS)
@@ -294,11 +266,8 @@ _OPTIONAL_COUNTS = ("batch_size", "micro_batch_size", "micro_batches", "peak_gpu
 _POSITIVE_TIMES = ("step_time_s", "step_time_p90_s", "window_s")
 _TIMES = ("backward_s", "forward_s", "optimizer_s", "gate_wait_s", "dry_run_s")
 
-# A kept trial over N GPUs above TRIAL_RANGE x N x the dry run's one-GPU samples/s is not a
-# measurement to plan on: DDP gives at most about N x, and the margin covers a dry run slowed
-# by what ran beside it. A one-GPU trial measures the dry run's step again; below
-# 1/TRIAL_FLOOR of it, it is not that step (and would inflate every speedup measured against
-# it): on a loaded 2-core CPU the two differed by up to 4x.
+# A kept trial over N GPUs must be at most TRIAL_RANGE x N x the dry run's one-GPU samples/s
+# (DDP gives at most about N x); a one-GPU trial at least 1/TRIAL_FLOOR of it.
 TRIAL_RANGE = 2.0
 TRIAL_FLOOR = 10.0
 
@@ -312,9 +281,9 @@ class TrialRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, nproc: int,
                   one_gpu: float | None = None) -> "TrialRecord":
-        """Checked: BadRecord when samples_per_s is not a positive finite number or, given
-        `one_gpu` (the dry run's samples/s: ModelProfile.samples_per_s), is above TRIAL_RANGE
-        x nproc x one_gpu, or (one GPU) below one_gpu / TRIAL_FLOOR."""
+        """Checked: BadRecord when samples_per_s is not a positive finite number or, given `one_gpu`
+        (ModelProfile.samples_per_s), is above TRIAL_RANGE x nproc x one_gpu, or (one GPU) below
+        one_gpu / TRIAL_FLOOR."""
         d = obj(d, RECORD)
         rate = number(required(d, "samples_per_s"), "samples_per_s", positive=True)
         when = number(required(d, "measured_at"), "measured_at", 0.0)

@@ -1,17 +1,6 @@
-"""The node calibration's measurement: single GPU vs DDP×2 on synthetic models, cached per node.
-
-cost.py's machine-dependent constants (contention per gradient byte, per-step DDP overhead,
-per gradient tensor) were fitted on one machine, the last at 0 (docs/decision.md).
-`smartlaunch-node calibrate` measures them here: this module runs the synthetic workers (baseline_worker.py, one per GPU, NCCL; or gloo ranks on
-the CPU for a fake topology) exactly as comm.py runs its benchmark: each in its own session,
-the whole run bounded by a time limit, every worker killed on failure or time-out. The
-derivation of the constants from these times is decide/calibrate.py's (it needs the model).
-
-Cache: <cache_dir>/node/<key>.json, key = cache.node_key (topology fingerprint + every NCCL_*
-variable, as the all-reduce curve's) + backend + format + torch version (a different node,
-transport or NCCL build must measure again); entries older than paths.comm_cache_max_age_s are
-not used.
-"""
+"""The node calibration's measurement: single GPU vs DDP×2 on synthetic models
+(baseline_worker.py), run as comm.py runs its benchmark, and its cache: <cache_dir>/node/<key>.json,
+key = cache.node_key + backend + format + torch version. decide/calibrate.py derives the constants."""
 from __future__ import annotations
 
 import math
@@ -19,27 +8,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from smartlaunch.profile.cache import node_key, torch_version
+from smartlaunch.profile.cache import entry_path, node_key, torch_version
 from smartlaunch.profile.comm import CommBenchError, backend_for, device_for, run_ranks
 from smartlaunch.store import (
-    MAX_SECONDS, cache_folder, cache_root, keep, load, number, obj, required, text,
+    MAX_SECONDS, cache_root, keep, load, number, obj, required, text,
 )
 from smartlaunch.wire import RECORD
 
 TIME_LIMIT_S = 60.0       # the goal is <= 30 s; a node slower than twice that is failing
-FORMAT = 2                # 2: a third model, many small tensors (per_tensor_s); 1 is not read
-# WIDTHxLAYERSxBATCH (baseline_worker.py). Two gradient sizes far apart, so the difference
-# of their DDP costs is the per-byte term and the rest is per step. On GPUs the large model's
-# backward (~4 x 2 x 2 x 2048 x 4096^2 flops) lasts several times its 256 MiB all-reduce, so
-# contention is measured below its cap (cost.py: at most contention_cap x the overlap).
-# The third model has the small one's gradient bytes in many tensors instead of 1 (32^2 x
-# 1024 = 1024^2), so what DDP adds to it beyond the small model is per gradient tensor (a
-# model with about a thousand small tensors pays tens of µs for each, too little for a fit
-# over ordinary models to tell from 0: docs/decision.md). Its step is launch-bound, as that model's was: nothing hides
-# the reducer's per-tensor host work there. On the CPU 256 tensors (8^2 x 256 = 128^2): with
-# 1,024 the calibration took 26 s of its 30 s goal on the loaded 2-core machine.
+FORMAT = 2
+# WIDTHxLAYERSxBATCH (baseline_worker.py). Two gradient sizes far apart: the difference of their
+# DDP costs is the per-byte term, the rest is per step. The third has the small one's gradient
+# bytes in many tensors: what DDP adds to it beyond the small model is per gradient tensor.
 GPU_MODELS = ((1024, 1, 2048), (4096, 4, 2048), (32, 1024, 2048))  # 4 MiB, 256 MiB, 4 MiB/1024
 CPU_MODELS = ((128, 1, 64), (512, 4, 64), (8, 256, 64))            # 64 KiB, 4 MiB, 64 KiB/256
+
 
 @dataclass(frozen=True)
 class SyntheticRun:
@@ -63,16 +46,14 @@ class BaselineRun:
 def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: int = 5,
                      window_s: float | None = None, time_limit_s: float = TIME_LIMIT_S,
                      models=None) -> BaselineRun:
-    """The synthetic models on `gpus` (CUDA ordinals as this job sees them), single then DDP.
-    device "cuda": NCCL, one process per GPU; "cpu": gloo, len(gpus) processes."""
+    """The synthetic models on `gpus` (CUDA ordinals), single then DDP. device "cuda": NCCL, one
+    process per GPU; "cpu": gloo, len(gpus) processes."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"a node calibration needs at least 2 GPUs, got {list(gpus)}; "
                              "pass --gpus with two indices")
     backend = backend_for(device)
     models = models or (GPU_MODELS if device == "cuda" else CPU_MODELS)
-    # 0.1 s windows on the CPU: with 0.2 s the three models' run reached 60 s (its limit) once
-    # at load average 22 on the 2-core workstation; the CPU figures describe gloo, not a GPU.
     window_s = window_s or (0.2 if device == "cuda" else 0.1)
     spec = ",".join(f"{w}x{l}x{b}" for w, l, b in models)
     t0 = time.monotonic()
@@ -95,22 +76,18 @@ def baseline_key(topology, environ) -> str:
                     torch=torch_version())
 
 
-# The calibrated constants' sane ranges (decide/cost.py's units): the shipped ones are
-# κ 1.2e-11 s/byte, 0.4 ms per step, 0 per tensor, and the held-out model paid ~30 µs per
-# tensor; a thousand times those is a measurement gone wrong, not a node.
+# The calibrated constants' sane ranges (decide/cost.py's units): above, a measurement gone wrong.
 CONSTANT_RANGES = {"contention_s_per_byte": 1e-8, "ddp_overhead_s": 1.0, "per_tensor_s": 0.01}
 
 
 def constants_path(policy, key: str, environ, *, create: bool = False) -> Path:
     """Where this node's calibration is kept; its folder made only to write there."""
-    root = cache_root(policy, environ)
-    return (cache_folder(root, "node") if create else root / "node") / f"{key}.json"
+    return entry_path(policy, environ, "node", key, create=create)
 
 
 def store_constants(policy, topology, environ, record: dict) -> Path | None:
-    """Keep a calibration record (decide/calibrate.py's) for this node; returns its path, or
-    None when the cache cannot take it (said once). BadRecord, and nothing kept, when the
-    record is out of the ranges load_constants accepts (a measurement gone wrong)."""
+    """Keep a calibration record (decide/calibrate.py's) for this node: its path, or None when the
+    cache cannot take it. BadRecord, nothing kept, when out of range."""
     data = calibration_from_dict({**record, "measured_at": time.time(),
                                   "fingerprint": topology.fingerprint()})
     path = constants_path(policy, baseline_key(topology, environ), environ, create=True)
@@ -118,10 +95,8 @@ def store_constants(policy, topology, environ, record: dict) -> Path | None:
 
 
 def calibration_from_dict(d) -> dict:
-    """A stored calibration record, checked where a decision reads it (cost.calibrated reads
-    "constants", "spread", "date"): BadRecord naming the first field of the wrong type or out
-    of range (a constant negative, not finite, or above CONSTANT_RANGES; a spread that is
-    negative; no constants, fingerprint or time of measurement)."""
+    """A stored calibration record, checked: BadRecord naming the first field of the wrong type or
+    out of range (CONSTANT_RANGES), or missing."""
     d = obj(d, RECORD)
     text(required(d, "fingerprint"), "fingerprint", 256)
     number(required(d, "measured_at"), "measured_at", 0.0)
@@ -140,8 +115,8 @@ def calibration_from_dict(d) -> dict:
 
 
 def load_constants(policy, topology, environ) -> dict | None:
-    """This node's calibration record, or None: never measured, measured on another
-    topology, transport or torch (another key), too old, or damaged (said once)."""
+    """This node's calibration record, or None: never measured, another topology, transport or
+    torch, too old, or damaged (said once)."""
     if topology is None or not topology.gpus:
         return None
     path = constants_path(policy, baseline_key(topology, environ), environ)

@@ -1,20 +1,7 @@
-"""One rank of the node calibration (started by smartlaunch.profile.baseline, one per GPU).
-
-    RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.baseline_worker \
-        --backend nccl --device-index 3 --models 1024x1x2048,4096x4x2048,32x1024x2048 --windows 5 \
-        --window-s 0.2 --out F
-
-Each model WIDTHxLAYERSxBATCH is a stack of bias-free square Linear layers (gradient bytes
-4 * LAYERS * WIDTH^2, known before it runs), trained with SGD on synthetic data made on the
-device. Per model, two phases with the same per-rank batch (torchrun semantics):
-  single  rank 0 alone (the other ranks wait in a barrier): forward, backward and optimizer
-          timed with a device sync between them (the backward share), then `windows` windows
-          of free-running steps, each closed by a device sync;
-  ddp     every rank, the model wrapped in DistributedDataParallel with its defaults, the same
-          windows; a window's time is the slowest rank's (the step waits for it).
-Rank 0 sizes the windows from its single-phase warm-up (at least 3 steps, about window-s each)
-and broadcasts the step count, so every rank stops together. Rank 0 writes the JSON result.
-"""
+"""One rank of the node calibration (started by smartlaunch.profile.baseline, one per GPU). Each
+model WIDTHxLAYERSxBATCH (square bias-free Linear layers, SGD, synthetic data) runs `single` (rank 0
+alone: its backward share, then `windows` windows of free-running steps) then `ddp` (every rank, a
+window's time the slowest rank's); rank 0 sizes the windows and writes the JSON result."""
 from __future__ import annotations
 
 import argparse
@@ -29,11 +16,7 @@ WARMUP_STEPS = 3
 
 
 def parse_models(text: str) -> list[tuple[int, int, int]]:
-    out = []
-    for spec in text.split(","):
-        width, layers, batch = (int(x) for x in spec.split("x"))
-        out.append((width, layers, batch))
-    return out
+    return [tuple(int(x) for x in spec.split("x")) for spec in text.split(",")]
 
 
 def main(argv=None) -> None:
@@ -59,8 +42,7 @@ def main(argv=None) -> None:
                 json.dump({"models": results, "world_size": dist.get_world_size(),
                            "backend": args.backend, "torch": torch.__version__}, f)
             os.replace(tmp, args.out)
-        # Leave together: a rank tearing gloo down while its peer still writes aborted the
-        # peer once in 5 runs here ("terminate called without an active exception").
+        # Leave together: tearing gloo down while a peer still writes can abort the peer.
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -70,9 +52,7 @@ def _build(torch, device, width: int, layers: int):
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False)
                                   for _ in range(layers)])
-    # Identity weights keep the activations' scale through the many-tensor model's 1,024
-    # layers; the default init shrinks it ~3x per layer, to denormals (slow on a CPU) and
-    # zeros within ~80 layers. The times do not depend on the values otherwise.
+    # Identity weights keep the activations' scale through many layers (no denormals).
     with torch.no_grad():
         for layer in model:
             torch.nn.init.eye_(layer.weight)

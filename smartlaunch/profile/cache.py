@@ -1,26 +1,12 @@
-"""Profile and all-reduce caches: one JSON file per key under the policy's cache directory.
-
-Layout: <cache_dir>/profiles/<key>.json, <cache_dir>/comm/<key>.json, <cache_dir>/logs/.
-The cache dir is policy.paths.cache_dir with ~ expanded; when it is the built-in default and
-XDG_CACHE_HOME is set, $XDG_CACHE_HOME/smartlaunch is used instead.
-
-Profile key = sha256 of: the script's bytes (for -m: the module's file) and of the other *.py
-files beside it (a changed model.py must re-profile), the arguments, the working directory
-(scripts read relative data paths), PYTHONPATH, the CPU-shim switch, the dry-run step counts,
-the torch version and the GPU model. CUDA_VISIBLE_DEVICES is deliberately left out: any GPU of
-the same model gives the same profile.
-Comm key = topology fingerprint + GPU group + backend + every NCCL_* variable.
-
-Where and how files are stored safely is smartlaunch/store.py. A FileLock per key serializes
-cold dry runs of the same job (the second launch waits, then hits the cache).
-
-Every entry read back is checked by its type's from_dict (a trial also against the dry run's
-one-GPU rate: api.TRIAL_RANGE); a bad one is said once and measured again (store.load). A
-cache directory that cannot be written is said once, and the launch measures without it.
-"""
+"""Profile, all-reduce and trial caches: one JSON file per key under <cache_dir> (store.cache_root).
+Profile key: the script's (and its sibling *.py files') bytes, arguments, working directory,
+PYTHONPATH, CPU shim, dry-run settings, torch version and GPU model. Comm key: topology fingerprint,
+GPU group, backend, every NCCL_* variable. Entries read back are checked by their from_dict; a bad
+one is said once and measured again (store.load)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,7 +15,7 @@ import time
 from pathlib import Path
 
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus, TrialRecord
-# read_json and write_json are also read from here (comm.py, internode.py, tests).
+# read_json, write_json, private_dir: also imported from here.
 from smartlaunch.store import (
     UNWRITABLE, BadRecord, cache_folder, cache_root, keep, load, number, obj, private_dir,
     read_json, required, trusted_json, within, write_json, write_public_json,
@@ -39,8 +25,7 @@ from smartlaunch.wire import RECORD
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
-# 2: device-time windows, batch_size per optimizer step; older entries re-profile.
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 2               # older entries re-profile
 
 
 def script_file(request, cwd: str, environ) -> Path | None:
@@ -63,7 +48,7 @@ def script_file(request, cwd: str, environ) -> Path | None:
 
 
 def torch_version() -> str:
-    # metadata, not `import torch`: a cache hit must stay cheap (the import alone is ~1-3 s)
+    # metadata, not `import torch`: a cache hit must stay cheap
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version("torch")
@@ -104,10 +89,9 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
                        announce=None, echo=None, progress=None,
                        real_gpu: bool = False, session=None, gate: bool = False
                        ) -> ModelProfile:
-    """The cached profile of this entrypoint, or a fresh dry run stored for next time.
-    announce() is called just before a dry run starts (not on a cache hit); echo,
-    progress(k, n), session and gate: as runner.run_dry_run. A cache that cannot be written
-    costs the next launch its hit, not this one its profile (said once)."""
+    """The cached profile of this entrypoint, or a fresh dry run stored for next time. announce() is
+    called just before a dry run (not on a hit); echo, progress, session and gate: as
+    runner.run_dry_run."""
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
         return run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
@@ -117,14 +101,12 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         if not request.reprofile:
             hit = load(path, ModelProfile.from_dict, "profile")
             if hit is not None:
-                return _replace(hit, cached=True)
+                return dataclasses.replace(hit, cached=True)
         if announce is not None:
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
                               progress=progress, real_gpu=real_gpu, session=session, gate=gate)
-        # UNMEASURABLE too (the script fixes its world size, or ran on the CPU though given
-        # a GPU): it is the script's, not the moment's, and the next launch would pay a whole
-        # dry run to learn it again. --reprofile measures again.
+        # UNMEASURABLE too: it is the script's, not the moment's.
         kept = (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
                 ProfileStatus.UNMEASURABLE)
         if profile.status in kept and _readable(ModelProfile.from_dict, profile.to_dict()):
@@ -134,9 +116,8 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
 
 @contextlib.contextmanager
 def _locked(path: Path, timeout: float):
-    """Hold <path>.lock (one dry run of a job at a time); where the lock file cannot be made
-    (the cache is read-only or full) go on without it: a cached profile is still read, and
-    the write of a new one says why it is not kept (store.keep)."""
+    """Hold <path>.lock (one dry run of a job at a time); where it cannot be made (cache read-only
+    or full) go on without it."""
     from filelock import FileLock
     lock = FileLock(str(path) + ".lock", timeout=timeout)
     try:
@@ -153,8 +134,8 @@ def _locked(path: Path, timeout: float):
 
 
 def _readable(parse, data) -> bool:
-    """What the next launch will accept: a record its reader would refuse is not kept (it
-    would be said and measured again every launch). Parsed as it will be read: from JSON."""
+    """Would the next launch accept `data` (parsed as it will be read, from JSON)? A record its
+    reader would refuse is not kept."""
     try:
         parse(json.loads(json.dumps(data)))
         return True
@@ -162,14 +143,23 @@ def _readable(parse, data) -> bool:
         return False
 
 
+def entry_path(policy, environ, folder: str, key: str, *, create: bool = True) -> Path:
+    """<cache_dir>/<folder>/<key>.json; the folder made (cache_folder) only when `create`."""
+    root = cache_root(policy, environ)
+    return (cache_folder(root, folder) if create else root / folder) / f"{key}.json"
+
+
+def digest(key) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
 def profile_path(request, policy, gpu_model: str, environ) -> Path:
-    folder = cache_folder(cache_root(policy, environ), "profiles")
-    return folder / (profile_key(request, policy, gpu_model=gpu_model, environ=environ) + ".json")
+    return entry_path(policy, environ, "profiles",
+                      profile_key(request, policy, gpu_model=gpu_model, environ=environ))
 
 
 def cached_profile(request, policy, *, gpu_model: str, environ) -> ModelProfile | None:
-    """The stored profile of this entrypoint, without running anything (None: none yet, or
-    a bad one: said)."""
+    """The stored profile of this entrypoint, without running anything (None: none yet, or bad)."""
     return load(profile_path(request, policy, gpu_model, environ), ModelProfile.from_dict,
                 "profile")
 
@@ -180,11 +170,10 @@ def nccl_env(environ) -> dict[str, str]:
 
 
 def node_key(topology, environ, **parts) -> str:
-    """The key of a measurement of this node's links: topology fingerprint + every NCCL_*
-    variable + what the caller adds (GPU group, backend, format, torch version)."""
-    key = {"topology": topology.fingerprint() if topology is not None else "none",
-           "nccl": nccl_env(environ), **parts}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    """The key of a measurement of this node's links: topology fingerprint + every NCCL_* variable +
+    what the caller adds."""
+    return digest({"topology": topology.fingerprint() if topology is not None else "none",
+                   "nccl": nccl_env(environ), **parts})
 
 
 def comm_key(topology, gpus, backend: str, environ) -> str:
@@ -192,7 +181,7 @@ def comm_key(topology, gpus, backend: str, environ) -> str:
 
 
 def comm_path(policy, key: str, environ) -> Path:
-    return cache_folder(cache_root(policy, environ), "comm") / f"{key}.json"
+    return entry_path(policy, environ, "comm", key)
 
 
 def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None:
@@ -201,7 +190,7 @@ def load_comm(policy, key: str, environ, *, need_bytes: int) -> CommCurve | None
 
 
 def _stored_curve(d) -> tuple[float, CommCurve]:
-    """{"measured_at", "curve"} as store_comm wrote it, checked (BadRecord naming the field)."""
+    """{"measured_at", "curve"} as store_comm wrote it, checked."""
     d = obj(d, RECORD)
     when = number(required(d, "measured_at"), "measured_at", 0.0)
     return when, within("curve", CommCurve.from_dict, required(d, "curve"))
@@ -209,8 +198,8 @@ def _stored_curve(d) -> tuple[float, CommCurve]:
 
 def _fresh_curve(stored, policy, need_bytes: int, world_size: int | None = None
                  ) -> CommCurve | None:
-    """A stored (measured_at, curve) that is young enough, reaches need_bytes and (when
-    given) has world_size ranks; None otherwise."""
+    """A stored (measured_at, curve) young enough, reaching need_bytes and (when given) with
+    world_size ranks; None otherwise."""
     if stored is None:
         return None
     when, curve = stored
@@ -218,7 +207,7 @@ def _fresh_curve(stored, policy, need_bytes: int, world_size: int | None = None
             or curve.points[-1][0] < need_bytes \
             or (world_size is not None and curve.world_size != world_size):
         return None
-    return _replace(curve, cached=True)
+    return dataclasses.replace(curve, cached=True)
 
 
 def store_comm(policy, key: str, curve: CommCurve, environ) -> bool:
@@ -231,25 +220,24 @@ def store_comm(policy, key: str, curve: CommCurve, environ) -> bool:
 # --- the node cache: what the Slurm prolog measured as root, read by every user's launch ----
 
 def node_comm_key(topology, gpus, backend: str, environ) -> str | None:
-    """The key of a curve in the node cache: the group's GPUs by UUID (a job's CUDA ordinals
-    are not the prolog's, which sees every GPU), the links between them, driver and NCCL
-    versions, backend and every NCCL_* variable. None when a GPU of the group is unknown."""
+    """The key of a curve in the node cache: the group's GPUs by UUID (a job's CUDA ordinals are not
+    the prolog's), their links, driver and NCCL versions, backend and every NCCL_* variable. None
+    when a GPU of the group is unknown."""
     try:
         group = [topology.gpu(g) for g in gpus]
         links = [topology.link(a, b).link_class for i, a in enumerate(gpus) for b in gpus[i + 1:]]
     except KeyError:
         return None
-    key = {"uuids": [g.uuid for g in group], "links": links, "backend": backend,
-           "driver": topology.driver_version, "nccl": topology.nccl_version,
-           "env": nccl_env(environ)}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return digest({"uuids": [g.uuid for g in group], "links": links, "backend": backend,
+                   "driver": topology.driver_version, "nccl": topology.nccl_version,
+                   "env": nccl_env(environ)})
 
 
 def load_node_comm(policy, topology, gpus, backend: str, environ, *,
                    need_bytes: int) -> CommCurve | None:
-    """The curve of this group from <paths.node_cache>/comm/, if one was written there by root
-    (or by this user) and nobody else could have (store.trusted_json), as fresh as the own
-    cache requires; its group renumbered to this job's GPUs. Never writes."""
+    """The curve of this group from <paths.node_cache>/comm/ if only root or this user could have
+    written it (store.trusted_json), as fresh as the own cache requires, renumbered to this job's
+    GPUs. Never writes."""
     key = node_comm_key(topology, tuple(gpus), backend, environ)
     if key is None:
         return None
@@ -258,12 +246,12 @@ def load_node_comm(policy, topology, gpus, backend: str, environ, *,
     stored = load(path, _stored_curve, "all-reduce curve",
                   read=lambda p: trusted_json(p, top))
     curve = _fresh_curve(stored, policy, need_bytes, len(gpus))
-    return None if curve is None else _replace(curve, gpus=tuple(gpus))
+    return None if curve is None else dataclasses.replace(curve, gpus=tuple(gpus))
 
 
 def store_node_comm(directory: str, topology, curve: CommCurve, environ) -> Path | None:
-    """Write `curve` to <directory>/comm/ readable by every user (bench-comm --node-cache, as
-    the Slurm prolog runs it as root); the path, or None when its group has no key."""
+    """Write `curve` to <directory>/comm/ readable by every user; the path, or None when its group
+    has no key."""
     key = node_comm_key(topology, tuple(curve.gpus), curve.backend, environ)
     if key is None:
         return None
@@ -284,23 +272,11 @@ def cached_comm(policy, topology, gpus, backend: str, environ, *,
     return hit
 
 
-def _replace(obj, **kw):
-    import dataclasses
-    return dataclasses.replace(obj, **kw)
-
-
-__all__ = ["profile_entrypoint", "profile_key", "comm_key", "node_key", "nccl_env", "cache_root",
-           "private_dir", "load_comm", "store_comm", "cached_comm", "load_node_comm",
-           "store_node_comm"]
-
-
 def cached_trials(runner, request, policy, *, topology, environ, one_gpu: float | None = None):
-    """Wrap a trial runner so each (strategy, GPUs)'s measured samples/s is kept with the profile:
-    same script, arguments and GPU model (the profile key), same GPU group, topology and NCCL
-    environment (the comm key). `--reprofile` measures again. one_gpu: the dry run's samples/s
-    on one GPU (ModelProfile.samples_per_s), which kept trials must be in range of
-    (api.TrialRecord); None: not known. run(strategy, gpus, attempt): attempt > 1 is another
-    draw of the same trial, kept beside the first."""
+    """Wrap a trial runner so each (strategy, GPUs)'s samples/s is kept under the profile key and
+    the group's comm key; `--reprofile` measures again. one_gpu: the dry run's samples/s
+    (api.TrialRecord's range check); run(strategy, gpus, attempt): attempt > 1 is another draw of
+    the same trial, kept beside the first."""
     def run(strategy, gpus, attempt: int = 1):
         hit = cached_trial(request, policy, topology=topology, environ=environ,
                            strategy=strategy, gpus=gpus, one_gpu=one_gpu, attempt=attempt)
@@ -319,7 +295,7 @@ def cached_trials(runner, request, policy, *, topology, environ, one_gpu: float 
 def cached_trial(request, policy, *, topology, environ, strategy, gpus,
                  one_gpu: float | None = None, attempt: int = 1) -> float | None:
     """The kept samples/s of this trial (its attempt-th draw), or None (not measured yet,
-    --reprofile, or a bad record: said once). one_gpu: as cached_trials'."""
+    --reprofile, or a bad record: said once)."""
     if request.reprofile:
         return None
     hit = load(trial_path(request, policy, topology, environ, strategy, gpus, attempt),
@@ -328,11 +304,8 @@ def cached_trial(request, policy, *, topology, environ, strategy, gpus,
 
 
 def trial_path(request, policy, topology, environ, strategy, gpus, attempt: int = 1) -> Path:
-    folder = cache_folder(cache_root(policy, environ), "trials")
     gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
     base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
     parts = [base, strategy.value, comm_key(topology, gpus, "trial", environ),
              policy.decision.trial_steps, policy.decision.trial_seconds]
-    key = hashlib.sha256(json.dumps(parts + ([attempt] if attempt > 1 else [])
-                                    ).encode()).hexdigest()[:32]
-    return folder / f"{key}.json"
+    return entry_path(policy, environ, "trials", digest(parts + ([attempt] if attempt > 1 else [])))

@@ -1,10 +1,5 @@
-"""`smartlaunch-node bench-comm` and `smartlaunch-node profile`.
-
-bench-comm fills the node's all-reduce cache (the Slurm prolog calls it, with --node-cache so
-every user's launch can read the curves): the whole GPU group, then each pair, and prints
-latency and bus bandwidth per size. `profile` runs (or reads from
-the cache) the dry run of an entrypoint and prints its ModelProfile as JSON.
-"""
+"""`smartlaunch-node bench-comm` (fills the node's all-reduce cache: the whole group, then each
+pair) and `smartlaunch-node profile` (an entrypoint's ModelProfile as JSON)."""
 from __future__ import annotations
 
 import argparse
@@ -42,7 +37,7 @@ def register(subparsers) -> None:
 
 
 def _gpu_list(text: str) -> list[int]:
-    """--gpus: indices separated by commas, as argparse's type (a bad one: one line, exit 2)."""
+    """--gpus: indices separated by commas (a bad one: one line, exit 2)."""
     try:
         gpus = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -80,8 +75,8 @@ def bench_comm(args) -> int:
     if len(gpus) < 2:
         raise UsageError(f"bench-comm needs at least 2 GPUs, this node shows {known}; "
                          "nothing to measure")
+    # a shared place: never made from a typo, never written through a link
     if args.node_cache and (os.path.islink(args.node_cache) or not os.path.isdir(args.node_cache)):
-        # a shared place: never made here from a typo, never written through a link
         raise UsageError(f"--node-cache {args.node_cache} is not a directory; give the node's "
                          f"state directory (the Slurm prolog's), which must exist")
     groups = [tuple(gpus)]
@@ -96,7 +91,7 @@ def bench_comm(args) -> int:
     if args.json:
         print(json.dumps([c.to_dict() for c in curves], indent=2))
         return 0
-    # measured sizes only: gloo stops at 4 MB and extrapolating would print a guess
+    # measured sizes only: no extrapolated guess
     top = curves[0].points[-1][0]
     shown = [s for s in SHOW_SIZES if s <= top] or [p[0] for p in curves[0].points][-4:]
     print(f"{'GPUs':<16}{'backend':<8}{'latency':>10}  " + "".join(
@@ -104,8 +99,7 @@ def bench_comm(args) -> int:
     for c in curves:
         row = "".join(f"{c.bus_bandwidth_Bps(s) / 1e9:>12.2f}" for s in shown)
         src = " (cached)" if c.cached else ""
-        # the fit's intercept only where it is a latency: positive, at most the smallest time
-        smallest = c.points[0][1]
+        smallest = c.points[0][1]          # the fit's intercept only where it is a latency
         lat = c.latency_s if 0 < c.latency_s <= smallest else smallest
         mark = "" if lat == c.latency_s else "*"
         print(f"{','.join(map(str, c.gpus)):<16}{c.backend:<8}{lat * 1e6:>8.0f}us{mark:<1} "

@@ -1,15 +1,7 @@
-"""Clocks of the dry run's measurement window: device time where the work runs.
-
-A mark is taken at a hook point (step end, forward start/end, backward start/end) without
-waiting for the device; marks are read only after the window's closing `sync()`. On CUDA a
-mark is an event recorded on the current stream, so the time between two marks is the time the
-GPU took for the work queued between them, however far the CPU ran ahead. Host intervals of
-free-running CUDA steps are not step times (a wide MLP's read less than half its real step),
-because the CPU enqueues steps faster than the GPU runs them until the queue fills.
-
-Tests inject their own clock with the same four methods (a fake device whose marks complete
-later than the host reaches them).
-"""
+"""Clocks of the dry run's measurement window: device time where the work runs. A mark is taken at a
+hook point without waiting for the device and read only after the window's closing `sync()`; on CUDA
+it is an event on the current stream, so two marks time the GPU work queued between them (host
+intervals of free-running CUDA steps are not step times). Tests inject their own clock."""
 from __future__ import annotations
 
 import statistics
@@ -59,8 +51,8 @@ class CudaClock(HostClock):
 
 
 def device_clock(torch):
-    """The clock for the script's device: CUDA events once the script has initialised CUDA
-    (asked when the window opens, after the warm-up steps), else the host clock."""
+    """The clock for the script's device: CUDA events once the script has initialised CUDA (asked
+    when the window opens), else the host clock."""
     cuda = torch.cuda
     if cuda.is_available() and cuda.is_initialized():
         return CudaClock(cuda)
@@ -75,8 +67,8 @@ _T975 = ((1, 12.71), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447),
 
 
 def relative_half_width(xs: list[float]) -> float | None:
-    """The 95% interval's half-width of the mean of `xs`, over the mean; None below 2 values
-    or a mean that is not positive."""
+    """The 95% interval's half-width of the mean of `xs`, over the mean; None below 2 values or for
+    a mean that is not positive."""
     n = len(xs)
     if n < 2:
         return None
@@ -88,10 +80,9 @@ def relative_half_width(xs: list[float]) -> float | None:
 
 
 def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
-    """Step time from a closed window (marks at its start and each step end), and its split
-    from the warm-up steps: warm = step-end marks, warm_spans[i] = [(kind, start, end), ...]
-    inside the step ending at warm[i + 1]. The split is kept as shares of those steps,
-    applied to the window's step, so hooks in the warm-up cannot inflate the window."""
+    """Step time from a closed window (marks at its start and each step end), and its split from the
+    warm-up steps: warm = step-end marks, warm_spans[i] = [(kind, start, end), ...] inside the step
+    ending at warm[i + 1], kept as shares applied to the window's step."""
     n = len(marks) - 1
     out: dict = {"steps_measured": max(0, n)}
     if n < 1:

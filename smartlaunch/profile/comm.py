@@ -1,10 +1,6 @@
-"""All-reduce benchmark over a candidate GPU group -> `CommCurve`, cached per topology.
-
-One `smartlaunch.profile.comm_worker` process per GPU (NCCL) or per emulated rank (gloo on the
-CPU, e.g. with a fake topology), started in the job's environment so NCCL variables already set
-(NCCL_P2P_DISABLE, the policy's PHB tuning, ...) shape what is measured. Each worker runs in its
-own session; on failure or time-out every one of them is killed, nothing is left behind.
-"""
+"""All-reduce benchmark over a candidate GPU group -> `CommCurve`, cached per topology: one
+comm_worker process per GPU (NCCL) or per emulated rank (gloo on the CPU), in the job's environment,
+each in its own session; on failure or time-out every one of them is killed."""
 from __future__ import annotations
 
 import os
@@ -23,7 +19,7 @@ from smartlaunch.worker_env import free_port
 MB = 1 << 20
 GPU_SIZES = tuple(MB << i for i in range(9))        # 1 MB .. 256 MB
 CPU_SIZES = tuple((64 << 10) << i for i in range(7))  # 64 KB .. 4 MB: gloo over loopback is slow
-TIME_LIMIT_S = 120.0   # NCCL init on 8 GPUs takes seconds; the sweep itself ~1-3 s
+TIME_LIMIT_S = 120.0
 
 
 class CommBenchError(SmartlaunchError):
@@ -32,8 +28,8 @@ class CommBenchError(SmartlaunchError):
 
 
 def device_for(topology) -> str:
-    """"cuda" where NVML read the GPUs; "cpu" for a fake topology (CI, a replayed node) or none:
-    gloo ranks on the CPU then emulate the group."""
+    """"cuda" where NVML read the GPUs; "cpu" (gloo ranks emulate the group) for a fake topology or
+    none."""
     return "cuda" if topology is not None and topology.source == "nvml" else "cpu"
 
 
@@ -57,8 +53,7 @@ HINT = "check the NCCL_* environment and the GPUs' health."
 
 
 def _worker_args(device: str, sizes) -> list[str]:
-    # gloo emulates a group on a shared CPU, where noise only adds time: take the minimum;
-    # NCCL on GPUs: the median, as a training step would see it.
+    # gloo on a shared CPU, where noise only adds time: the minimum; NCCL: the median.
     return ["--sizes", ",".join(map(str, sizes)), "--iters", "5" if device == "cuda" else "7",
             "--stat", "median" if device == "cuda" else "min"]
 
@@ -73,10 +68,9 @@ def _sizes_progress(sizes, progress):
 def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
                       max_bytes: int | None = None, time_limit_s: float = TIME_LIMIT_S,
                       progress=None, session: Session | None = None) -> CommCurve:
-    """All-reduce time vs message size over `gpus` (CUDA ordinals as this job sees them).
-    device: "cuda" (NCCL, one process per GPU) or "cpu" (gloo, len(gpus) processes).
-    progress(size, k, n): called as rank 0 starts the k-th of the n sizes. session: the
-    decision's (profile/session.py), else one of its own."""
+    """All-reduce time vs message size over `gpus` (CUDA ordinals). device: "cuda" (NCCL, one
+    process per GPU) or "cpu" (gloo). progress(size, k, n): as rank 0 starts the k-th of n sizes.
+    session: the decision's, else one of its own."""
     n = len(gpus)
     if n < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
@@ -98,9 +92,9 @@ def _curve(points, gpus, device, environ) -> CommCurve:
 
 def start_ranks(session: Session, module: str, gpus, device: str, environ, args, *,
                 what: str, gate: bool = False) -> tuple[Stage, str]:
-    """One `python -m module` per rank over `gpus` (NCCL, one per GPU; or gloo ranks on the
-    CPU) in `session`, each with the job's environment and its own log; (its stage, its temp
-    dir, where rank 0 writes --out result.json). gate: they wait at their gate once joined."""
+    """One `python -m module` per rank over `gpus` in `session`, each with the job's environment and
+    its own log: (its stage, its temp dir, where rank 0 writes --out result.json). gate: they wait
+    at their gate once joined."""
     n, backend, port = len(gpus), backend_for(device), free_port()
     tmp = session.tempdir("smartlaunch-ranks-")
     base = rank_base_env(environ, device)
@@ -123,8 +117,8 @@ def start_ranks(session: Session, module: str, gpus, device: str, environ, args,
 
 
 def ranks_result(stage: Stage, tmp: str, gpus, device: str, what: str, hint: str):
-    """The JSON rank 0 wrote, once `stage` is over; CommBenchError naming the first rank that
-    failed (with its last lines), or why the stage was killed."""
+    """The JSON rank 0 wrote, once `stage` is over; CommBenchError naming the first rank that failed
+    (with its last lines), or why the stage was killed."""
     where = f"{what} over GPUs {list(gpus)} ({backend_for(device)})"
     if stage.why:
         raise CommBenchError(f"{where} failed: {stage.why}; {hint}")
@@ -151,10 +145,9 @@ def tail(path: str, lines: int = 5) -> list[str]:
 def measure_groups(groups, *, device: str, environ, max_bytes: int | None = None,
                    time_limit_s: float = TIME_LIMIT_S, progress=None,
                    session: Session | None = None) -> dict[tuple[int, ...], CommCurve]:
-    """The curve of each group (CUDA ordinals), measured one group after another by one rank
-    per GPU of their union, joined once (comm_worker --groups): one process start and one
-    NCCL initialisation for all of them, each group over a communicator of its own.
-    progress(size, k, n): k counts the sizes of every group. session: as measure_allreduce's."""
+    """The curve of each group (CUDA ordinals), one group after another, by one rank per GPU of
+    their union joined once (comm_worker --groups). progress(size, k, n): k counts the sizes of
+    every group."""
     groups = [tuple(g) for g in groups]
     if not groups or any(len(g) < 2 for g in groups):
         raise CommBenchError(f"an all-reduce benchmark needs groups of at least 2 GPUs, got "
@@ -179,10 +172,9 @@ def measure_groups(groups, *, device: str, environ, max_bytes: int | None = None
 
 def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: float, what: str,
               hint: str, progress=None, session: Session | None = None):
-    """Ranks of `module` (start_ranks), bounded by time_limit_s; every rank is ended on
-    failure, time-out or success. Returns the JSON rank 0 wrote to --out. progress(k, n): rank
-    0's step messages. Used by the all-reduce benchmark and the node calibration
-    (baseline.py). A signal to us meanwhile ends the ranks and raises proc.Interrupted."""
+    """Ranks of `module` (start_ranks) bounded by time_limit_s, every rank ended on failure, time-
+    out or success: the JSON rank 0 wrote. progress(k, n): rank 0's step messages. A signal to us
+    meanwhile ends the ranks and raises proc.Interrupted."""
     with proc.stage(f"the {what}"), owned(session) as s:
         stage, tmp = start_ranks(s, module, gpus, device, environ, args, what=what)
         stage.on_step = progress
@@ -193,9 +185,8 @@ def run_ranks(module: str, gpus, device: str, environ, args, *, time_limit_s: fl
 
 
 class Sweep:
-    """The all-reduce curve of `gpus` at every size, its ranks started now and held at their
-    gate once joined (profile/early.py releases them before the dry run's first forward).
-    `curve()` serves the session until they end; the curve is cached once they have."""
+    """The all-reduce curve of `gpus`, its ranks started now and held at their gate once joined
+    (early.py releases them); the curve is cached once they have ended."""
 
     def __init__(self, session: Session, topology, gpus, policy, environ):
         self.session, self.gpus, self.policy, self.environ = session, tuple(gpus), policy, environ
@@ -232,8 +223,8 @@ class Sweep:
 
 
 def rank_base_env(environ, device: str) -> dict[str, str]:
-    """A benchmark rank's environment before its rank variables: the job's (NCCL settings
-    shape what is measured); gloo ranks on the CPU see no GPU and one thread each."""
+    """A benchmark rank's environment before its rank variables: the job's; gloo ranks on the CPU
+    see no GPU and one thread each."""
     env = dict(environ)
     if device != "cuda":
         env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
@@ -242,11 +233,9 @@ def rank_base_env(environ, device: str) -> dict[str, str]:
 
 def comm_curve(topology, gpus, policy, environ, max_bytes: int | None = None,
                progress=None, session: Session | None = None, announce=None) -> CommCurve:
-    """The cached curve for this topology, group and NCCL environment (this user's cache, else
-    the node cache the Slurm prolog fills: cache.cached_comm); measured on a miss.
-    Without GPUs in the topology (fake topologies, CI) the group is emulated with gloo.
-    progress: as measure_allreduce's; announce(): called once before measuring. Neither is
-    called on a cache hit. session: the decision's (run_ranks)."""
+    """The cached curve for this topology, group and NCCL environment (cache.cached_comm), measured
+    on a miss (gloo emulates the group without real GPUs). progress: as measure_allreduce's;
+    announce(): once before measuring; neither on a hit."""
     gpus = tuple(gpus)
     device = device_for(topology)
     backend = backend_for(device)

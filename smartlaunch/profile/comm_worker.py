@@ -1,20 +1,8 @@
-"""One rank of the all-reduce benchmark (started by smartlaunch.profile.comm, one per GPU).
-
-    RANK=r WORLD_SIZE=n MASTER_ADDR=.. MASTER_PORT=.. python -m smartlaunch.profile.comm_worker \
-        --backend nccl --device-index 3 --sizes 1048576,2097152 --warmup 2 --iters 5 --out F \
-        [--gate]
-
-Each size: warm-up, then `iters` timed all-reduces (each after a barrier, device-synchronized); the
-per-rank median (or min, --stat) is max-reduced over ranks (the slowest rank sets the step) and rank 0 writes
-[[bytes, seconds], ...] as JSON to --out. Rank 0 says "size k of n" on its control socket
-(profile/control.py) for the parent's status line, and that its result is written; --gate: once
-the group is up, every rank waits for its go there before the first size.
-
---groups "0,1,2,3;0,1": one curve per group of ranks, one group after another, each over a
-communicator of its own (what a world of those ranks alone would build), measured by these
-processes joined once; the others wait on a CPU barrier meanwhile. --out then holds
-[{"ranks": [...], "points": [[bytes, seconds], ...]}, ...] in the order given.
-"""
+"""One rank of the all-reduce benchmark (started by smartlaunch.profile.comm, one per GPU). Each
+size: warm-up, then `iters` timed all-reduces after a barrier; the per-rank median (or min) is max-
+reduced over ranks and rank 0 writes [[bytes, seconds], ...] to --out. --gate: wait for the go once
+the group is up. --groups "0,1,2,3;0,1": one curve per group of ranks, each over its own
+communicator; --out then holds [{"ranks", "points"}, ...]."""
 from __future__ import annotations
 
 import argparse
@@ -25,9 +13,8 @@ import time
 
 
 def join_group(backend: str, device_index: int | None):
-    """This rank's device and a device sync, with the process group initialised: one NCCL rank
-    per GPU, or a gloo rank on the CPU (CPU work is done when the call returns: no sync).
-    Shared with the node calibration's worker (baseline_worker.py)."""
+    """This rank's device and a device sync, the process group initialised: NCCL on one GPU, or gloo
+    on the CPU (no sync needed)."""
     import torch
     import torch.distributed as dist
     if backend == "nccl":
@@ -54,14 +41,13 @@ def main(argv=None) -> None:
     ap.add_argument("--groups", default=None,
                     help='one curve per group of ranks, e.g. "0,1,2,3;0,1" (see above)')
     args = ap.parse_args(argv)
-    import torch
     import torch.distributed as dist
     from smartlaunch.profile.control import Control
 
     control = Control.from_env()
     device, sync = join_group(args.backend, args.device_index)
     try:
-        if args.gate and control is not None:   # the group is up; measure when the GPUs are ours alone
+        if args.gate and control is not None:   # the group is up: wait for the go
             control.gate()
             dist.barrier()
         sizes = [int(s) for s in args.sizes.split(",")]
@@ -81,10 +67,9 @@ def main(argv=None) -> None:
         dist.destroy_process_group()
 
 
-
 def _sweep(args, sizes, device, sync, tick, group=None, done: int = 0, total: int = 0):
-    """Seconds per size over `group` (None: every rank), the slowest rank's median (or min).
-    tick: rank 0's control (step k of n), None elsewhere."""
+    """Seconds per size over `group` (None: every rank), the slowest rank's median (or min). tick:
+    rank 0's control, None elsewhere."""
     import torch
     import torch.distributed as dist
     medians = []
@@ -111,9 +96,8 @@ def _sweep(args, sizes, device, sync, tick, group=None, done: int = 0, total: in
 
 
 def _each_group(args, sizes, device, sync, tick) -> list[dict]:
-    """--groups: each group's curve in turn; every rank takes part in making every group
-    (new_group is collective), only the members measure, a gloo broadcast of the group's
-    times keeps the groups apart."""
+    """--groups: each group's curve in turn; every rank makes every group (new_group is collective),
+    only members measure, a gloo broadcast of the times keeps the groups apart."""
     import torch
     import torch.distributed as dist
     groups = [[int(r) for r in g.split(",")] for g in args.groups.split(";") if g]
@@ -126,7 +110,6 @@ def _each_group(args, sizes, device, sync, tick) -> list[dict]:
             points = torch.tensor(_sweep(args, sizes, device, sync, tick, sub,
                                          i * len(sizes), len(groups) * len(sizes)),
                                   dtype=torch.float64)
-        # the group's times to every rank; the next group starts once its members are done
         dist.broadcast(points, src=ranks[0], group=cpu)
         out.append({"ranks": ranks, "points": [[s, t] for s, t in zip(sizes, points.tolist())]})
     return out

@@ -1,18 +1,12 @@
-"""The measuring child's end of its control socket (the parent's end: profile/session.py).
-
-Every process a decision starts (the dry run, a trial's ranks, the all-reduce benchmark's
-ranks) inherits one end of its own socketpair, named by SMARTLAUNCH_CONTROL_FD. Lines of JSON:
+"""The measuring child's end of its control socket (the parent's end: profile/session.py),
+named by SMARTLAUNCH_CONTROL_FD (removed from the environment, not inherited). Lines of JSON:
 
     child -> parent   {"gate": 1}            set up: waits for its go before the first forward
                       {"step": k, "of": n}   progress (at most every STEP_EVERY_S, and the last)
-                      {"done": 1}            its result is written: the measurement is over
+                      {"done": 1}            its result is written
     parent -> child   {"go": {...}}          pass the gate, with options ({"measure": steps})
 
-No file is polled and no gate is a file: a process at its gate blocks on one read. End of file
-at the gate (the parent closed its end) also lets it go on: its own time limit still bounds it.
-The variable is removed from the environment and the descriptor is not inherited by programs
-the script execs, so nothing the user starts sees it.
-"""
+End of file at the gate (the parent closed its end) also lets it go on."""
 from __future__ import annotations
 
 import json
@@ -33,7 +27,7 @@ class Control:
     @classmethod
     def from_env(cls, environ=os.environ) -> "Control | None":
         """This process's control end, taken out of the environment; None: not started by a
-        session (run by hand, or a test calling the hooks in-process)."""
+        session."""
         value = environ.pop(ENV_VAR, None)
         try:
             return cls(int(value)) if value else None

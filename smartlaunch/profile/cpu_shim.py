@@ -1,14 +1,7 @@
-"""Opt-in CPU emulation for dry runs of CUDA-only scripts on a machine without a GPU.
-
-Enabled by `--cpu-shim` or SMARTLAUNCH_DRYRUN_CPU_SHIM=1, never by default: on a GPU-less node
-a script that hard-codes CUDA would crash in the real run too, and the dry run must say so.
-It exists so that unchanged scripts such as pytorch/examples' multigpu_torchrun.py (which calls
-`torch.cuda.set_device` and NCCL unconditionally) can be profiled in CPU-only CI: counts and
-batch size are exact, times are the CPU's. It maps, for the process it runs in:
-- `.to(cuda...)`, `.cuda()` on tensors and modules -> the CPU; `pin_memory()` -> no-op;
-- `torch.cuda.set_device` / `synchronize` -> no-op;
-- `init_process_group(backend="nccl")` -> gloo; DDP `device_ids` -> None.
-"""
+"""Opt-in CPU emulation (`--cpu-shim`, SMARTLAUNCH_DRYRUN_CPU_SHIM=1) for dry runs of
+CUDA-only scripts without a GPU: counts and batch size are exact, times are the CPU's. Maps
+`.to(cuda)`/`.cuda()` to the CPU, `pin_memory`, `set_device`, `synchronize` to no-ops, NCCL to
+gloo and DDP `device_ids` to None."""
 from __future__ import annotations
 
 

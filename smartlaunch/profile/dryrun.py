@@ -1,25 +1,16 @@
-"""Child side of the dry run: run the user's entrypoint unchanged, with hooks installed first.
+"""Child side of the dry run: run the user's entrypoint unchanged, with global hooks installed.
 
-    python -m smartlaunch.profile.dryrun [options, dryrun_args.py] SCRIPT [ARGS...]
-
-Hooks (all global, none needs the script's cooperation):
-- an optimizer step post-hook: one step = one `step()` of the first optimizer that steps
-  (or one `smartlaunch.profile_step()` once the script calls it). After `warmup` steps a
-  window opens (one device sync) and every step end is marked in device time (clock.py);
-  `measure` steps, more while the window is shorter than `min-seconds` (at most MAX_STEPS).
-  With `--precision P` (one process only): fewer once the window's mean step is known to P
-  (relative 95% half-width, at least PRECISE_STEPS and `min-seconds`), and a warm-up that
-  ends once steps are steady or goes on past a recompile (Recorder.warmed);
-- module forward hooks until the first step: the root modules called (depth 0), DDP/FSDP, and
-  each grad-enabled root call's batch (inputs.py: positional and keyword arguments); in the
-  warm-up steps after it only the model's roots keep two hooks that count micro-batches and
-  mark forward and backward (device time too); inside the window, only the step hook runs.
-The window is closed by a device sync however the script ends: measured (then the process
-ends at once after writing: entry.exit_now), the script returning or sys.exit (written, then
-the process ends at once with the script's code), an exception, or SIGTERM
-(the parent's time limit: only finished marks are read). Step time is always the window's
-device time; a window that closed before its goal says so (`window_cut_short`), and no host interval is ever reported.
-"""
+- an optimizer step post-hook: one step = one `step()` of the first optimizer that steps (or one
+  `smartlaunch.profile_step()`). After `warmup` steps a window opens (one device sync) and every
+  step end is marked in device time (clock.py): `measure` steps, more while the window is shorter
+  than `min-seconds` (at most MAX_STEPS); with `--precision P`, fewer once the mean step is known
+  to P, and a warm-up that adapts (Recorder.warmed);
+- module forward hooks until the first step (roots, DDP/FSDP, each root call's batch); in the
+  warm-up steps after it, hooks on the model's roots count micro-batches and mark forward and
+  backward; inside the window only the step hook runs.
+However the script ends (measured, returned, sys.exit, an exception, SIGTERM) the window is
+closed by a device sync (SIGTERM: only finished marks are read) and the result written; a window
+that closed before its goal says so (`window_cut_short`)."""
 from __future__ import annotations
 
 import atexit
@@ -56,11 +47,8 @@ class Recorder:
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
-        # Only for one process: ranks of a DDP trial must stop at the same step, so trials
-        # size their window in steps (profile.trial) and leave this 0.
+        # One process only (trial ranks must stop at the same step):
         self.min_seconds = max(0.0, min_seconds)
-        # Also only for one process: the window ends once its mean step is known this well
-        # (relative 95% half-width), and the warm-up ends when steps are steady (warmed()).
         self.precision = max(0.0, precision)
         self.read = 0                     # window marks known complete (a prefix)
         self.window_steps: list[float] = []   # their step times, for the precision stop
@@ -81,11 +69,8 @@ class Recorder:
         self.calls: list[tuple[int, int | None]] = []       # (root id, batch) this step
         self.per_step: list[tuple[int, int | None]] = []    # (micro-batches, samples) per step
         self.micro_batch: int | None = None
-        # Warm-up steps after the first: step-end marks and forward/backward spans, for the
-        # split. The window: step-end marks only, no other hook, opened after the warm-up.
-        # Marks are device time, read after the closing sync; steps run free (a sync per step
-        # serialises the CPU's kernel launches with the GPU and slows a launch-bound step),
-        # and the split's hooks stay out of the window (they would slow a small model's step).
+        # Warm-up steps after the first: step-end marks and forward/backward spans (the split).
+        # The window: step-end marks only, steps run free, read after the closing sync.
         self.warm: list = []
         self.warm_spans: list[list[tuple[str, object, object]]] = []
         self.cur: list[tuple[str, object, object]] = []
@@ -95,8 +80,6 @@ class Recorder:
         self.written = False
         self.world = WorldSizeWatch(lambda: self.t_first_step is None)
         self.gate, self.gate_wait_s = gate, None      # pass_gate
-        # The parent's socket (profile/control.py): the gate's go, "step k of n" for its status
-        # line (a message at most every 0.1 s: nothing a 2 ms step could measure), "done".
         self.control = control
 
     # ---- discovery hooks (until the first step) -----------------------------------------
@@ -122,8 +105,8 @@ class Recorder:
         smartlaunch._step_hook = self.on_marker
 
     def pass_gate(self) -> None:
-        """The first forward (or step) waits for the parent's go (profile/control.py); a
-        trial's go carries its step count, sized from the dry run's step."""
+        """The first forward (or step) waits for the parent's go; a trial's go carries its step
+        count."""
         if self.gate:
             self.gate = False
             if self.control is not None:
@@ -239,8 +222,8 @@ class Recorder:
     def warmed(self) -> bool:
         """The warm-up is over: `warmup` steps after the first; with a precision goal sooner,
         after 2, once the last two took the same device time (within SAME_STEP), or later, to
-        twice `warmup`, while the last took COMPILE_STEP times the one before (a recompile).
-        Only marks already complete are read (never a wait): unknown keeps the plain count."""
+        twice `warmup`, while the last took COMPILE_STEP times the one before. Reads complete
+        marks only."""
         past = self.steps - 1
         if not self.precision:
             return past >= self.warmup
@@ -266,8 +249,8 @@ class Recorder:
             return None
 
     def precise(self) -> bool:
-        """The window's mean step is known to `precision`: read the marks complete so far
-        (no wait) and compare their step times' 95% interval with it."""
+        """The window's mean step is known to `precision`, by the marks complete so far (no
+        wait)."""
         try:
             while self.read < len(self.marks) and self.clock.done(self.marks[self.read]):
                 if self.read:
@@ -282,9 +265,8 @@ class Recorder:
         return hw is not None and hw <= self.precision
 
     def goal(self, n: int, spent: float) -> int:
-        """Steps the dry run will have seen when the window closes: warm-up, the window's
-        first step and `measure`, or more while the window is shorter than min_seconds
-        (estimated from host time: for the display only, never for a result)."""
+        """Steps the dry run will have seen when the window closes (host-time estimate, for the
+        display only)."""
         want = self.measure
         if self.min_seconds and spent > 0 and n > 0:
             want = max(want, n, math.ceil(n * self.min_seconds / spent))
@@ -299,8 +281,8 @@ class Recorder:
         self.marks = [self.clock.mark()]
 
     def close_window(self, reason: str) -> None:
-        """However the script ends: wait for the device (signal: read what has finished
-        without waiting, the GPU may be what hangs), then only marks are read."""
+        """However the script ends: wait for the device (signal: do not, the GPU may be what hangs),
+        then keep only finished marks."""
         if self.t_window is None or self.closed is not None:
             return
         self.closed = reason
@@ -320,8 +302,8 @@ class Recorder:
         self.marks = self.marks[:done]
 
     def count_samples(self) -> None:
-        """Micro-batches and samples of the step that just ended: the calls of the main model
-        (the root with the most of the optimizer's parameters) with grad enabled."""
+        """Micro-batches and samples of the step that just ended: the grad-enabled calls of the main
+        model (the root with the most of the optimizer's parameters)."""
         calls, self.calls = self.calls, []
         if self.main_root is None:
             roots = self.model_roots()
@@ -376,8 +358,7 @@ class Recorder:
         }
         r.update(self.work_per_step())
         if self.t_first_step is not None:
-            # Wall-clock stamps, so the parent can split a trial's seconds into interpreter
-            # and import start-up, the script's own set-up, steps, and exit (profile.trial).
+            # Wall-clock stamps for trial.trial_phases.
             r["wall_first_step"] = self.wall_start + self.t_first_step - self.t_start
             r["startup_s"] = self.t_first_step - self.t_start - (self.gate_wait_s or 0.0)
         r["wall_start"] = self.wall_start
@@ -461,11 +442,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         code = 0
     finally:
-        # Returned, sys.exit or raised: close the window now, while the script's device
-        # context is alive (atexit runs after torch's own exit handlers may have torn it down).
+        # Close the window while the script's device context is alive (not at atexit).
         rec.close_window("exit")
-    # Returned or sys.exit: the result now, and the process ends with the script's code
-    # without its teardown (exit_now). A raised exception goes on to its traceback.
+    # Returned or sys.exit: write, then end with the script's code without its teardown.
     rec.write()
     exit_now(code)
 

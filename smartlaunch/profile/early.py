@@ -1,35 +1,19 @@
-"""What a cold decision starts beside its dry run, and the one rule for when each may go.
-
-A cold decision on N GPUs measures the dry run (one GPU), the all-reduce curve of the largest
-DDP candidate's group, then a DDP trial of it. Started one after another, each paid Python's
-start-up and `import torch` (seconds on a GPU node) and the script's own set-up again. So, when the
-decision will need them (`what_to_start`, a pure function of what is known before anything
-runs) and cores are spare, they start together with the dry run, in the same Session:
-
-- the sweep's ranks join their group, then wait at their gate;
-- the trials' ranks (the largest DDP candidate's, and the next size's while cores are left)
-  set the script up (model, data, DDP's broadcast), then wait at their gate before the first
-  forward until decide asks for that trial (its step count comes with the go);
-- the dry run waits at its gate before its first forward.
-
-`Early.rule` (run by the session's loop) orders them: the sweep measures once the trials are
-set up (or gone), and the dry run's measured steps start once the sweep has ended: nothing of
-ours runs beside them. A trial still setting itself up when the dry run has waited as long as
-it took to get to its gate (at least READY_LIMIT_S), or while host memory runs low, is killed
-and the decision goes on without it (a trial started later costs its set-up again).
-"""
+"""What a cold decision starts beside its dry run (`what_to_start`: the all-reduce sweep of the
+largest DDP group, early DDP trials), each held at its gate, and `Early.rule`, the one rule for when
+each may go: the sweep once the trials are set up (or gone), the dry run's measured steps once the
+sweep has ended. A trial still setting up when the dry run has waited long enough, or while host
+memory runs low, is killed and the decision goes on without it."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from smartlaunch.profile.session import Session, Stage, State
+from smartlaunch.profile.session import Session, State
 
 SPARE_CORES = 2          # left to the dry run's script and smartlaunch itself
 READY_LIMIT_S = 15.0     # the least the dry run waits at its gate for the early trial
-# The early trial builds the model in N more processes beside the dry run's (a 1.0B GPT: ~4 GB
-# of host memory each while it is built on the CPU). Below this share of the job's memory left
-# it is killed, before the kernel's OOM killer picks the dry run (or us) instead.
+# Early trials are killed below this share of the job's memory left, before the OOM killer
+# picks the dry run (or us) instead.
 LOW_MEMORY = 0.10
 DRY_RUN = "the dry run"
 
@@ -43,14 +27,10 @@ class EarlyWork:
 
 def what_to_start(*, dry_run: bool, groups: list[tuple[int, ...]], cores: int,
                   sweep_cached: bool, trial_wanted: list[bool]) -> EarlyWork | None:
-    """What to start with the dry run, from plain facts: a decision will measure (`dry_run`:
-    auto, a profile GPU, `decision.prestart`), the DDP candidates' groups decide would try,
-    largest first, as it picks them (empty: no DDP candidate), the cores this process may
-    use, whether the largest group's curve is cached (it gives the others their curves:
-    decide/curves.py) and whether each group's trial is wanted (trials on, a Python script,
-    not cached, isolation as the policy asks). Each start costs about a core per rank for the
-    seconds of its import, which a 2-core machine would take from the dry run itself; the
-    sweep comes first, then the trials in order while cores are left."""
+    """What to start with the dry run: `dry_run` (a decision will measure), the DDP candidates'
+    groups decide would try, largest first, the cores this process may use, whether the largest
+    group's curve is cached and whether each group's trial is wanted. Each start costs about a core
+    per rank: the sweep comes first, then the trials in order while cores are left."""
     if not dry_run or not groups or len(groups[0]) < 2:
         return None
     budget = cores - SPARE_CORES
@@ -67,8 +47,8 @@ def what_to_start(*, dry_run: bool, groups: list[tuple[int, ...]], cores: int,
 
 
 class Early:
-    """The stages started early (trials: possibly none; sweep: None or one) and the rule
-    ordering them."""
+    """The stages started early (trials: possibly none; sweep: None or one) and the rule ordering
+    them."""
 
     def __init__(self, session: Session, trials: list, sweep, *, sweep_limit_s: float,
                  low_memory=None):
@@ -122,8 +102,8 @@ class Early:
 
 
 def memory_low(share: float | None = None) -> bool:
-    """Is less than LOW_MEMORY of the memory this job may use left? The job's cgroup (v2:
-    memory.max, a Slurm job's limit) when it sets one, else the host's."""
+    """Is less than LOW_MEMORY of the memory this job may use left? Its cgroup's (v2 memory.max)
+    when it sets one, else the host's."""
     import psutil
     share = LOW_MEMORY if share is None else share
     try:

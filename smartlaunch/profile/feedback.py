@@ -1,36 +1,20 @@
-"""Measured launches: the step rate of what actually ran, kept with the profile for next time.
-
-Every launch counts its ranks' optimizer steps (launch/progress.py). When one ends, the launch
-layer reports steps and seconds here; the next plan of the same job (the profile key: script
-content and siblings, arguments, working directory, torch, GPU model; plus the topology
-fingerprint and every NCCL_* variable) prefers these rates to the cost model's predictions.
-
-Rates are compared in rank-steps per second (ranks x steps/s): under torchrun's semantics each
-rank does the single-GPU step's work, so DDP×N over single is the ratio of rank-steps/s. A
-script that sizes its work by the world size (profile.work_depends_on_world_size) breaks
-that; the record says so (`assumed`) and the text that uses it repeats it.
-
-Layout: <cache_dir>/launches/<key>.json = {"runs": {"single": {...}, "ddp:0,1": {...}}}, the
-latest launch of each candidate: "single" for a one-rank launch, "<strategy>:<gpus>" for one
-rank per GPU (DDP, or any other unit of that shape).
-"""
+"""Measured launches: the step rate of what actually ran, kept per job and candidate
+(<cache_dir>/launches/<key>.json) for the next plan, which prefers it to predictions. Rates are
+compared in rank-steps per second; a script that sizes its work by the world size is `assumed`."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 
-from smartlaunch.profile.cache import comm_key, profile_key
+from smartlaunch.profile.cache import comm_key, digest, entry_path, profile_key
 from smartlaunch.store import (
-    MAX_ITEMS, MAX_SECONDS, BadRecord, cache_folder, cache_root, integer, items, keep, load,
-    number, obj, optional, required, text, within,
+    MAX_ITEMS, MAX_SECONDS, BadRecord, cache_root, integer, items, keep, load, number, obj,
+    optional, required, text, within,
 )
 from smartlaunch.wire import RECORD
 
-# A launch shorter than this says little about the steady rate (start-up, clock ramp, the
-# first checkpoint): not recorded.
+# A launch shorter than this says little about the steady rate: not recorded.
 MIN_STEPS = 20
 MIN_SECONDS = 1.0
 ONE_RANK = "single"     # the record of a one-process launch (single, or one independent job)
@@ -59,9 +43,8 @@ class MeasuredRate:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MeasuredRate":
-        """The rate to_dict wrote, checked: BadRecord naming the first field of the wrong type
-        or out of range, or at odds with the others (steps_per_s is (steps - 1) / seconds,
-        rank_steps_per_s that times the ranks: measured_rate's arithmetic)."""
+        """The rate to_dict wrote, checked: BadRecord naming the first field of the wrong type or
+        out of range, or at odds with the others (measured_rate's arithmetic)."""
         names = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in obj(d, RECORD).items() if k in names}
         d["strategy"] = text(required(d, "strategy"), "strategy", 64)
@@ -92,8 +75,8 @@ def candidate_name(strategy: str, gpus) -> str:
 
 def measured_rate(strategy: str, gpus, steps: int, seconds: float, profile: dict,
                   now: float | None = None) -> MeasuredRate | None:
-    """The rate of one finished launch from its slowest rank's step count, or None when it
-    was too short to say anything."""
+    """The rate of one finished launch from its slowest rank's step count; None when it was too
+    short to say anything."""
     if steps < MIN_STEPS or seconds < MIN_SECONDS:
         return None
     gpus = tuple(gpus)
@@ -110,20 +93,17 @@ def measured_rate(strategy: str, gpus, steps: int, seconds: float, profile: dict
 def job_key(request, policy, topology, environ) -> str:
     gpu_model = topology.gpus[0].name if topology.gpus else "cpu"
     base = profile_key(request, policy, gpu_model=gpu_model, environ=environ)
-    return hashlib.sha256(json.dumps(
-        [base, comm_key(topology, (), "launch", environ)]).encode()).hexdigest()[:32]
+    return digest([base, comm_key(topology, (), "launch", environ)])
 
 
 def rates_path(policy, key: str, environ, *, create: bool = False):
-    """Where the job's rates are kept; its folder made (cache_folder) only to write there:
-    reading a cache creates nothing."""
-    root = cache_root(policy, environ)
-    return (cache_folder(root, "launches") if create else root / "launches") / f"{key}.json"
+    """Where the job's rates are kept; its folder made only to write there."""
+    return entry_path(policy, environ, "launches", key, create=create)
 
 
 def rates_from_dict(d: dict) -> dict[str, MeasuredRate]:
-    """{"runs": {candidate name: MeasuredRate.to_dict()}}, checked: BadRecord naming the first
-    bad field ("runs.ddp:0,1.seconds"), or a run kept under another candidate's name."""
+    """{"runs": {candidate name: MeasuredRate.to_dict()}}, checked: BadRecord naming the first bad
+    field, or a run kept under another candidate's name."""
     runs = obj(required(obj(d, RECORD), "runs"), "runs", MAX_ITEMS)
     out = {}
     for name, run in runs.items():
@@ -136,8 +116,8 @@ def rates_from_dict(d: dict) -> dict[str, MeasuredRate]:
 
 
 def load_rates(policy, key: str, environ) -> dict[str, MeasuredRate]:
-    """The kept rates of this job's launches by candidate name; none when absent or damaged
-    (said once: store.load), and the next launch's rate starts the record again."""
+    """The kept rates of this job's launches by candidate name; none when absent or damaged (said
+    once)."""
     return load(rates_path(policy, key, environ), rates_from_dict, "launch rates",
                 then="predicting instead; the next launch measures it again") or {}
 
@@ -151,8 +131,8 @@ def store_rate(policy, key: str, rate: MeasuredRate, environ) -> bool:
 
 
 def one_gpu_rate(rates: dict[str, MeasuredRate], profile: dict) -> tuple[float | None, str]:
-    """Rank-steps/s of one GPU, and where it comes from: a measured single launch of this job,
-    else the dry run's step (train steps only, so a launch with evaluations looks slower)."""
+    """Rank-steps/s of one GPU and where it comes from: a measured single launch of this job, else
+    the dry run's step."""
     single = rates.get(ONE_RANK)
     if single is not None:
         return single.rank_steps_per_s, "a single-GPU launch"

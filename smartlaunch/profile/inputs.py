@@ -1,17 +1,6 @@
-"""What the dry run reads off the script's inputs: the batch of a forward call, and whether the
-script's own code asks for the world size before its first step.
-
-Batch: the leading dimension of the first tensor found in a forward call's positional
-arguments, then its keyword arguments (a Hugging Face Trainer calls `model(**inputs)`),
-looking inside dicts and other mappings
-(`BatchEncoding` is a UserDict, not a dict), lists, tuples (named tuples too) and dataclasses.
-
-World size: a script that computes its per-rank work from the world size (nanoGPT divides its
-gradient accumulation by WORLD_SIZE) does different work per rank under DDP than in the
-single-process dry run. Reads from library code (DistributedSampler, Trainer's arguments, DDP
-itself) say nothing about that and are not counted; the first read from the script's own code
-before its first optimizer step is recorded as "file:line".
-"""
+"""What the dry run reads off the script's inputs: a forward call's batch (the leading dimension of
+its first tensor, looked for in arguments, mappings, sequences and dataclasses) and where the
+script's own code first reads the world size before its first step ("file:line")."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +24,8 @@ def first_grad_tensor(output):
 
 
 def _first_tensor(roots: list, want: Callable):
-    """The first tensor t for which want(t) holds, in order (depth first) through what
-    `roots` hold (_children; a tensor is not looked into), at most MAX_NODES looked at; None."""
+    """The first tensor t for which want(t) holds, depth first through what `roots` hold (a tensor
+    is not looked into), at most MAX_NODES looked at; None."""
     import torch
     stack, seen = list(roots), 0
     while stack and seen < MAX_NODES:
@@ -51,8 +40,8 @@ def _first_tensor(roots: list, want: Callable):
 
 
 def _children(a) -> list:
-    """What a batch or an output holds, in order: mapping values (HF BatchEncoding too),
-    sequence items, dataclass fields; nothing for anything else."""
+    """What a batch or an output holds, in order: mapping values, sequence items, dataclass fields;
+    nothing for anything else."""
     if isinstance(a, Mapping):
         return list(a.values())
     if isinstance(a, (tuple, list)):
@@ -74,9 +63,8 @@ def _stdlib_dirs() -> tuple[str, ...]:
 
 
 def script_frame(frame, stdlib: tuple[str, ...]):
-    """The caller in the script's own code, skipping standard-library frames (os.environ.get
-    goes through _collections_abc), or None when a library (torch, transformers, smartlaunch)
-    is the caller."""
+    """The caller in the script's own code, skipping standard-library frames, or None when a library
+    (torch, transformers, smartlaunch) is the caller."""
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith("<"):      # "<frozen ...>": import machinery, look further out
@@ -90,9 +78,9 @@ def script_frame(frame, stdlib: tuple[str, ...]):
 
 
 class WorldSizeWatch:
-    """Records where the script's own code first reads the world size while `active()`.
-    install() swaps os.environ's class for a subclass (same object, so code holding it keeps
-    working) and wraps torch.distributed.get_world_size."""
+    """Records where the script's own code first reads the world size while `active()`: install()
+    swaps os.environ's class for a subclass (same object) and wraps
+    torch.distributed.get_world_size."""
 
     def __init__(self, active: Callable[[], bool]):
         self.active = active

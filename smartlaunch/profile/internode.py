@@ -1,17 +1,7 @@
-"""The all-reduce between nodes: one leader rank per node, the job's backend and environment.
-
-Every node of a multi-node job runs one rank of the single-node benchmark
-(`smartlaunch.profile.comm_worker`) with RANK = its place among the nodes, WORLD_SIZE = the
-number of nodes, MASTER_ADDR = the rendezvous endpoint's host as this node names it, and
-MASTER_PORT = a port the deciding node chose and published on the job's store (the caller's:
-pipeline_nodes.py) in an `Offer`. Rank 0, on the deciding node, writes the curve;
-decide/nodes.py scales it to fewer nodes. The rank is a child of ours in a Session of its own
-(profile/session.py), with a bounded wait, killed on time-out like the benchmark's ranks.
-
-The offer is read from an unauthenticated store (docs/trust-model.md): it carries numbers and
-names only, each checked by `read_offer` against this node's own view (its --nnodes, its GPUs
-and links); the rank's environment is built by each node from its own (the caller's).
-"""
+"""The all-reduce between nodes: one leader rank per node (comm_worker) with RANK = its place
+among the nodes, WORLD_SIZE = the number of nodes and MASTER_PORT = a port the deciding node
+published on the job's store in an `Offer`. Rank 0 writes the curve. The offer comes from an
+unauthenticated store: `read_offer` checks each field against this node's own view."""
 from __future__ import annotations
 
 import json
@@ -39,10 +29,9 @@ MAX_OFFER_BYTES = 64 << 10
 
 @dataclass(frozen=True)
 class Offer:
-    """What every node's leader rank runs: the group's port on the deciding node, its size,
-    the device and message sizes, and the decision whose environment the ranks measure in (its
-    strategy, GPUs and link class: each node makes that environment itself, as prepare()
-    would for it). The rank measures on gpus[0] when the device is "cuda"."""
+    """What every node's leader rank runs: the group's port on the deciding node, its size, the
+    device and message sizes, and the decision whose environment the ranks measure in. The rank
+    measures on gpus[0] when the device is "cuda"."""
     port: int
     nodes: int
     device: str                         # "cuda" | "cpu"
@@ -57,8 +46,8 @@ def _top(device: str) -> int:
 
 
 def sizes_for(grad_bytes: int | None, device: str) -> tuple[int, ...]:
-    """Powers of two from 256 KiB to the gradient's size (at most 256 MiB on GPUs, 32 MiB
-    over gloo), at least two: a DDP bucket is at most 25 MiB, a whole gradient more."""
+    """Powers of two from 256 KiB to the gradient's size (at most 256 MiB on GPUs, 32 MiB over
+    gloo), at least two."""
     cap = min(_top(device), 1 << max(0, int((grad_bytes or 4 * MB) - 1).bit_length()))
     sizes = [MIN_SIZE]
     while sizes[-1] < cap:
@@ -76,9 +65,9 @@ def offer(store, *, nodes: int, device: str, sizes, strategy: str, gpus=(),
 
 def read_offer(raw: bytes, *, nodes: int, gpus: Collection[int], links: Collection[str],
                strategies: Collection[str]) -> Offer:
-    """The Offer in `raw` (from the store) as this node may run it: `nodes` is this node's own
-    --nnodes, `gpus` its GPU indices, `links` its link classes, `strategies` the registered
-    units. Raises WireError naming the first field that is not."""
+    """The Offer in `raw` as this node may run it, checked against this node's own --nnodes
+    (`nodes`), GPU indices, link classes and registered units (`strategies`). Raises WireError
+    naming the first field that is not."""
     def sizes(v, where):
         got = tuple(wire.integer(s, f"{where}[{i}]", MIN_SIZE, _top("cuda"))
                     for i, s in enumerate(wire.items(v, where, 16)))
@@ -111,11 +100,9 @@ def read_offer(raw: bytes, *, nodes: int, gpus: Collection[int], links: Collecti
 
 def measure(spec: Offer, rank: int, environ: Mapping[str, str], *, host: str,
             time_limit_s: float = TIME_LIMIT_S) -> CommCurve | None:
-    """This node's leader: joins the group of spec.nodes ranks as `rank`, the group's master
-    at `host` (this node's name for the rendezvous endpoint) and spec.port; `environ` is the
-    rank's whole environment before its rank variables (the caller's: its own, with the
-    decision's NCCL variables as this node makes them). The curve on rank 0, None elsewhere.
-    Raises RuntimeError naming the rank's last lines when it fails."""
+    """This node's leader: joins the group of spec.nodes ranks as `rank` (master at `host`,
+    spec.port); `environ` is the rank's whole environment before its rank variables. The curve on
+    rank 0, None elsewhere; RuntimeError naming the rank's last lines when it fails."""
     device = spec.device
     backend = backend_for(device)
     env = dict(rank_base_env(environ, device),

@@ -1,13 +1,7 @@
-"""Parent side of the dry run: start the hooked child, bound it in time, read its profile.
-
-The child runs `python -m smartlaunch.profile.dryrun ... <script> <args>` in its own session
-(so a time-out kills it and its DataLoader workers as one group, and nothing else), with
-torchrun's single-rank environment so scripts that call init_process_group unconditionally
-work. Its stdout goes to a log file in the cache dir; its stderr is echoed to the user as is,
-copied into that log, and its tail kept for the crash message where it was not echoed. Where
-the cache dir cannot hold a log (read-only, full: said once) its stdout is dropped and its
-stderr still echoed.
-"""
+"""Parent side of the dry run: start the hooked child in its own session (a time-out kills it and
+its workers as one group) with torchrun's single-rank environment, bound it in time, read its
+profile. Its stdout goes to a log in the cache dir (none where that cannot be written: said once);
+its stderr is echoed as is, copied into the log, its tail kept for the crash message."""
 from __future__ import annotations
 
 import collections
@@ -37,14 +31,11 @@ EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), 
 TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
 NO_LOG = "not kept: the cache directory is not writable"
-
-
 DRYRUN_MODULE = "smartlaunch.profile.dryrun"
 
 
 def result_dir(tmp: str) -> str:
-    """The dry run's temp dir's result/: the profile, the step ticks, the isolation status;
-    the one directory its sandbox shares (profile/early.py lays out the same)."""
+    """The dry run's temp dir's result/: the one directory its sandbox shares."""
     return os.path.join(tmp, "result")
 
 
@@ -53,22 +44,17 @@ def isolation_status(tmp: str) -> str:
 
 
 def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
-    """torchrun's environment for the one worker of a one-process job (the same contract
-    the single-GPU launcher gives a real run), plus the dry-run switches."""
+    """torchrun's environment for the one worker of a one-process job, plus the dry-run switches."""
     env = dict(environ)
     env.update(single_rank_env(run_id="smartlaunch-dryrun"))
     env.update(sandbox.DRYRUN_ENV)
-    env.update({
-        "SMARTLAUNCH_DRYRUN": "1",
-        # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
-        "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
-    })
+    # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
+    env.update(SMARTLAUNCH_DRYRUN="1", CUDA_VISIBLE_DEVICES="" if gpu is None else str(gpu))
     return env
 
 
 class _Echo:
-    """The dry run's stderr as it comes: to the user (echo), into its log, its last lines kept
-    for the crash message."""
+    """The dry run's stderr as it comes: to the user (echo), into its log, its last lines kept."""
 
     def __init__(self, tail: collections.deque, echo, log):
         self.tail, self.echo, self.log, self.partial = tail, echo, log, b""
@@ -89,12 +75,15 @@ class _Echo:
         self.tail.extend(line.decode(errors="replace") for line in lines)
 
 
-def isolation_paths(request, environ) -> list[str]:
-    """Where we know the job writes: cwd, the script's directory, $HOME."""
-    paths = [os.getcwd(), environ.get("HOME") or os.path.expanduser("~")]
+def _script_dir(request) -> list[str]:
     if request.script and not request.module and not request.no_python:
-        paths.append(os.path.dirname(os.path.abspath(request.script)))
-    return paths
+        return [os.path.dirname(os.path.abspath(request.script))]
+    return []
+
+
+def isolation_paths(request, environ) -> list[str]:
+    """Where we know the job writes: cwd, $HOME, the script's directory."""
+    return [os.getcwd(), environ.get("HOME") or os.path.expanduser("~"), *_script_dir(request)]
 
 
 def isolation_check(request, policy, environ) -> tuple[bool, str]:
@@ -115,10 +104,7 @@ def undo_roots(request, policy, isolated: bool, own) -> undo.Listing | None:
     """best-effort without a sandbox: what the working and script directories hold now."""
     if isolated or policy.dryrun.isolation != "best-effort":
         return None
-    paths = [os.getcwd()]
-    if request.script and not request.module and not request.no_python:
-        paths.append(os.path.dirname(os.path.abspath(request.script)))
-    return undo.take(paths, skip=own)
+    return undo.take([os.getcwd(), *_script_dir(request)], skip=own)
 
 
 def undo_note(listing: undo.Listing, own) -> str:
@@ -135,13 +121,10 @@ def undo_note(listing: undo.Listing, own) -> str:
 def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
                 progress=None, real_gpu: bool = False, session: Session | None = None,
                 gate: bool = False) -> ModelProfile:
-    """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes
-    stream; default the user's stderr). progress(k, n): called as the child reaches step k
-    of the n it expects (the status line's "dry run step k of n"). real_gpu: `gpu` is a GPU
-    NVML found (not a fixture's), so a script that never initialised CUDA is a finding.
-    session: the decision's (profile/session.py), else one of our own. gate: the script's
-    first forward waits for its go (profile/early.py gives it); the wait counts in the time
-    limit."""
+    """Profile the entrypoint once (no cache). echo: where the child's stderr goes (bytes; default
+    the user's stderr). progress(k, n): as the child reaches step k of n. real_gpu: `gpu` is a GPU
+    NVML found, so a script that never initialised CUDA is a finding. session: the decision's, else
+    one of our own. gate: the first forward waits for its go (within the time limit)."""
     if request.no_python:
         return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
                             f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
@@ -163,15 +146,11 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         tmp = s.tempdir("smartlaunch-dryrun-")
         out = os.path.join(result_dir(tmp), "profile.json")
         os.makedirs(result_dir(tmp))
-        args = ["--warmup", str(policy.dryrun.warmup_steps),
-                "--measure", str(policy.dryrun.measure_steps),
-                "--min-seconds", str(policy.dryrun.measure_seconds),
-                "--precision", str(policy.dryrun.precision)]
-        if gate:
-            args.append("--gate")
-        if request.module:
-            args.append("--module")
-        cmd = [sys.executable, "-u", "-m", DRYRUN_MODULE, "--out", out, *args,
+        d = policy.dryrun
+        cmd = [sys.executable, "-u", "-m", DRYRUN_MODULE, "--out", out,
+               "--warmup", str(d.warmup_steps), "--measure", str(d.measure_steps),
+               "--min-seconds", str(d.measure_seconds), "--precision", str(d.precision),
+               *(["--gate"] if gate else []), *(["--module"] if request.module else []),
                request.script, *request.script_args]
         status = isolation_status(tmp)
         if isolated:
@@ -212,10 +191,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed,
                     echoed=echo is not None)
     if real_gpu and gpu and prof.usable and prof.device == "cpu":
-        # Given a GPU, the script never initialised CUDA: its times say nothing about a GPU
-        # run (an isolation bug once hid the driver library this way: 4.2 s "steps" of a
-        # 31 ms GPU step, and DDP predicted 1.87x where it ran at 0.83x). Launched as
-        # torchrun would launch it, which is what a script that ignores GPUs gets anyway.
+        # Given a GPU, the script never initialised CUDA: launched as torchrun would.
         prof = dataclasses.replace(prof, status=ProfileStatus.UNMEASURABLE, note=(
             f"the dry run was given GPU {gpu} but the script ran on the CPU (it never "
             f"initialised CUDA), so its step times say nothing about a GPU run; check that "
@@ -226,10 +202,8 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
 
 
 def _open_log(path: Path, root: Path):
-    """The dry run's log, opened to append (the child's stdout and our copy of its stderr
-    interleave, never overwrite); None where the cache cannot hold it: said once when it is
-    read-only or full (less than store.MIN_FREE_BYTES free: a script printing into a full
-    one fails at its print), silent when its folder could not be made (cache_folder said so)."""
+    """The dry run's log opened to append; None where the cache cannot hold it (said once when read-
+    only or with less than store.MIN_FREE_BYTES free)."""
     try:
         room = free_bytes(path.parent)
         if room is not None and room < MIN_FREE_BYTES:
@@ -297,19 +271,15 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
         status = ProfileStatus.NO_STEP
         note = (f"the script ended after {data.get('steps_seen', 0)} steps, too few to measure "
                 f"(warm-up included) {where}")
-    for k in ("step_time_s", "step_time_p90_s", "forward_s", "backward_s"):
-        if status == ProfileStatus.NO_STEP:
+    if status == ProfileStatus.NO_STEP:
+        for k in ("step_time_s", "step_time_p90_s", "forward_s", "backward_s"):
             kw.pop(k, None)
     return ModelProfile(status=status, note=note, **kw)
 
 
-def _asked(request, data) -> int:
-    return int(data.get("measure_asked") or 1)
-
-
 def _complete(request, data) -> bool:
     """The window holds the steps asked, or closed early with the mean known to the precision
-    asked (dryrun.precision)."""
+    asked."""
     measured = int(data.get("steps_measured") or 0)
-    return measured >= _asked(request, data) or (
+    return measured >= int(data.get("measure_asked") or 1) or (
         data.get("reason") == "measured" and bool(data.get("precise")) and measured > 0)

@@ -1,21 +1,15 @@
 """One owner for every process a decision starts: the dry run, trials' ranks, benchmark ranks.
 
-The pipeline opens one Session per command and is the only place that closes it; whatever it
-started and did not see end is ended there, and its temp dirs removed, however the command
-ends. A Stage is the processes started together for one measurement, each rank with its own
-control socket (profile/control.py, the child's end) and an explicit state:
+The pipeline opens one Session per command and closes it: whatever it started and did not see
+end is ended then, its temp dirs removed. A Stage is the processes started together for one
+measurement, each rank with its own control socket (profile/control.py) and a state:
 
     started -> at its gate -> running -> done        (rank 0 wrote its result)
                                       \\-> ended      (every process exited: `code`)
                                        \\-> killed    (by the session: `why`)
 
-`wait(until, timeout)` is the one event loop: it reads every control socket, each child's
-exit (a pidfd) and the dry run's stderr as they come, runs the rules the pipeline added
-(profile/early.py: who may go when), and returns when `until()` holds or the time is up. No
-thread, no gate or marker file, no polling of /proc. A process that starts ranks of its own
-outside a decision (a trial's spawner, trial_group.py; a node's leader rank of the all-reduce
-between nodes, internode.py) serves them with a Session of its own.
-"""
+`wait(until, timeout)` is the one event loop: control sockets, each child's exit (a pidfd) and
+piped stderr as they come, and the rules the pipeline added (early.py), until `until()` holds."""
 from __future__ import annotations
 
 import contextlib
@@ -123,10 +117,9 @@ class Session:
 
     def start(self, role: str, commands: list[tuple[list[str], dict, dict]], *,
               ranks: int = 1, gate: bool = False) -> Stage:
-        """commands: (argv, env, popen options) per process, each given `ranks` control
-        sockets (SMARTLAUNCH_CONTROL_FD: one descriptor, or a comma list a spawner hands out
-        one per rank; ranks=0: none, the process gets its env and pass_fds as given). gate:
-        the processes stop at their gate until `go`."""
+        """commands: (argv, env, popen options) per process, each given `ranks` control sockets
+        (SMARTLAUNCH_CONTROL_FD: one descriptor, or a comma list a spawner hands out one per rank;
+        ranks=0: none). gate: the processes stop at their gate until `go`."""
         stage = Stage(role, gate)
         self.stages.append(stage)
         for argv, env, popen in commands:
@@ -198,8 +191,8 @@ class Session:
         proc.stop_all(stage.children, first, grace_s)
 
     def close(self) -> None:
-        """End what still runs (SIGTERM, a short grace, SIGKILL), release every descriptor,
-        remove the temp dirs. Safe to call twice."""
+        """End what still runs (SIGTERM, a short grace, SIGKILL), release every descriptor, remove
+        the temp dirs. Safe to call twice."""
         live = [s for s in self.stages if not s.over]   # the others were reaped as they ended
         proc.stop_all([c for s in live for c in s.children], signal.SIGTERM, 1.0)
         for s in live:
@@ -266,8 +259,7 @@ class Session:
 
 @contextlib.contextmanager
 def owned(session: Session | None):
-    """`session`, or one of our own closed on the way out (a dry run or benchmark run outside
-    a decision: smartlaunch-node, smartlaunch-profile)."""
+    """`session`, or one of our own closed on the way out."""
     if session is not None:
         yield session
         return

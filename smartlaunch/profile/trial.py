@@ -1,24 +1,7 @@
-"""Measured trials: a few real steps of one candidate, for when the model is not sure.
-
-The runner starts the user's entrypoint exactly as the plan would (torchrun semantics, the
-candidate's GPUs only) but wrapped by the dry-run hooks, which time the optimizer steps and end
-the script after them. Rank 0's synced window gives samples/s = N x batch / step.
-
-How long: at least `decision.trial_steps` steps and at least `decision.trial_seconds` of
-measured window, estimated from the profile's step time (or the previous trial's). A 20-step
-window of a 2 ms step is 40 ms, short enough for one slow all-reduce or clock ramp to move the
-ratio by 20% (docs/decision.md). Every rank gets the same step count on its command line, so
-the ranks stop together.
-
-    python -m smartlaunch.profile.trial_group --nproc N -- \
-        --out-dir DIR --warmup W --measure M [--module] SCRIPT ARGS
-
-The spawner (trial_group.py) starts N ranks of this module with torchrun's environment,
-without torchrun's agent (seconds of start-up saved; see trial_group.py).
-
-Run as a module (`python -m smartlaunch.profile.trial`), this file is the per-rank shim: each
-rank writes its own result file (rank<RANK>.json) and hands over to smartlaunch.profile.dryrun.
-"""
+"""Measured trials: a few real steps of one candidate, run as the plan would run it (torchrun
+semantics, its GPUs only) under the dry-run hooks, every rank told the same step count; rank 0's
+window gives samples/s = N x batch / step. The spawner is trial_group.py; run as a module, this file
+is the per-rank shim handing over to smartlaunch.profile.dryrun (rank<RANK>.json)."""
 from __future__ import annotations
 
 import math
@@ -36,7 +19,6 @@ from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.session import Session, Stage, State, owned
-from smartlaunch.profile.trial_group import spawner_command
 from smartlaunch.request import Request
 from smartlaunch.store import read_json
 from smartlaunch.vocab import Strategy
@@ -52,15 +34,12 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                       phases: Callable[[dict[str, float]], None] | None = None,
                       early: "list[Trial] | None" = None
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
-    """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in
-    `session` (None: one of its own per trial) on `gpus` of `topology` (the job's). None: the
-    trial could not measure (script failed, stalled, --no-python).
-    phases(seconds by phase): told after each trial where its seconds went (trial_phases).
-    early: trials set up beside the dry run (profile/early.py), waiting at their gates: each
-    used when decide asks for exactly its candidate; the others are left to the session to end.
-    expected_setup_s: the dry run's start to its first step (profile.startup_s), for the
-    trial's progress deadlines (Deadlines). `trial.why[(strategy, gpus)]`: why a trial that
-    gave None gave nothing, in a few words."""
+    """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in `session`
+    (None: one of its own per trial) on `gpus` of `topology`. None: the trial could not measure.
+    phases(seconds by phase): told after each trial (trial_phases). early: trials set up beside the
+    dry run, each used when decide asks for exactly its candidate. expected_setup_s: the dry run's
+    profile.startup_s, for the Deadlines. `trial.why[(strategy, gpus)]`: why a trial that gave None
+    gave nothing, in a few words."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
     waiting = list(early or ())
     why: dict = {}
@@ -81,10 +60,9 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
         run = next((w for w in waiting if w.fits(gpus, isolated)), None)
+        t_spawn = time.time()
         if run is not None:     # the others wait for decide: it may still ask for them
             waiting.remove(run)
-        t_spawn = time.time()
-        if run is not None:
             session.go(run.stage, measure=steps)
         else:
             run = Trial.start(session, request, policy, environ, isolated, tuple(gpus),
@@ -100,8 +78,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             undone = undo_note(listing, (run.tmp,))
             if log is not None:
                 log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
-        # A killed trial's rank 0 writes what it had on SIGTERM: a window cut by a stall
-        # or the time limit, not a rate to decide by.
+        # A killed trial's rank 0 writes what it had on SIGTERM: not a rate to decide by.
         result = None if killed else read_json(run.out / "rank0.json")
         if phases is not None:
             phases(trial_phases(result, t_spawn, t_end, killed=killed))
@@ -123,18 +100,16 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
 
 @dataclass(frozen=True)
 class Deadlines:
-    """How long a trial may go without progress, from what the dry run measured: its first
-    step (`first_s`: the dry run's set-up and first step, which include a compile, so ranks
-    set up early at their gate get the same) and each later step (`step_s`); and the whole
-    trial's `limit_s`. A trial past one is killed and the decision goes on with the
-    prediction (the plan says which and why): no script can hold a decision longer."""
+    """How long a trial may go without progress, from the dry run: its first step (`first_s`) and
+    each later step (`step_s`); and the whole trial's `limit_s`. A trial past one is killed and the
+    decision goes on with the prediction."""
     first_s: float
     step_s: float
     limit_s: float
 
     FLOOR_FIRST_S: ClassVar[float] = 30.0
     FLOOR_STEP_S: ClassVar[float] = 10.0
-    FACTOR: ClassVar[float] = 3.0    # the dry run's own times, three over (DDP, contention)
+    FACTOR: ClassVar[float] = 3.0    # the dry run's own times, three over
 
     @classmethod
     def from_dry_run(cls, setup_s: float | None, step_s: float | None,
@@ -147,8 +122,8 @@ class Deadlines:
 
 @dataclass
 class Trial:
-    """One trial's ranks (a Stage of the session: the spawner, one control socket per rank)
-    and its temp dir: the ranks' result dir, the sandbox's scratch, the log."""
+    """One trial's ranks (a Stage of the session) and its temp dir: result dir, sandbox scratch,
+    log."""
     stage: Stage
     gpus: tuple[int, ...]
     isolated: bool
@@ -171,8 +146,8 @@ class Trial:
               topology, steps: int | None = None, gate: bool = False,
               python: str = sys.executable) -> "Trial":
         """Its ranks on `gpus` of `topology` (one rank on none: the CPU), started now: measuring
-        `steps`, or (gate) setting the script up and waiting before its first forward for the go
-        that carries the step count (profile/early.py)."""
+        `steps`, or (gate) set up and waiting before the first forward for the go that carries the
+        step count."""
         tmp = session.tempdir("smartlaunch-trial-")
         run = cls(None, tuple(gpus), isolated, tmp)
         run.out.mkdir()
@@ -194,11 +169,9 @@ class Trial:
 
 def trial_phases(result: dict | None, t_spawn: float, t_end: float, *,
                  killed: bool = False) -> dict[str, float]:
-    """Where a trial's wall seconds went, from rank 0's wall-clock stamps: `start` (the
-    interpreter, the launcher and the torch import up to the hooks), `setup` (the script's
-    own imports, model and data up to its first step), `steps` (warm-up and the window) and
-    `exit` (from the result to the last process gone). Without stamps (no result, or no
-    first step), all of it is `killed` when the time limit ended the trial, else `start`."""
+    """Where a trial's wall seconds went by rank 0's stamps: `start` (interpreter, launcher, torch
+    import), `setup` (up to its first step), `steps` and `exit`. Without stamps, all of it is
+    `killed` when the time limit ended the trial, else `start`."""
     total = max(0.0, t_end - t_spawn)
     r = result or {}
     stamps = [r.get("wall_start"), r.get("wall_first_step"), r.get("wall_written")]
@@ -220,30 +193,21 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None,
                   gate: bool = False) -> list[str]:
-    """The spawner's command line for nproc ranks of the shim (trial_group.py)."""
-    return spawner_command(nproc, shim_args(request, policy, out_dir, steps, gate=gate), python)
-
-
-def shim_args(request: Request, policy: Policy, out_dir: str, steps: int | None, *,
-              gate: bool = False) -> list[str]:
-    """Each rank's arguments to this module (below, `_shim`)."""
-    args = ["--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
-            "--measure", str(steps or policy.decision.trial_steps)]
-    if gate:
-        args.append("--gate")
-    if request.module:
-        args.append("--module")
-    return [*args, request.script, *request.script_args]
+    """The spawner's command line (trial_group.py) for nproc ranks of the shim (`_shim`)."""
+    return [python, "-m", "smartlaunch.profile.trial_group", "--nproc", str(nproc), "--",
+            "--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
+            "--measure", str(steps or policy.decision.trial_steps),
+            *(["--gate"] if gate else []), *(["--module"] if request.module else []),
+            request.script, *request.script_args]
 
 
 DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
 
 
 def watched(session: Session, stage: Stage, deadlines: Deadlines) -> tuple[int | None, str]:
-    """Serve a trial's ranks within its deadlines: (the spawner's code, or None when it was
-    killed; why it was killed). Once rank 0 has written its result the measurement is over:
-    the ranks' teardown is not waited for past DONE_GRACE_S. Progress is each rank's step
-    count (its control socket's step messages)."""
+    """Serve a trial's ranks within its deadlines: (the spawner's code, or None when it was killed;
+    why it was killed). Once rank 0 has written its result the ranks' teardown is not waited for
+    past DONE_GRACE_S."""
     t0 = last = time.monotonic()
     done, why = 0, ""
 
@@ -276,8 +240,8 @@ def watched(session: Session, stage: Stage, deadlines: Deadlines) -> tuple[int |
 
 
 def samples_per_s(result: dict | None, nproc: int) -> float | None:
-    """nproc x batch / rank 0's median step; batch unknown -> steps/s x nproc (the ratio to
-    single, all decide() uses, is the same)."""
+    """nproc x batch / rank 0's step; batch unknown -> steps/s x nproc (the ratio to single is the
+    same)."""
     if not result:
         return None
     step = result.get("step_time_s")

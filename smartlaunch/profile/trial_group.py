@@ -1,21 +1,10 @@
-"""A trial's ranks, started without torchrun's agent.
+"""A trial's ranks started without torchrun's agent (no torch import here):
 
     python -m smartlaunch.profile.trial_group --nproc N -- SHIM_ARGS...
 
 runs N ranks of `python -m smartlaunch.profile.trial SHIM_ARGS` with torchrun's environment
-contract (worker_env.rank_env; OMP_NUM_THREADS=1 when unset and N > 1, as run.py sets it) and
-exits with 0 when all exit 0, else with the first failed rank's code. torchrun's agent cost
-a trial about half its start-up (a python, `import torch.distributed.run`, a rendezvous, then
-the ranks' own starts): this spawner imports no torch. It runs inside the trial's sandbox (sandbox.wrap of this command), so every rank
-shares one overlay; like the agent, it starts each rank in its own session, ends the others
-when one fails, and passes SIGTERM/SIGINT/SIGHUP on to every rank (the dry-run hooks write
-what they measured on SIGTERM), SIGKILLing what is left after GRACE_S.
-There is no agent store: TORCHELASTIC_USE_AGENT_STORE=False, so rank 0's
-init_process_group creates the TCPStore at MASTER_PORT, as a single-rank job's does.
-
-Each rank gets its own control socket (profile/control.py): the session hands the spawner one
-descriptor per rank in SMARTLAUNCH_CONTROL_FD (a comma list) and it passes rank r the r-th.
-"""
+contract, each in its own session; one failing ends the others; SIGTERM/SIGINT/SIGHUP are passed
+on. Exits 0, or with the first failed rank's code. Rank r gets the r-th SMARTLAUNCH_CONTROL_FD."""
 from __future__ import annotations
 
 import os
@@ -32,21 +21,13 @@ SHIM = "smartlaunch.profile.trial"
 GRACE_S = 4.0      # below trial.KILL_GRACE_S: our ranks are gone before the caller's SIGKILL
 
 
-def spawner_command(nproc: int, shim_args: list[str], python: str = sys.executable) -> list[str]:
-    return [python, "-m", "smartlaunch.profile.trial_group", "--nproc", str(nproc), "--",
-            *shim_args]
-
-
-def omp_env(environ, nproc: int) -> dict[str, str]:
-    """torchrun's one change to the job's own environment (run.py)."""
-    return {"OMP_NUM_THREADS": "1"} if "OMP_NUM_THREADS" not in environ and nproc > 1 else {}
-
-
 def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | None]:
     """Each rank's environment (torchrun's contract), and its own control descriptor when the
     spawner was given one per rank."""
     port, run_id = free_port(), str(uuid.uuid4())
-    base = {**environ, **omp_env(environ, nproc)}
+    base = dict(environ)
+    if "OMP_NUM_THREADS" not in environ and nproc > 1:   # torchrun's one change to it
+        base["OMP_NUM_THREADS"] = "1"
     given = base.pop(ENV_VAR, "").split(",")
     envs = [{**base, **rank_env(r, nproc, master_port=port, run_id=run_id, environ=environ)}
             for r in range(nproc)]

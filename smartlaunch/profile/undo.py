@@ -1,10 +1,6 @@
-"""The last line of "no trace", where no sandbox can be had (`dryrun.isolation: best-effort`):
-list what the directories we know the job writes to hold before a dry run or trial, and
-afterwards delete what it created. What it changed or deleted cannot be restored; the plan
-names it. Only the working directory and the script's directory are listed ($HOME and
-output directories elsewhere are not), and at most MAX_ENTRIES entries: a bigger tree is
-not listed at all, and the plan says so.
-"""
+"""Where no sandbox can be had (`dryrun.isolation: best-effort`): list what the working and script
+directories hold before a dry run or trial, and afterwards delete what it created; what it changed
+or deleted is only named. A tree over MAX_ENTRIES entries is not listed at all."""
 from __future__ import annotations
 
 import os

@@ -14,13 +14,9 @@ NO_NVML_PREFIX = "no NVIDIA driver/NVML on this machine"
 
 
 def discover(environ: Mapping[str, str] | None = None) -> Topology:
-    """The machine as this job sees it, read now.
-
-    SMARTLAUNCH_FAKE_TOPOLOGY (a fixture name or a JSON path) selects the fake backend.
-    Without NVML (no driver, CPU machine) the result is `cpu_only` with the reason in
-    `note`; this never raises for that. Bad CUDA_VISIBLE_DEVICES/Slurm values do raise
-    (UsageError/SlurmError), as does a fake topology that does not exist.
-    """
+    """The machine as this job sees it, read now; SMARTLAUNCH_FAKE_TOPOLOGY (fixture name or
+    JSON path) selects the fake backend. Without NVML: `cpu_only`, the reason in `note`. Bad
+    CUDA_VISIBLE_DEVICES/Slurm values or a missing fake raise UsageError/SlurmError."""
     env = os.environ if environ is None else environ
     if env.get(FAKE_ENV):
         from smartlaunch.topology.fake import from_json
@@ -46,9 +42,8 @@ class _FixtureReadings:
 
 
 def live_readings(environ: Mapping[str, str] | None = None):
-    """A reader of a running job's GPUs: `.read(topology, indices) -> Topology` with the
-    clocks, temperature, power, utilisation and throttle reasons of those GPUs read now (NVML
-    started once), `.close()`. For the fake backend the fixture is read again."""
+    """A reader of a running job's GPUs: `.read(topology, indices) -> Topology` with their
+    live readings (nvml.LiveReadings), `.close()`. A fake topology's fixture is read again."""
     env = os.environ if environ is None else environ
     if env.get(FAKE_ENV):
         return _FixtureReadings(env)

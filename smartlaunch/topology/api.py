@@ -1,9 +1,5 @@
-"""Data types of the topology layer: what the machine is, right now.
-
-Every backend (real NVML, JSON fixture) produces one `Topology`. Fields NVML cannot read are
-None, never a guess. GPU `index` is the CUDA ordinal this job sees (after CUDA_VISIBLE_DEVICES
-and Slurm's renumbering); `nvml_index` is the physical device, used for NVML and NUMA.
-"""
+"""Data types of the topology layer. Fields NVML cannot read are None, never a guess. GPU
+`index` is the CUDA ordinal this job sees; `nvml_index` the physical device (NVML, NUMA)."""
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +64,7 @@ class GPU:
     retired_pages: int | None = None
     mig_mode: bool = False
     lost: bool = False                    # NVML error on the device (fallen off the bus)
-    # Added by the topology layer (defaults keep older fixtures loadable):
+    # Defaults keep older fixtures loadable:
     mig_devices: tuple[str, ...] = ()     # MIG instance UUIDs on this GPU ("MIG-..."), for visibility
     row_remap_pending: bool | None = None # Ampere+ replaced page retirement with row remapping
     row_remap_failed: bool | None = None
@@ -113,7 +109,6 @@ class Topology:
     source: str = "nvml"                          # "nvml", "fake:<path>", "none"
     note: str = ""                                # e.g. why there are no GPUs
 
-    # ---- queries used by decide/launch -------------------------------------------------
     def gpu(self, index: int) -> GPU:
         for g in self.gpus:
             if g.index == index:
@@ -142,18 +137,13 @@ class Topology:
 
     def fingerprint(self) -> str:
         """Stable across runs on an unchanged machine: UUIDs, link matrix, driver, NCCL."""
-        key = {
-            "uuids": [g.uuid for g in self.gpus],
-            "links": [(l.a, l.b, l.link_class, l.p2p) for l in self.links],
-            "driver": self.driver_version,
-            "nccl": self.nccl_version,
-        }
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return _digest({"uuids": [g.uuid for g in self.gpus],
+                        "links": [(l.a, l.b, l.link_class, l.p2p) for l in self.links],
+                        "driver": self.driver_version, "nccl": self.nccl_version})
 
     def hardware(self) -> str:
-        """What a plan depends on, in words: the GPUs' models and memory and the links between
-        them; not serial numbers, hostnames, drivers or free memory, so that alike nodes of a
-        multi-node job read the same ("2× <GPU model> (<memory> MiB), links NV18")."""
+        """GPU models, memory and links in words, equal on alike nodes ("2× <model> (<memory>
+        MiB), links NV18")."""
         if not self.gpus:
             return "no GPUs"
         kinds: dict[str, int] = {}
@@ -166,11 +156,9 @@ class Topology:
 
     def hardware_fingerprint(self) -> str:
         """hardware() as a hash of every GPU in order and every link: equal on alike nodes."""
-        key = {"gpus": [(g.index, g.name, g.memory_total_mib) for g in self.gpus],
-               "links": [(l.a, l.b, l.link_class) for l in self.links]}
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return _digest({"gpus": [(g.index, g.name, g.memory_total_mib) for g in self.gpus],
+                        "links": [(l.a, l.b, l.link_class) for l in self.links]})
 
-    # ---- JSON round trip (fixtures, `smartlaunch-node topo --json`) ---------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["numa_nodes"] = {str(k): list(v) for k, v in self.numa_nodes.items()}
@@ -182,23 +170,19 @@ class Topology:
     def from_dict(cls, d: dict[str, Any]) -> "Topology":
         gpus = tuple(
             GPU(**{**g, "processes": tuple(GPUProcess(**p) for p in g.get("processes", ())),
-                   "cpus": tuple(g.get("cpus", ())),
-                   "throttle_reasons": tuple(g.get("throttle_reasons", ())),
-                   "mig_devices": tuple(g.get("mig_devices", ()))})
+                   **{k: tuple(g.get(k, ())) for k in ("cpus", "throttle_reasons", "mig_devices")}})
             for g in d["gpus"])
         return cls(
-            gpus=gpus,
-            links=tuple(Link(**l) for l in d.get("links", ())),
-            hostname=d.get("hostname", ""),
-            driver_version=d.get("driver_version"),
-            cuda_driver_version=d.get("cuda_driver_version"),
-            nccl_version=d.get("nccl_version"),
+            gpus=gpus, links=tuple(Link(**l) for l in d.get("links", ())),
+            **{k: d.get(k) for k in ("driver_version", "cuda_driver_version", "nccl_version")},
             numa_nodes={int(k): tuple(v) for k, v in d.get("numa_nodes", {}).items()},
             findings=tuple(Finding(Severity(f["severity"]), f["code"], f["message"], f.get("gpu"))
                            for f in d.get("findings", ())),
-            source=d.get("source", "json"),
-            note=d.get("note", ""),
-        )
+            hostname=d.get("hostname", ""), source=d.get("source", "json"), note=d.get("note", ""))
+
+
+def _digest(key) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cpu_only(note: str) -> Topology:

@@ -1,8 +1,5 @@
-"""`smartlaunch-node topo`: the machine as smartlaunch sees it, laid out like `nvidia-smi topo -m`.
-
-`--json` prints Topology.to_dict(), which the fake backend loads back: attach it to bug reports
-(`smartlaunch-node topo --all --json > node.json`, then SMARTLAUNCH_FAKE_TOPOLOGY=node.json).
-"""
+"""`smartlaunch-node topo`: the machine as smartlaunch sees it, laid out like `nvidia-smi topo -m`;
+`--json` prints what SMARTLAUNCH_FAKE_TOPOLOGY loads back."""
 from __future__ import annotations
 
 import argparse
@@ -51,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write((to_json(topo) if args.json else render(topo)) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        # `topo | head`: the reader left; keep Python's exit-time flush from failing again.
+        # `topo | head`: keep Python's exit-time flush from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return int(ExitCode.OK)
 
@@ -132,5 +129,5 @@ def _gpu_lines(topo, g) -> list[str]:
 
 
 def _q(v, fmt: str = "") -> str:
-    """NVML values it could not read show as ?? (gpustat's convention)."""
+    """NVML values it could not read show as ??."""
     return "??" if v is None else format(v, fmt)

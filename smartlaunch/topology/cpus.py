@@ -1,7 +1,4 @@
-"""CPU lists and NUMA nodes from sysfs, and the "0-31,64-95" notation Linux and nvidia-smi use.
-
-`sysfs` is a parameter so tests can point it at a temporary tree.
-"""
+"""CPU lists and NUMA nodes from sysfs (a parameter, for tests), and the "0-31,64-95" notation."""
 from __future__ import annotations
 
 import os
@@ -59,9 +56,8 @@ def pci_local_cpus(sysfs: str, nvml_bus_id: str) -> tuple[int, ...] | None:
 
 
 def numa_nodes(sysfs: str, allowed: Iterable[int]) -> dict[int, tuple[int, ...]]:
-    """NUMA node -> the CPUs of it this process may use; nodes with none left out.
-
-    A machine (or container) without /sys/devices/system/node is one node, 0."""
+    """NUMA node -> the CPUs of it this process may use, nodes with none left out; without
+    /sys/devices/system/node, one node 0."""
     allowed = set(allowed)
     nodes: dict[int, tuple[int, ...]] = {}
     base = Path(sysfs, "devices/system/node")
@@ -83,14 +79,6 @@ def numa_nodes(sysfs: str, allowed: Iterable[int]) -> dict[int, tuple[int, ...]]
 
 
 def bits_to_ints(words: Iterable[int], word_bits: int = 64) -> tuple[int, ...]:
-    """NVML returns CPU and node sets as arrays of 64-bit masks; bit k of word w is w*64+k."""
-    out = []
-    for w, word in enumerate(words):
-        word = int(word)
-        k = 0
-        while word:
-            if word & 1:
-                out.append(w * word_bits + k)
-            word >>= 1
-            k += 1
-    return tuple(out)
+    """NVML's CPU and node sets (arrays of 64-bit masks) as ints: bit k of word w is w*64+k."""
+    return tuple(w * word_bits + k for w, word in enumerate(map(int, words))
+                 for k in range(word.bit_length()) if word >> k & 1)

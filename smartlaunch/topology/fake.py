@@ -1,12 +1,6 @@
-"""The fake backend: a JSON fixture (Topology.to_dict) describing a whole physical node.
-
-Visibility (CUDA_VISIBLE_DEVICES, Slurm) is applied on top by the same code as for NVML, and
-findings are recomputed from the readings, so a fixture holds facts, not verdicts. A fixture
-may carry extra findings with codes the health rules do not produce; those are kept.
-`smartlaunch-node topo --all --json > node.json` writes a fixture of the real machine.
-CPU lists are taken as written (not intersected with this process's affinity): the fixture
-describes another machine.
-"""
+"""The fake backend: a JSON fixture (Topology.to_dict) describing a whole physical node. Visibility
+is applied by the same code as for NVML; findings are recomputed from the readings (fixture findings
+with other codes are kept). CPU lists are taken as written."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +22,7 @@ from smartlaunch.topology.visible import (
 
 ENV_VAR = "SMARTLAUNCH_FAKE_TOPOLOGY"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-# Produced by health.assess / visibility_findings: recomputed on load, never trusted from JSON.
+# Produced by health.assess / visibility_findings: recomputed on load.
 COMPUTED_CODES = frozenset({
     "gpu_lost", "ecc_uncorrected", "ecc_uncorrected_history", "row_remap_failed",
     "row_remap_pending", "retired_pages", "pcie_width_degraded", "pcie_gen_degraded",
@@ -79,9 +73,8 @@ def load_node(name_or_path: str) -> Topology:
 
 
 def check_fields(data) -> None:
-    """Each GPU's, process's and link's fields have the JSON type of their dataclass field.
-    from_dict takes what it is given: `"cpus": "all"` became the CPUs ('a', 'l', 'l') and
-    `"memory_free_mib": "lots"` crashed later, far from the file."""
+    """Each GPU's, process's and link's fields have the JSON type of their dataclass field
+    (from_dict takes whatever it is given)."""
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         raise ValueError("the top level must be an object with a list of 'gpus'")
     for i, gpu in enumerate(data["gpus"]):
@@ -93,7 +86,7 @@ def check_fields(data) -> None:
 
 
 def check_references(node: Topology) -> None:
-    """Links name GPUs by `index`: one to a GPU that is not there was a KeyError (exit 1)."""
+    """Links name GPUs that are in the file, by `index`; indices are unique."""
     for attr in ("index", "nvml_index"):
         seen = [getattr(g, attr) for g in node.gpus]
         if len(set(seen)) != len(seen):
@@ -164,14 +157,9 @@ def apply_visibility(node: Topology, environ: Mapping[str, str]) -> Topology:
         for j in range(i + 1, len(vis.nvml_indices)):
             known = pairs.get(frozenset((a, vis.nvml_indices[j])))
             links.append(dataclasses.replace(known, a=i, b=j) if known else Link(i, j, UNKNOWN_CLASS))
-    extra = []
-    for f in node.findings:
-        if f.code in COMPUTED_CODES:
-            continue
-        if f.gpu is None:
-            extra.append(f)
-        elif old_to_nvml.get(f.gpu) in new_pos:
-            extra.append(dataclasses.replace(f, gpu=new_pos[old_to_nvml[f.gpu]]))
+    extra = [f if f.gpu is None else dataclasses.replace(f, gpu=new_pos[old_to_nvml[f.gpu]])
+             for f in node.findings if f.code not in COMPUTED_CODES
+             and (f.gpu is None or old_to_nvml.get(f.gpu) in new_pos)]
     names = {g.nvml_index: g.name for g in node.gpus}
     extra += visibility_findings(vis, names, environ)
     return dataclasses.replace(
@@ -180,7 +168,6 @@ def apply_visibility(node: Topology, environ: Mapping[str, str]) -> Topology:
 
 
 def to_json(topology: Topology) -> str:
-    """Topology.to_dict() as JSON a person can read in a bug report: one field a line, lists
-    of numbers (CPU lists) on one line."""
+    """Topology.to_dict() as readable JSON: one field a line, lists of numbers on one line."""
     text = json.dumps(topology.to_dict(), indent=1)
     return re.sub(r"\[[\d,\s-]*\]", lambda m: re.sub(r"\s+", "", m.group()).replace(",", ", "), text)

@@ -1,9 +1,5 @@
-"""Health findings computed from raw readings; both backends call `assess`.
-
-Fixtures store readings, not verdicts, so a threshold changed here applies to every fixture.
-Severity: CRITICAL = do not use this GPU (the Slurm prolog drains the node on it); WARNING =
-usable but slower or suspicious; INFO = worth a line in `topo`, changes nothing.
-"""
+"""Health findings computed from raw readings; both backends call `assess`. CRITICAL = do not use
+this GPU; WARNING = usable but slower or suspicious; INFO = changes nothing."""
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -19,8 +15,7 @@ BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "sync_bo
 
 
 def assess(gpus: Sequence[GPU], links: Iterable[Link], extra: Iterable[Finding] = ()) -> tuple[Finding, ...]:
-    """Findings for `gpus` (indices as the job sees them) and their pair links, plus `extra`
-    (visibility messages, fixture-supplied findings), without duplicates, worst first."""
+    """Findings for `gpus` and their links, plus `extra`, without duplicates, worst first."""
     out: list[Finding] = []
     for g in gpus:
         out.extend(gpu_findings(g))
@@ -28,20 +23,18 @@ def assess(gpus: Sequence[GPU], links: Iterable[Link], extra: Iterable[Finding] 
         out.extend(link_findings(link))
     off = [g.index for g in gpus if g.persistence_mode is False and not g.lost]
     if off:
-        # One line for the machine: on an 8-GPU node eight copies would drown the rest.
         out.append(Finding(Severity.INFO, "persistence_off",
                            f"persistence mode is off on {', '.join(f'GPU{i}' for i in off)}: each "
                            f"process that opens an idle GPU (NVML, CUDA) waits for the driver to "
                            f"initialise it again; admins: run nvidia-persistenced or "
                            f"`nvidia-smi -pm 1`"))
     out.extend(extra)
-    seen, unique = set(), []
+    first: dict = {}
     for f in out:
-        if (f.code, f.gpu, f.message) not in seen:
-            seen.add((f.code, f.gpu, f.message))
-            unique.append(f)
+        first.setdefault((f.code, f.gpu, f.message), f)
     order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    return tuple(sorted(unique, key=lambda f: (order[f.severity], -1 if f.gpu is None else f.gpu)))
+    return tuple(sorted(first.values(),
+                        key=lambda f: (order[f.severity], -1 if f.gpu is None else f.gpu)))
 
 
 def gpu_findings(g: GPU) -> list[Finding]:
@@ -102,8 +95,7 @@ def _pcie(g: GPU) -> list[Finding]:
                          f"GPU{i} PCIe link runs at x{g.pcie_width} of x{g.pcie_width_max}: "
                          f"host transfers are {g.pcie_width_max // max(g.pcie_width, 1)}x slower; "
                          f"reseat the card or check the slot/riser", i))
-    # An idle GPU drops its PCIe generation to save power, so a low generation only means
-    # something while the GPU is working.
+    # An idle GPU drops its PCIe generation to save power.
     idle = "gpu_idle" in g.throttle_reasons or not g.utilization_pct
     if g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max and not idle:
         f.append(Finding(Severity.WARNING, "pcie_gen_degraded",

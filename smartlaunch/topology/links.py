@@ -1,8 +1,5 @@
-"""Pair links from NVML: the `nvidia-smi topo -m` class and the P2P status of every GPU pair.
-
-NVML's common-ancestor level says how the PCIe path runs; active NVLinks override it, as in
-nvidia-smi (an NVLink pair whose PCIe level is 30, the host bridge, shows as NV18).
-"""
+"""Pair links from NVML: the `nvidia-smi topo -m` class and P2P status of every GPU pair. Active
+NVLinks override the PCIe common-ancestor level, as in nvidia-smi."""
 from __future__ import annotations
 
 from collections import Counter
@@ -14,7 +11,7 @@ from smartlaunch.topology.cpus import sysfs_bus_id
 from smartlaunch.topology.nvcalls import DeviceLost
 from smartlaunch.vocab import UNKNOWN_LINK as UNKNOWN_CLASS
 
-# nvmlGpuTopologyLevel_t -> nvidia-smi vocabulary. INTERNAL is two GPUs on one board.
+# nvmlGpuTopologyLevel_t -> nvidia-smi vocabulary.
 LEVEL_CLASS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 _P2P_READ, _P2P_WRITE, _P2P_NVLINK = 0, 1, 2
 _P2P_OK = 0
@@ -68,15 +65,8 @@ def nvlink_count(a, b, p2p_nvlink: bool | None) -> int:
 
 def read_links(c, devices: Sequence[Any]) -> list[Link]:
     """One Link per unordered pair of `devices` (in CUDA ordinal order), a < b."""
-    out = []
-    for i, a in enumerate(devices):
-        for j in range(i + 1, len(devices)):
-            b = devices[j]
-            if a.error or b.error:
-                out.append(Link(i, j, UNKNOWN_CLASS))
-                continue
-            out.append(_pair(c, i, j, a, b))
-    return out
+    return [Link(i, j, UNKNOWN_CLASS) if a.error or b.error else _pair(c, i, j, a, b)
+            for i, a in enumerate(devices) for j, b in enumerate(devices) if j > i]
 
 
 def _pair(c, i: int, j: int, a, b) -> Link:

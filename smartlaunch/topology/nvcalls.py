@@ -1,5 +1,5 @@
-"""Calling NVML without letting its errors escape: unreadable fields become a default
-(None), errors that mean the device is gone become DeviceLost. No pynvml import here."""
+"""Calling NVML without letting its errors escape: unreadable fields become a default, errors that
+mean the device is gone raise DeviceLost."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,10 +1,6 @@
-"""The real backend: the only module that touches pynvml (nvidia-ml-py), imported on first use.
-
-`NvmlBackend(nvml=...)` accepts any object shaped like the pynvml module, so tests drive the
-translation of NVML values (topology levels, throttle bitmasks, error codes) without a GPU.
-A field NVML cannot read is None; a device that errors like a fallen-off GPU becomes a
-GPU with lost=True (and a CRITICAL finding), never an exception.
-"""
+"""The real backend, the only module that touches pynvml (nvidia-ml-py), imported on first use.
+`nvml=` takes any pynvml look-alike (tests). A field NVML cannot read is None; a device that errors
+like a fallen-off GPU becomes a GPU with lost=True, never an exception."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +30,7 @@ class NvmlUnavailable(TopologyError):
         self.reason = reason or message
 
 
-# nvmlClocksEventReason* bits (called ThrottleReason before driver 535).
+# nvmlClocksEventReason* bits.
 THROTTLE_BITS = (
     (0x001, "gpu_idle"), (0x002, "applications_clocks_setting"), (0x004, "sw_power_cap"),
     (0x008, "hw_slowdown"), (0x010, "sync_boost"), (0x020, "sw_thermal_slowdown"),
@@ -74,18 +70,11 @@ class NvmlBackend:
     owner: Callable[[int], tuple[str | None, bool]] | None = None   # pid -> (user, ours)
 
     def read(self, environ: Mapping[str, str]) -> Topology:
-        nvml = self.nvml if self.nvml is not None else _import_pynvml()
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            raise NvmlUnavailable(f"NVML did not start: {exc}", reason=str(exc)) from exc
+        nvml = _start(self.nvml)
         try:
             return self._read(Calls(nvml), environ)
         finally:
-            try:
-                nvml.nvmlShutdown()
-            except nvml.NVMLError:
-                pass
+            _stop(nvml)
 
     def _read(self, c: Calls, environ: Mapping[str, str]) -> Topology:
         count = c.get("nvmlDeviceGetCount", default=0)
@@ -97,9 +86,8 @@ class NvmlBackend:
         allowed = self.allowed if self.allowed is not None else cpumod.allowed_cpus()
         nodes = cpumod.numa_nodes(self.sysfs, allowed)
         known_buses = {cpumod.sysfs_bus_id(d.pci_bus_id) for d in devices if d.pci_bus_id}
-        gpus = []
-        for pos, d in enumerate(chosen):
-            gpus.append(self._gpu(c, pos, d, allowed, len(nodes), known_buses))
+        gpus = [self._gpu(c, pos, d, allowed, len(nodes), known_buses)
+                for pos, d in enumerate(chosen)]
         links = read_links(c, chosen)
         extra = visibility_findings(vis, {d.nvml_index: d.name for d in devices}, environ)
         return Topology(
@@ -147,21 +135,15 @@ class NvmlBackend:
     def _readings(self, c: Calls, d: _Device, allowed, n_nodes: int, known_buses) -> dict:
         h = d.handle
         mem = c.get("nvmlDeviceGetMemoryInfo", h)
-        util = c.get("nvmlDeviceGetUtilizationRates", h)
         node, local = self._locality(c, d, n_nodes)
         allowed_set = set(allowed)
-        power, limit = c.get("nvmlDeviceGetPowerUsage", h), c.get("nvmlDeviceGetEnforcedPowerLimit", h)
-        throttle = c.get("nvmlDeviceGetCurrentClocksEventReasons", h)
-        if throttle is None:
-            throttle = c.get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         remap = c.get("nvmlDeviceGetRemappedRows", h)
         persistence = c.get("nvmlDeviceGetPersistenceMode", h)
         d.nvlink = NvlinkPorts.read(c, h, known_buses)
         return dict(
-            name=d.name,
+            _live(c, h), name=d.name,
             memory_total_mib=_mib(mem, "total"), memory_free_mib=_mib(mem, "free"),
             memory_used_mib=_mib(mem, "used"),
-            utilization_pct=getattr(util, "gpu", None),
             processes=self._processes(c, h),
             numa_node=node,
             cpus=tuple(x for x in local if x in allowed_set),
@@ -170,12 +152,7 @@ class NvmlBackend:
             pcie_width=c.get("nvmlDeviceGetCurrPcieLinkWidth", h),
             pcie_width_max=c.get("nvmlDeviceGetMaxPcieLinkWidth", h),
             nvlinks_active=d.nvlink.active,
-            temperature_c=c.get("nvmlDeviceGetTemperature", h, _TEMPERATURE_GPU),
-            power_w=None if power is None else power / 1000.0,
-            power_limit_w=None if limit is None else limit / 1000.0,
-            sm_clock_mhz=c.get("nvmlDeviceGetClockInfo", h, _CLOCK_SM),
             sm_clock_max_mhz=c.get("nvmlDeviceGetMaxClockInfo", h, _CLOCK_SM),
-            throttle_reasons=decode_throttle(throttle),
             ecc_volatile_uncorrected=c.get("nvmlDeviceGetTotalEccErrors", h, _ECC_UNCORRECTED, _VOLATILE),
             ecc_aggregate_uncorrected=c.get("nvmlDeviceGetTotalEccErrors", h, _ECC_UNCORRECTED, _AGGREGATE),
             retired_pages=_retired_pages(c, h),
@@ -185,9 +162,8 @@ class NvmlBackend:
         )
 
     def _locality(self, c: Calls, d: _Device, n_nodes: int) -> tuple[int, tuple[int, ...]]:
-        """(NUMA node, local CPUs). nvmlDeviceGetNumaNodeId is not used: it names the node
-        of the GPU's own memory on platforms where the GPU is a NUMA node (Grace Hopper),
-        not the CPUs near it. Memory affinity is what `nvidia-smi topo -m` shows."""
+        """(NUMA node, local CPUs) by memory affinity, as `nvidia-smi topo -m` (NumaNodeId names
+        the GPU's own memory node on Grace Hopper, not the CPUs near it)."""
         words = math.ceil(max(os.cpu_count() or 1, 64) / 64)
         node = None
         mask = c.get("nvmlDeviceGetMemoryAffinity", d.handle, words, 0)   # scope NODE
@@ -197,7 +173,7 @@ class NvmlBackend:
         if node is None:
             node = cpumod.pci_numa_node(self.sysfs, d.pci_bus_id)
         if n_nodes <= 1 or node is None:
-            node = -1                        # one node: nothing to pin to (issue #3)
+            node = -1                        # one node: nothing to pin to
         affinity = c.get("nvmlDeviceGetCpuAffinity", d.handle, words)
         local = cpumod.bits_to_ints(affinity) if affinity is not None else ()
         if not local:
@@ -217,18 +193,46 @@ class NvmlBackend:
         return tuple(out)
 
 
-def _import_pynvml():
+def _live(c: Calls, h) -> dict:
+    """The readings that change while a job runs: clocks, temperature, power, utilisation."""
+    throttle = c.get("nvmlDeviceGetCurrentClocksEventReasons", h)
+    if throttle is None:
+        throttle = c.get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    power, limit = c.get("nvmlDeviceGetPowerUsage", h), c.get("nvmlDeviceGetEnforcedPowerLimit", h)
+    return dict(sm_clock_mhz=c.get("nvmlDeviceGetClockInfo", h, _CLOCK_SM),
+                temperature_c=c.get("nvmlDeviceGetTemperature", h, _TEMPERATURE_GPU),
+                power_w=None if power is None else power / 1000.0,
+                power_limit_w=None if limit is None else limit / 1000.0,
+                utilization_pct=getattr(c.get("nvmlDeviceGetUtilizationRates", h), "gpu", None),
+                throttle_reasons=decode_throttle(throttle))
+
+
+def _start(nvml):
+    """pynvml (or `nvml`, a look-alike) initialised; NvmlUnavailable when it cannot be."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError as exc:
+            raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({exc}); "
+                                  f"pip install nvidia-ml-py",
+                                  reason="nvidia-ml-py not installed") from exc
     try:
-        import pynvml
-    except ImportError as exc:
-        raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({exc}); "
-                              f"pip install nvidia-ml-py", reason="nvidia-ml-py not installed") from exc
-    return pynvml
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise NvmlUnavailable(f"NVML did not start: {exc}", reason=str(exc)) from exc
+    return nvml
+
+
+def _stop(nvml) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except nvml.NVMLError:
+        pass
 
 
 def _process_owner(pid: int) -> tuple[str | None, bool]:
-    """(user, ours): ours = this process or one it started. In a container without the host
-    PID namespace NVML reports host pids we cannot see: unknown user, not ours."""
+    """(user, ours): ours = this process or one it started. A host pid we cannot see (container):
+    unknown user, not ours."""
     import psutil
     me = os.getpid()
     try:
@@ -272,8 +276,8 @@ def _cuda_version(v: int | None) -> str | None:
 
 
 def nccl_version() -> str | None:
-    """NCCL as torch would load it, without importing torch (seconds): the pip NCCL package's
-    version, else torch's answer if torch is already imported, else None."""
+    """NCCL as torch would load it, without importing torch: the pip NCCL package's version, else
+    torch's if already imported, else None."""
     from importlib import metadata
     for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
         try:
@@ -291,11 +295,8 @@ def nccl_version() -> str | None:
 
 
 class LiveReadings:
-    """A running job's GPUs re-read cheaply: clocks, temperature, power, utilisation and
-    throttle reasons, a handful of NVML calls per GPU, with NVML started once for the reader's
-    life. The whole-machine read (links, processes, ECC, PCIe) is discover()'s, made before a
-    launch; a sample during the run needs only these. `close()` ends NVML; a GPU that cannot
-    be read keeps its launch-time fields."""
+    """A running job's GPUs re-read cheaply (_live's readings), NVML started once for the
+    reader's life; `close()` ends NVML. A GPU that cannot be read keeps its fields."""
 
     def __init__(self, nvml: Any = None):
         self._nvml = nvml
@@ -303,14 +304,9 @@ class LiveReadings:
 
     def read(self, topology: Topology, indices) -> Topology:
         """`topology` with the GPUs at `indices` refreshed (the others as they are)."""
-        nvml = self._nvml if self._nvml is not None else _import_pynvml()
-        self._nvml = nvml
         if not self._started:
-            try:
-                nvml.nvmlInit()
-            except nvml.NVMLError as exc:
-                raise NvmlUnavailable(f"NVML did not start: {exc}", reason=str(exc)) from exc
-            self._started = True
+            self._nvml, self._started = _start(self._nvml), True
+        nvml = self._nvml
         c, fresh = Calls(nvml), {}
         for i in indices:
             g = topology.gpu(i)
@@ -319,19 +315,7 @@ class LiveReadings:
             except nvml.NVMLError:
                 continue
             try:
-                throttle = c.get("nvmlDeviceGetCurrentClocksEventReasons", h)
-                if throttle is None:
-                    throttle = c.get("nvmlDeviceGetCurrentClocksThrottleReasons", h)
-                power = c.get("nvmlDeviceGetPowerUsage", h)
-                limit = c.get("nvmlDeviceGetEnforcedPowerLimit", h)
-                util = c.get("nvmlDeviceGetUtilizationRates", h)
-                fresh[i] = dataclasses.replace(
-                    g, sm_clock_mhz=c.get("nvmlDeviceGetClockInfo", h, _CLOCK_SM),
-                    temperature_c=c.get("nvmlDeviceGetTemperature", h, _TEMPERATURE_GPU),
-                    power_w=None if power is None else power / 1000.0,
-                    power_limit_w=None if limit is None else limit / 1000.0,
-                    utilization_pct=getattr(util, "gpu", None),
-                    throttle_reasons=decode_throttle(throttle))
+                fresh[i] = dataclasses.replace(g, **_live(c, h))
             except DeviceLost as exc:
                 fresh[i] = dataclasses.replace(g, lost=True, nvml_error=str(exc))
         gpus = tuple(fresh.get(g.index, g) for g in topology.gpus)
@@ -340,7 +324,4 @@ class LiveReadings:
     def close(self) -> None:
         if self._started:
             self._started = False
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass
+            _stop(self._nvml)

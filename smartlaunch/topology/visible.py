@@ -1,20 +1,11 @@
-"""Which physical GPUs this job may use, in CUDA ordinal order.
+"""Which physical GPUs this job may use, in CUDA ordinal order, mimicking the CUDA driver:
 
-Pure functions of (the GPUs this process can open, the environment), shared by the NVML and
-the fake backend and reused by the Slurm layer. The rules mimic the CUDA driver:
-
-- CUDA_VISIBLE_DEVICES unset: every GPU. Set but empty: none.
-- Entries are indices, GPU UUIDs ("GPU-8932f937-..." or a unique prefix of one) or MIG
-  instances ("MIG-<uuid>", or the pre-R470 "MIG-GPU-<uuid>/<gi>/<ci>"); order is kept.
-- CUDA stops at the first entry that names no device (index out of range, unknown or
-  ambiguous UUID, a repeat, "-1"); the devices before it stay visible. We do the same and
-  say why in a message, which the backends turn into a warning finding.
-- An entry that is not an index or UUID at all ("cuda:0", "gpu1", "0-3") is a mistake, not a
-  CUDA quirk worth mimicking: UsageError.
-- A batch scheduler's GPU allocation (smartlaunch.allocation: which GPUs, and whether
-  CUDA_VISIBLE_DEVICES counts within them) narrows the pool. When NVML shows more GPUs than
-  were allocated there is no device cgroup: the allocation names physical indices.
-"""
+- CUDA_VISIBLE_DEVICES unset: every GPU; empty: none. Entries are indices, GPU UUIDs (or a
+  unique prefix) or MIG instances ("MIG-<uuid>", "MIG-GPU-<uuid>/<gi>/<ci>"), order kept.
+- CUDA stops at the first entry naming no device; the devices before it stay visible (we say
+  why in a message). An entry that is no index or UUID at all ("cuda:0") is a UsageError.
+- A scheduler's GPU allocation (smartlaunch.allocation) narrows the pool; when NVML shows more
+  GPUs than allocated there is no device cgroup and the allocation names physical indices."""
 from __future__ import annotations
 
 import re
@@ -30,7 +21,7 @@ _UUID_HEX = re.compile(r"^[0-9a-fA-F-]+$")
 
 @dataclass(frozen=True)
 class PhysicalGPU:
-    """One GPU as NVML enumerates it; all `resolve_visible` needs to know."""
+    """One GPU as NVML enumerates it."""
     nvml_index: int
     uuid: str
     mig_uuids: tuple[str, ...] = ()
@@ -45,11 +36,9 @@ class Visibility:
 
 
 def resolve_visible(physical: Sequence, environ: Mapping[str, str]) -> list[int]:
-    """NVML indices of the GPUs this job may use, in CUDA ordinal order.
-
-    `physical`: PhysicalGPU objects or (nvml_index, uuid, mig_uuids) tuples, for the GPUs
-    this process can open. Raises UsageError/SlurmError for values that are not IDs at all.
-    """
+    """NVML indices of the GPUs this job may use, in CUDA ordinal order. `physical`: PhysicalGPU
+    objects or (nvml_index, uuid, mig_uuids) tuples. Raises UsageError/SlurmError for values that
+    are not IDs at all."""
     return list(resolve_visibility(physical, environ).nvml_indices)
 
 
@@ -81,13 +70,11 @@ def _scheduler_pool(gpus: list[PhysicalGPU], environ, messages) -> tuple[list, s
     by_index = {p.nvml_index: p for p in gpus}
     if all(i in by_index for i in ids):
         allocated = [by_index[i] for i in sorted(set(ids))]
-        # More GPUs open to us than allocated: no device cgroup, CUDA sees the whole node and
-        # Slurm wrote physical indices. Otherwise NVML already shows only the allocation.
+        # More GPUs open to us than allocated: no device cgroup, physical indices.
         if len(gpus) > len(allocated):
             return allocated, var, alloc.renumbered
         return gpus, var, False
     if len(gpus) == len(ids):
-        # Device cgroup: NVML enumerates the allocation from 0, physical ids do not match.
         return gpus, var, False
     missing = sorted(set(ids) - set(by_index))
     messages.append(f"{var}={raw} names GPU(s) {missing} that NVML does not show; "
@@ -129,15 +116,13 @@ def _apply_cvd(cvd: str, pool: list[PhysicalGPU], gpus: list[PhysicalGPU], renum
                       source="CUDA_VISIBLE_DEVICES")
 
 
-# _lookup's reasons for an entry that names no device at all (not a negative index, a repeat
-# or a GPU outside the scheduler's allocation).
+# _lookup's reasons for an entry that names no device at all.
 _NO_SUCH_DEVICE = ("is out of range", "matches no device", "names a GPU that", "is an ambiguous")
 
 
 def _hides_all(cvd: str, entry: str, why: str, gpus: list[PhysicalGPU]) -> str:
-    """CUDA would see no device at all: on a node with GPUs that is a typo (a GPU of another
-    node, an index past the end), not a request for the CPU, which is spelt '', -1 or
-    NoDevFiles. It used to run "DDP×1 on the CPU" and exit 0."""
+    """CUDA would see no device at all: on a node with GPUs a typo, not a request for the CPU (spelt
+    '', -1 or NoDevFiles)."""
     names = ", ".join(f"{pos} ({p.uuid[:12]}…)" for pos, p in enumerate(gpus))
     return (f"CUDA_VISIBLE_DEVICES={cvd}: {entry!r} {why}, so CUDA would see no GPU; name "
             f"GPUs of this node (indices or UUIDs: {names}), or set CUDA_VISIBLE_DEVICES=-1 "
@@ -181,8 +166,8 @@ def _lookup(e: str, pool: list[PhysicalGPU]) -> tuple[PhysicalGPU | None, str]:
 
 def visibility_findings(vis: Visibility, names: Mapping[int, str],
                         environ: Mapping[str, str]) -> list[Finding]:
-    """What the backends report about visibility. `names`: nvml index -> model name of every
-    GPU this process can open (to spot mixed models, where CUDA's order differs from NVML's)."""
+    """What the backends report about visibility. `names`: nvml index -> model name of every GPU
+    this process can open (mixed models: CUDA's order differs)."""
     out = [Finding(Severity.WARNING, "cuda_visible_devices", m) for m in vis.messages]
     for pos, nvml_index in enumerate(vis.nvml_indices):
         if nvml_index in vis.mig:
