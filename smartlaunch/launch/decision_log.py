@@ -183,16 +183,13 @@ def read_log(path: Path) -> tuple[list[dict], int]:
             try:
                 rec = json.loads(raw)
             except ValueError:
-                bad += 1
-                continue
+                rec = None
             if check_record(rec):
                 records.append(rec)
             else:
                 bad += 1
     return records, bad
 
-
-# --- one launch's record -------------------------------------------------------------------
 
 def _say(line: str) -> None:
     print(f"smartlaunch: {line}", file=sys.stderr, flush=True)

@@ -195,8 +195,6 @@ def render(summary: dict[str, Row], records: list[dict], *, path: str, since: st
     return "\n".join(lines)
 
 
-# --- Prometheus textfile ---------------------------------------------------------------------
-
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 

@@ -64,7 +64,6 @@ class GroupsLauncher(IndependentLauncher):
                 self._start(job, None)
 
     def start(self) -> None:
-        # the groups free now; when none is, the first group's waited for
         self._acquire_more(force=True)
         if not self.leases and self.jobs:
             first = self.jobs[0]

@@ -101,7 +101,6 @@ class IndependentLauncher:
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
         self.run_id = self.log_dir = ""        # start(): the run directory, its name
         self._started = 0.0
-        # A sweep across nodes runs this node's share; a job keeps its index in the whole sweep.
         variants = plan.variants or ((),)
         self.jobs = [Job(i, tuple(variants[i])) for i in plan.share() or (0,)]
         self.num_jobs = len(variants)            # SMARTLAUNCH_NUM_JOBS: the whole sweep's
@@ -182,7 +181,6 @@ class IndependentLauncher:
             self._start(self._in(JobState.PENDING)[0], slot)
 
     def start(self) -> None:
-        # the GPUs first: a failed hold leaves no run directory behind
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)

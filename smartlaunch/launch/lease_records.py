@@ -141,14 +141,9 @@ def inspect(dfd: int, name: str) -> Record | None:
 
 
 def _read_capped(fd: int) -> bytes | None:
-    chunks, size = [], 0
-    while size <= RECORD_MAX_BYTES:
-        chunk = os.read(fd, RECORD_MAX_BYTES + 1 - size)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-    return None
+    with open(fd, "rb", closefd=False) as f:
+        data = f.read(RECORD_MAX_BYTES + 1)
+    return data if len(data) <= RECORD_MAX_BYTES else None
 
 
 def _unopened(dfd: int, name: str, exc: OSError) -> Record | None:

@@ -229,9 +229,7 @@ class LeaseManager:
             gpu = topology.gpu(i)
             if gpu.busy:
                 out[i] = _in_use(gpu)
-                continue
-            blocking = self._blocking(gpu.uuid)
-            if blocking:
+            elif blocking := self._blocking(gpu.uuid):
                 out[i] = self._why(blocking, True)
         return out
 
