@@ -55,9 +55,6 @@ class LaunchResult:
     failures: tuple[RankFailure, ...] = ()
     details: dict = field(default_factory=dict)
 
-    def is_failed(self) -> bool:
-        return self.state != RunState.SUCCEEDED
-
     @classmethod
     def not_started(cls, sig: int) -> "LaunchResult":
         """Signal `sig` came before any worker started (while waiting for GPUs): 128+N."""
@@ -122,11 +119,6 @@ class LaunchContext:
 
     def cancelled(self) -> bool:
         return bool(self.signals)
-
-    @property
-    def held(self) -> tuple:
-        """The Leases this launch holds now, each with at least one GPU."""
-        return tuple(self._held)
 
     def leases(self):
         """The lease directory, opened on first use; run_loop.run closes it."""

@@ -191,7 +191,7 @@ class DDPLauncher:
         # first line and where the rest is (unless quiet).
         if self._rendezvous is not None and not watchdog.records():
             msg = result.message        # no rank ran: the one line says it all
-        elif result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
+        elif result.state != RunState.SUCCEEDED or watchdog.monitor.warnings or watchdog.straggler:
             msg = f"{result.message}\n{summary}" if result.message else summary
         elif self.ctx.quiet:
             msg = result.message
