@@ -120,6 +120,11 @@ class LaunchContext:
     def cancelled(self) -> bool:
         return bool(self.signals)
 
+    @property
+    def held(self) -> tuple:
+        """The Leases this launch holds now, each with at least one GPU."""
+        return tuple(self._held)
+
     def leases(self):
         """The lease directory, opened on first use; run_loop.run closes it."""
         if self._leases is None:
