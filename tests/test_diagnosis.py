@@ -252,7 +252,7 @@ def _entry(seq, state, op="nccl:all_reduce", sizes=((1024,),)):
 def test_explain_names_the_rank_that_did_not_enter():
     r0 = {"entries": [_entry(599, "completed"), _entry(600, "scheduled", sizes=((1,),))]}
     r1 = {"entries": [_entry(598, "completed"), _entry(599, "completed")]}
-    assert flightrec.explain({0: r0, 1: r1}, [0, 1]) == [
+    assert flightrec.verdict({0: r0, 1: r1}, [0, 1])[0] == [
         "rank 1 did not enter collective #600 (nccl:all_reduce, process group 0); its last was #599, "
         "the other ranks entered #600"]
 
@@ -260,7 +260,7 @@ def test_explain_names_the_rank_that_did_not_enter():
 def test_explain_all_entered_none_finished_and_mismatch():
     r0 = {"entries": [_entry(7, "started", sizes=((1,),))]}
     r1 = {"entries": [_entry(7, "started", sizes=((1024,),))]}
-    lines = flightrec.explain({0: r0, 1: r1, 2: None}, [0, 1, 2])
+    lines = flightrec.verdict({0: r0, 1: r1, 2: None}, [0, 1, 2])[0]
     assert lines[0].startswith("no Flight Recorder dump from rank 2")
     assert "ranks called different operations as collective #7" in lines[1]
     assert lines[2] == "all ranks entered collective #7 (nccl:all_reduce, process group 0); ranks 0, 1 did not finish it"

@@ -55,9 +55,6 @@ class LaunchResult:
     failures: tuple[RankFailure, ...] = ()
     details: dict = field(default_factory=dict)
 
-    def is_failed(self) -> bool:
-        return self.state != RunState.SUCCEEDED
-
     @classmethod
     def not_started(cls, sig: int) -> "LaunchResult":
         """Signal `sig` came before any worker started (while waiting for GPUs): 128+N."""
@@ -66,22 +63,15 @@ class LaunchResult:
                    f"nothing was started (exit {128 + sig})")
 
 
-# ---- what run_loop.run drives ---------------------------------------------------------------
 class Launcher(Protocol):
-    """One strategy's launcher, built from `(plan, ctx)` only; `run_loop.run` drives it.
+    """One strategy's launcher, built from `(plan, ctx)`; `run_loop.run` drives it.
 
-    start()        take what the run needs (GPU leases through `ctx.hold`, its run directory
-                   through `ctx.new_run_dir`), call `ctx.begin(plan)` once the GPUs are held,
-                   start the workers. A signal before that ends the launch in run_loop.
-    poll()         None while workers run; the LaunchResult (exit code included) once every
-                   worker is gone. It may block: DDP's runs torch's agent to its end on the
-                   main thread, where a signal's handler can interrupt it as in torchrun.
-    forward(sig)   called from the signal handler for every forwarded signal: pass it on now,
-                   never block. A terminating one (signals.TERMINATING) also ends the run.
-    close(sig)     stop: `sig` to every worker still running, SIGKILL after
-                   ctx.signal_grace_s; idempotent, blocks until no worker is left; poll()
-                   then returns the final result. The leases are the context's: run_loop
-                   gives them back (ctx.close) after close(), on every path.
+    start()       take the GPUs (`ctx.hold`), call `ctx.begin(plan)`, start the workers.
+    poll()        None while workers run, then the LaunchResult; it may block (DDP's agent).
+    forward(sig)  from the signal handler: pass it on, never block; a terminating one ends
+                  the run.
+    close(sig)    `sig` to every live worker, SIGKILL after ctx.signal_grace_s; idempotent,
+                  returns once none is left. The leases are ctx's: run_loop gives them back.
     """
 
     def start(self) -> None: ...
@@ -99,12 +89,11 @@ def _say(line: str) -> None:
 
 @dataclass
 class LaunchContext:
-    """What launchers need besides the Plan: the environment, GPU leases, the policy's launch
-    and jobs settings, and the callbacks of the command that launched them."""
+    """What launchers need besides the Plan: the environment, GPU leases, the policy and the
+    callbacks of the command that launched them."""
     policy: Policy
     topology: Topology
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
-    # torchrun's parsed options: DDP builds its LaunchConfig with torch's own config_from_args.
     torchrun_args: argparse.Namespace | None = field(default=None, repr=False)
     quiet: bool = False
     status: Any = None         # statusline.StatusLine a waiting launch redraws; None: log lines
@@ -144,9 +133,8 @@ class LaunchContext:
         return self._leases
 
     def hold(self, plan: Plan, count: int):
-        """`count` GPUs of the plan's (its first choice, then its fallback GPUs) as one Lease,
-        waiting as the plan says (drawn on the status line, ended by a terminating signal);
-        NoFreeGPUError otherwise. The lease is given back by close()."""
+        """`count` of the plan's GPUs (then its fallback GPUs) as one Lease, waiting as the plan
+        says; NoFreeGPUError otherwise. Given back by close()."""
         status = self.status
         lease = self.leases().acquire(
             self.topology, [*plan.gpus, *plan.fallback_gpus], count, wait=plan.wait_for_lease,
@@ -167,8 +155,6 @@ class LaunchContext:
         return lease
 
     def _keep(self, lease) -> None:
-        # A lease leaves the list once emptied (given back GPU by GPU, or absorbed into
-        # another): over a long queue the list stays what is held.
         lease.on_empty = self._drop
         self._held.append(lease)
 
@@ -177,23 +163,15 @@ class LaunchContext:
             self._held.remove(lease)
 
     def begin(self, plan: Plan) -> None:
-        """The GPUs are held, the workers about to start: announce the plan, unless a
-        terminating signal came meanwhile; then nothing starts (run_loop: 128+N)."""
+        """The GPUs are held: announce the plan; NoFreeGPUError if a terminating signal came."""
         if self.cancelled():
             raise NoFreeGPUError(f"got {signal.Signals(self.signals[0]).name} before the "
                                  "workers started")
         self.announce(plan)
 
     def new_run_dir(self) -> str:
-        """A new directory of this launch in launch.log_dir, named `<time>-<random>`
-        (tempfile.mkdtemp: sorted by time, unpredictable, 0o700 and ours by construction); its
-        basename is the run id. Private: the workers' logs may hold secrets (tokens a script
-        prints). Nobody else can create anything in it, which is why the files smartlaunch
-        and its worker hook make there by name need no O_EXCL; they are still opened
-        O_NOFOLLOW (store.open_private, store.mapped_record). launch.log_dir is created
-        (0o700) when missing and, made by us or not, must pass store.dir_problem (a
-        directory, not a link, ours or root's, sticky if others may write it): PolicyError
-        naming the setting otherwise."""
+        """A new private (mkdtemp) directory `<time>-<random>` in launch.log_dir, its basename
+        the run id; PolicyError when launch.log_dir cannot be made or fails store.dir_problem."""
         from smartlaunch.errors import PolicyError
         from smartlaunch.store import dir_problem, unsafe_dir_message
         key = "launch.log_dir"
@@ -220,8 +198,8 @@ class LaunchContext:
 
 def context(request, policy, topology, *, environ: Mapping[str, str] = os.environ,
             status=None, announce: Callable | None = None, log_dir: str | None = None):
-    """The LaunchContext of one command line: what launchers need besides the Plan.
-    log_dir: where run directories go (pipeline.launch_log_dir); None: launch.log_dir."""
+    """The LaunchContext of one command line. log_dir: where run directories go (None:
+    launch.log_dir)."""
     def record(plan, run_dir) -> None:     # the rate that ran, for the next plan of this job
         from smartlaunch.launch.measured import record_launch
         record_launch(plan, request, policy, topology, run_dir, environ=environ)

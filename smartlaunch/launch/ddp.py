@@ -1,10 +1,6 @@
-"""DDP through torch's own elastic agent, plus what torchrun lacks.
-
-The LaunchConfig comes from `torch.distributed.run.config_from_args` on torchrun's parsed
-namespace, so every torchrun option behaves as in torchrun. What changes: the entrypoint is
-the worker hook (worker.py), the group is narrowed to plan.gpus, plan.env is added, and around
-the agent run a watchdog thread (failure/hang/straggler) and the guard (proc.py: the ranks
-carry its tag, so none outlives smartlaunch, SIGKILL included); run_loop forwards signals.
+"""DDP through torch's own elastic agent (`config_from_args` on torchrun's parsed namespace, so
+every torchrun option behaves as in torchrun), with the worker hook as entrypoint, the group
+narrowed to plan.gpus, plan.env added, a watchdog thread and the guard's tag on every rank.
 """
 from __future__ import annotations
 
@@ -26,7 +22,7 @@ from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
-from smartlaunch.launch.signals import TERMINATING as _TERMINATING
+from smartlaunch.launch.signals import TERMINATING as _TERMINATING, handling
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
@@ -38,16 +34,14 @@ log = logging.getLogger(__name__)
 WORKER_MODULE = "smartlaunch.launch.worker"
 LOG_TAIL_LINES = 15
 OUTPUT_DRAIN_S = 5.0        # the most a finished run waits for its ranks' last output lines
-# What gloo and NCCL say in a rank whose peer went away (its process ended or its node's
-# launcher stopped it): in a multi-node job the root cause is then likely on another node.
+# What gloo and NCCL say in a rank whose peer went away: the cause may be on another node.
 PEER_LOST = re.compile(r"Connection (closed|reset) by peer|remote worker|remote process exited|"
                        r"ncclRemoteError")
 
 
 class DDPLauncher:
-    """start() / poll() / forward() / close() around torch's elastic agent (launch/api.py).
-    poll() runs the agent to its end on the main thread: a terminating signal's handler
-    raises torch's SignalException inside it, so the agent stops the ranks as in torchrun."""
+    """The Launcher (launch/api.py) around torch's elastic agent. poll() runs the agent on the
+    main thread: a terminating signal's handler raises torch's SignalException inside it."""
 
     def __init__(self, plan: Plan, ctx: LaunchContext):
         self.plan, self.ctx = plan, ctx
@@ -77,9 +71,7 @@ class DDPLauncher:
         self.run_dir = run_dir = ctx.new_run_dir()
         self.run_id = run_id = os.path.basename(run_dir)
         user_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
-        if not args.log_dir:
-            # Else torch's agent makes $TMPDIR/torchelastic_* for the ranks' error files (and
-            # any --redirects output) and leaves it there after every run, as torchrun does.
+        if not args.log_dir:        # else torch leaves $TMPDIR/torchelastic_* behind
             args.log_dir = os.path.join(run_dir, "torchelastic")
         overrides = _worker_overrides(plan, ctx.topology, environ, run_dir, run_id,
                                       numa=args.numa_binding is None)
@@ -94,8 +86,7 @@ class DDPLauncher:
             fr_env, recorder = flightrec.recorder_env({**environ, **overrides}, run_dir)
             overrides.update(fr_env)
         self.host = socket.gethostname()
-        # The guard SIGKILLs every process with this tag when smartlaunch dies, SIGKILL
-        # included: ranks, DataLoader workers (PR_SET_PDEATHSIG is not inherited across fork).
+        # the guard SIGKILLs every process with this tag when smartlaunch dies
         overrides[procs.GUARD_VAR] = procs.guard_tag(f"ddp-{run_id}")
         self.watchdog = Watchdog(
             run_dir, plan.nproc_per_node, ctx.policy.launch, self.host,
@@ -107,13 +98,12 @@ class DDPLauncher:
         with _patched_environ(overrides):
             self.config, cmd, cmd_args = config_from_args(args)
             self.entry = _wrap_entrypoint(cmd, cmd_args, args)
-            # config_from_args sets variables for the workers in os.environ (OMP_NUM_THREADS=1
-            # for several ranks): the agent, run in poll(), must see them too.
+            # what config_from_args set in os.environ (OMP_NUM_THREADS), for the agent in poll()
             self.overrides = {k: v for k, v in os.environ.items() if environ.get(k) != v}
-        grace = ctx.signal_grace_s
-        if "shutdown_timeout" in _fields(self.config) and args.shutdown_timeout is None:
-            self.config.shutdown_timeout = max(1, math.ceil(grace))
-        if "signals_to_handle" in _fields(self.config):
+        fields = {f.name for f in dataclasses.fields(self.config)}
+        if "shutdown_timeout" in fields and args.shutdown_timeout is None:
+            self.config.shutdown_timeout = max(1, math.ceil(ctx.signal_grace_s))
+        if "signals_to_handle" in fields:
             self.config.signals_to_handle = "SIGQUIT"  # ours: TERM/INT/HUP/USR1/USR2 (run_loop)
 
     def forward(self, signum: int) -> None:
@@ -152,7 +142,7 @@ class DDPLauncher:
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.launcher.api import launch_agent
 
-        with _on_sigchld(lambda _s, _f: self.watchdog.note_children()):
+        with handling((signal.SIGCHLD,), lambda _s, _f: self.watchdog.note_children()):
             self.watchdog.start()
             try:
                 self._in_agent = True
@@ -170,8 +160,7 @@ class DDPLauncher:
         return {}
 
     def _live_gpus(self, plan: Plan, topology: Topology, environ):
-        """The watchdog's GPU readings during the run: the plan's GPUs only, a few NVML calls
-        each (topology.live_readings), not the whole machine; None without GPUs."""
+        """The watchdog's NVML readings of the plan's GPUs only; None without GPUs."""
         if plan.device != "cuda" or not plan.gpus:
             return None
         from smartlaunch.topology import live_readings
@@ -198,12 +187,11 @@ class DDPLauncher:
                                        started=bool(watchdog.records()), details=result.details)
         summary = _summary(watchdog, plan, result, self.log_root or run_dir, run_dir)
         path = write_summary(run_dir, summary) or f"{SUMMARY_FILE} could not be written in {run_dir}"
-        # A failure, a hang or a warning brings the whole summary to stderr; a clean run ends
-        # with its first line and where the rest is, one line after the job's output as the decision line was one before it; --quiet /
-        # launch.quiet drop it.
+        # A failure, a hang or a warning brings the whole summary to stderr; a clean run its
+        # first line and where the rest is (unless quiet).
         if self._rendezvous is not None and not watchdog.records():
             msg = result.message        # no rank ran: the one line says it all
-        elif result.is_failed() or watchdog.monitor.warnings or watchdog.straggler:
+        elif result.state != RunState.SUCCEEDED or watchdog.monitor.warnings or watchdog.straggler:
             msg = f"{result.message}\n{summary}" if result.message else summary
         elif self.ctx.quiet:
             msg = result.message
@@ -260,9 +248,8 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
 
 
 def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> LaunchResult:
-    """One line for a rendezvous error of torch's agent (exit RENDEZVOUS): which rendezvous,
-    what went wrong, what to do. started: this node's ranks had started (a store lost
-    mid-run is another node's end, not a join that never happened)."""
+    """One line for a rendezvous error of torch's agent (exit RENDEZVOUS). started: this
+    node's ranks had started (a store lost mid-run is another node's end)."""
     from torch.distributed.elastic.rendezvous.api import (
         RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError)
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
@@ -321,8 +308,7 @@ def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES)
         return None, ""
     root = Path(log_root)
     found = [*root.glob(f"*/attempt_*/{local_rank}/std*.log"), *root.glob(f"{local_rank}/std*.log")]
-    # The newest attempt's directory, its stderr first: a rank's last stdout line may be
-    # copied after its traceback (the two are copied apart), and the error is in stderr.
+    # the newest attempt's directory, its stderr first (the error is there)
     found.sort(key=lambda p: (p.parent.stat().st_mtime, p.parent, p.name == "stderr.log"))
     for path in reversed(found):
         text = path.read_text(errors="replace").rstrip()
@@ -331,7 +317,6 @@ def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES)
     return (str(found[-1]) if found else None), ""
 
 
-# ---- pieces -------------------------------------------------------------------------------
 def _torchrun_preprocess(args: argparse.Namespace) -> None:
     """torch.distributed.run.run()'s rewriting of the namespace, before config_from_args."""
     import uuid
@@ -370,15 +355,9 @@ def _worker_overrides(plan: Plan, topology: Topology, environ: Mapping[str, str]
     return env
 
 
-def _fields(config) -> set[str]:
-    import dataclasses
-    return {f.name for f in dataclasses.fields(config)}
-
-
 @contextlib.contextmanager
 def _patched_environ(changes: Mapping[str, str]) -> Iterator[None]:
-    """torch's agent builds worker environments from os.environ; restore it afterwards so an
-    in-process caller (tests, the lead's CLI) keeps its own."""
+    """os.environ with `changes` (torch's agent builds worker environments from it) inside."""
     saved = dict(os.environ)
     os.environ.update(changes)
     try:
@@ -387,16 +366,3 @@ def _patched_environ(changes: Mapping[str, str]) -> Iterator[None]:
         os.environ.clear()
         os.environ.update(saved)
 
-
-@contextlib.contextmanager
-def _on_sigchld(handler) -> Iterator[None]:
-    """A rank's death is noticed at once (the watchdog), not at its next poll."""
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield                                   # handlers live in the main thread only
-        return
-    previous = signal.signal(signal.SIGCHLD, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGCHLD, previous)

@@ -1,29 +1,11 @@
-"""The decision log: one JSON line per launch, for the admins' fleet view (launch/fleet.py,
-`smartlaunch-node report`).
+"""The decision log: one JSON line per launch that got a plan, written when it ends, for the
+admins' fleet view (launch/fleet.py; the fields: docs/fleet.md).
 
-Every launch that got a plan appends exactly one line when it ends (a job that ran, one that
-failed, one that never got its GPUs; not `--explain`): when and where, who, the Slurm job,
-the command, what was asked (--strategy, --nproc-per-node, the GPUs visible), what was decided
-(strategy, world size, GPUs), the plan's predicted and measured speedups, the outcome (exit
-code, wall time), the GPU-seconds it used (the measurements before the job, from the plan's
-timings, and the GPUs held while the job ran) and the GPU-seconds the same work would have
-taken as torchrun launches it: DDP over every allowed GPU (`Plan.requested_max`), measuring
-nothing. That last figure comes from measured rates only (the chosen candidate's and torchrun's, both measured by a trial or an
-earlier launch of the job); where either was not measured it is null, never a guess.
-
-Where: policy paths.decision_log. Its built-in value, a node path, is used where its directory
-exists and this user may write there (an admin creates it), else <cache_dir>/decisions.jsonl;
-any other value (an admin's shared directory, enforced) is used as given. Writers on many
-processes and nodes share one file: each line is one write() of at most MAX_LINE bytes on an
-O_APPEND descriptor, under flock on that descriptor, and a short write (a full disk) is cut
-back off, so lines never interleave or tear; a line after a last line without its newline
-starts with one. A log that cannot be written costs the launch nothing but one line on
-stderr, said once.
-
-Any user who may open the log is a stranger to every other: the log is opened O_NOFOLLOW and
-O_NONBLOCK and must be a regular file (a FIFO there fails at once, it never hangs a launch);
-its lock is tried without blocking for LOCK_WAIT_S, then the line is given up, naming the
-holder; and the report (read_log) adds up only records whose fields pass check_record.
+Writers on many processes and nodes share one file: each line is one O_APPEND write() of at
+most MAX_LINE bytes under flock, so lines never interleave or tear. Every other user of the log
+is a stranger: it is opened O_NOFOLLOW|O_NONBLOCK and must be a regular file, its lock is tried
+for LOCK_WAIT_S only, and the report adds up only records that pass check_record. A log that
+cannot be written costs the launch one line on stderr.
 """
 from __future__ import annotations
 
@@ -56,8 +38,8 @@ LOCK_WAIT_S = 1.5          # the longest a launch waits for the log's lock (any 
 
 
 def log_path(policy, environ: Mapping[str, str], *, create: bool = False) -> Path:
-    """Where launches' lines go (module docstring: the built-in node path, else the cache).
-    create: make the cache directory when the line goes there (PolicyError if it is unsafe)."""
+    """Where launches' lines go: paths.decision_log, its built-in node path only where this
+    user may write there, else <cache>/decisions.jsonl (made when `create`)."""
     from smartlaunch.store import cache_root, dir_problem, private_dir
     raw = os.path.expanduser(policy.paths.decision_log)
     if policy.source_of(BUILT_IN_KEY) != "built-in":
@@ -84,10 +66,8 @@ class LogBusy(OSError):
 
 
 def open_log(path: Path) -> tuple[int, bool]:
-    """(a descriptor appending to the log, whether it can also be read). Opened O_NOFOLLOW and
-    O_NONBLOCK (a FIFO at the path fails at once: ENXIO without a reader, or the S_ISREG check
-    below; it never hangs the launch), O_RDWR where the file may be read, else write-only.
-    OSError when it is not a regular file or cannot be opened; nothing left open then."""
+    """(a descriptor appending to the log, whether it can also be read). OSError when it is
+    not a regular file or cannot be opened; nothing left open then."""
     flags = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd, readable = os.open(path, os.O_RDWR | flags, 0o644), True
@@ -109,9 +89,8 @@ def open_log(path: Path) -> tuple[int, bool]:
 
 
 def _lock(fd: int) -> None:
-    """flock LOCK_EX without blocking, retried until LOCK_WAIT_S: any user who can open the
-    log can take its lock (a shared one through a read-only open too), and a launch must not
-    wait on them. LogBusy naming the holder then."""
+    """flock LOCK_EX, retried without blocking until LOCK_WAIT_S (any user can hold it);
+    LogBusy naming the holder then."""
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -125,12 +104,9 @@ def _lock(fd: int) -> None:
 
 
 def append_line(path: Path, line: bytes) -> None:
-    """Append one line (no newline inside, at most MAX_LINE bytes) in a single write(), as a
-    whole line: when the file does not end with a newline (a torn or foreign last line) ours
-    starts with one, so it is not swallowed by what came before (where the log cannot be
-    read, ours always starts with one; readers skip blank lines). OSError when it cannot be
-    written whole (LogBusy when its lock stays taken), and then nothing of it stays in the
-    file."""
+    """Append one line (at most MAX_LINE bytes) in a single write(), starting with a newline
+    when the file may not end with one. OSError (LogBusy when its lock stays taken) when it
+    cannot be written whole; nothing of it stays then."""
     if len(line) > MAX_LINE or not line.endswith(b"\n") or b"\n" in line[:-1]:
         raise ValueError(f"a decision log line must be one line of at most {MAX_LINE} bytes")
     fd, readable = open_log(path)
@@ -163,10 +139,8 @@ def _speedup(x, null: bool = True) -> bool:
 
 
 def check_record(rec) -> bool:
-    """Whether a parsed line is a record the report may add up: format 1, and every field it
-    reads of the expected type and in range (finite, non-negative times and GPU-seconds, an
-    exit status, speedups above 0). Anyone who may append may write a line: one NaN or 1e300
-    must not poison the totals."""
+    """Whether a parsed line is a record the report may add up: format 1, every field it
+    reads of its type and in range (one NaN or 1e300 must not poison the totals)."""
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         return False
     decided, torchrun = rec.get("decided"), rec.get("torchrun")
@@ -191,11 +165,8 @@ def check_record(rec) -> bool:
 
 
 def read_log(path: Path) -> tuple[list[dict], int]:
-    """(the records that pass check_record, in file order; how many lines were skipped: not
-    JSON, not a record, out of range, or longer than MAX_LINE, which are skipped unread).
-    Blank lines are neither (a writer starts its line with a newline after a torn one).
-    OSError when the file cannot be read or is not a regular file (opened O_NONBLOCK: a FIFO
-    never hangs the report)."""
+    """(the records that pass check_record, in file order; how many non-blank lines were
+    skipped). OSError when the file cannot be read or is not a regular file."""
     records, bad = [], 0
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
@@ -212,8 +183,7 @@ def read_log(path: Path) -> tuple[list[dict], int]:
             try:
                 rec = json.loads(raw)
             except ValueError:
-                bad += 1
-                continue
+                rec = None
             if check_record(rec):
                 records.append(rec)
             else:
@@ -221,17 +191,14 @@ def read_log(path: Path) -> tuple[list[dict], int]:
     return records, bad
 
 
-# --- one launch's record -------------------------------------------------------------------
-
 def _say(line: str) -> None:
     print(f"smartlaunch: {line}", file=sys.stderr, flush=True)
 
 
 @dataclass
 class LaunchRecord:
-    """One launch's line, from the plan until the launch ends (pipeline.run holds it around
-    execute). `began(plan)` when the GPUs are held and the job starts (the plan then holds the
-    GPUs really taken); `close(exit_code)` writes the line, once."""
+    """One launch's line: `began(plan)` when the job starts on the GPUs really taken,
+    `close(exit_code)` writes the line, once."""
     plan: Plan
     request: object
     units: Mapping
@@ -247,8 +214,7 @@ class LaunchRecord:
     @classmethod
     def open(cls, plan: Plan, request, policy, units, environ: Mapping[str, str],
              say: Callable[[str], None] = _say) -> "LaunchRecord":
-        """Find the log and make sure it can be opened before the job starts: one that cannot
-        is said now (once) and not tried again at the end."""
+        """Find the log and check it opens; one that cannot is said now and not tried again."""
         rec = cls(plan, request, units, None, environ, say)
         path = policy.paths.decision_log
         try:
@@ -303,20 +269,18 @@ def exit_code_of(exc: BaseException) -> int:
 def encode(data: dict) -> bytes:
     """One line of at most MAX_LINE bytes: the measured candidates, then the command, are
     shortened if it would be longer."""
-    line = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    if len(line.encode()) >= MAX_LINE:
-        data = dict(data, checked=data.get("checked", [])[:2])
+    for cut in (dict, lambda d: dict(d, checked=d.get("checked", [])[:2]),
+                lambda d: dict(d, command=d["command"][:80] + "…")):
+        data = cut(data)
         line = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    if len(line.encode()) >= MAX_LINE:
-        data = dict(data, command=data["command"][:80] + "…")
-        line = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        if len(line.encode()) < MAX_LINE:
+            break
     return (line + "\n").encode()
 
 
 def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], started: float,
            wall_s: float, run_s: float, exit_code: int, ran: Plan | None = None) -> dict:
-    """The line's fields (docs/fleet.md lists them). ran: the plan as the job started (a
-    single job may have moved to another GPU); None when it never started."""
+    """The line's fields (docs/fleet.md). ran: the plan as the job started; None if it never did."""
     final = ran or plan
     gpus = list(final.gpus) if final.device == "cuda" else []
     run_s = max(0.0, run_s) if ran is not None else 0.0
@@ -357,19 +321,9 @@ def record(plan: Plan, request, units: Mapping, *, environ: Mapping[str, str], s
 
 
 def measurement_gpu_seconds(plan: Plan) -> float:
-    """GPU-seconds the decision's measurements took on this node: what the driver counted as
-    it measured (timings["measure_gpu_s"]: each measurement's seconds × the GPUs it occupied),
-    else, for a plan without it, estimated from plan.timings (seconds per stage) and the GPUs
-    each stage runs on, as a GPU is occupied (a GPU two measurements share at once counts once):
-      dry run      `profile` on one GPU, when the profile was measured (not read from the cache);
-      all-reduce   a sweep beside the dry run (`allreduce_early`) on the measured group, less
-                   its overlap with the dry run on the dry run's GPU; the rest of `allreduce`
-                   (other groups' sweeps, after the wait for that one) on the mean size of the
-                   DDP candidates' groups, each of which needs a curve;
-      trials       `trials` on the mean GPU count of the candidates measured.
-    Their separate lengths are not in the plan, so the means assume equally long sweeps and
-    trials (docs/fleet.md says how close that came). 0 on the CPU and for a plan across nodes
-    (its measurement ran on the deciding node)."""
+    """GPU-seconds the decision's measurements took on this node: timings["measure_gpu_s"]
+    as the driver counted it, else estimated from the stages' seconds in plan.timings and the
+    GPUs each occupied (docs/fleet.md). 0 on the CPU and for a plan across nodes."""
     t = plan.timings
     if plan.device != "cuda" or plan.multi_node or not t:
         return 0.0
@@ -393,10 +347,8 @@ def measurement_gpu_seconds(plan: Plan) -> float:
 
 def torchrun_gpu_seconds(plan: Plan, units: Mapping, run_s: float,
                          gpu_s: float) -> tuple[float | None, str]:
-    """(GPU-seconds torchrun would have taken for the work this launch did, how that is
-    known). torchrun runs DDP over all `requested_max` GPUs and measures nothing first; the
-    work is the chosen plan's measured rate × run_s, at torchrun's measured rate. gpu_s: the
-    GPUs this launch held × run_s. None where a rate was not measured."""
+    """(GPU-seconds torchrun's DDP over all `requested_max` GPUs would have taken for this
+    launch's work, how that is known); None where a rate was not measured. gpu_s: ours."""
     n = plan.requested_max
     if plan.device != "cuda" or not plan.gpus:
         return None, "no GPUs"
@@ -423,9 +375,8 @@ def torchrun_gpu_seconds(plan: Plan, units: Mapping, run_s: float,
 
 
 def mispredicted(rec: Mapping) -> tuple[float, list] | None:
-    """(how far out, in units of the band's reach, and the worst [candidate, predicted,
-    measured]) when a measured speedup of the launch lies outside the prediction's band
-    (|ln(measured / predicted)| > ln(1 + band)); None otherwise or when there is no band."""
+    """(how far out in units of the band's reach, the worst [candidate, predicted, measured])
+    when |ln(measured / predicted)| > ln(1 + band) for a candidate; None otherwise."""
     band = rec.get("band")
     if not isinstance(band, (int, float)) or band <= 0:
         return None

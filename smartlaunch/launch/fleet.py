@@ -1,19 +1,10 @@
-"""`smartlaunch-node report`: the admins' fleet view of the decision log (launch/decision_log.py).
-
-Reads the log (one node's, or a shared one every node appends to) and prints one table:
-launches and failures per strategy (or user, or host), GPU-hours used (measuring included),
-GPU-hours saved (or lost, negative) against torchrun, summed only over launches whose torchrun
-figure was measured, with how many had none, and mispredictions (a measured speedup outside
-the plan's uncertainty band around its prediction), the worst few listed.
-
-`--prometheus PATH` writes this node's figures (the lines whose host is this node: node_exporter
-runs on every node, so a shared log is not counted once per node) as a node_exporter textfile
-instead: written to a temp file in PATH's directory, then renamed over PATH, so the collector
-never reads half a file. Without --since they are counters over the whole log (they only grow
-while the log does); with --since, gauges of that window, named without `_total`.
-"""
+"""`smartlaunch-node report`: the admins' fleet view of the decision log (launch/decision_log.py):
+launches, failures, GPU-hours used and saved against torchrun (only where torchrun's figure was
+measured) and mispredictions, per strategy, user or host; or, with `--prometheus PATH`, this
+node's figures as a node_exporter textfile (docs/fleet.md)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -92,7 +83,7 @@ def _default_log(policy_path: str | None) -> Path:
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
     """'7d' / '24h' / '90m' before now, or an ISO date or date-time (local time unless it
-    says otherwise); UsageError naming the forms otherwise."""
+    says otherwise); UsageError otherwise."""
     now = now or datetime.now().astimezone()
     m = _AGO.match(text.strip())
     if m:
@@ -204,18 +195,14 @@ def render(summary: dict[str, Row], records: list[dict], *, path: str, since: st
     return "\n".join(lines)
 
 
-# --- Prometheus textfile ---------------------------------------------------------------------
-
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
 def prometheus(summary: dict[str, Row], host: str, *, window: str | None = None,
                window_s: float | None = None) -> str:
-    """One node's figures in the text exposition format node_exporter's textfile collector
-    reads, each with a `host` label. window None: counters over the whole log, `*_total`
-    (they only grow while the log does: the GPU-seconds saved and lost are two counters, not
-    one figure that may go down); else gauges of the window (`--since`), without `_total`."""
+    """One node's figures in the textfile collector's format, each with a `host` label.
+    window None: counters over the whole log (`*_total`); else gauges of the window."""
     total = summary["total"]
     per = {k: r for k, r in summary.items() if k != "total"}
     kind, suffix = ("counter", "_total") if window is None else ("gauge", "")
@@ -261,21 +248,16 @@ def prometheus(summary: dict[str, Row], host: str, *, window: str | None = None,
 def write_textfile(path: Path, text: str) -> None:
     """Replace `path` whole: a temp file in its directory (not *.prom, which the collector
     would read), then rename; UsageError naming the path when it cannot be written."""
-    parent = path.parent if str(path.parent) else Path(".")
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path} ({exc.strerror}); give --prometheus a file in "
-                         f"the collector's directory you may write") from None
-    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise UsageError(f"cannot write {path} ({exc.strerror}); give --prometheus a file in "
                          f"the collector's directory you may write") from None

@@ -1,19 +1,9 @@
 """torch's NCCL Flight Recorder, pointed at the run's log directory and read on a hang.
 
-Every ProcessGroupNCCL keeps a ring of its last collectives (sequence number, op, sizes,
-state). With `TORCH_NCCL_DEBUG_INFO_PIPE_FILE=<stem>` each process makes a FIFO
-`<stem><rank>.pipe` that its heartbeat monitor polls about once a second; a write makes it dump
-the ring to `<prefix><rank>`, the prefix from `TORCH_FR_DUMP_TEMP_FILE` (older name
-`TORCH_NCCL_DEBUG_INFO_TEMP_FILE`, default /tmp/nccl_trace_rank_). The ring size is
-`TORCH_FR_BUFFER_SIZE` (older name `TORCH_NCCL_TRACE_BUFFER_SIZE`; torch 2.13 warns on every rank
-when the older names are set, so only the newer ones are set here). Some older releases create
-the FIFO only when the older buffer name is set: there the report says that no dump came.
-Variables the user set (either name) are kept; torch's own timeouts are never touched.
-
-Dump format (pickle of plain dicts/lists, torch 2.11-2.13): {"version", "pg_config",
-"pg_status", "entries": [{"pg_id", "process_group": (name, desc), "collective_seq_id",
-"p2p_seq_id", "profiling_name": "nccl:all_reduce", "state": "scheduled"|"started"|"completed",
-"input_sizes", ...}]}.
+Each process polls a FIFO `<stem><rank>.pipe` (TORCH_NCCL_DEBUG_INFO_PIPE_FILE); a write makes
+it dump its ring of last collectives to `<prefix><rank>` (TORCH_FR_DUMP_TEMP_FILE), a pickle of
+plain dicts: {"entries": [{"process_group": (name, desc), "collective_seq_id",
+"profiling_name", "state", "input_sizes", ...}]}. Variables the user set are kept.
 """
 from __future__ import annotations
 
@@ -118,8 +108,7 @@ def collect(fr: FlightRecorder, asked: list[tuple[int, float]], wait_s: float = 
 
 
 class _Plain(pickle.Unpickler):
-    """The dump holds dicts, lists, tuples, strings and numbers: refuse anything that would
-    construct an object."""
+    """A dump holds plain data: refuse anything that would construct an object."""
 
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a Flight Recorder dump")
@@ -162,13 +151,9 @@ def collective_state(dump: dict) -> dict[str, dict]:
     return out
 
 
-def explain(dumps: Mapping[int, dict | None], ranks: list[int]) -> list[str]:
-    """Which rank did not enter (or did not finish) which collective, by sequence number."""
-    return verdict(dumps, ranks)[0]
-
-
 def verdict(dumps: Mapping[int, dict | None], ranks: list[int]) -> tuple[list[str], list[int]]:
-    """(report lines, ranks that did not enter a collective the others entered)."""
+    """(report lines: which rank did not enter or finish which collective, by sequence number;
+    ranks that did not enter a collective the others entered)."""
     lines: list[str] = []
     laggards: list[int] = []
     states = {r: collective_state(d) for r, d in dumps.items() if d}

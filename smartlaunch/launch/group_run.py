@@ -1,13 +1,6 @@
-"""One variant's DDP group, as a process of its own (launch/groups.py starts it):
-`python -m smartlaunch.launch.group_run SPEC`.
-
-SPEC (groups.write_spec) holds the group's plan, the policy, topology, environment and
-torchrun's options; the group's launcher (the plan's strategy unit's, `make`) runs through
-run_loop as any launch does, so signals, the watchdog, the summary and the exit code are a DDP
-launch's own. The GPUs' lease is the parent's, held for this group while it runs: the context
-here does not take it again. The one-line result goes to SPEC.result.json for the parent's
-summary; the exit code is the group launch's.
-"""
+"""One variant's DDP group as a process of its own: `python -m smartlaunch.launch.group_run SPEC`
+(groups.write_spec). Its launcher runs through run_loop as any launch, on the parent's lease;
+the one-line result goes to SPEC.result.json, the exit code is the group launch's."""
 from __future__ import annotations
 
 import json

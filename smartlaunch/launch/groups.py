@@ -1,19 +1,9 @@
 """--each packed into DDP groups (decide/pack.py): one DDP job per variant, side by side.
 
-Each variant's group runs as its own child process, `python -m smartlaunch.launch.group_run`
-(one owner: this launcher, a proc.Child per group), which drives the group's own launcher
-(the DDP one, torch's elastic agent) through run_loop exactly as a single DDP launch: its own
-rendezvous on a free port, its own watchdog, run directory and summary. torch's agent runs on
-its process's main thread and builds its ranks' environment from os.environ, so two groups
-cannot share one process; a process each also keeps one group's failure from the others.
-
-As for single-GPU jobs (launch/independent.py, whose queue this reuses): this launcher holds
-each group's lease (one Lease per group, taken when free, the first waited for as the plan
-says), starts a group once its lease is held, gives it back once its group has ended; one
-group failing does not stop the others unless jobs.fail_fast; signals reach every group
-(its run_loop stops its ranks within launch.signal_grace_s). Logs: <run dir>/group-<i>.log
-(the group's launcher and its ranks' output) and each group's own run directory inside the
-run directory; summary.json and summary.txt as for independent jobs.
+Each group runs as its own child process (`python -m smartlaunch.launch.group_run`: torch's
+agent needs its process's main thread and os.environ) that drives the group's launcher through
+run_loop as a single DDP launch. The queue is independent.py's, a job being a group with its
+own lease; logs: <run dir>/group-<i>.log and the group's own run directory inside the run dir.
 """
 from __future__ import annotations
 
@@ -41,18 +31,15 @@ class GroupsLauncher(IndependentLauncher):
     """IndependentLauncher's queue, where a job is a variant's group: a child process that
     runs `make(group_plan, ctx)` (the group's strategy unit's launcher) on its GPUs."""
 
-    NOUN = "group"
+    NOUN, GPU_COLUMN, HEAD = "group", "GPUs", "groups"
 
     def __init__(self, plan, ctx: LaunchContext, make: Callable):
         super().__init__(plan, ctx)
         self.make = make                           # pickled by reference into each spec
         self.gpu_mode = False                      # GPUs come by group, not one at a time
-        # by the variant's index (Job.index): a node's share of a sweep across nodes runs
-        # variants other than 0..n-1
         self.plans = {g.variant: plan.group_plan(i) for i, g in enumerate(plan.groups)}
         self.leases: dict[int, object] = {}        # job index -> its group's Lease
 
-    # ---- leases: one per group ------------------------------------------------------------
     def _acquire_more(self, *, force: bool = False) -> None:
         if not force and time.monotonic() - self._last_more < 1.0:
             return
@@ -77,8 +64,6 @@ class GroupsLauncher(IndependentLauncher):
                 self._start(job, None)
 
     def start(self) -> None:
-        # The GPUs first, as every launcher: the groups free now; when none is, the first
-        # group's waited for (or --no-wait fails naming the holders) and the rest come later.
         self._acquire_more(force=True)
         if not self.leases and self.jobs:
             first = self.jobs[0]
@@ -95,14 +80,11 @@ class GroupsLauncher(IndependentLauncher):
             self._acquire_more()
         return super().poll()
 
-    # ---- one group --------------------------------------------------------------------------
     def _start(self, job: Job, gpu: int | None) -> None:
         ctx, plan = self.ctx, self.plans[job.index]
         spec = os.path.join(self.log_dir, f"group-{job.index}.spec")
         job.log_path = os.path.join(self.log_dir, f"group-{job.index}.log")
-        environ = dict(ctx.environ)
-        environ.update({"SMARTLAUNCH_JOB_INDEX": str(job.index),
-                        "SMARTLAUNCH_NUM_JOBS": str(self.num_jobs)})
+        environ = {**ctx.environ, **self._job_vars(job)}
         write_spec(spec, plan, ctx, self.make, job.args, environ, self.log_dir)
         with open_private(job.log_path, "ab") as out:
             job.child = proc.spawn([sys.executable, "-m", CHILD_MODULE, spec],
@@ -119,33 +101,22 @@ class GroupsLauncher(IndependentLauncher):
                 job.note = result
         return super()._final()
 
+    def _where(self, j: Job) -> str:
+        return ",".join(map(str, self.plans[j.index].gpus))
+
     def summary(self) -> list[str]:
-        rows = [("group", "GPUs", "exit", "wall_s", "samples/s", "variant")]
-        for j in self.jobs:
-            rows.append((str(j.index), ",".join(map(str, self.plans[j.index].gpus)),
-                         j.exit_text() if j.exit_code != 0 else "0", f"{j.wall_s:.1f}",
-                         f"{j.samples_per_s:g}" if j.samples_per_s is not None else "-",
-                         shlex.join(j.args) or "(none)"))
-        widths = [max(len(r[c]) for r in rows) for c in range(5)]
-        lines = ["  " + "  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5]
-                 for r in rows]
-        ok = len(self._in(JobState.SUCCEEDED))
-        head = f"groups: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})"
-        return [head] + lines + [f"  group {j.index}: {j.note}" for j in self.jobs
-                                 if j.note and j.state != JobState.SUCCEEDED]
+        return super().summary() + [f"  group {j.index}: {j.note}" for j in self.jobs
+                                    if j.note and j.state != JobState.SUCCEEDED]
 
 
 def write_spec(path: str, plan, ctx: LaunchContext, make: Callable, variant: tuple[str, ...],
                environ: dict[str, str], run_dir: str) -> None:
-    """What the group's process needs (group_run.py reads it, then removes it): its plan, the
-    launch context's parts, torchrun's options with the variant's args and a rendezvous of
-    its own. Private (0o600 in the 0o700 run directory): the environment may hold secrets."""
+    """What the group's process needs (group_run.py reads it, then removes it), 0o600: the
+    environment may hold secrets. Its own rendezvous: torchrun --standalone's."""
     args = argparse.Namespace(**vars(ctx.torchrun_args)) if ctx.torchrun_args is not None \
         else None
     if args is not None:
         args.training_script_args = [*args.training_script_args, *variant]
-        # Its own rendezvous: a c10d store on a free port of this host, a fresh id (as
-        # torchrun --standalone), whatever endpoint the command line named for one job.
         args.standalone = True
     policy = ctx.policy
     policy = dataclasses.replace(policy, launch=dataclasses.replace(policy.launch,

@@ -1,22 +1,11 @@
 """Independent single-GPU jobs: one process per variant, each on its own leased GPU, queued.
 
-The seeds' best use of two GPUs for small models is two independent jobs, not DDP (1.74x-2.3x
-the samples/s of one GPU, issue #8). Each job runs the script with its own args + its variant's
-args, CUDA_VISIBLE_DEVICES=<its GPU's UUID>, torchrun's single-rank environment (its own
-MASTER_PORT, so scripts that init a process group do not collide), SMARTLAUNCH_JOB_INDEX /
-SMARTLAUNCH_NUM_JOBS (the variant's index and count in the whole sweep, across nodes
-too), CPU affinity to its GPU's NUMA node, and its own log (stdout+stderr):
-<launch.log_dir>/<run-id>/job-<i>.log, with summary.json and summary.txt beside them.
-
-Queue: a GPU's lease is taken when a job needs it and kept while jobs remain for it; it is given
-back as soon as the queue no longer needs it. A GPU runs up to plan.jobs_per_gpu jobs at once
-(decide packs two only when two profiled peaks fit its free memory). On a machine
-without GPUs the jobs run as CPU processes, nproc_per_node at a time.
-
-Exit code (the LaunchResult's, run_loop.run returns it): 0 when every job exited 0; 1 (ExitCode.WORKER_FAILED) when any
-job failed, or was skipped after a failure (jobs.fail_fast=true stops the others: SIGTERM, then
-SIGKILL after launch.signal_grace_s); 128+N when smartlaunch got signal N (SIGTERM, SIGINT,
-SIGHUP) and stopped every job the same way. No job process, nor its process group, outlives it.
+Each job runs the script with its variant's args appended, torchrun's single-rank environment,
+SMARTLAUNCH_JOB_INDEX / SMARTLAUNCH_NUM_JOBS (across nodes too), its GPU's NUMA binding and its
+own log <run dir>/job-<i>.log, beside summary.json and summary.txt. A GPU's lease is taken when
+a job needs it and given back once the queue no longer does; a GPU runs up to
+plan.jobs_per_gpu jobs at once; without GPUs, nproc_per_node CPU jobs run at a time. Exit code:
+0, 1 when any job failed or was skipped (jobs.fail_fast stops the others), or 128+N on signal N.
 """
 from __future__ import annotations
 
@@ -34,18 +23,18 @@ from dataclasses import dataclass
 from smartlaunch import proc
 from smartlaunch.errors import ExitCode
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
-from smartlaunch.worker_env import free_port, narrow_visible, single_rank_env
+from smartlaunch.worker_env import single_rank_env
 from smartlaunch.launch.leases import Lease
 from smartlaunch.launch.signals import TERMINATING
+from smartlaunch.launch.single import job_env
 from smartlaunch.launch.summary import write_summary
-from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
+from smartlaunch.launch.worker import worker_command
 from smartlaunch.store import open_private
 
 _ACQUIRE_MORE_EVERY_S = 1.0
 _SAMPLES_RE = re.compile(rb"samples/s[=:] *([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)")
 
 
-# ---- one job --------------------------------------------------------------------------------
 class JobState(str, enum.Enum):
     PENDING = "pending"        # -> running | skipped
     RUNNING = "running"        # -> succeeded | failed | interrupted
@@ -103,17 +92,15 @@ def _samples_per_s(path: str) -> float | None:
     return float(found[-1]) if found else None
 
 
-# ---- the queue ------------------------------------------------------------------------------
 class IndependentLauncher:
-    """start() / poll() / forward() / close(sig) over a queue of single-GPU jobs (launch/api.py)."""
+    """The Launcher (launch/api.py) of a queue of single-GPU jobs."""
 
-    NOUN = "job"              # what its log lines call one (groups.py: "group")
+    NOUN, GPU_COLUMN, HEAD = "job", "GPU", "independent jobs"      # groups.py: its own
 
     def __init__(self, plan, ctx: LaunchContext):
         self.plan, self.ctx, self.log = plan, ctx, ctx.say
         self.run_id = self.log_dir = ""        # start(): the run directory, its name
         self._started = 0.0
-        # A sweep across nodes runs this node's share; a job keeps its index in the whole sweep.
         variants = plan.variants or ((),)
         self.jobs = [Job(i, tuple(variants[i])) for i in plan.share() or (0,)]
         self.num_jobs = len(variants)            # SMARTLAUNCH_NUM_JOBS: the whole sweep's
@@ -168,20 +155,15 @@ class IndependentLauncher:
                 if self._load(i) == 0:
                     self.lease.release(i)
 
+    def _job_vars(self, job: Job) -> dict[str, str]:
+        return {"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(self.num_jobs)}
+
     def _start(self, job: Job, gpu: int | None) -> None:
-        # The worker hook binds NUMA and dies with smartlaunch. No run dir: independent jobs
-        # have no hang watchdog, and the hook's step counter imports torch up front (~6 s of
-        # CPU per job on a 2-core box) even for scripts that never use it.
+        # No step counter: it imports torch up front even for scripts that never use it.
         ctx = self.ctx
-        binding = self.plan.binding(gpu)
-        env = dict(ctx.environ)
-        env.update(self.plan.env_dict())
-        env.update(single_rank_env(master_port=free_port(), run_id=f"{self.run_id}-{job.index}"))
-        env.update(worker_env(self.log_dir, f"{self.run_id}-{job.index}", [binding] if binding else []))
-        env.pop(RUN_DIR_VAR, None)
-        env.update({"SMARTLAUNCH_JOB_INDEX": str(job.index), "SMARTLAUNCH_NUM_JOBS": str(self.num_jobs)})
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], ctx.environ, ctx.topology)
+        env = job_env(self.plan, ctx.topology, ctx.environ, gpu,
+                      single_rank_env(run_id=f"{self.run_id}-{job.index}"))
+        env.update(self._job_vars(job))
         argv = worker_command(self.plan.command, sys.executable) + list(job.args)
         job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")
         with open_private(job.log_path, "ab") as out:
@@ -199,8 +181,6 @@ class IndependentLauncher:
             self._start(self._in(JobState.PENDING)[0], slot)
 
     def start(self) -> None:
-        # As single and DDP: the GPUs first, so a failed hold (--no-wait, the wait's time-out,
-        # a signal) prints only its own line and leaves no run directory behind.
         if self.gpu_mode:
             self._acquire_more(force=True)
             if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
@@ -213,9 +193,7 @@ class IndependentLauncher:
         self._start_ready()
 
     def forward(self, signum: int) -> None:
-        # Terminating signals are handled by poll() (run_loop records them), outside the
-        # handler: it may interrupt poll() anywhere. SIGUSR1/2 (Slurm's early warning) are
-        # the jobs' business.
+        # Terminating signals are poll()'s (the handler may interrupt it anywhere).
         if signum not in TERMINATING:
             for job in self._in(JobState.RUNNING):
                 job.child.send(signum)
@@ -262,7 +240,7 @@ class IndependentLauncher:
 
     def close(self, sig: int = signal.SIGTERM) -> None:
         """Stop every job now (pending ones skipped, running ones `sig`, SIGKILL after
-        launch.signal_grace_s); run_loop then gives every lease back. Idempotent."""
+        launch.signal_grace_s). Idempotent."""
         if self._result is None:
             self._stop(sig, "interrupted")
             for job in self._in(JobState.RUNNING):
@@ -297,16 +275,16 @@ class IndependentLauncher:
         self._result = LaunchResult(state, code, message, details=details)
         return self._result
 
+    def _where(self, j: Job) -> str:
+        return "cpu" if j.gpu is None and j.started else "-" if j.gpu is None else str(j.gpu)
+
     def summary(self) -> list[str]:
-        rows = [("job", "GPU", "exit", "wall_s", "samples/s", "variant")]
-        for j in self.jobs:
-            rows.append((str(j.index), "cpu" if j.gpu is None and j.started else "-" if j.gpu is None else str(j.gpu),
-                         j.exit_text() if j.exit_code != 0 else "0", f"{j.wall_s:.1f}",
-                         f"{j.samples_per_s:g}" if j.samples_per_s is not None else "-",
-                         shlex.join(j.args) or "(none)"))
+        rows = [(self.NOUN, self.GPU_COLUMN, "exit", "wall_s", "samples/s", "variant")]
+        rows += [(str(j.index), self._where(j), j.exit_text() if j.exit_code != 0 else "0",
+                  f"{j.wall_s:.1f}", f"{j.samples_per_s:g}" if j.samples_per_s is not None else "-",
+                  shlex.join(j.args) or "(none)") for j in self.jobs]
         widths = [max(len(r[c]) for r in rows) for c in range(5)]
         lines = ["  " + "  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5] for r in rows]
         ok = len(self._in(JobState.SUCCEEDED))
-        head = f"independent jobs: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})"
-        return [head] + lines
+        return [f"{self.HEAD}: {ok} of {len(self.jobs)} succeeded (logs in {self.log_dir})", *lines]
 

@@ -1,11 +1,9 @@
 """The lease directory: where it is, and whether it is safe to trust.
 
-Shared directories are created 1777 (like /tmp), private ones 0700; a directory that is a
-symlink, group/world-writable without the sticky bit, or owned by another non-root user is
-refused (LeaseDirError, with the command that fixes it). The directory is opened once with
-O_NOFOLLOW; callers keep the fd and work through it, so swapping the path for a symlink after
-the checks changes nothing. Nothing here locks anything: no lock is ever taken on the
-directory (another user could hold it); the records in it are lease_records.py's.
+Shared directories are created 1777, private ones 0700; a symlink, a group/world-writable one
+without the sticky bit, or one owned by another non-root user is refused (LeaseDirError). It is
+opened once with O_NOFOLLOW and used through that fd, so a later swap for a symlink changes
+nothing.
 """
 from __future__ import annotations
 
@@ -24,10 +22,7 @@ class LeaseDirError(SmartlaunchError):
 
 
 def lease_dir_for(policy) -> str:
-    """The directory to use: SMARTLAUNCH_LEASE_DIR unless the admin enforced paths.lease_dir.
-
-    The policy loader maps the variable into the policy too; reading it here keeps tests and
-    `smartlaunch-node epilog` right before and after that lands."""
+    """The directory to use: SMARTLAUNCH_LEASE_DIR unless the admin enforced paths.lease_dir."""
     env = os.environ.get(ENV_LEASE_DIR)
     return policy.paths.lease_dir if lease_dir_enforced(policy) or not env else env
 
@@ -37,7 +32,7 @@ def lease_dir_enforced(policy) -> bool:
 
 
 def boot_id() -> str:
-    """This boot's id, "" when unreadable. Records carry it for older versions' sake only."""
+    """This boot's id, "" when unreadable."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -89,8 +84,7 @@ def open_lease_dir(path: str, *, private: bool | None = None, create: bool = Tru
             st = os.fstat(fd)
         _check_dir(path, st)
         if create and not os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK):
-            # Every lease is a record created here: without write access a launch would
-            # wait for a record it can never create.
+            # without write access a launch would wait for a record it can never create
             raise LeaseDirError(_not_writable(path, st, os.fstatvfs(fd), enforced))
     except BaseException:
         os.close(fd)
@@ -111,8 +105,8 @@ def _check_dir(path: str, st: os.stat_result) -> None:
 
 
 def _not_writable(path: str, st: os.stat_result, fs: os.statvfs_result, enforced: bool) -> str:
-    """Advice the reader can follow: chmod only for the directory's owner; anyone else
-    points elsewhere, or asks the admin where the admin's policy fixes the path."""
+    """Advice the reader can follow: chmod for the owner; anyone else points elsewhere or
+    asks the admin."""
     mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
     if fs.f_flag & os.ST_RDONLY:
         what, admin = f"lease directory {path} is on a read-only filesystem", \

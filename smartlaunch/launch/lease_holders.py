@@ -1,12 +1,5 @@
-"""Who holds a GPU lease: a record's text parsed into typed fields, and the sentences that name
-holders in waits and errors. Whether a record is live, and the files themselves, are
-lease_records.py; the leasing, leases.py.
-
-A record's text is input from a stranger (anyone may write a file in a shared lease directory):
-`parse_record` accepts only a JSON object of the documented fields with their types and ranges,
-and raises RecordError, whose text names the first field that is wrong, for anything else. It
-never trusts the text for who wrote it: the user named is the file's owner.
-"""
+"""Who holds a GPU lease: a record's text (input from a stranger) parsed into typed fields, and
+the sentences that name holders in waits and errors."""
 from __future__ import annotations
 
 import functools
@@ -25,8 +18,7 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True)
 class Holder:
-    """One live record: a launch holding (or, for a waiter, waiting for) GPUs.
-    `user` is the record file's owner; the other fields are what its text says, typed."""
+    """One live record: a launch holding (or waiting for) GPUs; `user` is the file's owner."""
     pid: int
     create_time: float
     uid: int
@@ -47,10 +39,9 @@ class Holder:
 
 def parse_record(data: bytes, *, owner: int, record: str = "") -> Holder:
     """The Holder a record's bytes describe, its user the file's owner (uid `owner`).
-    Raises RecordError for anything but a JSON object whose fields have these types:
-    pid int in 1..2**22, create_time and time finite numbers >= 0, uid the owner's, gpu_uuid a
-    printable string, user/host/slurm_job_id/boot_id printable strings or null, shared a bool.
-    Unknown fields are ignored (a newer version may add some)."""
+    RecordError, naming the first bad field, for anything but a JSON object with pid int in
+    1..2**22, create_time and time finite >= 0, uid the owner's, gpu_uuid a printable string,
+    user/host/slurm_job_id/boot_id printable strings or null, shared a bool."""
     try:
         rec = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -87,8 +78,7 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v >= 0)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 @functools.lru_cache(maxsize=256)      # a waiting launch reads the records every poll
@@ -110,12 +100,7 @@ def fmt_indices(indices) -> str:
 
 
 def leased_by(holders: list[Holder]) -> str:
-    seen = []
-    for h in holders:
-        d = h.describe()
-        if d not in seen:
-            seen.append(d)
-    return "leased by " + " and ".join(seen)
+    return "leased by " + " and ".join(dict.fromkeys(h.describe() for h in holders))
 
 
 def summarise(why: dict[int, str]) -> str:

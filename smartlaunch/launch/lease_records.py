@@ -1,21 +1,10 @@
 """Record files in a lease directory: writing one that is live from the moment it appears,
-reading any, and telling whether it is live. The leasing itself is leases.py.
+reading any, and telling whether it is live.
 
-A record is live iff a WRITE lock is held on it. Its writer takes an open-file-description lock
-(fcntl F_OFD_SETLK, F_WRLCK) on the file it opened O_RDWR, and keeps that descriptor open for
-as long as the lease lasts, so:
-- only the record's owner (or root) can make it live: a write lock needs the file open for
-  writing, and a record is created 0600, locked, then made 0644 (readable, never writable, by
-  others). Read locks and flock(2), which anyone who can read the file may take, do not count.
-- the lock ends when its holder does, however it ends (SIGKILL included): no pid, process start
-  time or boot id is consulted, and nothing depends on seeing another user's process in /proc
-  (hidepid). An OFD lock, unlike a POSIX one, survives its process opening and closing the same
-  file elsewhere; a child forked without exec keeps it (the lease then lasts until both end).
-- a record appears already locked: it is written and locked under a name the listing ignores
-  (`.<prefix>.<pid>.<random>.new`), then renamed to its own unpredictable name. Giving it
-  back is unlink, then close: no moment shows an unlocked record of a live lease.
-
-A record that is not live is stale: it claims nothing, and whoever may delete it does.
+A record is live iff a WRITE lock (fcntl OFD) is held on it: only its owner can take one (it is
+created 0600, locked, then made 0644), and the lock ends with its holder, SIGKILL included. It
+is written and locked under a hidden temp name, then renamed; giving it back is unlink, then
+close. A record that is not live is stale: it claims nothing.
 """
 from __future__ import annotations
 
@@ -33,9 +22,7 @@ from smartlaunch.launch.lease_holders import Holder, RecordError, parse_record
 RECORD_MAX_BYTES = 64 * 1024
 TEMP_SUFFIX = ".new"
 
-# struct flock on Linux: short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid,
-# native alignment; "0q" pads the end to off_t's alignment as the C compiler does.
-_FLOCK = "hhqqi0q"
+_FLOCK = "hhqqi0q"          # Linux struct flock, padded to off_t's alignment
 
 
 def _flock(kind: int) -> bytes:
@@ -63,11 +50,9 @@ class LockingUnsupported(OSError):
 
 def publish(dfd: int, prefix: str, kind: str, rec: dict) -> Published:
     """Create `<prefix>.<pid>.<random>.<kind>` in the directory `dfd` holding `rec` as JSON,
-    mode 0644 whatever the umask, write-locked before it is visible. Leaves nothing behind on
-    failure (a SIGKILL between create and rename leaves its 0600 `.new` file, which nothing
-    reads). Raises OSError (LockingUnsupported when the filesystem has no fcntl locks)."""
-    # Two tokens: the temporary name is listed for all to see, the final one must not follow
-    # from it (another user could create it first, and rename would then fail).
+    mode 0644, write-locked before it is visible; nothing left behind on failure. Raises
+    OSError (LockingUnsupported when the filesystem has no fcntl locks)."""
+    # Two tokens: the final name must not follow from the listed temporary one.
     temp = f".{prefix}.{os.getpid()}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
     name = f"{prefix}.{os.getpid()}.{secrets.token_hex(8)}.{kind}"
     # 0600 until locked: nobody else can open it for a lock of theirs before ours
@@ -91,9 +76,8 @@ def publish(dfd: int, prefix: str, kind: str, rec: dict) -> Published:
 
 
 def hold(fd: int) -> None:
-    """Take the write lock that makes the file open (for writing) at `fd` a live record.
-    Raises LockingUnsupported where the filesystem has no fcntl locks, OSError (EAGAIN)
-    where another holds a lock on it."""
+    """Take the write lock that makes the file at `fd` a live record. Raises
+    LockingUnsupported where the filesystem has no fcntl locks, OSError where another holds one."""
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK))
     except OSError as exc:
@@ -103,8 +87,7 @@ def hold(fd: int) -> None:
 
 
 def withdraw(dfd: int, record: Published) -> None:
-    """End a lease: its name goes first, then the lock (closing the fd). Never raises; with the
-    name already gone (the directory closed, an epilog removed it) the close alone ends it."""
+    """End a lease: its name goes first, then the lock (closing the fd). Never raises."""
     try:
         os.unlink(record.name, dir_fd=dfd)
     except OSError:
@@ -125,8 +108,8 @@ def write_locked(fd: int) -> bool:
 
 
 def inspect(dfd: int, name: str) -> Record | None:
-    """Read the entry `name` of the directory `dfd` without following links or blocking on a
-    FIFO; None when it is gone. Never raises for what the entry is or holds."""
+    """Read the entry `name` of `dfd` without following links or blocking on a FIFO; None
+    when it is gone. Never raises for what the entry is or holds."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
@@ -158,14 +141,9 @@ def inspect(dfd: int, name: str) -> Record | None:
 
 
 def _read_capped(fd: int) -> bytes | None:
-    chunks, size = [], 0
-    while size <= RECORD_MAX_BYTES:
-        chunk = os.read(fd, RECORD_MAX_BYTES + 1 - size)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-    return None
+    with open(fd, "rb", closefd=False) as f:
+        data = f.read(RECORD_MAX_BYTES + 1)
+    return data if len(data) <= RECORD_MAX_BYTES else None
 
 
 def _unopened(dfd: int, name: str, exc: OSError) -> Record | None:

@@ -1,29 +1,11 @@
 """Per-GPU leases on a shared node: concurrent launches never get the same GPU.
 
-What goes in: a lease directory (shared ones 1777 like /tmp, private ones 0700; vetted and
-pinned by lease_dir.py), a Topology, the GPUs a launch may use. What comes out: a Lease (its
-GPUs, held until released or the process ends), or NoFreeGPUError naming the holders;
-LeaseDirError when the directory is unusable or cannot hold fcntl locks. Everything else in
-the directory is input from a stranger and never raises.
-
-- A lease IS its holder record, `gpu-<uuid>.<pid>.<random>.holder`, a JSON file (pid,
-  process start time, uid, host, SLURM_JOB_ID, time, GPU, shared) under a name nobody can
-  predict, live while its writer holds an OFD write lock on it (lease_records.py): only the
-  owner can make a record live, and the lock ends when the process does (SIGKILL included),
-  so a dead launch never blocks a GPU and no process has to be seen in /proc. The text only
-  names the holder; the user named is the file's owner.
-- A record that does not parse (bad JSON, wrong type or range, too large, not a regular
-  file, unreadable) leases nothing, and is named once per process through `say`. Records
-  nobody holds are stale and removed when we may (our own, or any as root).
-- Claims take no lock another user could hold. "Claim, then check": a launch publishes its
-  (already locked) record for a GPU, then lists the GPU's live records; if another one
-  conflicts (not both shared) it withdraws its own and tries again after a random backoff.
-  Of two claims, the later one to publish always sees the earlier, so two launches may both
-  back off but never both keep a GPU. Names that are not records (no `.holder`/`.waiter`
-  form) are never opened: nothing another user creates, links or symlinks there can block a
-  launch or take a GPU; another user's live lease is a lease, named in every message.
-- Lease dirs are per node (/tmp or /run); the waiting queue (`queue.<pid>.<random>.waiter`)
-  orders nothing, it only tells a waiting launch its place.
+A lease IS its holder record `gpu-<uuid>.<pid>.<random>.holder` (lease_records.py: live while
+its writer holds an OFD write lock, so a dead launch never blocks a GPU). "Claim, then check":
+a launch publishes its locked record, then lists the GPU's live records and backs off on a
+conflict; of two claims the later sees the earlier, so both may back off but never both keep a
+GPU. Only names of the record forms are ever opened; a record that does not parse leases
+nothing and is named once. `queue.<pid>.<random>.waiter` records only tell a waiter its place.
 """
 from __future__ import annotations
 
@@ -56,14 +38,11 @@ _STATUS_EVERY_S = 30.0
 _DESCRIBE_EVERY_S = 2.0         # how often a waiter refreshes its status line
 _CLAIM_TRIES = 6                # claims of one GPU that met another before we call it leased
 _BACKOFF_S = 0.002              # first backoff after a conflict; doubles with each try
-# What a record is named; nothing else in the directory is ever opened.
 _HOLDER = re.compile(r"gpu-(?P<gpu>[A-Za-z0-9._-]+)\.(?P<pid>[0-9]+)\.[0-9a-f]+\.holder")
 _WAITER = re.compile(r"queue\.(?P<pid>[0-9]+)\.[0-9a-f]+\.waiter")
 
-# Records already named in this process, by directory: a launch opens the directory more than
-# once (the probe, then the launch) and says each bad record once, as `warnings` would. Past
-# _NAMED_MAX in one directory one line says the rest go unnamed: a thousand files planted
-# there must not make a thousand lines.
+# Bad records already named in this process, by directory; past _NAMED_MAX one line says the
+# rest go unnamed (a thousand planted files must not make a thousand lines).
 _named: dict[str, set[str]] = {}
 _named_lock = threading.Lock()
 _NAMED_MAX = 20
@@ -74,8 +53,7 @@ def _safe_name(uuid: str) -> str:
 
 
 def _fits(h: Holder, m: re.Match) -> bool:
-    """The record's text is for the GPU (or the queue) and the pid its name says: a record
-    linked under another name (another GPU's) claims nothing there."""
+    """The record's text is for the GPU (or the queue) and the pid its name says."""
     where = _safe_name(h.gpu_uuid) == m["gpu"] if "gpu" in m.re.groupindex \
         else h.gpu_uuid.startswith("queue:")
     return where and h.pid == int(m["pid"])
@@ -92,9 +70,8 @@ def _say(line: str) -> None:
 
 
 class LeaseManager:
-    """Leases in one directory. `share=True` (policy jobs.share_gpus): launches that agree to
-    share may hold one GPU together; an exclusive lease still excludes them. `say` gets one
-    line per record that does not parse (default: a `smartlaunch: ...` line on stderr)."""
+    """Leases in one directory. share (jobs.share_gpus): sharing launches may hold one GPU
+    together. `say` gets one line per record that does not parse."""
 
     def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
                  poll_s: float = 0.1, create: bool = True, enforced: bool = False,
@@ -117,8 +94,7 @@ class LeaseManager:
                    enforced=lease_dir_enforced(policy), say=say)
 
     def close(self) -> None:
-        """Close the directory; at once, or once the last Lease still held is released (its
-        record must go by name)."""
+        """Close the directory, at once or once the last Lease still held is released."""
         self._closing = True
         if self._dfd >= 0 and not self._holding:
             os.close(self._dfd)
@@ -130,15 +106,12 @@ class LeaseManager:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ---- records ------------------------------------------------------------------------
     def holders(self, uuid: str, *, prune: bool = True) -> list[Holder]:
         """Live holders of one GPU (ours included); stale records are removed when we may."""
-        safe = _safe_name(uuid)
-        return self._live(_HOLDER, prune, gpu=safe)
+        return self._live(_HOLDER, prune, gpu=_safe_name(uuid))
 
     def _live(self, pattern: re.Pattern, prune: bool, gpu: str | None = None) -> list[Holder]:
-        """The live records named as `pattern` says (of the GPU whose safe name is `gpu`, or
-        all); stale ones are removed when we may and `prune`."""
+        """Live holders named as `pattern` says (of GPU `gpu`, or all); stale ones pruned."""
         live = []
         for rec in self._scan(pattern, gpu):
             if rec.stale:
@@ -149,8 +122,7 @@ class LeaseManager:
         return live
 
     def _scan(self, pattern: re.Pattern, gpu: str | None = None) -> list[Record]:
-        """Every entry named as `pattern` says (of the GPU whose safe name is `gpu`, or all),
-        read; one that does not parse is named once and has no holder."""
+        """Every entry named as `pattern` says, read; one that does not parse is named once."""
         out = []
         for name in os.listdir(self._dfd):
             m = pattern.fullmatch(name)
@@ -183,8 +155,7 @@ class LeaseManager:
                   f"{rec.problem}; it leases nothing")
 
     def _publish(self, prefix: str, kind: str, **fields) -> Published:
-        """Our holder or waiter record, live (locked) from the moment it is listed. The pid,
-        start time and boot id only name us (and let older versions see the lease)."""
+        """Our holder or waiter record, live (locked) from the moment it is listed."""
         rec = {"pid": os.getpid(), "create_time": self._my_start, "boot_id": self._boot or None,
                "uid": os.geteuid(), "user": current_user(), "host": socket.gethostname(),
                "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None, "time": time.time(),
@@ -200,7 +171,6 @@ class LeaseManager:
                                 f"{exc.strerror}; free space there or set paths.lease_dir (or "
                                 f"{ENV_LEASE_DIR}) to a usable directory") from None
 
-    # ---- the queue of waiting launches (for "3rd of 18 in the queue"; it orders nothing) ---
     def _write_waiter(self, candidates: Sequence[int]) -> Published:
         return self._publish("queue", "waiter", gpu_uuid="queue:" + fmt_indices(candidates))
 
@@ -222,7 +192,6 @@ class LeaseManager:
     def _mine(self, h: Holder) -> bool:
         return h.uid == os.geteuid() and h.pid == os.getpid()
 
-    # ---- one GPU ------------------------------------------------------------------------
     def _blocking(self, uuid: str) -> list[Holder]:
         """Live records of the GPU a lease of ours may not share it with."""
         return [h for h in self.holders(uuid) if not (self.share and h.shared)]
@@ -234,8 +203,7 @@ class LeaseManager:
         return leased_by(others) if others else "leased by this launch"
 
     def _try_gpu(self, topology: Topology, index: int, describe: bool = True) -> tuple[_Held | None, str]:
-        """(held, "") or (None, why the GPU is not available; naming holders only if
-        `describe`). Claim, then check: our record first, then the GPU's other records."""
+        """(held, "") or (None, why not; naming holders only if `describe`)."""
         gpu = topology.gpu(index)
         if gpu.busy:
             return None, _in_use(gpu)
@@ -250,23 +218,18 @@ class LeaseManager:
             if not blocking:
                 self._holding.add(rec.name)
                 return _Held(index, gpu.uuid, rec), ""
-            # Another claim met ours: both may back off, neither keeps the GPU beside the other.
             withdraw(self._dfd, rec)
             time.sleep(_BACKOFF_S * 2 ** attempt * (0.5 + random.random()))
         return None, self._why(blocking, describe)
 
-    # ---- public -------------------------------------------------------------------------
     def why_taken(self, topology: Topology, candidates: Sequence[int] | None = None) -> dict[int, str]:
-        """GPU index -> reason, for GPUs leased by any live launch (this one included) or busy.
-        Reads only: takes no lease."""
+        """GPU index -> reason, for GPUs leased by any live launch (ours included) or busy."""
         out = {}
         for i in (candidates if candidates is not None else [g.index for g in topology.gpus]):
             gpu = topology.gpu(i)
             if gpu.busy:
                 out[i] = _in_use(gpu)
-                continue
-            blocking = self._blocking(gpu.uuid)
-            if blocking:
+            elif blocking := self._blocking(gpu.uuid):
                 out[i] = self._why(blocking, True)
         return out
 
@@ -274,10 +237,9 @@ class LeaseManager:
         return set(self.why_taken(topology))
 
     def try_acquire(self, topology: Topology, candidates: Sequence[int], count: int = 1) -> Lease | None:
-        """`count` free GPUs from candidates (in order; with sharing, least-held first), or None.
-        Never holds a partial set: what it got is given back when it cannot get all."""
-        lease, _ = self._attempt(topology, candidates, count)
-        return lease
+        """`count` free GPUs from candidates (in order; with sharing, least-held first), or
+        None; never a partial set."""
+        return self._attempt(topology, candidates, count)[0]
 
     def _attempt(self, topology, candidates, count, describe=True) -> tuple[Lease | None, dict[int, str]]:
         order = list(candidates)
@@ -298,17 +260,16 @@ class LeaseManager:
             for h in got:
                 self._release(h)
         return None, why
+
     def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
                 timeout_s: float, status: Callable[[str], None] | None = None,
                 refresh: Callable[[], Topology] | None = None,
                 cancel: Callable[[], bool] | None = None,
                 progress: Callable[[str], None] | None = None) -> Lease:
-        """`count` GPUs from candidates. No free GPUs: with wait, poll (calling `status` with a
-        one-line message when the situation changes, and every 30 s) until timeout_s; `refresh`
-        re-reads the topology so a foreign process leaving is noticed; `cancel() -> True` (a
-        signal arrived) ends the wait. `progress`, given instead of status, gets the line every
-        couple of seconds with the place in the queue, for a display that redraws or thins it
-        (statusline.StatusLine.update). Raises NoFreeGPUError."""
+        """`count` GPUs from candidates. None free: with wait, poll until timeout_s, telling
+        `status` when the situation changes (and every 30 s) or `progress` every couple of
+        seconds with the place in the queue; `refresh` re-reads the topology; `cancel()` True
+        ends the wait. Raises NoFreeGPUError."""
         if count > len(candidates):
             raise NoFreeGPUError(f"asked for {count} GPUs but only {len(candidates)} are allowed "
                                  f"({fmt_indices(candidates)}); lower --nproc-per-node or allow more GPUs")
@@ -344,7 +305,6 @@ class LeaseManager:
                     last_msg, last_time = summary, time.monotonic()
                 if describe:
                     next_describe = time.monotonic() + _DESCRIBE_EVERY_S
-                # jitter: fifty waiters must not retry in lockstep
                 time.sleep(self.poll_s * (0.5 + random.random()))
                 if refresh is not None:
                     topology = refresh()
@@ -371,9 +331,8 @@ class _Held:
 
 
 class Lease:
-    """GPUs held by this process. Release per GPU (the queue gives back a GPU as soon as no job
-    needs it) or all at once; `absorb` adds another lease's GPUs (acquire one more).
-    `on_empty(lease)`, when set, is told whenever a release or an absorb leaves it no GPU."""
+    """GPUs held by this process, released per GPU or all at once; `absorb` takes another
+    lease's GPUs. `on_empty(lease)` is told whenever a release or an absorb leaves it none."""
 
     def __init__(self, manager: LeaseManager, held: list[_Held]):
         self._manager = manager
@@ -411,10 +370,8 @@ class Lease:
 
 
 def release_job(lease_dir: str, job_id: str, say: Callable[[str], None] | None = None) -> list[str]:
-    """Slurm epilog: remove the holder records of `job_id`, live or not (its processes are
-    gone or being stopped; a record without its name leases nothing), and any stale record
-    we may. Records that do not parse are named through `say`. Returns the removed paths of
-    the job's records."""
+    """Slurm epilog: remove the holder records of `job_id`, live or not, and any stale record
+    we may; return the removed paths of the job's records."""
     mgr = LeaseManager(lease_dir, create=False, say=say)
     removed = []
     try:

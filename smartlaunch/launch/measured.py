@@ -1,8 +1,5 @@
-"""After a GPU launch: keep the measured step rate of what ran (profile/feedback.py) and, when
-DDP ran below the policy's efficiency, say in one line what the next launch will do instead.
-
-The rate is the slowest rank's: ranks of one DDP job step together, and a single job has one.
-"""
+"""After a GPU launch: keep the slowest rank's measured step rate (profile/feedback.py) and, when
+DDP ran below the policy's efficiency, say in one line what the next launch will do instead."""
 from __future__ import annotations
 
 import os
@@ -30,9 +27,8 @@ def slowest_rank(run_dir: str, nproc: int) -> tuple[int, float] | None:
 
 def record_launch(plan, request, policy, topology, run_dir: str | None, *, environ=os.environ,
                   out=None) -> feedback.MeasuredRate | None:
-    """Store the launch's rate (a launch that was too short stores nothing); print the advice
-    line for a DDP launch below decision.min_efficiency. The job has ended: a cache that
-    cannot be written costs the next plan its measurement, not this job its exit code."""
+    """Store the launch's rate (too short a launch stores nothing); print the advice line for
+    a DDP launch below decision.min_efficiency. Never raises for a cache it cannot write."""
     if not run_dir or plan.device != "cuda" or not plan.gpus:
         return None
     try:

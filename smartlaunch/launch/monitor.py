@@ -1,12 +1,7 @@
-"""Runtime diagnosis, the stateful part: the watchdog hands it every look at the ranks.
-
-  - straggler: per-rank work per step (worktime.py) over `launch.straggler_window_s`; one
-    warning naming the rank, its GPU, its measured slowdown and NVML's likely cause;
-  - drift: every `launch.gpu_sample_s` an NVML sample of each rank's GPU (also appended to
-    `<run_dir>/gpu-samples.jsonl`, the format of the recorded fixtures in tests); one warning
-    per GPU whose clock under load falls `launch.clock_drift_threshold` below where it started;
-  - the figures of the end-of-run summary (steps, rates, trend, warnings).
-"""
+"""Runtime diagnosis, the stateful part, fed every look the watchdog takes: one straggler
+warning from per-rank work per step over `launch.straggler_window_s`; NVML samples every
+`launch.gpu_sample_s` (appended to <run_dir>/gpu-samples.jsonl), one warning per GPU whose clock
+under load drifts down; the end-of-run summary's figures."""
 from __future__ import annotations
 
 import json
@@ -25,9 +20,7 @@ from smartlaunch.store import open_private
 
 HISTORY_EVERY_S = 1.0
 MIN_WINDOW_STEPS = 5       # fewer timed steps in the window: no verdict (a step longer than it)
-# Steps before work times count, as in the dry run (1 + 5): the first steps of a gloo job on a
-# loaded 2-core machine took 8x the steady step and made a 3 s window report 8% lost, not 66%.
-WARMUP_STEPS = 6
+WARMUP_STEPS = 6           # steps before work times count, as in the dry run (1 + 5)
 
 
 class _GpuTrack:
@@ -64,7 +57,6 @@ class RunMonitor:
         self.straggler: Straggler | None = None
         self.clock = "host clock"
 
-    # ---- every watchdog look ----------------------------------------------------------------
     def observe(self, now: float, ranks: dict[int, tuple[ProgressRecord, WorkRecord | None]]) -> None:
         for lr, (rec, work) in ranks.items():
             q = self._work.setdefault(lr, deque())
@@ -140,7 +132,6 @@ class RunMonitor:
         self.warnings.append(text)
         print(text, file=self._out, flush=True)
 
-    # ---- the end ----------------------------------------------------------------------------
     def figures(self, records: dict[int, ProgressRecord]) -> RunFigures:
         f = RunFigures(warnings=list(self.warnings), trend=rate_trend(self._history))
         for rec in records.values():

@@ -1,6 +1,5 @@
-"""NUMA inside the worker: the binding decide chose (decide/numa.py) travels in SMARTLAUNCH_NUMA;
-the worker hook finds its own entry and re-executes under numactl or sets its CPU affinity.
-"""
+"""NUMA inside the worker: the bindings decide chose travel in SMARTLAUNCH_NUMA; the worker hook
+finds its own entry and re-executes under numactl or sets its CPU affinity."""
 from __future__ import annotations
 
 import json

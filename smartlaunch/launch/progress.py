@@ -1,11 +1,6 @@
-"""Per-rank progress records: the worker hook writes, the launcher's watchdog reads.
-
-One small file per local rank, `<run_dir>/progress/local<N>.bin`, memory-mapped by the
-worker. A step costs two stores into the mapping (no system call, no lock), so counting
-every optimizer step is cheaper than deciding whether to write; the launcher reads the
-52 bytes with a plain read() a few times a second. Times are CLOCK_MONOTONIC, which is
-system-wide on Linux, so launcher and workers compare them directly.
-"""
+"""Per-rank progress records `<run_dir>/progress/local<N>.bin`: the worker hook updates its
+memory-mapped file (two stores a step), the launcher's watchdog reads it. Times are
+CLOCK_MONOTONIC, system-wide on Linux."""
 from __future__ import annotations
 
 import os
@@ -26,8 +21,7 @@ _OFF_LAST = 40
 _OFF_EXIT = 48
 _OFF_WARM = 52
 RUNNING = -1000             # exit field while the script runs
-# A run's rate is taken from the end of this step on: the first steps carry one-time costs
-# (autotuning, lazy kernel loads, the first collective's set-up) a script's own timer skips.
+# A run's rate is taken from the end of this step on, past the first steps' one-time costs.
 WARM_STEP = 10
 
 
@@ -86,8 +80,8 @@ class ProgressWriter:
 
 
 def read_record(path: str | os.PathLike, size: int, magic: bytes) -> bytes | None:
-    """A whole fixed-size record a worker maps and updates in place (this one, worktime.py's),
-    or None when it is missing, short (the worker has not written it yet) or not of this kind."""
+    """A whole fixed-size record a worker maps (this one, worktime.py's), or None when it is
+    missing, short or not of this kind."""
     try:
         with open(path, "rb") as f:
             data = f.read(size)

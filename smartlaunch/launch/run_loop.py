@@ -1,14 +1,5 @@
-"""The one loop that drives any Launcher (launch/api.py) to its end.
-
-What every strategy's launch guarantees lives here, once: the signals smartlaunch gets are
-passed on (signals.py: SIGTERM, SIGINT, SIGHUP end the run; SIGUSR1/2, Slurm's early warning,
-only reach the workers), a signal while waiting for GPUs, or before the workers start
-(LaunchContext.begin), starts nothing and exits 128+N, an exception or a signal leaves no
-worker running (close(), grace then SIGKILL) and no lease held (ctx.close()), and the exit
-code and the final message come from the launcher's LaunchResult. When smartlaunch itself is
-SIGKILLed, no handler runs: the guard (proc.py) ends every worker then, those proc.spawn()
-started and the DDP ranks torch's agent started, which carry its tag (proc.guard_tag).
-"""
+"""The one loop that drives any Launcher (launch/api.py) to its end: signals passed on, a signal
+before the workers start exits 128+N, no worker left running and no lease held on any path."""
 from __future__ import annotations
 
 import signal
@@ -31,10 +22,8 @@ def run(launcher: Launcher, ctx: LaunchContext) -> int:
 
 
 def run_result(launcher: Launcher, ctx: LaunchContext) -> LaunchResult:
-    """Start the launcher and poll it to its end. A terminating signal is the launcher's to
-    act on (forward() at once, then poll() winds the run down within ctx.signal_grace_s);
-    one before the workers start (the launcher's ctx.hold or ctx.begin raise NoFreeGPUError)
-    gives 128+N here, whichever the launcher."""
+    """Start the launcher and poll it to its end; a terminating signal before the workers
+    start (ctx.hold or ctx.begin raise NoFreeGPUError) gives 128+N."""
     def on_signal(signum: int) -> None:
         if signum in TERMINATING:
             ctx.signals.append(signum)

@@ -1,15 +1,11 @@
-"""Forwarding the signals a launcher receives to the processes it started.
-
-Slurm preemption sends SIGTERM, or SIGUSR1/SIGUSR2 as an early warning (`--signal`);
-a terminal sends SIGINT/SIGHUP. All of them are passed on; what each means is the script's
-business. The launcher's own reaction (grace, then SIGKILL) is the caller's.
-"""
+"""Forwarding the signals a launcher receives to the processes it started: all of them are
+passed on (Slurm's SIGUSR1/2 early warning too); the launcher's own reaction is the caller's."""
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Signals after which the launcher itself must wind down; SIGUSR1/2 are only warnings.
@@ -17,19 +13,24 @@ TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def forward_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
-    """Call on_signal(signum) for each forwarded signal while inside the block."""
+def handling(signals: Iterable[int], handler) -> Iterator[None]:
+    """`handler` for these signals inside the block (the main thread only: elsewhere none)."""
     if threading.current_thread() is not threading.main_thread():
-        yield  # handlers can only be installed from the main thread
+        yield
         return
-    previous = {s: signal.getsignal(s) for s in FORWARDED}
+    previous = {s: signal.getsignal(s) for s in signals}
     try:
-        for s in FORWARDED:
-            signal.signal(s, lambda signum, _frame: on_signal(signum))
+        for s in previous:
+            signal.signal(s, handler)
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def forward_signals(on_signal: Callable[[int], None]):
+    """Call on_signal(signum) for each forwarded signal while inside the block."""
+    return handling(FORWARDED, lambda signum, _frame: on_signal(signum))
 
 
 def exit_code_for(returncode: int) -> int:

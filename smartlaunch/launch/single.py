@@ -1,14 +1,8 @@
-"""One process on one GPU (or the CPU), with torchrun's worker environment contract.
-
-The script's exit code is smartlaunch's (128+N when a signal killed it). Signals reach the
-script; after a terminating one, the script gets the policy's grace period before SIGKILL.
-Its run directory, <launch.log_dir>/<run id>/, keeps summary.txt (summary.py): exit code, wall
-time, and the step rate when the hook counted steps.
-"""
+"""One process on one GPU (or the CPU), with torchrun's worker environment contract; its exit
+code is smartlaunch's (128+N when signal N killed it)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import sys
 import time
@@ -21,33 +15,23 @@ from smartlaunch.launch.summary import single_summary, write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
 
-def worker_argv(plan, python: str = sys.executable) -> list[str]:
-    """The wrapped entrypoint (worker hook: dies with smartlaunch, NUMA binding) + script args."""
-    return worker_command(plan.command, python)
-
-
-def single_env(plan, topology, environ=os.environ, extra: dict[str, str] | None = None,
-               run_dir: str | None = None) -> dict[str, str]:
-    env = dict(environ)
-    env.update(plan.env_dict())
-    rank_env = single_rank_env()
-    env.update(rank_env)
-    gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
-    binding = next((b for b in plan.numa if b.gpu == gpu), None)
-    env.update(worker_env("", rank_env["TORCHELASTIC_RUN_ID"], [binding] if binding else []))
-    # One process has no peer to hang on: no watchdog. The hook's step counter only where
-    # run_dir is given (SingleLauncher.start says when).
+def job_env(plan, topology, environ, gpu: int | None, rank_env: dict[str, str],
+            run_dir: str | None = None) -> dict[str, str]:
+    """A one-rank worker's environment: torchrun's (rank_env), the hook's (its step counter
+    only where run_dir is given), its GPU's NUMA binding and CUDA_VISIBLE_DEVICES."""
+    binding = plan.binding(gpu)
+    env = {**environ, **plan.env_dict(), **rank_env, **worker_env(
+        "", rank_env["TORCHELASTIC_RUN_ID"], [binding] if binding else [])}
     env.pop(RUN_DIR_VAR, None)
     if run_dir:
         env[RUN_DIR_VAR] = run_dir
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = narrow_visible([gpu], environ, topology)
-    env.update(extra or {})
     return env
 
 
 class SingleLauncher:
-    """start() / poll() / forward() / close() over one process (launch/api.py)."""
+    """The Launcher (launch/api.py) of one process."""
 
     def __init__(self, plan, ctx: LaunchContext):
         self.plan, self.ctx = plan, ctx
@@ -62,23 +46,18 @@ class SingleLauncher:
     def start(self) -> None:
         plan, ctx = self.plan, self.ctx
         if plan.device == "cuda" and plan.gpus:
-            # A single job may move to one of the plan's fallback GPUs if its first choice
-            # was taken meanwhile.
-            lease = ctx.hold(plan, 1)
+            lease = ctx.hold(plan, 1)          # may be one of the plan's fallback GPUs
             if lease.gpus != plan.gpus[:1]:
                 self.plan = plan = dataclasses.replace(plan, gpus=lease.gpus)
-            # The hook counts steps (the measured rate the next plan of this job prefers,
-            # measured.py) of a GPU launch of Python only: counting imports torch up front.
+            # steps are counted for a GPU launch of Python only: counting imports torch
             self.counted = plan.command[:1] != ("--no-python",)
         ctx.begin(plan)
-        self.run_dir = ctx.new_run_dir()       # its summary.txt, its step counter
-        # Own session: a terminal's Ctrl-C reaches the script once (from us), and close()
-        # can end the whole group, DataLoader workers included; the guard ends it when we
-        # are SIGKILLed (its DataLoader workers lived on 5-10 s with PDEATHSIG alone).
-        env = single_env(plan, ctx.topology, ctx.environ,
-                         run_dir=self.run_dir if self.counted else None)
+        self.run_dir = ctx.new_run_dir()
+        gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
+        env = job_env(plan, ctx.topology, ctx.environ, gpu, single_rank_env(),
+                      run_dir=self.run_dir if self.counted else None)
         self._started = time.monotonic()
-        self.child = proc.spawn(worker_argv(plan), env=env, stdin=None)
+        self.child = proc.spawn(worker_command(plan.command, sys.executable), env=env, stdin=None)
         if self._signal is not None:       # it arrived between begin() and the spawn
             self.child.send(self._signal)
 

@@ -20,9 +20,7 @@ PY_SPY_TIMEOUT_S = 10.0
 
 def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict[int, str]:
     """Ask every rank (local rank -> pid) for its stacks; return local rank -> new text.
-
-    A SIGSTOPped rank cannot run its handler, so each rank also gets SIGCONT right after the
-    dump signal: the pending dump then runs. The job is being ended anyway."""
+    Each also gets SIGCONT, so that a SIGSTOPped rank runs its pending dump."""
     offsets = {}
     for lr, pid in pids.items():
         path = stack_path(run_dir, lr)
@@ -36,9 +34,7 @@ def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict
     if pyspy:
         for lr, pid in pids.items():
             _py_spy(pyspy, pid, stack_path(run_dir, lr).replace(".txt", ".py-spy.txt"))
-    # faulthandler writes thread after thread; a dump is complete once every rank's file has
-    # stopped growing for a moment (a loaded machine writes slowly: reading too early gave a
-    # non-main thread's frame as "where").
+    # complete once every rank's file has stopped growing for a moment
     deadline = time.monotonic() + wait_s
     texts: dict[int, str] = {}
     stable_since = None
@@ -57,9 +53,8 @@ def dump_all(run_dir: str, pids: Mapping[int, int], wait_s: float = 2.0) -> dict
 
 
 def _to_main_thread(pid: int, sig: int) -> None:
-    """Send sig to the process's main thread (tid == pid). A process-directed signal may be
-    handled by any thread; then the main thread of a SIGSTOPped rank runs on after SIGCONT
-    while another thread dumps, and the dump shows where it went next, not where it stopped."""
+    """Send sig to the process's main thread (tid == pid): else another thread may dump while
+    the main one runs on after SIGCONT."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     tgkill = getattr(libc, "tgkill", None)
@@ -94,8 +89,7 @@ def _py_spy(pyspy: str, pid: int, out_path: str) -> None:
 
 
 def top_frame(dump: str) -> str | None:
-    """'train.py:42 in train_step' of the main thread. faulthandler lists threads newest
-    first, so the main thread is the last block (whichever thread caught the signal)."""
+    """'train.py:42 in train_step' of the main thread: faulthandler's last block."""
     lines = dump.splitlines()
     starts = [i for i, l in enumerate(lines) if l.startswith(("Current thread", "Thread"))]
     for line in lines[starts[-1] if starts else 0:]:
@@ -106,8 +100,7 @@ def top_frame(dump: str) -> str | None:
 
 
 def in_library(frame: str | None) -> bool:
-    """True when the frame is inside torch or another installed package (a rank waiting in a
-    collective), False in the user's own code (the rank that stopped the others)."""
+    """Whether the frame is inside torch or another installed package, not the user's code."""
     if not frame:
         return False
     path = frame.split(":", 1)[0]

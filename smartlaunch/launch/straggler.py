@@ -1,8 +1,5 @@
-"""Runtime diagnosis, the pure part: who is slow, why (NVML), drift, and the end-of-run summary.
-
-No I/O here: the watchdog (monitor.py) feeds windows of per-rank work times (worktime.py) and
-NVML samples; tests feed synthetic ones and recorded fixtures.
-"""
+"""Runtime diagnosis, the pure part (no I/O): who is slow, why (NVML), drift, and the end-of-run
+summary, from the windows of work times and NVML samples monitor.py feeds."""
 from __future__ import annotations
 
 import statistics
@@ -10,9 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 from smartlaunch.launch.progress import WARM_STEP
 
-# Below this share of the step a slow rank costs too little to act on: the +-3-5% run-to-run
-# spread of the seeds' measurements sits under it even when the ratio of two small work times
-# (a communication-bound step) crosses the threshold.
+# Below this share of the step a slow rank costs too little to act on (run-to-run noise).
 MIN_LOST_SHARE = 0.05
 # NVML clock reasons that mean the GPU is held back (the others are idle or application set).
 _CAUSES = (
@@ -159,8 +154,7 @@ def clock_drift(samples: list[GpuSample], threshold: float) -> str | None:
 def rate_trend(history: list[tuple[float, int]]) -> tuple[float, float] | None:
     """Steps/s over the first and the last 10% of the run's stepping time."""
     h = [(t, s) for t, s in history if s > 0]
-    # Only the stepping part: after the last step the history goes on flat while the ranks
-    # exit, which would read a steady rate as a falling one in the last 10%.
+    # only the stepping part: the flat tail while the ranks exit would read as a falling rate
     last = max((i for i in range(1, len(h)) if h[i][1] > h[i - 1][1]), default=0)
     h = h[:last + 1]
     if len(h) < MIN_TREND_POINTS or h[-1][0] - h[0][0] <= 0:

@@ -1,6 +1,4 @@
-"""<run dir>/summary.txt, the end-of-run summary every launch leaves beside its logs:
-DDP's comes from its watchdog's figures (straggler.summary_text), a single job's and an
-independent queue's from what they measured themselves (single_summary, the queue's table)."""
+"""<run dir>/summary.txt, the end-of-run summary every launch leaves beside its logs."""
 from __future__ import annotations
 
 import os
@@ -13,8 +11,7 @@ SUMMARY_FILE = "summary.txt"
 
 
 def write_summary(run_dir: str, text: str) -> str | None:
-    """Write <run_dir>/summary.txt; its path, or None when it cannot be written: the job has
-    ended, so a full disk costs the file, not the job's exit code."""
+    """Write <run_dir>/summary.txt; its path, or None when it cannot be written."""
     path = os.path.join(run_dir, SUMMARY_FILE)
     try:
         with open_private(path, "w", encoding="utf-8") as f:
@@ -26,8 +23,7 @@ def write_summary(run_dir: str, text: str) -> str | None:
 
 def single_summary(state: str, exit_code: int, wall_s: float, run_dir: str,
                    batch: int | None = None) -> str:
-    """One job's summary: its exit code and wall time, and its step rate when the worker hook
-    counted steps (a GPU launch of a Python script: launch/single.py)."""
+    """One job's summary: exit code, wall time, and step rate when the hook counted steps."""
     head = f"smartlaunch: summary ({state}): exit code {exit_code} after {wall_s:.1f} s"
     seen = slowest_rank(run_dir, 1)
     if seen is not None:

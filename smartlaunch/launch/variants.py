@@ -1,11 +1,6 @@
-"""--each / --each-file: the script arguments of each independent job.
-
-A variant is one line of shell-quoted arguments, split exactly as `shlex.split(line,
-comments=True)` splits it. shlex itself is not used: it grows each token one character at a
-time (`token = token + c`), quadratic in a token's length: one 1 MB token took 9.4 s, a 3 MB
---each-file line ran past 60 s. `split_words` walks the line once with regular expressions
-(tests/test_independent_cli.py checks it against shlex on generated lines).
-"""
+"""--each / --each-file: the script arguments of each independent job, one line of shell-quoted
+arguments split as `shlex.split(line, comments=True)` would, in linear time (shlex is quadratic
+in a token's length)."""
 from __future__ import annotations
 
 import re

@@ -1,23 +1,11 @@
-"""The launcher's watchdog: what torchrun's agent does not do.
-
-A thread in the launcher reads each local rank's progress record (progress.py) and /proc
-state ten times a second and:
-  - on a rank's death (non-zero exit or a signal) stops the others itself: SIGTERM to each
-    rank's process group now, SIGKILL after the grace. torch's agent also SIGTERMs them, but
-    waits a hard-coded 30 s before SIGKILL on that path (torch 2.11-2.13);
-  - on a rank that makes no progress for max(hang floor, multiple x median step) after its
-    first step (start-up grace before it), dumps all ranks' stacks and ends the job;
-  - hands every look to the run monitor (monitor.py): the straggler warning from per-rank
-    work time (step rates are equal under synchronous DDP), clock drift, the summary figures;
-  - on a hang, asks torch's Flight Recorder of every rank for a dump (flightrec.py) and names
-    the collective a rank did not enter or finish;
-  - draws a one-line steps/s display when asked (stderr is a terminal).
-The verdicts (`failure`, `hang`) are read by ddp.py after torch's agent returns.
+"""The launcher's watchdog thread: reads each local rank's progress record and /proc state ten
+times a second; on a rank's death stops the others (SIGTERM, SIGKILL after the grace: torch's
+agent waits 30 s), on a rank without progress for max(hang floor, multiple x median step)
+dumps stacks and Flight Recorder rings and ends the job, hands every look to the run monitor
+(monitor.py) and draws the steps/s line. ddp.py reads its verdicts (`failure`, `hang`).
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import statistics
 import sys
@@ -27,7 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from smartlaunch.launch import flightrec, procs, stacks
+from smartlaunch import proc as procs
+from smartlaunch.launch import flightrec, stacks
 from smartlaunch.launch.api import RankFailure
 from smartlaunch.launch.monitor import RunMonitor, gpu_sampler, samples_path
 from smartlaunch.launch.progress import ProgressRecord, progress_path, read_progress, status_line
@@ -111,7 +100,6 @@ class Watchdog(threading.Thread):
         self.failure: RankFailure | None = None
         self.hang: HangReport | None = None
         self.straggler: str | None = None
-        self.started_at = time.monotonic()
         self._fr = flight_recorder
         gpus = sorted({g for g in map(gpu_of, range(nproc)) if g is not None})
         if sample_gpus is None and gpus and read_topology is not None:
@@ -119,7 +107,6 @@ class Watchdog(threading.Thread):
         self.monitor = RunMonitor(launch, gpu_of=gpu_of, sample_gpus=sample_gpus,
                                   record_to=samples_path(run_dir), out=self._out)
 
-    # ---- thread ---------------------------------------------------------------------------
     def run(self) -> None:
         while not self._halt.wait(POLL_S):
             try:
@@ -135,7 +122,6 @@ class Watchdog(threading.Thread):
             self._out.write("\r\x1b[K")
             self._out.flush()
 
-    # ---- called from the launcher's main thread -------------------------------------------
     def live_pids(self) -> dict[int, int]:
         with self._lock:
             self._refresh(time.monotonic())
@@ -147,9 +133,8 @@ class Watchdog(threading.Thread):
             return {lr: r.rec for lr, r in self._ranks.items()}
 
     def note_children(self) -> None:
-        """SIGCHLD handler body (main thread): read the exit status of a rank that just died
-        from /proc before torch's agent reaps it (it polls every monitor_interval). Lock-free:
-        a handler must not wait for the watchdog thread."""
+        """SIGCHLD handler body: a dead rank's exit status from /proc before torch's agent
+        reaps it. Lock-free: a handler must not wait for the watchdog thread."""
         for pid in self._known_pids:
             st = procs.proc_state(pid)
             if st.status is not None:
@@ -158,11 +143,7 @@ class Watchdog(threading.Thread):
     def forward(self, sig: int, group: bool = True) -> None:
         """Send sig to every live rank: its whole process group, or the rank alone."""
         for pid in self.live_pids().values():
-            if group:
-                procs.signal_group(pid, sig)
-            else:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+            (procs.signal_group if group else procs.signal_process)(pid, sig)
 
     def stop(self, sig: int | None, kill_after: float) -> None:
         """Send sig (None: none) to every live rank's group now, SIGKILL after kill_after s."""
@@ -173,7 +154,6 @@ class Watchdog(threading.Thread):
             at = time.monotonic() + kill_after
             self._kill_at = at if self._kill_at is None else min(self._kill_at, at)
 
-    # ---- one look -------------------------------------------------------------------------
     def tick(self) -> None:
         now = time.monotonic()
         with self._lock:
@@ -219,8 +199,7 @@ class Watchdog(threading.Thread):
         for lr, r in self._ranks.items():
             st = r.state
             if st.alive:
-                # The script raised or exited non-zero; the interpreter may take long to tear
-                # down (DataLoader workers, process groups): that is the failure moment.
+                # the script failed; its interpreter's teardown may take long
                 if r.rec.exit_code not in (None, 0):
                     dead.append((lr, r, r.rec.exit_code, None))
                 continue
@@ -245,9 +224,7 @@ class Watchdog(threading.Thread):
                                    exit_code=None if sig else code, signal=procs.signal_name(sig))
         grace = min(self.launch.signal_grace_s, max(0.5, self.launch.rank_failure_timeout_s - 2.0))
         if sig is None and r.state.alive:
-            # Its script has ended and its interpreter is tearing down (its traceback, atexit
-            # handlers): as under torch's agent, which sees a rank only once it has exited,
-            # the others are stopped when it is gone, or after half the grace at the latest.
+            # as under torch's agent: the others stop once it is gone, or after half the grace
             self._stop_at = (time.monotonic() + grace / 2, grace / 2)
         else:
             self.stop(signal.SIGTERM, grace)

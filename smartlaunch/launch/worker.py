@@ -1,19 +1,9 @@
 """The worker hook: `python -m smartlaunch.launch.worker [--module|--no-python] TARGET ARGS...`.
 
-Every rank (and single/independent job) runs through this wrapper instead of its script, so
-the script needs no change and keeps the environment torchrun sets. Before the script runs:
-  - NUMA binding for this LOCAL_RANK (re-exec under numactl, or CPU affinity alone);
-  - no orphans: PR_SET_PDEATHSIG=SIGKILL, plus a thread that kills this rank's process group
-    if the launcher goes away (a fork child such as a DataLoader worker does not inherit
-    PDEATHSIG; the launcher's guard process sweeps those, proc.py);
-  - faulthandler on DUMP_SIGNAL writing all threads' stacks to <run_dir>/stacks/local<N>.txt
-    (a real-time signal: SIGUSR1/2 belong to the script, Slurm sends them for preemption);
-  - a progress counter fed by torch's optimizer step hook and smartlaunch.profile_step();
-  - per-step work time outside collective waits (worktime.py), for the straggler warning.
-Files go under the launch's run directory (ctx.new_run_dir: mkdtemp, 0o700, nobody else can
-plant anything there), each opened O_NOFOLLOW all the same (store.open_private, mapped_record).
-Launchers should start the hook with start_new_session=True (torch's agent does) so that a
-rank and its children form one process group the launcher can signal as a whole.
+Every rank and job runs its script through it, unchanged. Before the script: NUMA binding,
+PR_SET_PDEATHSIG plus a thread that kills the rank's group when the launcher goes, faulthandler
+on DUMP_SIGNAL (real-time: SIGUSR1/2 are the script's) to <run_dir>/stacks/local<N>.txt, the
+progress counter (optimizer step hook, smartlaunch.profile_step()) and the work timer.
 """
 from __future__ import annotations
 
@@ -89,8 +79,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _install_step_hooks(writer)
         _keep.append(worktime.install(run_dir, local_rank))   # the straggler warning's signal
     log.debug("the script starts: %s", target)
-    # The exit status goes into the progress record only once the script's own last words are
-    # out (its traceback, a sys.exit message): the launcher stops the other ranks on seeing it.
+    # The exit status goes into the record after the script's last words: the launcher stops
+    # the other ranks on seeing it.
     try:
         run_entrypoint(target, args, module=mode == "module")
     except SystemExit as e:
@@ -139,10 +129,9 @@ def _bind_numa(argv: list[str]) -> None:
 
 
 def _tee_output(log_dir: str) -> None:
-    """Copy fds 1 and 2 to log files through a small forked copier each, leaving the terminal
-    output exactly as without smartlaunch (torch's own tee prefixes every line with
-    `[default0]:`, which breaks scripts' parsers). The copier ignores the signals the job gets
-    so it drains everything until the last writer is gone (or the launcher's SIGKILL)."""
+    """Copy fds 1 and 2 to log files through a forked copier each, the terminal's output left
+    unchanged (torch's tee prefixes lines); the copier ignores the job's signals and drains
+    until the last writer is gone."""
     os.makedirs(log_dir, mode=0o700, exist_ok=True)
     status_line = os.environ.get(STATUS_LINE_VAR) == "1"
     for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -154,9 +143,7 @@ def _tee_output(log_dir: str) -> None:
                   f"the job goes on", file=sys.stderr, flush=True)
             continue
         r, w = os.pipe()
-        # Its own process group and name, both set before the rank can run on: the launcher's
-        # end-of-run kill spares it until it has written what the rank left in the pipe
-        # (proc.kill_run drain_s), and the agent's group kill of a failed rank misses it.
+        # Its own group and name before the rank runs on: kill_run spares it until drained.
         with naming_output_copiers():
             pid = os.fork()
         if pid == 0:
@@ -164,9 +151,7 @@ def _tee_output(log_dir: str) -> None:
             os.setpgid(0, 0)
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(s, signal.SIG_IGN)
-            # The launcher's steps/s line sits on the terminal's last line; a new output line
-            # erases it first instead of running into it. Mid-line chunks are left
-            # alone: erasing there would wipe the script's own partial line.
+            # a new output line erases the launcher's steps/s line first (not mid-line)
             erase = b"\r\x1b[K" if status_line and os.isatty(fd) else b""
             at_line_start = True
             with log:

@@ -1,17 +1,10 @@
-"""Per-rank work time: the part of each step a rank spends working, not waiting for the others.
+"""Per-rank work time: the part of each step a rank spends working, not waiting for the others
+(under synchronous DDP step rates are equal; the fast ranks wait inside the all-reduce).
 
-Under synchronous DDP every rank steps at the slowest rank's rate, so step rates cannot name a
-straggler. What differs is where the time goes: the fast ranks finish backward early and wait
-inside the all-reduce. This module times, per optimizer step, from the end of the previous
-optimizer step to the end of this step's last backward pass, before the reducer waits for its
-all-reduce (DDP waits in a final autograd callback queued when the last bucket is ready; ours
-is queued at the first gradient, so it runs first). That window holds data loading, forward
-and the compute part of backward. On GPUs it is timed with CUDA events on the compute stream
-(the host runs ahead of the GPU), read back only once the GPU has passed them; on CPU with the
-host clock.
-
-The worker writes two running totals into `<run_dir>/progress/work<N>.bin` (mmap, like
-progress.py); the launcher's watchdog differentiates them over its window.
+Per optimizer step: from the end of the previous one to the end of this step's last backward,
+before DDP's final all-reduce wait (our autograd callback is queued at the first gradient, so
+it runs first). Timed with CUDA events on the compute stream on GPUs, the host clock on CPU.
+The worker keeps two running totals in `<run_dir>/progress/work<N>.bin` (mmap).
 """
 from __future__ import annotations
 
@@ -31,9 +24,7 @@ _SIZE = struct.calcsize(_FMT)
 _MAGIC = b"SLW1"
 _OFF_N, _OFF_SUM = 8, 16
 _MAX_PENDING = 256          # CUDA event pairs not yet passed by the GPU (bounded if it never syncs)
-# At most one step is timed per this many seconds (every step of a slower loop): a few
-# microseconds of CUDA events per timed step stay far below 1% of fast steps, the rest cost a
-# clock read, and a straggler window of 30 s still holds hundreds of timed steps.
+# At most one step is timed per this many seconds: CUDA events stay far below 1% of fast steps.
 SAMPLE_S = 0.05
 
 
@@ -58,8 +49,7 @@ class WorkWriter:
         struct.pack_into("<q", self._mm, 24, 1 if kind == "cuda" else 0)
 
     def add(self, seconds: float) -> None:
-        # Sum before count: a reader between the two stores sees one step's time without its
-        # count, an error of one step in a window of hundreds.
+        # sum before count: a reader in between errs by one step in hundreds
         self.steps += 1
         self.total += seconds
         struct.pack_into("<d", self._mm, _OFF_SUM, self.total)
@@ -104,7 +94,6 @@ class WorkTimer:
         register_optimizer_step_post_hook(self._after_step)
         return True
 
-    # ---- hooks ----------------------------------------------------------------------------
     def _after_step(self, optimizer, args, kwargs) -> None:
         if self._off:
             return
@@ -139,11 +128,9 @@ class WorkTimer:
                 self._params[id(p)] = p
                 self._handles[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
 
-    # Every hook is a call into Python from the autograd engine, per parameter and step
-    # (docs/diagnostics.md has the cost). Once a step has been timed, only the parameter whose
-    # gradient came first keeps its hook: the callback is queued at the same point as before,
-    # ahead of DDP's. A step in which that one saw no gradient (a branch not taken, a frozen
-    # layer) hooks them all again, for good.
+    # Every hook costs a Python call per parameter and step: once a step has been timed only
+    # the parameter whose gradient came first keeps its hook. A step in which it saw none
+    # hooks them all again, for good.
     def _keep_first(self) -> None:
         if not self._trim or self._first is None or len(self._handles) <= 1:
             return
@@ -181,7 +168,6 @@ class WorkTimer:
         print(f"smartlaunch: work timing off for this rank ({exc!r}); straggler detection falls "
               f"back to step rates", file=sys.stderr, flush=True)
 
-    # ---- clocks ---------------------------------------------------------------------------
     def _mark(self):
         if self._cuda is None:
             return time.monotonic()
