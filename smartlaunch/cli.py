@@ -11,6 +11,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 from smartlaunch import logconf
 from smartlaunch.errors import SmartlaunchError, UsageError
@@ -180,54 +181,43 @@ def _arrange_help(parser: argparse.ArgumentParser, own, torchrun_help: bool) -> 
     parser._action_groups = [own, torchrun, positionals]
 
 
-def _script_index(parser, argv: list[str]) -> int:
-    """Where the entrypoint starts: everything from there on is the script's, `--debug` too."""
-    actions, i = parser._option_string_actions, 0
+def _options(parser, argv: list[str]) -> tuple[list[tuple[int, str, Any]], int]:
+    """([(index, token, its action or None)] of the options before the script, the index
+    where the script starts: everything from there on is the script's, `--debug` too)."""
+    actions, out, i = parser._option_string_actions, [], 0
     while i < len(argv):
         tok = argv[i]
         if tok == "--":
-            return i + 1
+            return out, i + 1
         if not tok.startswith("-") or tok == "-":
-            return i
+            return out, i
         name = tok.split("=", 1)[0]
         action = actions.get(name)
+        out.append((i, tok, action))
         takes_value = action is not None and action.nargs != 0 and "=" not in tok and not (
-            len(name) == 2 and len(tok) > 2)
+            len(name) == 2 and len(tok) > 2)  # -r3 style
         if action is not None and action.dest == "explain" and (
                 i + 1 >= len(argv) or argv[i + 1] not in EXPLAIN_FORMATS):
             takes_value = False
         i += 2 if takes_value else 1
-    return i
+    return out, i
 
 
 def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
     """(argv with a bare `--explain` as `--explain=text` and `--each ARGS` as `--each=ARGS`,
     the option dests given on the command line)."""
-    out, given, i = list(argv), set(), 0
-    actions = parser._option_string_actions
-    while i < len(out):
-        tok = out[i]
-        if tok == "--" or not tok.startswith("-") or tok == "-":
-            break
-        name = tok.split("=", 1)[0]
-        action = actions.get(name)
+    out, given = list(argv), set()
+    for i, tok, action in reversed(_options(parser, argv)[0]):    # later indices first
         if action is None:
-            i += 1
             continue
         given.add(action.dest)
-        if action.dest == "each" and "=" not in tok and i + 1 < len(out):
-            out[i:i + 2] = [f"--each={out[i + 1]}"]
-            i += 1
+        if "=" in tok:
             continue
-        if action.dest == "explain" and "=" not in tok:
-            nxt = out[i + 1] if i + 1 < len(out) else None
-            if nxt not in EXPLAIN_FORMATS:
-                out[i] = "--explain=text"
-                i += 1
-                continue
-        takes_value = action.nargs != 0 and "=" not in tok and not (
-            len(name) == 2 and len(tok) > 2)  # -r3 style
-        i += 2 if takes_value else 1
+        if action.dest == "each" and i + 1 < len(argv):
+            out[i:i + 2] = [f"--each={argv[i + 1]}"]
+        elif action.dest == "explain" and (i + 1 >= len(argv)
+                                           or argv[i + 1] not in EXPLAIN_FORMATS):
+            out[i] = "--explain=text"
     return out, given
 
 
@@ -428,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = False
     try:
-        debug = "--debug" in argv[:_script_index(build_parser(), argv)]
+        debug = "--debug" in argv[:_options(build_parser(), argv)[1]]
         logconf.configure(logconf.level_from(os.environ.get(logconf.ENV)))
         request, given = parse(argv)
         log.debug("smartlaunch %s", " ".join(argv))

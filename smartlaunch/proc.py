@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -94,23 +94,27 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}" if code >= 0 else f"was killed by {signal_name(-code)}"
 
 
+def _environ(pid: int) -> list[bytes]:
+    """The process's environment entries; [] where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ours(exclude: Iterable[int], match: Callable[[list[bytes]], bool]) -> list[psutil.Process]:
+    """Live processes of this user (not this one, not `exclude`) whose environment matches."""
+    skip, uid = {os.getpid(), *exclude}, os.getuid()
+    return [p for p in psutil.process_iter(["pid", "uids"])
+            if p.info["pid"] not in skip and not (p.info["uids"] and p.info["uids"].real != uid)
+            and match(_environ(p.info["pid"])) and proc_state(p.info["pid"]).alive]
+
+
 def run_processes(run_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """Live processes of this user whose environment carries our run id."""
-    skip = {os.getpid(), *exclude}
     needle = f"{RUN_ID_VAR}={run_id}".encode()
-    out = []
-    uid = os.getuid()
-    for p in psutil.process_iter(["pid", "uids"]):
-        try:
-            if p.info["pid"] in skip or (p.info["uids"] and p.info["uids"].real != uid):
-                continue
-            with open(f"/proc/{p.info['pid']}/environ", "rb") as f:
-                env = f.read()
-        except (OSError, psutil.Error):
-            continue
-        if needle in env.split(b"\0") and proc_state(p.info["pid"]).alive:
-            out.append(p)
-    return out
+    return _ours(exclude, lambda env: needle in env)
 
 
 @contextlib.contextmanager
@@ -179,26 +183,15 @@ def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[i
 
 
 def process_tagged(pid: int, prefix: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return any(e.startswith(prefix) for e in f.read().split(b"\0"))
-    except OSError:
-        return False
+    return any(e.startswith(prefix) for e in _environ(pid))
 
 
 def kill_tagged(var: str, value: str, exclude: Iterable[int] = (), timeout_s: float = 1.5) -> list[int]:
     """SIGKILL every live process of this user whose environment holds var=value*."""
     needle = f"{var}={value}".encode()
-    skip, uid, killed = {os.getpid(), *exclude}, os.getuid(), []
-    deadline = time.monotonic() + timeout_s
+    killed, deadline = [], time.monotonic() + timeout_s
     while True:
-        left = []
-        for p in psutil.process_iter(["pid", "uids"]):
-            pid = p.info["pid"]
-            if pid in skip or (p.info["uids"] and p.info["uids"].real != uid):
-                continue
-            if process_tagged(pid, needle) and proc_state(pid).alive:
-                left.append(pid)
+        left = [p.pid for p in _ours(exclude, lambda env: any(e.startswith(needle) for e in env))]
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)

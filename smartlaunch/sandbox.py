@@ -100,13 +100,6 @@ def _depth(path: str) -> tuple[int, str]:
     return path.count("/"), path
 
 
-def _opened_any(path: str, fds: list[int]) -> str:
-    """An O_PATH handle on a file or directory, as a path that outlives the overlays."""
-    fd = os.open(path, os.O_PATH)
-    fds.append(fd)
-    return f"/proc/self/fd/{fd}"
-
-
 def _restore(libc, path: str, handle: str) -> None:
     """Bind one mount an overlay hid back onto its own path, read-only (not recursive)."""
     _check(libc.mount(handle.encode(), path.encode(), None, MS_BIND, None),
@@ -134,12 +127,13 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
     # Layers are opened after unshare and before the first overlay hides their paths.
     fds = []
 
-    def opened(path: str, nofollow: int = 0) -> str:
-        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | nofollow)
+    def opened(path: str, flags: int = os.O_DIRECTORY) -> str:
+        """An O_PATH handle, as a path that outlives the overlays."""
+        fd = os.open(path, os.O_PATH | flags)
         fds.append(fd)
         return f"/proc/self/fd/{fd}"
 
-    kept = [(os.path.realpath(k), opened(k, os.O_NOFOLLOW)) for k in keep]
+    kept = [(os.path.realpath(k), opened(k, os.O_DIRECTORY | os.O_NOFOLLOW)) for k in keep]
     below = [m for m in _mount_points() if m != "/"]
     # Mounts below a target are opened now too: an overlay hides them (a container's driver
     # libraries, bind-mounted under /usr, would be lost).
@@ -148,7 +142,7 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
     for m in below:
         if m not in lower and any(m.startswith(t + "/") for t in targets):
             try:
-                hidden[m] = _opened_any(m, fds)
+                hidden[m] = opened(m, 0)
             except OSError:
                 pass                      # gone or unreadable: nothing to restore
     # Targets and hidden mounts in one pass, outermost first.
