@@ -81,8 +81,8 @@ def _split_cores(bindings: list[NumaBinding], siblings) -> list[NumaBinding]:
         k = len(members)
         if len(cores) < k:
             for i in members:
-                out[i] = dataclasses.replace(out[i], note=f"{len(cores)} cores on node {node} for {k} ranks: "
-                                             "sharing the node's CPUs")
+                out[i] = dataclasses.replace(out[i], note=f"{len(cores)} cores on node {node} "
+                                             f"for {k} ranks: sharing the node's CPUs")
             continue
         for j, i in enumerate(members):
             lo, hi = j * len(cores) // k, (j + 1) * len(cores) // k
