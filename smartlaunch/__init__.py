@@ -1,18 +1,11 @@
-"""smartlaunch: a torchrun replacement that measures before it launches.
-
-The pipeline, one module each: topology -> profile -> policy -> decide -> launch.
-
-Scripts may opt in to explicit step marking with `smartlaunch.profile_step()`; it is a
-no-op unless the script runs under smartlaunch's dry run or worker hook.
-"""
+"""smartlaunch: a torchrun replacement that measures before it launches."""
 from __future__ import annotations
 
 __version__ = "0.1.0"       # pyproject.toml's [project] version
 
 
 def version_line() -> str:
-    """`smartlaunch <version> (torch <version>)` for --version: the installed distribution's
-    version, else this package's own (a source tree on PYTHONPATH). Imports torch."""
+    """`smartlaunch <version> (torch <version>)` for --version. Imports torch."""
     from importlib import metadata
     try:
         ours = metadata.version("smartlaunch")

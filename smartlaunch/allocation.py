@@ -1,14 +1,5 @@
-"""Which GPUs a batch scheduler gave this job on this node, read from the job's environment.
-
-Ground floor: the topology layer needs the allocation to know which GPUs the job may see
-(CUDA_VISIBLE_DEVICES may count inside it), and the scheduler layer (smartlaunch.scheduler,
-above launch) builds its job context on the same rules, so they live once, here, below both.
-A PBS or Kubernetes allocation is one more function in ALLOCATORS.
-
-`idle_line`: the plan measured against the whole job's allocation (decide adds it to the plan's
-reasons under IDLE_RULE; the launch says it even with --quiet, since admins read wasted
-allocations from job logs).
-"""
+"""Which GPUs a batch scheduler gave this job on this node, read from the job's environment,
+and `idle_line`: what of the job's allocation a plan leaves idle."""
 from __future__ import annotations
 
 import os
@@ -29,9 +20,7 @@ DeviceProbe = Callable[[tuple[int, ...]], "bool | None"]
 class GpuAllocation:
     gpus: tuple[int, ...]        # physical GPU indices given to this job on this node, in order
     source: str                  # the variable that said so ("SLURM_STEP_GPUS")
-    # CUDA_VISIBLE_DEVICES counts within the allocation (0..n-1, a device cgroup renumbers)
-    # rather than naming physical indices.
-    renumbered: bool = False
+    renumbered: bool = False     # CUDA_VISIBLE_DEVICES counts 0..n-1 within the allocation
 
 
 def parse_id_list(text: str, what: str = "id list") -> tuple[int, ...]:
@@ -81,9 +70,8 @@ def _allocated_gpus(env, in_step: bool) -> tuple[tuple[int, ...], str]:
 
 
 def _is_constrained(gpus, visible, probe) -> bool:
-    """Slurm writes CUDA_VISIBLE_DEVICES as the physical ids (no constraint) or 0..n-1
-    (constraint). If the user changed it, ask the device probe; failing that, read it as
-    physical."""
+    """Whether CUDA_VISIBLE_DEVICES counts 0..n-1 (a device constraint) rather than naming
+    physical ids; where the user changed it, the device probe decides."""
     if not gpus or not visible or not all(v.isdigit() for v in visible):
         return False
     ints = tuple(int(v) for v in visible)
@@ -147,10 +135,7 @@ class JobAllocation(Protocol):
 
 
 def nodes_used(ctx: "JobAllocation", plan) -> int:
-    """Nodes this launch runs on. A multi-node plan: the most its --nnodes allows (a plan that
-    takes fewer nodes than it was given says so in plan.nnodes). Otherwise every node of the
-    step runs its own launch (the batch script: one node). A sweep across nodes: the nodes
-    with a share of its variants."""
+    """Nodes this launch runs on."""
     if plan.node_variants:
         return sum(1 for share in plan.node_variants if share)
     if plan.multi_node:

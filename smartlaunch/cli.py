@@ -1,11 +1,5 @@
-"""`smartlaunch`: torchrun's command line plus a few options of its own.
-
-torchrun's parser is reused as is (torch.distributed.run.get_args_parser), so every torchrun
-option and PET_* variable of the installed torch means what it means there; smartlaunch adds
-an option group (listed first in --help, which shows torchrun's common options only;
---help-torchrun shows them all) and removes its own options before handing the namespace to
-torch.
-"""
+"""`smartlaunch`: torchrun's own parser plus an option group of smartlaunch's, removed from
+the namespace before it is handed to torch."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +11,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 from smartlaunch import logconf
 from smartlaunch.errors import SmartlaunchError, UsageError
@@ -49,8 +44,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 class _PrintAndExit(argparse.Action):
-    """An option that prints `text()` (whole lines) and exits 0, as --help does (nothing is
-    started)."""
+    """An option that prints `text()` and exits 0, as --help does."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
                  help=None, text=None):
@@ -73,8 +67,7 @@ def _torchrun_help() -> str:
 
 NPROC_HELP = ("the most processes (GPUs) per node the job may use; auto may choose fewer "
               "(default: every visible GPU). Values as torchrun's: auto, cpu, gpu, or a number")
-# torchrun's options `smartlaunch --help` shows, with a shorter help; --help-torchrun lists
-# every one with torchrun's own words, but --nproc-per-node's (its meaning here differs).
+# torchrun's options `smartlaunch --help` shows, with a shorter help.
 TORCHRUN_SHOWN = {
     "--nnodes": "number of nodes, or a range MIN:MAX",
     "--nproc-per-node": NPROC_HELP,
@@ -85,13 +78,8 @@ TORCHRUN_SHOWN = {
 
 
 def torchrun_parser() -> argparse.ArgumentParser:
-    """torchrun's own parser (torch.distributed.run.get_args_parser), built without importing
-    torch (3-6 s on a GPU node: the whole command line is known before anything starts, so a
-    cold decision starts its dry run at once). Its definition is read from the installed
-    torch's source and run with what it uses: argparse, torch.distributed.argparse_util (which
-    imports only the standard library) and torch.numa.binding's AffinityMode. Anything
-    unexpected in a torch release and torch is imported instead: slower, never different
-    (tests/test_cli_parser.py compares the two option by option)."""
+    """torchrun's own parser, built from the installed torch's source without importing torch
+    (seconds saved); on anything unexpected, torch's get_args_parser itself."""
     try:
         return _torchrun_parser_from_source()
     except Exception:
@@ -126,8 +114,8 @@ def _torchrun_parser_from_source() -> argparse.ArgumentParser:
 
 
 def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
-    """torchrun's parser with smartlaunch's group added and listed first. torchrun_help: list
-    every torchrun option in --help (else TORCHRUN_SHOWN only); parsing is the same."""
+    """torchrun's parser with smartlaunch's group first; torchrun_help: --help lists every
+    torchrun option (else TORCHRUN_SHOWN only)."""
     parser = torchrun_parser()
     parser.__class__ = _OneLineParser
     parser.prog = "smartlaunch"
@@ -173,8 +161,7 @@ def build_parser(torchrun_help: bool = False) -> argparse.ArgumentParser:
 
 
 def _arrange_help(parser: argparse.ArgumentParser, own, torchrun_help: bool) -> None:
-    """Help layout only: smartlaunch's group (with -h) first, then torchrun's options (the
-    TORCHRUN_SHOWN ones unless torchrun_help), then the script. Every option still parses."""
+    """Help layout only: smartlaunch's group (with -h), torchrun's options, the script."""
     positionals, torchrun = parser._positionals, parser._optionals
     help_action = next(a for a in torchrun._group_actions if "-h" in a.option_strings)
     torchrun._group_actions.remove(help_action)
@@ -194,59 +181,43 @@ def _arrange_help(parser: argparse.ArgumentParser, own, torchrun_help: bool) -> 
     parser._action_groups = [own, torchrun, positionals]
 
 
-def _script_index(parser, argv: list[str]) -> int:
-    """Where the entrypoint starts: everything from there on is the script's, `--debug` too."""
-    actions, i = parser._option_string_actions, 0
+def _options(parser, argv: list[str]) -> tuple[list[tuple[int, str, Any]], int]:
+    """([(index, token, its action or None)] of the options before the script, the index
+    where the script starts: everything from there on is the script's, `--debug` too)."""
+    actions, out, i = parser._option_string_actions, [], 0
     while i < len(argv):
         tok = argv[i]
         if tok == "--":
-            return i + 1
+            return out, i + 1
         if not tok.startswith("-") or tok == "-":
-            return i
+            return out, i
         name = tok.split("=", 1)[0]
         action = actions.get(name)
+        out.append((i, tok, action))
         takes_value = action is not None and action.nargs != 0 and "=" not in tok and not (
-            len(name) == 2 and len(tok) > 2)
+            len(name) == 2 and len(tok) > 2)  # -r3 style
         if action is not None and action.dest == "explain" and (
                 i + 1 >= len(argv) or argv[i + 1] not in EXPLAIN_FORMATS):
             takes_value = False
         i += 2 if takes_value else 1
-    return i
+    return out, i
 
 
 def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
-    """Make a bare `--explain` before the script mean `--explain=text`, glue `--each ARGS`
-    into `--each=ARGS`, and record which option dests were given on the command line
-    (Slurm fills only the others).
-
-    Without this, `--explain train.py` would read train.py as the format, and argparse
-    would refuse `--each "--lr 0.1"` because the value starts with a dash.
-    """
-    out, given, i = list(argv), set(), 0
-    actions = parser._option_string_actions
-    while i < len(out):
-        tok = out[i]
-        if tok == "--" or not tok.startswith("-") or tok == "-":
-            break
-        name = tok.split("=", 1)[0]
-        action = actions.get(name)
+    """(argv with a bare `--explain` as `--explain=text` and `--each ARGS` as `--each=ARGS`,
+    the option dests given on the command line)."""
+    out, given = list(argv), set()
+    for i, tok, action in reversed(_options(parser, argv)[0]):    # later indices first
         if action is None:
-            i += 1
             continue
         given.add(action.dest)
-        if action.dest == "each" and "=" not in tok and i + 1 < len(out):
-            out[i:i + 2] = [f"--each={out[i + 1]}"]
-            i += 1
+        if "=" in tok:
             continue
-        if action.dest == "explain" and "=" not in tok:
-            nxt = out[i + 1] if i + 1 < len(out) else None
-            if nxt not in EXPLAIN_FORMATS:
-                out[i] = "--explain=text"
-                i += 1
-                continue
-        takes_value = action.nargs != 0 and "=" not in tok and not (
-            len(name) == 2 and len(tok) > 2)  # -r3 style
-        i += 2 if takes_value else 1
+        if action.dest == "each" and i + 1 < len(argv):
+            out[i:i + 2] = [f"--each={argv[i + 1]}"]
+        elif action.dest == "explain" and (i + 1 >= len(argv)
+                                           or argv[i + 1] not in EXPLAIN_FORMATS):
+            out[i] = "--explain=text"
     return out, given
 
 
@@ -293,7 +264,6 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
 
 
 def _forbids_variants(strategy: str) -> bool:
-    """The unit --strategy names declares it cannot run variants (StrategyUnit.VARIANTS)."""
     from smartlaunch.decide.api import Variants
     from smartlaunch.strategies import REGISTRY
     unit = REGISTRY.get(strategy)
@@ -301,9 +271,7 @@ def _forbids_variants(strategy: str) -> bool:
 
 
 def _named(dest: str, typed: set[str], environ: Mapping[str, str]) -> str:
-    """How the user gave torchrun option `dest`: its flag, or the PET_* variable torchrun's
-    parser read it from (an error naming a flag nobody typed sends them looking in the wrong
-    place)."""
+    """How the user gave torchrun option `dest`: "--flag " or "PET_VAR="."""
     var = f"PET_{dest.upper()}"
     if dest not in typed and var in environ:
         return f"{var}="
@@ -345,9 +313,8 @@ def _check_nnodes(value: str) -> None:
 
 def _check_rendezvous(args: argparse.Namespace, typed: set[str],
                       environ: Mapping[str, str]) -> None:
-    """--rdzv-* as torch's agent will read them, checked with torch's own parsers before
-    anything starts: the agent raised a ValueError traceback (exit 1) after the decision line,
-    and --explain accepted them. --standalone replaces backend and endpoint, as in torchrun."""
+    """--rdzv-* checked with torch's own parsers before anything starts (--standalone
+    replaces backend and endpoint)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.elastic.rendezvous.utils import (
         _parse_rendezvous_config, parse_rendezvous_endpoint)
@@ -364,8 +331,7 @@ def _check_rendezvous(args: argparse.Namespace, typed: set[str],
              "e.g. --rdzv-conf join_timeout=900,read_timeout=60")
     if args.standalone:
         return
-    # The registry's names include out-of-tree backends (the torchrun.handlers entry points,
-    # registered on import). `_registry` is private: where a torch lacks it, the agent checks.
+    # `_registry` is private: where a torch lacks it, the agent checks.
     known = sorted(getattr(rendezvous_handler_registry, "_registry", None) or ())
     if known and args.rdzv_backend not in known:
         fail("rdzv_backend", args.rdzv_backend, "not a rendezvous backend of the installed torch",
@@ -379,8 +345,7 @@ def _check_rendezvous(args: argparse.Namespace, typed: set[str],
 
 
 def _find_module(name: str):
-    """The spec of a dotted module name, found without running any package's code (find_spec
-    on a dotted name imports the parents: user code, at decision time)."""
+    """The spec of a dotted module name, found without running any package's code."""
     from importlib.machinery import PathFinder
     parts = name.split(".")
     try:
@@ -411,7 +376,6 @@ def _check_entrypoint(request: Request) -> None:
     elif not os.path.isfile(request.script):
         hint = " (use -m for a module)" if not request.script.endswith(".py") else ""
         if request.explain and not any(c in request.script for c in "./"):
-            # `--explain xml t.py`: a word that is not a format became the script
             hint = (f" (if {request.script} was meant as --explain's format, write "
                     f"--explain={request.script}; formats: {', '.join(EXPLAIN_FORMATS)})")
         raise UsageError(f"training script not found: {request.script}{hint}; check the path "
@@ -422,10 +386,8 @@ def _check_entrypoint(request: Request) -> None:
 
 
 def _check_program(name: str) -> None:
-    """--no-python's entrypoint as the worker's os.execvp will take it: a name without '/' is
-    looked up on PATH only (never the working directory); a path must be an executable file
-    with a #! line or a binary. A file in the working directory passed the old check, then
-    execvp raised FileNotFoundError in every worker (exit 1)."""
+    """--no-python's entrypoint as os.execvp takes it: a name without '/' on PATH only; a path
+    an executable file with a #! line or a binary."""
     if "/" not in name:
         if shutil.which(name):
             return
@@ -456,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = False
     try:
-        debug = "--debug" in argv[:_script_index(build_parser(), argv)]
+        debug = "--debug" in argv[:_options(build_parser(), argv)[1]]
         logconf.configure(logconf.level_from(os.environ.get(logconf.ENV)))
         request, given = parse(argv)
         log.debug("smartlaunch %s", " ".join(argv))
@@ -479,15 +441,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    # torch's CPU wheel does not bring numpy, and importing torch without it warns "Failed to
-    # initialize NumPy". The launcher itself never converts tensors to numpy, so in this process
-    # (and only here: the job sees torch's warnings as under torchrun) the line is noise that
-    # used to open every newcomer's first run.
+    # torch's CPU wheel without numpy warns on import; the launcher never uses numpy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     code = main()
-    # Everything of ours is done: leases released, children reaped. What is left is the
-    # interpreter's teardown of torch (imported for torchrun's parser), which takes seconds
-    # on a loaded node (docs/benchmarks.md). A job's launcher should end with its job.
+    # Everything of ours is done; skip the interpreter's seconds-long teardown of torch.
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -1,20 +1,7 @@
-"""The one driver of a decision: decide (decide/decide.py) is a pure step that returns the
-Plan or the next measurement it needs; this gives it each one, and owns everything that
-touches the world on the way: the lease directory, the caches, the processes of the dry run,
-the all-reduce sweeps and the trials (all in one profile/session.py Session), what starts
-early beside the dry run (profile/early.py), the status line and the clock.
-
-    Driver(...).plan(request) -> Plan
-
-Each Need is answered in `fulfil`:
-  NeedLeases   the GPUs other launches hold (launch/leases.py)
-  NeedProfile  the cached profile or a dry run (profile/cache.py), with the sweep and trials
-               that may start beside it (`_start_early`)
-  NeedCurve    the sweep started early when it is that group's, else the cached or a new
-               curve (profile/comm.py)
-  NeedTrial    the cached rate, else a trial (profile/trial.py; one set up early when it is
-               that candidate's), kept in the cache
-"""
+"""The one driver of a decision: `Driver(...).plan(request) -> Plan` answers each Need the
+pure decide step returns (`fulfil`), and owns everything that touches the world on the way:
+leases, caches, the dry run and what starts early beside it, sweeps, trials, the status line
+and the clock."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class Clock:
-    """Seconds per stage of the decision, for --explain: each lap is the time since the last
-    one; `add` keeps parts of a stage (a trial's start-up, its steps) beside the laps."""
+    """Seconds per stage of the decision: each lap is the time since the last one; `add`
+    keeps parts of a stage beside the laps."""
 
     def __init__(self):
         self.t = self.t0 = time.perf_counter()
@@ -60,7 +47,7 @@ class Clock:
         out = {k: round(v, 4) for k, v in self.laps.items()}
         out["total"] = round(time.perf_counter() - self.t0, 4)
         import psutil
-        try:    # the whole command so far: interpreter start-up and imports included
+        try:
             out["since_process_start"] = round(time.time() - psutil.Process().create_time(), 3)
         except psutil.Error:
             pass
@@ -87,10 +74,8 @@ class Driver:
     def plan(self, request: Request, notes: tuple[Reason, ...] = (),
              allocation: JobAllocation | None = None, nodes: int = 0,
              between: Callable[[NeedNodes], object] | None = None) -> Plan:
-        """The Plan decide makes for `request` with every Need fulfilled here; notes: reasons
-        the caller adds (a Slurm allocation's); allocation: the batch job's; nodes: the node
-        count this node decides for (Inputs); between: what measures the all-reduce between
-        them over the rendezvous store (pipeline_nodes: a CommCurve, or why not)."""
+        """The Plan decide makes for `request` with every Need fulfilled here (notes,
+        allocation, nodes: see Inputs; between: fulfils NeedNodes)."""
         self.request, self.early, self._runner = request, None, None
         self._between = between
         inputs = Inputs(request, self.topology, self.policy, self.units, self.environ,
@@ -120,7 +105,7 @@ class Driver:
 
     def fulfil(self, need: Need, measured: Measured) -> Measured:
         """`measured` with the answer to `need` (and any reason it adds) in it."""
-        self.clock.lap("decide")            # the step's own time, up to this need
+        self.clock.lap("decide")
         log.debug("decide needs %s", need)
         t0 = time.perf_counter()
         if isinstance(need, NeedLeases):
@@ -144,19 +129,16 @@ class Driver:
             got = measured.add(need, self._trial(need, measured))
             self.clock.lap("trials")
             gpus = set(need.gpus)
-        # GPU-seconds the measurement occupied (the fleet report's measure_gpu_s): a curve or
-        # trial read from the cache takes no time, so counts next to nothing.
+        # GPU-seconds the measurement occupied (the fleet report's measure_gpu_s).
         self.clock.add({"measure_gpu_s": (time.perf_counter() - t0) * len(gpus)})
         log.debug("answered: %s", ", ".join(f"{k} {v:.3f} s" for k, v in self.clock.laps.items()))
         return got
 
-    # ---- leases -------------------------------------------------------------------------
     def _leased(self) -> frozenset[int]:
         from smartlaunch.launch.leases import LeaseManager
         with LeaseManager.from_policy(self.policy, say=self.status.line) as leases:
             return frozenset(leases.taken(self.topology))
 
-    # ---- the dry run, and what starts beside it ------------------------------------------
     def _profile(self, need: NeedProfile, measured: Measured) -> Measured:
         self.early = self._start_early(need)
         try:
@@ -164,8 +146,7 @@ class Driver:
         except DryRunError as exc:
             if not (exc.out_of_memory and self.early is not None and self.early.drop_trials()):
                 raise
-            # Its GPU memory was shared with the trial's ranks set up beside it: measure
-            # again alone rather than fail a job that fits a GPU on its own.
+            # out of memory beside the early trial: measure again alone
             self.status.line("the dry run ran out of GPU memory beside the trial set up with "
                              "it; running it again alone")
             profile = self._dry_run(need.gpu)
@@ -198,8 +179,7 @@ class Driver:
             real_gpu=self.topology.source == "nvml", session=self.session, gate=gate)
 
     def _start_early(self, need: NeedProfile):
-        """What a cold decision starts with its dry run (profile/early.py), started; None:
-        none."""
+        """What a cold decision starts beside its dry run (profile/early.py), or None."""
         from smartlaunch.decide.groups import best_group
         from smartlaunch.decide.select import MAX_SCALED_TRIALS
         from smartlaunch.profile import early as early_work
@@ -212,8 +192,7 @@ class Driver:
         size = policy.decision.early_group(len(usable), cap, request.strategy == Strategy.DDP.value)
         if not policy.decision.prestart or size < 2:
             return None
-        # The groups decide weighs for the largest sizes it may try (decide/groups.py): the
-        # largest, and the next allowed world size below it (at most MAX_SCALED_TRIALS trials).
+        # The groups decide weighs for the largest sizes it may try.
         sizes = [size] + sorted((k for k in policy.decision.world_sizes if 2 <= k < size),
                                 reverse=True)
         groups = [g for g in (best_group(topology, usable, k, policy.decision.ddp_link_classes)
@@ -237,12 +216,11 @@ class Driver:
             if work.sweep else None
         trials = [Trial.start(self.session, request, policy, self.environ, isolated, g,
                               topology=topology, gate=True) for g in work.trials]
-        # The sweep's ranks wait at most about a dry run's time at their gate, then half its limit.
         return early_work.Early(self.session, trials, sweep,
                                 sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
 
     def _early_gpus(self) -> set[int]:
-        """The GPUs of what started beside the dry run: occupied while it ran."""
+        """The GPUs of what started beside the dry run."""
         if self.early is None:
             return set()
         out = set(self.early.sweep.gpus) if self.early.sweep is not None else set()
@@ -266,7 +244,6 @@ class Driver:
         return cached_trial(request, self.policy, topology=self.topology, environ=self.environ,
                             strategy=Strategy.DDP, gpus=group) is None
 
-    # ---- all-reduce curves --------------------------------------------------------------
     def _curve(self, need: NeedCurve):
         from smartlaunch.decide.words import gpu_list, mb
         from smartlaunch.profile.comm import comm_curve
@@ -277,7 +254,6 @@ class Driver:
             status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
         sweep = self.early.sweep if self.early is not None else None
         if sweep is not None and sweep.gpus == group:
-            # started with the dry run; no benchmark beside it
             status.ticking(f"{what} up to the largest size (started with the dry run; cached "
                            f"afterwards)")
             curve = sweep.curve(progress)
@@ -292,10 +268,8 @@ class Driver:
                           max_bytes=need.max_bytes, progress=progress, announce=announce,
                           session=self.session)
 
-    # ---- trials ---------------------------------------------------------------------------
     def _trial(self, need: NeedTrial, measured: Measured) -> TrialResult:
-        """The kept rate of this trial, else a trial run now (said on the status line:
-        "trial 2 of 3: DDP×2 on GPUs 0,1") and kept."""
+        """The kept rate of this trial, else a trial run now and kept."""
         from smartlaunch.profile.cache import cached_trials
         profile = measured.profile
         one_gpu = profile.samples_per_s if profile is not None else None
@@ -329,16 +303,13 @@ class Driver:
         return self._runner
 
     def _import_torch_once(self) -> None:
-        """A session rule that imports what the launch needs (torch's launcher: seconds on a
-        GPU node) the first time the session serves its processes: after the dry run and what
-        starts with it are running, so the import costs the decision nothing. Runs once."""
+        """A session rule, run once: import torch's launcher while the session's processes
+        run, so the import costs the decision nothing."""
         self.session.rules.remove(self._import_torch_once)
         import torch.distributed.run  # noqa: F401
 
-    # ---- what is read, not measured ---------------------------------------------------------
     def _cost_model(self):
-        """The cost model with this node's calibrated constants (`smartlaunch-node
-        calibrate`) where there are some, and the reason saying which values predict DDP."""
+        """(the cost model with this node's calibrated constants if any, its reason)."""
         from smartlaunch.decide.cost import CostModel, calibrated
         if len(self.topology.gpus) < 2:
             return CostModel(), None

@@ -1,12 +1,6 @@
-"""Run the user's entrypoint in this process exactly as `python [-m] TARGET ARGS` would, which
-is what torchrun's workers do: `__file__`, `sys.argv[0]` and `sys.path[0]` equal torchrun's,
-so tracebacks, warnings and paths built from `__file__` do too.
-
-`python script.py` (3.9+): `__file__` is the absolute path (symlinks kept), `sys.argv[0]` the
-path as typed, `sys.path[0]` the directory of the resolved script. runpy.run_path would set
-`sys.argv[0]` to its argument, so a plain file is compiled and executed here instead.
-`python -m mod`: runpy.run_module with alter_sys, `sys.path[0]` the working directory.
-"""
+"""Run the user's entrypoint in this process exactly as `python [-m] TARGET ARGS` would:
+`__file__`, `sys.argv[0]` and `sys.path[0]` as under torchrun (so a plain file is compiled
+and executed here, not by runpy.run_path, which would change `sys.argv[0]`)."""
 from __future__ import annotations
 
 import builtins
@@ -43,9 +37,7 @@ _RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
 def script_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback from the script's first frame on: smartlaunch's and runpy's leading
-    frames dropped (None when every frame is ours, e.g. a SyntaxError in the script, which
-    python then prints without a "Traceback" header, as it does itself)."""
+    """The traceback from the script's first frame on (None when every frame is ours)."""
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
         if not (os.path.abspath(name).startswith(_OURS) or name in _RUNPY
@@ -56,11 +48,8 @@ def script_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
 
 
 def report_uncaught(exc: BaseException) -> int:
-    """What python does with an exception the script did not catch, with only the script's
-    frames: sys.excepthook (the script's own, if it set one) on the trimmed traceback, the
-    streams flushed. Returns the exit status python would give: 1, or 130 for
-    KeyboardInterrupt (python kills itself with SIGINT there; a status says the same)."""
-    # Set on the exception too: python's own hook prints the exception's __traceback__.
+    """What python does with an uncaught exception, with only the script's frames; returns
+    the exit status python would give (1, or 130 for KeyboardInterrupt)."""
     tb = script_frames(exc.__traceback__)
     exc = exc.with_traceback(tb)
     try:
@@ -76,11 +65,7 @@ def report_uncaught(exc: BaseException) -> int:
 
 
 def exit_now(code: object = 0) -> None:
-    """End the process at once (the dry run's, once its result is written): the script's
-    teardown is only what the user would wait for, and can be long (a DataLoader with
-    persistent workers joins each for up to 5 s at interpreter exit). The parent ends the
-    session's other processes (DataLoader workers).
-    code: as `sys.exit(code)` would end (None 0, an int itself, anything else printed, 1)."""
+    """End the process at once, skipping the script's teardown; code: as `sys.exit(code)`."""
     if code is not None and not isinstance(code, int):
         try:
             print(code, file=sys.stderr)

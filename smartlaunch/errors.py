@@ -1,8 +1,4 @@
-"""One exception family; each maps to a documented exit code (README: Exit codes).
-
-`main` catches SmartlaunchError, prints `smartlaunch: error: <message>` (one line, the
-fix included) and exits with `exit_code`. Nothing is started before the error is raised.
-"""
+"""One exception family; each maps to a documented exit code (README: Exit codes)."""
 from __future__ import annotations
 
 import enum
@@ -68,16 +64,13 @@ class HealthError(SmartlaunchError):
 
 
 class RendezvousError(SmartlaunchError):
-    """The deciding node of a multi-node job could not be reached, or was lost, before the
-    launch (a rendezvous failure during it is a LaunchResult with the same code)."""
+    """The deciding node of a multi-node job could not be reached, or was lost."""
     exit_code = ExitCode.RENDEZVOUS
 
 
 class BadValue(Exception):
-    """A value read from outside (another node's, a cache file's) that is not what its reader
-    (wire.Reader) takes: `field` names where ("plan.gpus[2]"), `why` what is wrong. Each kind
-    says whose value it was in its message, and `shown(v)` is how a reader raising it names
-    a bad value in `why`: here its type or number, never a stranger's text."""
+    """A value read from outside that its reader (wire.Reader) does not take: `field` names
+    where, `why` what is wrong; `shown(v)` names a bad value (never a stranger's text)."""
 
     def __init__(self, field: str, why: str, message: str):
         super().__init__(message)
@@ -95,8 +88,7 @@ class BadValue(Exception):
 
 
 class WireError(BadValue, RendezvousError):
-    """A value another node published (the rendezvous store) is not what its reader takes.
-    The message is "field F: why"; the reader says whose message it was (pipeline_nodes)."""
+    """A value another node published is not what its reader takes: "field F: why"."""
 
     def __init__(self, field: str, why: str):
         super().__init__(field, why, f"field {field}: {why}" if field else why)
@@ -107,6 +99,5 @@ class NodeMismatchError(SmartlaunchError):
 
 
 class NodeNotNeeded(SmartlaunchError):
-    """This node of a multi-node job is not used by the job's plan (it runs on fewer nodes):
-    the one line says why, and the node exits 0."""
+    """This node of a multi-node job is not used by its plan; the node exits 0."""
     exit_code = ExitCode.OK

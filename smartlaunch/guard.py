@@ -1,11 +1,8 @@
 """The guard: `python -m smartlaunch.guard TAG`, one per smartlaunch process (smartlaunch.proc).
 
-Reads lines from its stdin, a pipe only smartlaunch writes: `+g PGID` / `-g PGID` (a process
-group to end), `+p HEX` / `-p HEX` (a temp dir to remove, its path hex-encoded). At EOF, which
-comes however smartlaunch ends (SIGKILL included), it SIGKILLs the groups still registered and
-every process whose environment carries SMARTLAUNCH_GUARD=TAG, then removes the dirs. After a
-clean run everything was already unregistered and the sweep finds nothing (~10 ms).
-It runs in its own session, so a terminal's Ctrl-C does not end it before smartlaunch.
+Reads `+g PGID` / `-g PGID` (a process group) and `+p HEX` / `-p HEX` (a temp dir, hex path)
+lines from its stdin. At EOF, however smartlaunch ended, it SIGKILLs the registered groups and
+every process tagged SMARTLAUNCH_GUARD=TAG*, then removes the dirs.
 """
 from __future__ import annotations
 
@@ -38,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     from smartlaunch.proc import GUARD_VAR, kill_tagged
     kill_tagged(GUARD_VAR, tag + "-", exclude=(owner,))
-    # An overlay's scratch dir cannot go while its mount namespace lives, i.e. until the killed
-    # processes are reaped by init: retry for a while.
+    # An overlay's scratch dir cannot go until its namespace's processes are reaped: retry.
     deadline = time.monotonic() + 5.0
     while paths and time.monotonic() < deadline:
         for p in list(paths):

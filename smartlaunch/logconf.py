@@ -1,9 +1,5 @@
-"""smartlaunch's debug output, for a bug report: the `smartlaunch` logger tree (each module's
-`logging.getLogger(__name__)`), on stderr only when asked with `--log-level LEVEL` or
-SMARTLAUNCH_LOG_LEVEL=LEVEL (debug, info, warning, error); workers inherit the variable, so
-the worker hook's lines come with the launcher's, each with its time and pid. The root logger
-is never touched: a job's own logging stays exactly as its script sets it. The status line
-and the decision line are not log records; they stay what users read."""
+"""smartlaunch's debug output: the `smartlaunch` logger tree on stderr, only when asked
+(`--log-level`, SMARTLAUNCH_LOG_LEVEL); the root logger is never touched."""
 from __future__ import annotations
 
 import logging
@@ -26,8 +22,7 @@ def level_from(value: str | None, where: str = ENV) -> str | None:
 
 
 def configure(level: str | None) -> None:
-    """Send the smartlaunch loggers' records at `level` and above to stderr (None: nothing
-    is shown, whatever the root logger does)."""
+    """Send the smartlaunch loggers' records at `level` and above to stderr (None: none)."""
     logger = logging.getLogger("smartlaunch")
     logger.propagate = False
     for h in list(logger.handlers):
@@ -44,8 +39,7 @@ def configure(level: str | None) -> None:
 
 
 def from_environ(environ: Mapping[str, str]) -> None:
-    """configure() from SMARTLAUNCH_LOG_LEVEL; an unknown value shows nothing (the worker
-    hook must never fail a job for it; the launcher has refused it already)."""
+    """configure() from SMARTLAUNCH_LOG_LEVEL; an unknown value shows nothing."""
     try:
         configure(level_from(environ.get(ENV)))
     except UsageError:

@@ -1,12 +1,5 @@
-"""`smartlaunch-node calibrate`: measure this node's cost-model constants and cache them.
-
-The measurement is profile/baseline.py's, the derivation decide/calibrate.py's; this command
-sits in the entry layer because it takes GPU leases (launch/leases.py, a layer above both)
-for the two GPUs it measures, as a launch does: a calibration next to another smartlaunch job
-would measure that job's load, not the node. With the GPUs leased or busy it waits up to the
-policy's jobs.wait_timeout_s, or with --no-wait fails at once naming the holders (exit 6, as a
-launch; the README's exit-code table).
-"""
+"""`smartlaunch-node calibrate`: measure this node's cost-model constants (on two leased
+GPUs, as a launch leases them) and cache them."""
 from __future__ import annotations
 
 import json
@@ -120,7 +113,7 @@ def _gpus(args, known: list[int]) -> list[int]:
 
 
 def _check_out(path: str | None) -> None:
-    """An --out that cannot be written is said before the minutes of measuring, not after."""
+    """An --out that cannot be written is said before measuring."""
     if path is None:
         return
     parent = os.path.dirname(os.path.abspath(path))

@@ -1,9 +1,7 @@
 """`smartlaunch-node`: node and admin commands (topology, policy, benchmarks, Slurm hooks).
 
-Each subcommand lives with its layer in a module exposing `register(subparsers)`, which adds
-a parser whose `func(args) -> int` runs it. Modules load lazily-cheaply: no NVML at import.
-`files` is this module's own: where the installed package keeps the files the admin docs
-install (the Slurm hook scripts, the shipped policies).
+Each subcommand's module exposes `register(subparsers)`, adding a parser whose `func(args) ->
+int` runs it (no NVML at import).
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ SUBCOMMAND_MODULES = (
     "smartlaunch.launch.fleet",     # report (the decision log: the admins' fleet view)
 )
 
-# The package data the admin docs install, by heading: (package directory, the doc to read).
+# The package data the admin docs install: (heading, package directory).
 PACKAGE = Path(__file__).resolve().parent
 SHIPPED = (("Slurm node hooks and submit filter (docs/slurm-admin.md)",
             PACKAGE / "slurm" / "scripts"),
@@ -33,8 +31,7 @@ SHIPPED = (("Slurm node hooks and submit filter (docs/slurm-admin.md)",
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints a usage block before its error; a log wants one line, as smartlaunch's
-    own parser gives. Subcommand parsers inherit the class (add_subparsers' default)."""
+    """Errors in one line; subcommand parsers inherit the class."""
 
     def error(self, message):
         self.exit(2, f"smartlaunch-node: error: {message} (see `{self.prog} --help`)\n")
@@ -108,8 +105,7 @@ def _files(args) -> int:
 
 
 def _parse(parser: _OneLineParser, argv: list[str] | None) -> argparse.Namespace:
-    """parse_args, but an argument a subcommand does not take is that subcommand's error
-    (argparse reports it from the top-level parser, pointing at the wrong --help)."""
+    """parse_args, but an argument a subcommand does not take is that subcommand's error."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         owner = parser
@@ -138,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smartlaunch-node: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
-        # Ctrl-C in a measurement or a lease wait: its workers are killed and its leases
-        # released on the way out (finally blocks); one line, 128 + SIGINT as the README says.
         if args.debug:
             raise
         print("smartlaunch-node: interrupted", file=sys.stderr)
@@ -152,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    # As in smartlaunch's own console_main: torch's "Failed to initialize NumPy" is noise here.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     sys.exit(main())
 

@@ -1,8 +1,4 @@
-"""The pipeline the CLI runs: policy -> topology -> profile -> decide -> (explain | launch).
-
-Each stage is its own module with a typed result; this file only wires them, in order, and
-is the one place that decides what needs measuring (a dry run only when there is a choice).
-"""
+"""The pipeline the CLI runs: policy -> topology -> profile -> decide -> (explain | launch)."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +36,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
     from smartlaunch.launch.decision_log import LaunchRecord, exit_code_of
     from smartlaunch.strategies import REGISTRY
 
-    # The decision log's line for this launch (the admins' fleet view): written once, however
-    # the launch ends from here on.
+    # The decision log's line for this launch: written once, however the launch ends.
     record = LaunchRecord.open(plan, request, policy, REGISTRY, environ)
 
     def announce(final_plan) -> None:      # once the GPUs are held, just before the job
@@ -72,8 +67,7 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
 def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
               status: StatusLine | None = None, *, cores: int | None = None):
     """(plan, topology, policy) for this command line. cores: CPUs to count for starting
-    measurements early (profile/early.py; default: this process's). Every process the
-    decision starts belongs to one Session, closed here on every path."""
+    measurements early (default: this process's)."""
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
@@ -103,8 +97,6 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
 
         def decide_here(req: Request, more: tuple[Reason, ...] = (), nodes: int = 0,
                         between=None) -> tuple:
-            """more, nodes, between: a multi-node job's (pipeline_nodes.one_decision): who
-            decides for it, and the node count to choose among over its store."""
             return driver.plan(req, (*notes, *more), slurm, nodes, between), topology, policy
         if request.multi_node:      # one node decides for all (pipeline_nodes.py)
             from smartlaunch.pipeline_nodes import one_decision
@@ -112,15 +104,9 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
         return decide_here(request)
 
 
-
-
 def _check_paths(request: Request, policy, environ) -> None:
-    """Directories this launch will write, checked before anything is written: the cache for
-    a decision that may measure, the log directory every launch writes its run directory in
-    (a problem found there later would come after the leases were taken). A cache this user
-    cannot write is no error: the decision measures without caching and says so once, where
-    it first has something to keep (store.cache_folder, store.keep); a cache path that cannot
-    be a directory is one."""
+    """Directories this launch will write, checked before anything is written (a cache this
+    user cannot write is no error: the decision measures without caching)."""
     from smartlaunch.profile.cache import cache_root
     cache = str(cache_root(policy, environ))      # --explain too: a HOME that does not exist
     if request.explain:
@@ -131,12 +117,9 @@ def _check_paths(request: Request, policy, environ) -> None:
 
 
 def launch_log_dir(policy, environ, say=None) -> str:
-    """Where this launch makes its run directory (summary.txt, logs, the ranks' step
-    counters): launch.log_dir, checked (_check_dir_usable). Its built-in place, logs/ under
-    the cache directory, may be full or read-only like the cache itself, which costs only
-    caching: the run directory then goes to a private directory of its own under the system's
-    temp directory, said in one line (say None: only checked, nothing made). A launch.log_dir
-    someone set must work (exit 3)."""
+    """Where this launch makes its run directory: launch.log_dir, checked; where the built-in
+    one cannot take it, a private temp directory, said in one line (say None: only checked,
+    nothing made)."""
     from smartlaunch.errors import PolicyError
     from smartlaunch.store import log_root
     root = str(log_root(policy, environ))
@@ -158,10 +141,8 @@ def launch_log_dir(policy, environ, say=None) -> str:
 
 
 def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
-    """A directory the launch will create files under: the path, or its nearest existing
-    parent, must be a directory, and the path itself, when it exists, must pass
-    store.dir_problem (else exit 3 naming the setting); where `write`, also one this user can
-    write, with room on its file system."""
+    """PolicyError naming the setting unless the path (or its nearest existing parent) is a
+    safe directory; where `write`, also writable with room on its file system."""
     from smartlaunch.errors import PolicyError
     full = os.path.abspath(os.path.expanduser(path))
     probe = full

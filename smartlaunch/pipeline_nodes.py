@@ -1,34 +1,12 @@
-"""One decision for a multi-node job: the node that hosts the c10d rendezvous store decides,
-and every other node reads that plan from the same store instead of deciding for itself.
+"""One decision for a multi-node job: the node that hosts the c10d rendezvous store (torch's
+rule) decides and publishes the plan under `smartlaunch/<rdzv id>/` in that TCPStore (opened
+multi-tenant, so torch's agent reuses it); every other node reads it. A node whose hardware
+differs refuses it (NodeMismatchError). Other backends have no store: each node decides alone.
+A sweep across nodes is split, each node running the share its arrival order names.
 
-The transport is torch's own: a TCPStore on the rendezvous endpoint, opened multi-tenant as
-torch's c10d rendezvous backend opens it. On the deciding node torch's agent, started later in
-the same process for the launch, finds that server (same port) and uses it for the job's
-rendezvous, so nothing else listens and no port is added. Our keys live under
-`smartlaunch/<rdzv id>/`, apart from the rendezvous' own (`torch.rendezvous.<rdzv id>`).
-
-Which node decides is torch's rule for which node hosts the store: `is_host` in --rdzv-conf,
-else the node whose hostname or address the endpoint names (Slurm: the allocation's first
-node). The plan carries the decider's hardware fingerprint (Topology.hardware_fingerprint); a
-node whose hardware differs refuses it (NodeMismatchError, exit 12) and, where the job cannot
-run without it (fixed --nnodes), closes the rendezvous so the other nodes end at once instead
-of at the join timeout. Other rendezvous backends (static --master-addr, etcd) have no store
-before the agent's; each node there decides alone, as before, and the plan says so.
-
-A sweep (--each) across nodes is split, not run as one job (decide/nodes.py): the deciding node
-decides for the first node's share, publishes the split with the plan and starts its own share
-only once every other node has read it (its store must outlive their reads); every other node
-runs the share its arrival order names (1, 2, ...: the same counter that numbers the nodes for
-the all-reduce between them), or exits 0 when it has none. No rendezvous of the job is formed.
-With --rdzv-backend static each node decides alone and runs the share its --node-rank names.
-
-The store is unauthenticated (anyone who reaches its port may write our keys; docs/trust-model.md),
-so it carries the decision's data only and every node checks what it reads (`_message`,
-`_check_plan`, internode.read_offer): typed, bounded fields, the node's own GPUs, the job's own
-node count. The command, the variants, the workers' environment and NUMA bindings are never
-taken from it: a node reading the plan refuses one made for another command line
-(NodeMismatchError) and makes the rest itself from its own command line, policy, topology and
-environment, as prepare() does on the deciding node.
+The store is unauthenticated: every node checks what it reads (typed, bounded, its own GPUs
+and node count), and the command, variants, environment and NUMA bindings are never taken
+from it: a node makes them from its own command line, policy, topology and environment.
 """
 from __future__ import annotations
 
@@ -54,14 +32,11 @@ KEY_READ = "read"           # a counter: the nodes that have read it
 KEY_ARRIVED = "arrived"     # a counter: the other nodes that have come (their rank between nodes)
 POLL_S = 0.1                # between store checks: Ctrl-C is seen between two
 CONNECT_TRY_S = 2           # one connection attempt (the whole wait is join_timeout)
-STORE_OP_S = 10             # one store operation of a node that does not host it: a lost
-#                             server is noticed within this (the client retries until then)
+STORE_OP_S = 10             # one store operation of a client: a lost server is noticed within
 DEFAULT_PORT = 29400        # torch's c10d default
 MAX_MESSAGE_BYTES = 8 << 20  # a plan: --each-file's 1 MiB of variants, quoted, and the rest
 MAX_HOST, MAX_ERROR = 300, 2000     # the published host name and error, as shown
-# The deciding node's store, kept until the process ends: its server is the one torch's agent
-# uses for the job's rendezvous (multi-tenant), and late nodes read the plan from it.
-_SERVING: list = []
+_SERVING: list = []         # the deciding node's store, kept until the process ends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +80,9 @@ def endpoint_of(args) -> Endpoint | None:
 
 def one_decision(request, topology, policy, environ, decide: Callable[..., tuple],
                  status=None) -> tuple:
-    """(plan, topology, policy) for this node of a multi-node job: `decide(request, reasons)`'s
-    on the node that hosts the store (published for the others; reasons: who decides for the
-    job, which decide puts in the plan), the published one elsewhere. A sweep is decided for
-    the first node's share (NodeSweep.request); each node's plan is its own share
-    (Plan.for_node)."""
+    """(plan, topology, policy) for this node of a multi-node job: `decide(request, reasons,
+    nodes, between)`'s on the node that hosts the store, the published one elsewhere; a
+    sweep's plan is this node's share."""
     from smartlaunch.decide.nodes import sweep_across_nodes
     sweep = sweep_across_nodes(request)
     args = request.torchrun_args
@@ -140,7 +113,6 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
         why = Reason(f"this node decides for every node of the job (it hosts the rendezvous "
                      f"store at {ep.where}); the others run this plan on hardware like this "
                      f"node's ({topology.hardware()})", "multi-node: one decision for the job")
-        # How many nodes run it is decide's choice where the count is fixed (step 7).
         nodes = ep.max_nodes if ep.min_nodes == ep.max_nodes >= 2 and sweep is None else 0
         return _decide_for_all(store, ep, me, request, lambda: decide_all(
             why, nodes, functools.partial(_between, store, ep, topology, environ, status)),
@@ -154,9 +126,8 @@ def _prefixed(store, ep: Endpoint):
 
 
 def _open(ep: Endpoint):
-    """(store, hosting): the server where this node hosts the store (as torch's agent would;
-    a port already taken on this host makes it a client, as in torch), else a client that
-    waits for the server up to join_timeout."""
+    """(store, hosting): the server where this node hosts the store (a port taken makes it a
+    client, as in torch), else a client that waits up to join_timeout."""
     from torch.distributed import TCPStore
     timeout = timedelta(seconds=max(60.0, ep.join_timeout_s))
     if ep.hosts_store():
@@ -191,9 +162,7 @@ def _open(ep: Endpoint):
 
 def _poll(ready: Callable[[], Any], timeout_s: float | None = None) -> Any:
     """The first value other than None that ready() returns, called every POLL_S; None once
-    timeout_s seconds have passed without one (never, without timeout_s: the caller's ready
-    raises or returns). Ctrl-C is seen in the sleep between two calls (KeyboardInterrupt
-    goes to the caller), so no wait on the store outlasts it by more than one store call."""
+    timeout_s (if any) has passed."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         got = ready()
@@ -228,8 +197,7 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tu
 
 
 def _between(store, ep: Endpoint, topology, environ, status, need: NeedNodes):
-    """NeedNodes fulfilled: once every node has come, the all-reduce between them (one leader
-    rank per node, this one rank 0): the leader curve, or why none was measured."""
+    """NeedNodes fulfilled once every node has come: the leader curve, or why none."""
     from smartlaunch.profile import internode
     from smartlaunch.profile.comm import device_for
     n = need.nodes
@@ -256,8 +224,8 @@ def _publish(store, message: dict) -> None:
 
 
 def _serve(store, ep: Endpoint, status, what: str) -> int:
-    """Until the other nodes (--nnodes' least) have read the plan, at most join_timeout; how
-    many did."""
+    """Wait until the other nodes (--nnodes' least) have read the plan, at most join_timeout;
+    returns how many did."""
     want = ep.min_nodes - 1
     if status is not None and want > 0:
         status.ticking(f"waiting for the other {want} node(s) to {what} (at most "
@@ -290,7 +258,6 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
     differs = _command_differs(plan, request, host)
     if differs:
         raise _refused(differs, request, ep, sweep)
-    # Its own command line and policy: equal where it counts (checked), and never the wire's.
     plan = dataclasses.replace(plan, command=request.worker_command(),
                                variants=tuple(request.variants),
                                wait_for_lease=not request.no_wait,
@@ -311,17 +278,15 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
 
 
 def _refused(text: str, request, ep: Endpoint, sweep: bool) -> NodeMismatchError:
-    """This node cannot run the plan; where the job cannot run without it (a fixed node
-    count, not a sweep) the rendezvous is closed so the other nodes end at once."""
+    """This node cannot run the plan; with a fixed node count the rendezvous is closed."""
     closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep else False
     return NodeMismatchError(text + ("; the rendezvous was closed, so the other nodes end too"
                                      if closed else ""))
 
 
 def _message(raw: bytes, ep: Endpoint) -> tuple[str, Plan]:
-    """(the deciding node's name, its plan) from the published message; its error raised
-    with its code (one of the documented codes, else 11), host and text shown bounded on one
-    line; RendezvousError naming the field for anything malformed."""
+    """(the deciding node's name, its plan); its published error raised with its code;
+    RendezvousError naming the field for anything malformed."""
     from smartlaunch.strategies import REGISTRY
     try:
         message = wire.obj(wire.loads(raw, MAX_MESSAGE_BYTES), "message", 4)
@@ -352,9 +317,7 @@ def _malformed(ep: Endpoint, exc: WireError) -> RendezvousError:
 
 
 def _check_plan(plan: Plan, ep: Endpoint, request, topology, policy) -> None:
-    """The plan's values make sense on this node: its GPUs, link classes and job slots, the
-    job's node count (Plan.from_dict checked their types); RendezvousError naming the field
-    otherwise."""
+    """The plan's values make sense on this node; RendezvousError naming the field otherwise."""
     try:
         _fits(plan, ep, request, topology, policy)
     except WireError as exc:
@@ -408,8 +371,7 @@ def _fits(plan: Plan, ep: Endpoint, request, topology, policy) -> None:
 
 
 def _command_differs(plan: Plan, request, host: str) -> str:
-    """Why the plan was made for another command line than this node's ("" when it was not):
-    its worker command and its variants (--each) must be this node's own."""
+    """Why the plan was made for another command line or sweep than this node's, or ""."""
     mine, theirs = request.worker_command(), plan.command
     if mine != theirs:
         return (f"this node's command ({_short(mine)}) differs from the one the job's plan "
@@ -425,16 +387,12 @@ def _command_differs(plan: Plan, request, host: str) -> str:
 
 
 def _short(command) -> str:
-    """A command for a one-line message: shell-quoted, one line, at most 80 characters."""
     import shlex
     return wire.line(shlex.join(command), 80)
 
 
 def _prepared_here(plan: Plan, topology, policy, request, environ) -> Plan:
-    """The plan with the workers' environment and NUMA bindings made on this node, as
-    prepare() makes them for the same decision (the deciding node's name its own CPUs and
-    come from its environment; the wire's are dropped): the plan's, and each packed group's
-    of a sweep."""
+    """The plan with the workers' environment and NUMA bindings made on this node."""
     from smartlaunch.decide.prepare import prepare
     from smartlaunch.strategies import REGISTRY
     bare = dataclasses.replace(plan, env=(), numa=(), groups=tuple(
@@ -445,8 +403,7 @@ def _prepared_here(plan: Plan, topology, policy, request, environ) -> Plan:
 
 
 def _share(plan: Plan, k: int, host: str) -> Plan:
-    """Node k's share of a sweep across nodes (Plan.for_node); NodeNotNeeded when it has none
-    (fewer variants than nodes, or a node past --nnodes)."""
+    """Node k's share of a sweep across nodes; NodeNotNeeded when it has none."""
     split = plan.node_variants
     if k < len(split) and split[k]:
         return plan.for_node(k)
@@ -457,9 +414,8 @@ def _share(plan: Plan, k: int, host: str) -> Plan:
 
 
 def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
-    """The published message, as it is; RendezvousError if the deciding node went away first.
-    Meanwhile `join(raw)` runs this node's part of the all-reduce between nodes when the
-    decider offers one (once)."""
+    """The published message; RendezvousError if the deciding node went away first.
+    Meanwhile `join(raw)` runs once for an offered all-reduce between nodes."""
     from smartlaunch.profile import internode
     offered = False
 
@@ -481,10 +437,8 @@ def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
 
 def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, environ,
                       status) -> None:
-    """This node's leader rank of the all-reduce between nodes, in this node's own environment
-    with the NCCL variables its own policy gives the offered decision (prepare's, as on the
-    deciding node). An offer that does not check is ignored with one line; the deciding
-    node's rank 0 then times out and its plan says the measurement failed."""
+    """This node's leader rank of the all-reduce between nodes, with its own environment and
+    policy's variables; a malformed offer is ignored with one line."""
     from smartlaunch.profile import internode
     from smartlaunch.strategies import REGISTRY
     try:
@@ -504,9 +458,7 @@ def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, en
 
 
 def _offer_env(offer, topology, policy, environ) -> dict[str, str]:
-    """The variables prepare() gives the offered decision on this node (its policy's
-    `launch.env` and NCCL table of the link class, under this node's environment and the
-    admin's enforce), as the deciding node's rank gets its plan's."""
+    """The variables prepare() gives the offered decision on this node."""
     from smartlaunch.decide.prepare import prepare
     from smartlaunch.strategies import REGISTRY
     decision = Plan(strategy=offer.strategy, device=offer.device, gpus=offer.gpus,
@@ -524,8 +476,7 @@ def _say(status, text: str) -> None:
 
 
 def _close_rendezvous(request) -> bool:
-    """Close the job's torch rendezvous (its own `set_closed`), so the nodes waiting in it end
-    with "closed" instead of waiting out the join timeout; False where it could not be."""
+    """Close the job's torch rendezvous so the nodes waiting in it end; False if it could not."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
     args = request.torchrun_args

@@ -1,18 +1,10 @@
-"""One process helper for every layer: spawn a child tree, bound it in time, end it, and make
-sure it never outlives smartlaunch.
+"""Spawn a child tree, bound it in time, end it, and make sure it never outlives smartlaunch.
 
-- `spawn()` starts a child in its own session, so the child and everything it forks (DataLoader
-  workers) form one process group that `Child.stop()` ends as a whole, and a terminal's Ctrl-C
-  reaches it once, from us (as torchrun forwards it), not twice. `stop_all()` is the one stop
-  with a grace (a signal, the grace, SIGKILL, the reap), for one child or many at once.
-- Every spawned child is registered with this process's guard (`python -m smartlaunch.guard`,
-  started on first use, one per smartlaunch process): it holds a pipe from us and, when that
-  pipe reaches EOF because we died (SIGKILL included), SIGKILLs every registered group and every
-  process that carries our GUARD_VAR tag (torch's agent starts trial ranks with setsid, out of
-  the group) and removes the registered temp dirs. PR_SET_PDEATHSIG alone is not enough: fork
-  children (DataLoader workers) do not inherit it and lived 5-10 s after a SIGKILLed launcher.
-- Process facts (/proc) and run-id sweeps for the watchdog: strays that left a rank's group
-  (setsid) are found by the SMARTLAUNCH_RUN_ID their environment carries.
+`spawn()` starts a child in its own session (one group `Child.stop()` ends as a whole);
+`stop_all()` is the one stop with a grace. Every spawned child is registered with this
+process's guard (`python -m smartlaunch.guard`), which SIGKILLs every registered group and
+every process carrying our GUARD_VAR tag when we die. Run-id sweeps find strays that left a
+rank's group by the SMARTLAUNCH_RUN_ID their environment carries.
 """
 from __future__ import annotations
 
@@ -23,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -102,30 +94,33 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}" if code >= 0 else f"was killed by {signal_name(-code)}"
 
 
+def _environ(pid: int) -> list[bytes]:
+    """The process's environment entries; [] where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ours(exclude: Iterable[int], match: Callable[[list[bytes]], bool]) -> list[psutil.Process]:
+    """Live processes of this user (not this one, not `exclude`) whose environment matches."""
+    skip, uid = {os.getpid(), *exclude}, os.getuid()
+    return [p for p in psutil.process_iter(["pid", "uids"])
+            if p.info["pid"] not in skip and not (p.info["uids"] and p.info["uids"].real != uid)
+            and match(_environ(p.info["pid"])) and proc_state(p.info["pid"]).alive]
+
+
 def run_processes(run_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """Live processes of this user whose environment carries our run id."""
-    skip = {os.getpid(), *exclude}
     needle = f"{RUN_ID_VAR}={run_id}".encode()
-    out = []
-    uid = os.getuid()
-    for p in psutil.process_iter(["pid", "uids"]):
-        try:
-            if p.info["pid"] in skip or (p.info["uids"] and p.info["uids"].real != uid):
-                continue
-            with open(f"/proc/{p.info['pid']}/environ", "rb") as f:
-                env = f.read()
-        except (OSError, psutil.Error):
-            continue
-        if needle in env.split(b"\0") and proc_state(p.info["pid"]).alive:
-            out.append(p)
-    return out
+    return _ours(exclude, lambda env: needle in env)
 
 
 @contextlib.contextmanager
 def naming_output_copiers():
     """Processes forked inside this block are named OUTPUT_COPIER from their first instant
-    (a fork copies the thread's name), so kill_run's drain never sees an unnamed copier: under
-    load a trivial script could print, exit and be swept before its copier had run at all."""
+    (a fork copies the thread's name), so kill_run's drain never misses one."""
     old, me = _thread_name(), os.getpid()
     _set_thread_name(OUTPUT_COPIER.encode())
     try:
@@ -164,9 +159,7 @@ def _is_output_copier(p: psutil.Process) -> bool:
 def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[int] = (),
              timeout_s: float = 3.0, drain_s: float = 0.0) -> list[int]:
     """SIGKILL every process of the run until none is left or timeout; returns the pids killed.
-    With drain_s, the ranks' output copiers are spared that long: once every other process is
-    gone their pipes reach EOF and they exit by themselves after writing what is left (killed
-    at once, a job's last lines were lost: 'job says hi' missing from a CI run)."""
+    drain_s: the output copiers are spared that long, to write what is left and exit."""
     killed: list[int] = []
     for pid in group_leaders:
         if signal_group(pid, signal.SIGKILL):
@@ -190,27 +183,15 @@ def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[i
 
 
 def process_tagged(pid: int, prefix: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return any(e.startswith(prefix) for e in f.read().split(b"\0"))
-    except OSError:
-        return False
+    return any(e.startswith(prefix) for e in _environ(pid))
 
 
 def kill_tagged(var: str, value: str, exclude: Iterable[int] = (), timeout_s: float = 1.5) -> list[int]:
-    """SIGKILL every live process of this user whose environment holds var=value* (a prefix:
-    the guard's tag covers every child's tag)."""
+    """SIGKILL every live process of this user whose environment holds var=value*."""
     needle = f"{var}={value}".encode()
-    skip, uid, killed = {os.getpid(), *exclude}, os.getuid(), []
-    deadline = time.monotonic() + timeout_s
+    killed, deadline = [], time.monotonic() + timeout_s
     while True:
-        left = []
-        for p in psutil.process_iter(["pid", "uids"]):
-            pid = p.info["pid"]
-            if pid in skip or (p.info["uids"] and p.info["uids"].real != uid):
-                continue
-            if process_tagged(pid, needle) and proc_state(pid).alive:
-                left.append(pid)
+        left = [p.pid for p in _ours(exclude, lambda env: any(e.startswith(needle) for e in env))]
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -222,14 +203,12 @@ def kill_tagged(var: str, value: str, exclude: Iterable[int] = (), timeout_s: fl
         time.sleep(0.02)
 
 
-# ---- the guard: nothing we start outlives us ------------------------------------------------
 class _Guard:
     """Client side of `python -m smartlaunch.guard` (protocol in that module)."""
 
     def __init__(self):
         env = {k: v for k, v in os.environ.items() if k != GUARD_VAR}
-        # Under a spawned child (a trial's spawner starting its ranks), the tag extends the
-        # child's own: the outer guard's and Child.reap's prefix sweeps then find the ranks too.
+        # Under a spawned child the tag extends the child's own, so prefix sweeps find ours.
         self.tag = f"{os.environ.get(GUARD_VAR, '')}{os.getpid()}-{time.time_ns()}"
         self.spawned = 0
         self.proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.guard", self.tag],
@@ -244,9 +223,7 @@ class _Guard:
             pass
 
 
-# One guard per smartlaunch process (keyed by pid: a forked child must start its own): it is
-# the one thing that survives our SIGKILL, so it cannot be created per call without paying a
-# Python start (~40 ms) for every child.
+# One guard per smartlaunch process (keyed by pid: a forked child must start its own).
 _guards: dict[int, _Guard] = {}
 _spawn_lock = threading.Lock()
 
@@ -259,9 +236,7 @@ def guard() -> _Guard:
 
 
 def guard_tag(name: str) -> str:
-    """A GUARD_VAR value for processes we do not spawn() ourselves (torch's agent starts DDP
-    ranks): in their environment, it makes this process's guard end them, and everything
-    they fork, when we die."""
+    """A GUARD_VAR value for processes we do not spawn() ourselves (torch's agent's ranks)."""
     return f"{guard().tag}-{name}-"
 
 
@@ -292,29 +267,22 @@ class Child:
             return None
 
     def stop(self, first: int = signal.SIGTERM, grace_s: float = 3.0) -> int:
-        """`first` to the group, SIGKILL after grace_s; then end what the leader left behind
-        (orphaned DataLoader workers). Returns the leader's return code (stop_all)."""
+        """stop_all for this child; returns the leader's return code."""
         stop_all((self,), first, grace_s)
         return self.proc.returncode
 
     def reap(self) -> None:
-        """The leader exited: SIGKILL the rest of its group and stop guarding it. The session
-        id is the leader's pid, so only processes the child started are hit."""
+        """The leader exited: SIGKILL the rest of its group and stop guarding it."""
         signal_group(self.pid, signal.SIGKILL)
-        # torch's agent starts ranks in their own sessions: they are found by the tag
         kill_tagged(GUARD_VAR, self.tag, timeout_s=1.0)
         guard().send("-g", self.pid)
 
     def __enter__(self) -> "Child":
-        # SIGTERM/SIGHUP to us while the block runs: leave it as Ctrl-C does (an exception,
-        # so __exit__ passes the signal on and waits the grace) and exit 128+N.
         self._previous = _catch_termination()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        # A signal came to us (the children are in their own sessions, a terminal's Ctrl-C
-        # reaches only us): pass it on as torchrun does, then the grace; any other way out
-        # ends the tree.
+        # A signal to us is passed on as torchrun does; any other way out ends the tree.
         first = exc.signum if isinstance(exc, Signalled) else \
             signal.SIGINT if exc_type is KeyboardInterrupt else signal.SIGTERM
         try:
@@ -326,10 +294,8 @@ class Child:
 
 
 def stop_all(children: Iterable[Child], first: int = signal.SIGTERM, grace_s: float = 3.0) -> None:
-    """The one stop with a grace: `first` to every live child's group at once (as torchrun's
-    agent signals all its workers, so each one's hooks write what they measured), SIGKILL to
-    each still running grace_s later, then every child waited for and reaped (Child.reap:
-    what its leader left behind). Returns once all of them have exited."""
+    """`first` to every live child's group at once, SIGKILL to each still running grace_s
+    later, then every child waited for and reaped."""
     children = list(children)
     live = [c for c in children if c.returncode is None]
     for c in live:
@@ -352,8 +318,7 @@ class Signalled(SystemExit):
 
 
 class Interrupted(Signalled):
-    """A signal to smartlaunch ended the measurement `stage` ("the dry run"): the child
-    ended, nothing was launched. The CLI says so in one line; uncaught, it exits 128+N."""
+    """A signal to smartlaunch ended the measurement `stage` ("the dry run"); exits 128+N."""
 
     def __init__(self, signum: int, stage: str):
         super().__init__(signum)
@@ -384,8 +349,7 @@ def _restore(previous: dict) -> None:
 
 @contextlib.contextmanager
 def stage(name: str):
-    """Ctrl-C, SIGTERM or SIGHUP in the block raise Interrupted(name), as `with spawn(...,
-    stage=)` does (the all-reduce benchmark's ranks: a Ctrl-C there exited 130 in silence)."""
+    """Ctrl-C, SIGTERM or SIGHUP in the block raise Interrupted(name)."""
     previous = _catch_termination()
     try:
         yield
@@ -399,9 +363,8 @@ def stage(name: str):
 
 def spawn(argv: list[str], *, env: dict[str, str] | None = None, stage: str | None = None,
           **popen) -> Child:
-    """Start argv in its own session, guarded (module docstring). popen: stdin/stdout/stderr/cwd.
-    stage: what the child measures, for `with spawn(...)`: a signal to us in the block raises
-    Interrupted(stage) once the child has ended."""
+    """Start argv in its own session, guarded. stage: what the child measures; a signal to us
+    in `with spawn(...)` raises Interrupted(stage) once the child has ended."""
     g = guard()
     with _spawn_lock:       # spawns may come from threads (the launch's monitors)
         g.spawned += 1

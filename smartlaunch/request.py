@@ -37,7 +37,7 @@ class Request:
             f"--nnodes {self.nnodes}"
 
     def worker_command(self) -> tuple[str, ...]:
-        """The worker's command as the worker hook takes it (launch/worker.py): torchrun's
-        `[-m | --no-python] SCRIPT ARGS`, spelt `--module` for -m."""
+        """The worker's command as the worker hook takes it: `[--module | --no-python] SCRIPT
+        ARGS`."""
         flags = ("--no-python",) if self.no_python else ("--module",) if self.module else ()
         return (*flags, self.script, *self.script_args)

@@ -3,25 +3,11 @@ directory tree is a copy-on-write overlay.
 
     python -m smartlaunch.sandbox --scratch DIR [--keep DIR]... [--status FILE] -- ARGV...
 
-Before exec'ing ARGV: unshare a mount namespace (and a user namespace when not root, mapping
-our own uid/gid only), make every mount private, then mount an overlayfs over
-  - every writable mount of a real filesystem (NFS, ext4, xfs, tmpfs /tmp, ...), and
-  - each top-level directory of the root filesystem (/home, /root, /tmp, /work, /opt, ...),
-except /proc, /sys, /dev (GPU device nodes, /dev/shm for DataLoader and NCCL) and /run.
-Mounts below a covered directory (a container's driver libraries, a dataset) are bound back
-read-only on top of it, outermost first (_restore).
-Writes land in <scratch>/<n>/upper, which the parent deletes afterwards; the real files are
-never written. The --keep directories (where the child reports its result, and torch.compile's
-cache: compile_caches) are bind-mounted back on top, so they alone are shared. The namespace, and the overlays with it, vanish with
-the last process inside.
-
-Limits: directories under /dev, /dev/shm and /run are shared; a filesystem the kernel cannot
-use as an overlay lower layer (some FUSE and parallel filesystems) makes the whole isolation
-fail, which `dryrun.isolation: require` turns into "no dry run"; network side effects
-(uploads, a tracker's server) are not contained, hence the tracker variables in DRYRUN_ENV.
-
-`probe()` does the same set-up in a forked child that exits at once, so smartlaunch can say
-before profiling whether isolation is possible on this machine.
+Before exec'ing ARGV: unshare a mount namespace (and a user namespace mapping only our ids
+when not root), then overlay every writable real mount and each top-level directory except
+/proc, /sys, /dev and /run. Mounts below a covered directory are bound back read-only; writes
+land under <scratch>; the --keep directories alone stay shared. Network side effects are not
+contained, hence the tracker variables in DRYRUN_ENV.
 """
 from __future__ import annotations
 
@@ -64,7 +50,7 @@ def _mount_points() -> list[str]:
 
 
 def overlay_targets(mountinfo: str | None = None, root_entries: list[str] | None = None) -> list[str]:
-    """Directories to cover, parents before children (module docstring)."""
+    """Directories to cover, parents before children."""
     if mountinfo is None:
         with open("/proc/self/mountinfo") as f:
             mountinfo = f.read()
@@ -89,7 +75,6 @@ def overlay_targets(mountinfo: str | None = None, root_entries: list[str] | None
             if name in SHARED_TOP or path in mounts or os.path.islink(path) or not os.path.isdir(path):
                 continue
             out.append(path)
-    # a mount below a covered path must be covered after it (it reappears through the overlay)
     return sorted(set(out), key=lambda p: (p.count("/"), p))
 
 
@@ -115,19 +100,8 @@ def _depth(path: str) -> tuple[int, str]:
     return path.count("/"), path
 
 
-def _opened_any(path: str, fds: list[int]) -> str:
-    """An O_PATH handle on a file or directory, as a path that outlives the overlays."""
-    fd = os.open(path, os.O_PATH)
-    fds.append(fd)
-    return f"/proc/self/fd/{fd}"
-
-
 def _restore(libc, path: str, handle: str) -> None:
-    """Bind one mount an overlay hid back onto its own path, read-only: shared with the real
-    system as /dev and /proc are (drivers, datasets on their own filesystems are what the job
-    reads), and never written (a writable one, such as a container's /etc/hosts or a FUSE
-    home, cannot be covered by an overlay). Not recursive: each hidden mount is bound in its
-    own turn, so a target below it is covered after it."""
+    """Bind one mount an overlay hid back onto its own path, read-only (not recursive)."""
     _check(libc.mount(handle.encode(), path.encode(), None, MS_BIND, None),
            f"restoring the mount at {path}")
     _check(libc.mount(None, path.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None),
@@ -135,8 +109,8 @@ def _restore(libc, path: str, handle: str) -> None:
 
 
 def isolate(scratch: str, keep: list[str]) -> list[str]:
-    """Enter the namespace and mount the overlays (module docstring); returns what is covered.
-    Raises IsolationError naming the first step the kernel refused."""
+    """Enter the namespace and mount the overlays; returns what is covered. IsolationError
+    names the first step the kernel refused."""
     libc = _libc()
     targets = overlay_targets()
     cwd = os.getcwd()
@@ -150,40 +124,35 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
-    # Open every lower, upper and kept directory after unshare (layers
-    # must belong to this namespace) and before the first overlay hides its path.
+    # Layers are opened after unshare and before the first overlay hides their paths.
     fds = []
 
-    def opened(path: str, nofollow: int = 0) -> str:
-        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | nofollow)
+    def opened(path: str, flags: int = os.O_DIRECTORY) -> str:
+        """An O_PATH handle, as a path that outlives the overlays."""
+        fd = os.open(path, os.O_PATH | flags)
         fds.append(fd)
         return f"/proc/self/fd/{fd}"
 
-    kept = [(os.path.realpath(k), opened(k, os.O_NOFOLLOW)) for k in keep]
+    kept = [(os.path.realpath(k), opened(k, os.O_DIRECTORY | os.O_NOFOLLOW)) for k in keep]
     below = [m for m in _mount_points() if m != "/"]
-    # Every layer and every mount below a target is opened before the first overlay: an
-    # overlay shows its lower filesystem without the mounts on it, so once /usr is covered
-    # the path /usr/lib/.../libcuda.so.1 no longer reaches the driver library a container
-    # runtime bind-mounted there (the isolated dry run would then run on the CPU without a
-    # word), and a nested target opened late would get the empty directory under its own mount.
+    # Mounts below a target are opened now too: an overlay hides them (a container's driver
+    # libraries, bind-mounted under /usr, would be lost).
     lower = {t: opened(t) for t in targets}
     hidden = {}
     for m in below:
         if m not in lower and any(m.startswith(t + "/") for t in targets):
             try:
-                hidden[m] = _opened_any(m, fds)
+                hidden[m] = opened(m, 0)
             except OSError:
                 pass                      # gone or unreadable: nothing to restore
-    # Targets and hidden mounts in one pass, outermost first: an overlay covers its mounts,
-    # each is bound back after it, and a target below a restored mount is covered after that.
+    # Targets and hidden mounts in one pass, outermost first.
     queue, covered = sorted([*targets, *hidden], key=_depth), []
     os.makedirs(scratch, exist_ok=True)
     root_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
     fds.append(root_fd)
 
     def scratch_dir(name: str) -> str:
-        # relative to an fd opened before the overlays: /tmp may be covered by then, and a
-        # copy-up of a directory owned by an unmapped id fails (EOVERFLOW)
+        # relative to an fd opened before the overlays: /tmp may be covered by then
         os.mkdir(name, dir_fd=root_fd)
         fd = os.open(name, os.O_PATH | os.O_DIRECTORY, dir_fd=root_fd)
         fds.append(fd)
@@ -202,9 +171,8 @@ def isolate(scratch: str, keep: list[str]) -> list[str]:
             covered.append(target)
             continue
         err = ctypes.get_errno()
-        # In a user namespace the kernel refuses to mount over a directory with (locked)
-        # mounts below it (EINVAL): cover its subdirectories instead. Files right in it stay
-        # shared, harmless only when we cannot write there.
+        # EINVAL over locked mounts in a user namespace: cover the subdirectories instead
+        # (files right in it stay shared: only when we cannot write there).
         inner = [m for m in below if m.startswith(target + "/")]
         if err != errno.EINVAL or not inner or os.access(target, os.W_OK):
             raise IsolationError(err, f"overlay over {target}: {os.strerror(err)}")
@@ -253,8 +221,7 @@ def probe(scratch_parent: str | None = None) -> str | None:
 
 
 def unmapped_dirs(paths, targets: list[str], uid: int, gid: int) -> list[str]:
-    """Directories a non-root overlay cannot copy up (owned by an id our user namespace cannot
-    map): a write below one fails in the dry run with EOVERFLOW, so isolation is refused."""
+    """Directories a non-root overlay cannot copy up (owned by an id it cannot map)."""
     bad = []
     for path in paths:
         path = os.path.realpath(path)
@@ -273,13 +240,11 @@ def unmapped_dirs(paths, targets: list[str], uid: int, gid: int) -> list[str]:
     return bad
 
 
-# Probing costs a fork and ~15 overlay mounts (0.17 s here); the dry run and each trial ask.
 _probed: dict[tuple, str | None] = {}
 
 
 def unavailable(paths=()) -> str | None:
-    """Why the dry run cannot be isolated here (None: it can). paths: where the job writes
-    that we know of (cwd, the script's directory, $HOME)."""
+    """Why the dry run cannot be isolated here (None: it can); paths: where the job writes."""
     key = (os.getuid(), tuple(paths))
     if key not in _probed:
         why = probe()
@@ -294,13 +259,8 @@ def unavailable(paths=()) -> str | None:
 
 
 def compile_caches(environ: Mapping[str, str]) -> list[str]:
-    """torch.compile's caches as the script would use them: TORCHINDUCTOR_CACHE_DIR, else
-    torch's default <temp dir>/torchinductor_<user> (inductor keeps its Triton kernels below
-    it), and TRITON_CACHE_DIR where set. Kept shared through the sandbox, so that the launch
-    and the trials after the dry run find what it compiled instead of compiling again (the
-    caches are keyed by the code, the torch build and the device). Only a directory that
-    exists already, is ours, is not a link, and no one else can write: one that is not there
-    is not made, and the dry run's compile then goes with its overlay."""
+    """torch.compile's cache directories as the script would use them, kept shared through
+    the sandbox: only those that exist, are ours, are not links and no one else can write."""
     paths = [environ.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_default(environ),
              environ.get("TRITON_CACHE_DIR")]
     out = []
@@ -334,7 +294,7 @@ def _inductor_default(environ: Mapping[str, str]) -> str:
 
 def wrap(argv: list[str], scratch: str, keep: list[str], status: str,
          python: str = sys.executable) -> list[str]:
-    """argv run inside the sandbox (see main)."""
+    """argv run inside the sandbox."""
     opts = ["--scratch", scratch, "--status", status]
     for k in keep:
         opts += ["--keep", k]
@@ -359,8 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     if not scratch or not cmd:
         sys.exit("usage: python -m smartlaunch.sandbox --scratch DIR [--keep DIR]... "
                  "[--status FILE] -- ARGV...")
-    # Opened before the overlays hide where it lives. A new file in the caller's own temp dir
-    # (mkdtemp): O_EXCL|O_NOFOLLOW, so nothing there is truncated or written through a link.
+    # Opened before the overlays hide it; O_EXCL|O_NOFOLLOW: never through a link.
     report = os.fdopen(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                | os.O_CLOEXEC, 0o600) if status else
                        os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC), "w")

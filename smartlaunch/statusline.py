@@ -1,15 +1,6 @@
-"""One status line on stderr while smartlaunch works before (or instead of) the job's output.
-
-On a terminal the line is redrawn in place (carriage return, erase to end of line) and erased
-before anything else is written: the job's output, an error, the decision line. Elsewhere (a
-Slurm log, a pipe) a log wants no carriage returns: one line per stage, and for a long stage
-one repeat per `every_s` (a minute by default) so a log shows that it is still alive.
-
-`ticking(text)` redraws the line once a second with the seconds spent so far, from a daemon
-thread, until the next stage or clear(); `progress(text)` replaces a ticking stage's words
-("dry run step 7 of 26") on a terminal and writes nothing elsewhere, so a log keeps one line
-per stage. Nothing here decides or measures anything.
-"""
+"""One status line on stderr while smartlaunch works before the job's output: redrawn in
+place on a terminal and erased before anything else is written; elsewhere one line per stage,
+repeated every `every_s` for a long stage."""
 from __future__ import annotations
 
 import sys
@@ -41,7 +32,6 @@ class StatusLine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # ---- public ---------------------------------------------------------------------------
     def stage(self, text: str) -> None:
         """A new stage: drawn in place on a terminal, one line elsewhere."""
         with self._lock:
@@ -64,8 +54,7 @@ class StatusLine:
                 self._thread.start()
 
     def progress(self, text: str) -> None:
-        """Where a ticking stage has got: redrawn now on a terminal (the seconds go on);
-        nothing elsewhere."""
+        """Where a ticking stage has got: redrawn on a terminal; nothing elsewhere."""
         with self._lock:
             if not self.tty or self._text is None:
                 return
@@ -97,7 +86,6 @@ class StatusLine:
         """A bytes stream for a child's stderr that erases the line before each write."""
         return _Echo(self, binary)
 
-    # ---- inside ---------------------------------------------------------------------------
     def _show(self, text: str, *, new_stage: bool) -> None:
         if self.tty:
             self._write(_ERASE + PREFIX + text + "\x1b[K" if not self._shown else

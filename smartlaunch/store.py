@@ -1,23 +1,10 @@
 """The cache store every layer writes through: one JSON file per key under the policy's
-cache directory. Ground floor (the dry run, the all-reduce curve and the trials all keep
-results here).
+cache directory, and the file helpers for directories others may reach.
 
-The cache dir is policy.paths.cache_dir with ~ expanded; when it is the built-in default and
-XDG_CACHE_HOME is set, $XDG_CACHE_HOME/smartlaunch is used instead.
-
-Shared directories are hostile: directories are created 0o700, a cache dir that is a symlink,
-not owned by the user, or group/world-writable without the sticky bit is refused; files are
-read with O_NOFOLLOW and written through a temp file in the same directory + os.replace, so
-concurrent writers never leave a torn file. Files named in a private directory are opened
-O_NOFOLLOW (open_private) or made new with O_EXCL (mapped_record); dir_problem says why a
-directory others may reach is not one to write in; flock_holder names a lock's holder.
-
-A cache is a saving, never a need: a cache directory that cannot be written (full, read-only,
-not this user's to write) is said once (`cache_folder`, `keep`) and the launch measures without
-caching. What is read back is checked before use: `load` parses a record with its type's
-from_dict, whose checks (the cache's readers of wire.py: `obj`, `number`, `integer`, ...)
-raise BadRecord naming the field; a bad record is said once and treated as absent, so it is
-measured again.
+Directories are created 0o700 and refused when they are links, not ours, or writable by
+others; files are read O_NOFOLLOW and written whole (a temp file + os.replace). A cache that
+cannot be written is said once and the launch measures without it; a bad record read back
+(BadRecord) is said once and treated as absent.
 """
 from __future__ import annotations
 
@@ -34,12 +21,8 @@ from smartlaunch import wire
 from smartlaunch.errors import BadValue, PolicyError
 
 DEFAULT_CACHE_DIR = "~/.cache/smartlaunch"
-# What a write to a cache directory can meet that no retry fixes: the launch goes on without it.
 UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
-# Free bytes a directory needs before we write logs or mapped records there: a rank's mapped
-# step counter on a full file system dies of SIGBUS at its first store, a printing dry run of
-# ENOSPC at its first print.
-MIN_FREE_BYTES = 1 << 20
+MIN_FREE_BYTES = 1 << 20        # free space needed before we write logs or mapped records
 MAX_RECORD_BYTES = 4 << 20      # a record is a few KiB; a larger file is not one we wrote
 MAX_SECONDS = 1e7               # ~4 months: no step, window, dry run or trial lasts longer
 MAX_TEXT = 64 << 10             # a note, an error tail, a device name
@@ -47,9 +30,7 @@ MAX_ITEMS = 4096                # GPUs of a group, points of a curve, entries of
 
 
 class BadRecord(BadValue, ValueError):
-    """A stored record that is not what its reader expects (CACHE, below). `field` names the
-    first bad field ("curve.points[3][1]"), `why` what is wrong with it; str(): "field: why".
-    A bad value is named as it is (`shown`: "the string 'fast'"): the file is the user's own."""
+    """A stored record that is not what its reader expects; str(): "field: why"."""
 
     def __init__(self, field: str, why: str):
         super().__init__(field, why, f"{field}: {why}")
@@ -67,8 +48,7 @@ class BadRecord(BadValue, ValueError):
         return f"{v!r}"[:40]
 
 
-# The cache's readers (wire.py), as its records' from_dict call them: a bad field is a
-# BadRecord; strings are the user's own, kept as written.
+# The cache's readers (wire.py): a bad field is a BadRecord; strings kept as written.
 CACHE = wire.Reader(BadRecord, max_text=MAX_TEXT, max_items=MAX_ITEMS, printable=False)
 integer, number, flag, text = CACHE.integer, CACHE.number, CACHE.flag, CACHE.text
 items, obj, required, optional, within = (CACHE.items, CACHE.obj, CACHE.required,
@@ -76,9 +56,7 @@ items, obj, required, optional, within = (CACHE.items, CACHE.obj, CACHE.required
 
 
 class CacheUnwritable(PolicyError):
-    """A cache directory that cannot take a write: `directory`, and the system's words for why
-    (`strerror`). Callers that can measure without caching catch it (cache_folder, keep);
-    uncaught it is a PolicyError (exit 3)."""
+    """A cache directory that cannot take a write (`directory`, `strerror`)."""
 
     def __init__(self, directory, strerror: str):
         super().__init__(f"cache directory {directory} is not writable ({strerror}); set "
@@ -102,8 +80,7 @@ def cache_root(policy, environ) -> Path:
 
 
 def log_root(policy, environ) -> Path:
-    """launch.log_dir, where every launch makes its run directory; its built-in "" is logs/
-    under the cache directory (cache_root), so it moves with SMARTLAUNCH_CACHE_DIR."""
+    """launch.log_dir, where every launch makes its run directory ("": logs/ in the cache)."""
     if not policy.launch.log_dir:
         return cache_root(policy, environ) / "logs"
     raw = policy.launch.log_dir
@@ -112,9 +89,8 @@ def log_root(policy, environ) -> Path:
 
 
 def missing_home(path: str, environ) -> str | None:
-    """HOME, when `path` lies under it and it does not exist. A service account's
-    HOME=/nonexistent made a launch create /nonexistent/.cache/smartlaunch/... at the
-    filesystem root (as root); a missing home is a mistake to name, not a directory to make."""
+    """HOME, when `path` lies under it and it does not exist (a mistake to name, not a
+    directory to make)."""
     home = environ.get("HOME") or os.path.expanduser("~")
     if not home or os.path.isdir(home):
         return None
@@ -123,8 +99,8 @@ def missing_home(path: str, environ) -> str | None:
 
 
 def private_dir(path: Path) -> Path:
-    """Create (0o700) or verify a directory we may trust; raise PolicyError otherwise:
-    CacheUnwritable where it cannot be created (full, read-only, not ours to write)."""
+    """Create (0o700) or verify a directory we may trust; PolicyError otherwise
+    (CacheUnwritable where it cannot be created)."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         st = os.lstat(path)
@@ -170,9 +146,8 @@ def free_bytes(path) -> int | None:
 
 
 def write_json(path: Path, data: dict, mode: int | None = None) -> None:
-    """Whole or not at all (a temp file renamed over it); mode: its permissions (mkstemp's
-    0o600 otherwise). CacheUnwritable when the directory cannot take it (nothing left
-    behind); other OSErrors as they come."""
+    """Whole or not at all; mode: its permissions (else 0o600). CacheUnwritable when the
+    directory cannot take it."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
@@ -195,8 +170,6 @@ def write_json(path: Path, data: dict, mode: int | None = None) -> None:
         raise
 
 
-# --- the cache as the launch uses it: said once, never a lost launch -------------------------
-
 _SAID: set[str] = set()     # lines said by this process: a record read twice is said once
 
 
@@ -218,10 +191,8 @@ def say_unwritable(root: Path, exc: OSError | CacheUnwritable) -> None:
 
 
 def cache_folder(root: Path, name: str) -> Path:
-    """<root>/<name>, one kind of cache entry: created 0o700 where it can be, verified where it
-    exists (PolicyError when it or `root` is unsafe: a link, not ours, open to others). Where
-    it cannot be created it is said once (say_unwritable) and returned as is: reads find
-    nothing there and `keep` skips the writes."""
+    """<root>/<name>, created or verified (private_dir); where it cannot be created, said
+    once and returned as is."""
     try:
         return private_dir(private_dir(root) / name)
     except CacheUnwritable as exc:
@@ -230,8 +201,7 @@ def cache_folder(root: Path, name: str) -> Path:
 
 
 def keep(root: Path, path: Path, data: dict, mode: int | None = None) -> bool:
-    """write_json for a cache entry under the cache directory `root`: False, said once, when
-    the cache cannot take it (or its folder could not be made: said by cache_folder)."""
+    """write_json for a cache entry: False, said once, when the cache cannot take it."""
     try:
         write_json(path, data, mode)
         return True
@@ -243,10 +213,8 @@ def keep(root: Path, path: Path, data: dict, mode: int | None = None) -> bool:
 
 
 def load(path: Path, parse, what: str, *, then: str = "measuring again", read=None):
-    """parse(the JSON at path), or None: absent or unreadable, or a bad record (parse raised
-    BadRecord; not JSON; larger than MAX_RECORD_BYTES), which is said once: "ignoring the
-    cached <what> at <path> (<field>: <why>); <then>". read: how the file is read (default
-    read_record; trusted_json for a file others may have written)."""
+    """parse(the JSON at path), or None: absent, unreadable, or a bad record (said once).
+    read: how the file is read (default read_record)."""
     try:
         data = read_record(path) if read is None else read(path)
         return None if data is None else parse(data)
@@ -256,9 +224,8 @@ def load(path: Path, parse, what: str, *, then: str = "measuring again", read=No
 
 
 def read_record(path: Path, trusted: Callable[[os.stat_result], bool] | None = None):
-    """The JSON value at `path` (opened without following a link, a regular file, and one
-    whose stat `trusted` accepts when given: trusted_json), or None when absent, unreadable
-    or not accepted; BadRecord when it is not JSON or larger than MAX_RECORD_BYTES."""
+    """The JSON value of the regular file at `path` (no link followed; its stat accepted by
+    `trusted` if given), or None; BadRecord when not JSON or too large."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -275,13 +242,8 @@ def read_record(path: Path, trusted: Callable[[os.stat_result], bool] | None = N
 
 
 def mapped_record(path, size: int, mode: int = 0o644):
-    """A new zero-filled file of `size` bytes mapped into memory: the fixed-size records a
-    process updates with plain stores on a hot path (step counters, work time) and another
-    process reads without any call into the writer. Its directory is created (0o700) when
-    missing. The file is created O_EXCL|O_NOFOLLOW: a name already there (a restarted rank's
-    old record, or anything planted) is unlinked first -- unlink removes the name and never
-    follows a link -- so nothing is ever truncated or written through a link or in a file
-    someone else made. OSError when it cannot be made."""
+    """A new zero-filled file of `size` bytes mapped into memory, created O_EXCL|O_NOFOLLOW
+    (a name already there is unlinked first, never followed). OSError when it cannot be made."""
     import mmap
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", mode=0o700, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -298,10 +260,8 @@ def mapped_record(path, size: int, mode: int = 0o644):
 
 
 def open_private(path, mode: str = "a", *, buffering: int = -1, encoding: str | None = None):
-    """A file object for writing `path` ("a"/"ab": appended, created when missing; "w"/"wb":
-    created or emptied), opened O_NOFOLLOW (a link at the name is an OSError, never followed),
-    new files 0o600. For files named inside a directory only we can write (a run directory:
-    mkdtemp, 0o700), where nobody else can plant anything; O_NOFOLLOW holds even so."""
+    """A file object for writing `path` ("a": appended; "w": emptied), opened O_NOFOLLOW,
+    new files 0o600."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     flags |= os.O_APPEND if mode.startswith("a") else os.O_TRUNC
     fd = os.open(path, flags, 0o600)
@@ -323,8 +283,7 @@ def owner_name(uid: int) -> str:
 
 def dir_problem(st: os.stat_result) -> str | None:
     """Why a directory we create files in (lstat'ed) is not safe, or None: it must be a
-    directory, not a link, owned by us or root, and if group/others may write it, sticky
-    (others can then neither remove nor rename what we create). The end of one sentence."""
+    directory, owned by us or root, and sticky if others may write it."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):
@@ -338,8 +297,7 @@ def dir_problem(st: os.stat_result) -> str | None:
 
 
 def unsafe_dir_message(where: str, path: str, why: str, key: str) -> str:
-    """The one line refusing a directory `dir_problem` found unsafe; `where` names the setting
-    and its source, `key` the setting to change."""
+    """The one line refusing a directory `dir_problem` found unsafe."""
     if why == "is a symbolic link":
         fix = f"set {key} to the directory it points to ({os.path.realpath(path)})"
         return (f"{where}: {path} {why}: smartlaunch follows no link to a directory it writes "
@@ -349,8 +307,7 @@ def unsafe_dir_message(where: str, path: str, why: str, key: str) -> str:
 
 
 def flock_holder(fd: int) -> str:
-    """Who holds a flock on the file open at `fd`, from /proc/locks: 'pid N (user U)', or
-    'another process' where that cannot be read."""
+    """Who holds a flock on the file open at `fd`: 'pid N (user U)', or 'another process'."""
     st = os.fstat(fd)
     inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
@@ -370,21 +327,15 @@ def flock_holder(fd: int) -> str:
 
 
 def read_capped(path: str, limit: int) -> bytes | None:
-    """The file's bytes, or None when it holds more than `limit` (read no further: a user's
-    /dev/zero must not fill memory)."""
+    """The file's bytes, or None when it holds more than `limit` (read no further)."""
     with open(path, "rb") as f:
         data = f.read(limit + 1)
     return data if len(data) <= limit else None
 
 
 def trusted_json(path: Path, top: Path):
-    """The JSON value at `path` (under the directory `top`) if nobody but root or this user
-    could have written it: the file and every directory from `top` down to it owned by root
-    or by us and not group/world-writable, the file opened without following a link. None
-    otherwise, and when absent or unreadable: another user's file is not a measurement to
-    plan on (the node cache the Slurm prolog writes as root, read by every user's launch).
-    A trusted file that is not JSON or too large: BadRecord, as read_record; its value, of
-    whatever JSON type, is the caller's to check."""
+    """read_record of `path` if nobody but root or this user could have written it (the file
+    and every directory from `top` down to it), else None."""
     me = os.getuid()
 
     def ok(st) -> bool:
@@ -406,5 +357,5 @@ def trusted_json(path: Path, top: Path):
 
 
 def write_public_json(path: Path, data: dict) -> None:
-    """write_json for a file every user may read (0o644): the node cache root writes."""
+    """write_json for a file every user may read (0o644)."""
     write_json(path, data, 0o644)

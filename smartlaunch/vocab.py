@@ -1,9 +1,5 @@
 """The words every layer shares: strategy names, link classes and families, NUMA modes, and
-the "0-3,8" range notation of CPU and GPU lists. Ground floor: imports nothing of smartlaunch.
-
-One place each, so a new strategy, link family or NUMA mode is added here and nowhere else
-(the policy validator, the CLI's --strategy choices and the Plan's enum all read these).
-"""
+the "0-3,8" range notation. Imports nothing of smartlaunch."""
 from __future__ import annotations
 
 import enum
@@ -26,8 +22,7 @@ LINK_FAMILIES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 UNKNOWN_LINK = "??"                             # NVML could not say; link_rank() sorts it last
 # Families whose P2P path works on any sane machine (NCCL uses P2P there unless told not to).
 P2P_FAMILIES = ("NV", "PIX", "PXB")
-# NCCL_P2P_LEVEL names, nearest first, and NCCL's legacy integers (0 LOC, 1 PIX, 2 PXB,
-# 3 PHB, 4 and above SYS: NCCL's docs; NVL has no integer).
+# NCCL_P2P_LEVEL names, nearest first, and NCCL's legacy integers (4 and above: SYS).
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 _P2P_LEGACY = ("LOC", "PIX", "PXB", "PHB", "SYS")
 # The P2P level that still covers each family's path.
@@ -66,7 +61,6 @@ def p2p_level(value: str) -> str | None:
     return None
 
 
-# ---- "0-3,8,10-11": Linux cpulists, Slurm GPU lists ---------------------------------------
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 

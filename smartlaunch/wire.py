@@ -1,32 +1,7 @@
-"""Values smartlaunch did not write itself, read into typed, bounded Python values: what a
-multi-node job's nodes read from its rendezvous store (pipeline_nodes.py,
-profile/internode.py) and what the cache gives back (store.py: profile, curve, trial, rates,
-calibration). Ground floor.
-
-A `Reader` holds the readers for one kind of source: what they raise (an errors.BadValue:
-WireError for another node's values, store.BadRecord for a cache file's, each with its own
-message and way of naming a bad value), the bounds of a string and of a list where a call
-gives none, and whether strings are made printable. `NET` is the rendezvous store's; its
-readers are this module's functions (`wire.integer`, ...). Each takes the decoded JSON value
-and where it is (its field path, for the error) and returns the value, or raises naming the
-field and what is wrong (one line):
-
-- `loads`: the raw text, at most `cap` bytes, UTF-8, JSON, not nested past Python's limit;
-- `integer`: an int (not a bool) in the range given; `number`: a finite int or float in range
-  (or > 0: `positive`);
-- `text`: a str of at most `limit` characters; a printable reader's has its control characters
-  (terminal escapes, CR, NUL; newlines and tabs too unless `lines`) replaced by U+FFFD, so it
-  can be shown;
-- `items`: a list of at most `limit` items; `obj`: an object; `choice`: a text among the
-  allowed ones; `required`, `optional`, `within`: a field that must be there, one that may be
-  null, a nested record's errors named from the top;
-- `record`: an object whose every key is a field of the dataclass, every field without a
-  default present, each value read by its type (int, float, str, bool, `X | None`, str
-  enums, `tuple[X, ...]`, `tuple[X, Y]`, `dict[str, X]`, nested dataclasses) or by the
-  reader the caller gives for that field name or type.
-
-What a value may be used for is the caller's contract (docs/trust-model.md): nothing read from
-the network names code, an environment variable or a path to run.
+"""Values smartlaunch did not write itself (another node's, a cache file's), read into typed,
+bounded Python values. Each reader takes the decoded JSON value and its field path and returns
+the value, or raises the Reader's error (an errors.BadValue) naming the field, in one line.
+`NET` is the rendezvous store's Reader; its readers are this module's functions.
 """
 from __future__ import annotations
 
@@ -55,9 +30,8 @@ _CONTROL_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class Reader:
-    """The readers of one kind of source (module docstring): they raise `error`, bound a
-    string by max_text and a list by max_items where the call gives no limit, and, when
-    `printable`, replace a string's control characters (a stranger's text, to be shown)."""
+    """The readers of one kind of source: they raise `error`, bound a string by max_text and
+    a list by max_items by default, and when `printable` replace control characters."""
 
     def __init__(self, error: type[BadValue], *, max_text: int, max_items: int,
                  printable: bool):
@@ -65,8 +39,7 @@ class Reader:
         self.printable = printable
 
     def loads(self, raw: bytes | str, cap: int, where: str = "") -> Any:
-        """The JSON value of `raw` (all of it, or a file's first cap + 1 bytes); the error when
-        it is over `cap` bytes or not JSON."""
+        """The JSON value of `raw`; the error when it is over `cap` bytes or not JSON."""
         if len(raw) > cap:
             raise self.error(where, f"{len(raw)} bytes, more than the {cap} it may be")
         try:
@@ -152,8 +125,7 @@ class Reader:
         return None if v is None else read(v, where, *args, **kw)
 
     def within(self, prefix: str, parse: Callable[[Any], Any], v: Any) -> Any:
-        """parse(v) for a record nested at `prefix`: its error's field named from the top
-        ("curve.points[2]"; "curve" where the error is the record's own, field RECORD)."""
+        """parse(v) for a record nested at `prefix`: its error's field named from the top."""
         try:
             return parse(v)
         except self.error as exc:
@@ -162,9 +134,8 @@ class Reader:
 
     def record(self, cls, v: Any, where: str, *, fields: Mapping[str, Read] | None = None,
                readers: Mapping[type, Read] | None = None) -> dict[str, Any]:
-        """The keyword arguments of `cls` (a dataclass) from the object `v`: unknown keys and
-        missing fields without a default are errors; `fields` reads a field by its name (this
-        level only), `readers` a type wherever it appears (nested records too)."""
+        """The keyword arguments of the dataclass `cls` from the object `v`, each read by its
+        type; `fields` reads a field by name (this level), `readers` a type (everywhere)."""
         d = self.obj(v, where)
         hints = _hints(cls)
         unknown = sorted(k for k in d if k not in hints)
@@ -223,8 +194,7 @@ class Reader:
 
 
 def line(v: Any, limit: int) -> str:
-    """Any string as one printable line of at most `limit` characters (cut with "…"); not a
-    check: for text only shown (a host name, an error message)."""
+    """Any string as one printable line of at most `limit` characters (cut with "…")."""
     s = _CONTROL_LINE.sub(" ", v if isinstance(v, str) else "")
     return s if len(s) <= limit else s[:limit - 1] + "…"
 

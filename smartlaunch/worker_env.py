@@ -1,12 +1,6 @@
-"""torchrun's worker environment contract, for processes smartlaunch starts without an agent
-(the dry run, the all-reduce measurement, trials, single and independent jobs). Ground floor: the
-profile and launch layers both start workers, so neither may own it.
-
-Matches what torch's LocalElasticAgent sets for a one-rank group (checked against a real
-`torchrun --nproc-per-node 1` in tests/test_cli_launch.py), except
-TORCHELASTIC_USE_AGENT_STORE=False: there is no agent store, so a script's
-init_process_group must create its own TCPStore instead of waiting for one that never comes.
-"""
+"""torchrun's worker environment, for processes smartlaunch starts without an agent: what
+torch's LocalElasticAgent sets, except TORCHELASTIC_USE_AGENT_STORE=False (there is no agent
+store, so the script's init_process_group creates its own)."""
 from __future__ import annotations
 
 import os
@@ -28,9 +22,8 @@ def single_rank_env(master_port: int | None = None, run_id: str | None = None) -
 
 def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: str | None = None,
              environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What torch's LocalElasticAgent gives local rank `rank` of `nproc` on one node (a trial's
-    ranks, started without the agent). environ: the variables the agent passes on rather than
-    sets (TORCH_NCCL_ASYNC_ERROR_HANDLING; OMP_NUM_THREADS is the caller's, as in run.py)."""
+    """What torch's LocalElasticAgent gives local rank `rank` of `nproc` on one node.
+    environ: where the variables the agent passes on rather than sets come from."""
     run_id = run_id or str(uuid.uuid4())
     n, r = str(nproc), str(rank)
     return {
@@ -49,8 +42,7 @@ def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: s
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
-        # Written by @record only when the script fails; the random run id keeps the name
-        # unguessable in a shared /tmp, and nothing is created up front (no temp dir leak).
+        # Written by @record only on failure; the random run id keeps the name unguessable.
         "TORCHELASTIC_ERROR_FILE": os.path.join(
             tempfile.gettempdir(),
             f"smartlaunch-error-{run_id}" + (f"-{rank}" if nproc > 1 else "") + ".json"),
@@ -60,12 +52,8 @@ def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: s
 
 
 def narrow_visible(gpus, environ: Mapping[str, str], topology) -> str:
-    """CUDA_VISIBLE_DEVICES selecting `gpus` (CUDA ordinals as this process sees them).
-
-    With CUDA_VISIBLE_DEVICES already set, keep its own tokens (indices, UUIDs or MIG UUIDs)
-    so the child sees exactly the devices we picked; otherwise name them by UUID, which is
-    immune to CUDA_DEVICE_ORDER.
-    """
+    """CUDA_VISIBLE_DEVICES selecting `gpus` (CUDA ordinals as this process sees them): the
+    current variable's own tokens, else UUIDs (immune to CUDA_DEVICE_ORDER)."""
     current = environ.get("CUDA_VISIBLE_DEVICES")
     if current is not None and current.strip():
         tokens = [t.strip() for t in current.split(",") if t.strip()]

@@ -1,6 +1,5 @@
-"""The decide half of a strategy unit (smartlaunch/strategies/): what decide() and --explain
-ask of a strategy. decide/ names no strategy where a unit can answer; the caller passes the
-units (pipeline: strategies.REGISTRY), keyed by their NAME."""
+"""What decide() and --explain ask of a strategy unit (strategies/), and the decision's
+inputs, needs and measurements."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,11 +19,9 @@ from smartlaunch.topology.api import Topology
 
 class Role(str, enum.Enum):
     """What a unit's candidates are to the automatic choice (select.choose_auto)."""
-    BASELINE = "baseline"  # one process on one GPU: every speedup is relative to it (single)
-    SCALED = "scaled"      # one job on N GPUs: wins by samples/s when speedup / N meets the
-    #                        policy's decision.min_efficiency (ddp)
-    SWEEP = "sweep"        # the request's variants side by side, weighed against the best
-    #                        SCALED candidate by its own prefer() (independent)
+    BASELINE = "baseline"  # one process on one GPU: every speedup is relative to it
+    SCALED = "scaled"      # one job on N GPUs, judged by decision.min_efficiency
+    SWEEP = "sweep"        # the variants side by side, weighed by its own prefer()
 
 
 class Variants(str, enum.Enum):
@@ -35,61 +32,49 @@ class Variants(str, enum.Enum):
 
 
 class Trial(Protocol):
-    """Measures one candidate by a few real steps (profile.trial; pipeline numbers them)."""
+    """Measures one candidate by a few real steps."""
 
     def __call__(self, strategy: str, gpus: tuple[int, ...], attempt: int = 1) -> float | None:
-        """samples/s of `strategy` on `gpus`, or None when the trial could not measure;
-        attempt > 1: measured again (another draw)."""
+        """samples/s, or None when the trial could not measure; attempt > 1: another draw."""
 
     def planned(self, n: int) -> None:
-        """A round of n trials starts (the status line says "trial 2 of n"); a later round
-        (a trial the first one's corrections add, select._trials) continues the count."""
+        """A round of n more trials starts."""
 
 
 class StrategyUnit(Protocol):
     NAME: str          # a vocab.Strategy member; the Plan's and the candidates' `strategy`
-    # Ranks that torch's agent starts and that talk through NCCL: they get the NCCL table of
-    # their group's link class, and torchrun's own --numa-binding replaces smartlaunch's.
-    COLLECTIVE: bool
+    COLLECTIVE: bool   # ranks talk through NCCL: they get their link class's NCCL table
     ROLE: Role
     VARIANTS: Variants
-    # What torchrun itself would launch: the choice for a profile that cannot be measured,
-    # and for a multi-node launch (largest group).
-    TORCHRUN: bool
+    TORCHRUN: bool     # what torchrun itself would launch
     TRIAL: bool        # a Trial can measure its candidates (profile.trial runs it)
     WORD: str          # its family in sentences: "DDP", "independent jobs"
 
     def forced(self, ctx) -> Any:
-        """The Choice (select.Choice) when --strategy names this unit, or None to let the
-        candidates decide. ctx: decide.Ctx (request, topology, policy, usable GPUs...)."""
+        """The select.Choice when --strategy names this unit, or None; ctx: decide.Ctx."""
 
     def candidates(self, ctx, forced) -> dict[tuple, tuple[Candidate, Prediction | None]]:
-        """(NAME, gpus) -> (candidate, prediction or None); reasons for those not considered
-        go to ctx.reasons. forced: the forced Choice or None."""
+        """(NAME, gpus) -> (candidate, prediction or None); forced: the forced Choice."""
 
     def cpu_plan(self, request, policy, why: str, reasons: list, base: dict) -> Plan:
-        """The plan on a machine without GPUs (why: what NVML said); reasons: those so far,
-        base: the Plan fields every plan shares."""
+        """The plan without GPUs; base: the Plan fields every plan shares."""
 
     def plan_fields(self, ctx, choice) -> dict[str, Any]:
-        """The chosen plan's fields this strategy fills: nproc_per_node, and any of
-        link_class, fallback_gpus, jobs_per_gpu."""
+        """The chosen plan's fields this strategy fills (nproc_per_node, ...)."""
 
     def sentence(self, ctx, c: Candidate, pred: Prediction | None, error: tuple[float, str]) -> str:
-        """The head of the candidate's why-it-won-or-lost sentence: what it is and its numbers."""
+        """The head of the candidate's why-it-won-or-lost sentence."""
 
     def short_name(self, c: Candidate) -> str:
         """How other candidates' sentences name it: "DDP×2", "single GPU"."""
 
     def named(self, c: Candidate) -> str:
-        """It with its GPUs, where a reason names the winner: "DDP×2 on GPUs 0,1", "single
-        GPU0"."""
+        """It with its GPUs: "DDP×2 on GPUs 0,1", "single GPU0"."""
 
     def prefer(self, ctx, key: tuple, pred: Prediction | None,
                rival: tuple[str, float] | None) -> bool:
-        """SWEEP units only: whether the variants run this way rather than one after another
-        with the best SCALED candidate (rival: its WORD and predicted speedup, or None); adds
-        the reason to ctx.reasons."""
+        """SWEEP units: whether to run this way rather than with the best SCALED candidate
+        (rival: its WORD and speedup); adds the reason."""
 
     def table_name(self, c: Candidate) -> str:
         """Its row name in --explain's candidate table."""
@@ -101,8 +86,7 @@ class StrategyUnit(Protocol):
         """What runs, for the line every launch prints before the job's output."""
 
     def placement_lines(self, plan: Plan) -> list[str]:
-        """--explain's lines on where the processes go (explain.placement builds the common
-        part: GPUs left free, fallback GPUs, leases)."""
+        """--explain's lines on where the processes go."""
 
     def binding_label(self, b: NumaBinding) -> str:
         """Whose NUMA binding this is, in --explain: "local rank 0 → GPU1"."""
@@ -112,7 +96,6 @@ Units = Mapping[str, StrategyUnit]
 
 
 def by_role(units: Units, role: Role) -> StrategyUnit:
-    """The registered unit with this role (the first, in candidate order)."""
     for unit in units.values():
         if unit.ROLE == role:
             return unit
@@ -120,19 +103,11 @@ def by_role(units: Units, role: Role) -> StrategyUnit:
     raise PlanError(f"no strategy unit has the role {role.value}; register one (strategies/)")
 
 
-# ---- the decision as a step: what it is given, what has been measured, what it needs next ----
-
 @dataclass(frozen=True)
 class Inputs:
-    """What the decision is given before anything is measured (decide.decide's first argument).
-    model, model_note: the cost model with this node's calibrated constants and the reason
-    that says which values predict DDP (used where a prediction can be made); launched: the
-    measured rates of earlier launches of this job (profile.feedback); notes: reasons the
-    caller adds to the plan (a Slurm allocation's); numactl: its path ("" absent, None: looked
-    up); torchrun_numa: the user's own torchrun --numa-binding; allocation: the batch job's
-    (scheduler/slurm.SlurmContext), whose GPUs or nodes the plan leaves idle are said in its
-    reasons (allocation.idle_line); nodes: the fixed node count of a job this node decides
-    for (it hosts the rendezvous store), whose use of fewer nodes is a choice (0: none)."""
+    """What the decision is given before anything is measured. launched: earlier launches'
+    rates; notes: reasons the caller adds; numactl: its path ("" absent, None: looked up);
+    nodes: the fixed node count of a job this node decides for (0: none)."""
     request: Request
     topology: Topology
     policy: Policy
@@ -150,31 +125,27 @@ class Inputs:
 
 @dataclass(frozen=True)
 class NeedLeases:
-    """The GPUs other launches lease now (launch.leases): read once the request is known
-    possible, since it touches the lease directory."""
+    """The GPUs other launches lease now."""
 
 
 @dataclass(frozen=True)
 class NeedProfile:
-    """A dry run of the script on `gpu` (profile.cache.profile_entrypoint). usable: the GPUs
-    the decision may use, for measurements started beside it (profile/early.py)."""
+    """A dry run of the script on `gpu`; usable: the GPUs the decision may use."""
     gpu: int
     usable: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class NeedCurve:
-    """The all-reduce curve of `gpus` (profile.comm), up to max_bytes (None: every size);
-    None when it cannot be measured."""
+    """The all-reduce curve of `gpus` up to max_bytes (None: every size), or None."""
     gpus: tuple[int, ...]
     max_bytes: int | None = None
 
 
 @dataclass(frozen=True)
 class NeedTrial:
-    """A trial of `strategy` on `gpus` (profile.trial): the number-th of `of` this decision
-    has asked for so far (for "trial 2 of 3"); attempt > 1: the same candidate measured again
-    (a new draw, near the policy's floor). Answered by a TrialResult."""
+    """A trial of `strategy` on `gpus`, "trial number of `of`"; attempt > 1: a new draw.
+    Answered by a TrialResult."""
     strategy: str
     gpus: tuple[int, ...]
     number: int = 1
@@ -189,11 +160,8 @@ class NeedTrial:
 
 @dataclass(frozen=True)
 class NeedNodes:
-    """The all-reduce between the job's `nodes` nodes, one leader rank on each, over the
-    rendezvous store (profile/internode.py), once all have come: what fewer nodes would cost
-    (decide/nodes.py). cuda: the plan runs on GPUs (else gloo ranks emulate the link); env:
-    the plan's NCCL variables. Answered by the leader curve (a CommCurve), or a few words on
-    why none was measured."""
+    """The all-reduce between the job's `nodes` nodes, one leader rank on each. Answered by
+    a CommCurve, or a few words on why none was measured."""
     nodes: int
     grad_bytes: int
     strategy: str
@@ -214,11 +182,8 @@ Need = NeedLeases | NeedProfile | NeedCurve | NeedTrial | NeedNodes
 
 @dataclass(frozen=True)
 class Measured:
-    """What has been measured so far, given back to decide with each call. leased: None until
-    read; profile: the dry run's ModelProfile once `profiled` (None: it gave none); curves and
-    trials: by group and by (strategy, gpus); between: NeedNodes' answer once asked;
-    timings: seconds per stage, the plan's `timings`; notes: reasons the measurements add (an
-    early trial that was stopped)."""
+    """What has been measured so far, given back to decide with each call (leased: None
+    until read; profile: valid once `profiled`)."""
     leased: frozenset[int] | None = None
     profile: Any = None
     profiled: bool = False
@@ -229,7 +194,6 @@ class Measured:
     notes: tuple[Reason, ...] = ()
 
     def add(self, need: Need, answer: Any) -> "Measured":
-        """This with `answer` to `need` added."""
         if isinstance(need, NeedLeases):
             return dataclasses.replace(self, leased=frozenset(answer))
         if isinstance(need, NeedProfile):

@@ -1,10 +1,4 @@
-"""What a plan does to the global batch, for --explain and the decision line.
-
-Under torchrun's semantics every rank runs the script's own batch, so the samples of one
-optimizer step are world size × per-rank batch: DDP×2 on a 4-GPU node halves what
-`--nproc-per-node 4` would give, and an LR schedule tuned for one of them is off for the other.
-The per-rank batch is the dry run's (ModelProfile.batch_size, every micro-batch of a step).
-"""
+"""What a plan does to the global batch (world size × the dry run's per-rank batch)."""
 from __future__ import annotations
 
 from smartlaunch.decide.api import Role, Units
@@ -12,10 +6,8 @@ from smartlaunch.decide.plan import Plan
 
 
 def global_batch(plan: Plan, units: Units) -> str | None:
-    """"global batch 2 × 32 = 64; --nproc-per-node 4 would give 128", "global batch = 2 × the
-    per-rank batch" when the dry run did not see it, or None: independent jobs (each its own
-    batch), a collective unit other than torchrun's, and one process where nothing else was
-    possible."""
+    """"global batch 2 × 32 = 64; --nproc-per-node 4 would give 128", or None where the
+    plan has no global batch to speak of."""
     unit = units[plan.strategy]
     n = plan.nproc_per_node
     p = plan.profile
@@ -26,12 +18,12 @@ def global_batch(plan: Plan, units: Units) -> str | None:
     up = lo not in ("", nodes)           # an elastic range, "1:4": the most it may give
     if unit.ROLE == Role.BASELINE and (b is None or room < 2 or plan.forced):
         return None
-    if plan.groups:          # variants as DDP groups (pack.py): each its own world of k
+    if plan.groups:
         k = len(plan.groups[0].gpus)
         return (f"each variant's global batch {k} × {b} = {k * b:,}" if b is not None else
                 f"each variant's global batch = {k} × the per-rank batch")
     if unit.ROLE != Role.BASELINE and not (unit.COLLECTIVE and unit.TORCHRUN):
-        return None          # not torchrun's ranks: their batch is their unit's to say
+        return None
     if nodes != "1":
         ranks = f"{'up to ' if up else ''}{nodes} nodes × {n}"
     else:

@@ -1,28 +1,10 @@
-"""The node calibration's derivation: this node's contention (κ), per-step DDP overhead and
-cost per gradient tensor, from the profile layer's synthetic runs.
+"""The node calibration's derivation: contention (κ), per-step DDP overhead and cost per
+gradient tensor, from three synthetic runs (small S, large L, many tensors M).
 
-cost.py's κ, ddp_overhead_s and per_tensor_s depend on the machine (how NCCL's kernels share
-the GPU with the backward they overlap, how fast the host runs the reducer); the shipped values
-were fitted on one machine (docs/decision.md says which). The node measures them (profile/baseline.py: one GPU vs DDP×2 on three synthetic models, a few
-windows each); `smartlaunch-node calibrate` (node_calibrate.py) keeps them with the topology;
-every later decision on the node reads them through cost.calibrated() and --explain says so.
-
-Derivation, per window i (the same windows for every model m, with G_m gradient bytes in n_m
-tensors; S small and few tensors, L large and few, M the small one's bytes in many tensors):
-    base_m   = predict_ddp(model m's single-GPU profile, this node's all-reduce curve, N) with
-               κ, the per-step overhead and the per-tensor cost at 0: the step the model
-               explains without them (the slower backward, the exposed all-reduce tail)
-    r_m,i    = measured DDP step of window i - base_m              what is left to explain
-             = κ f G_m + per_tensor n_m + overhead,   f = 2(N-1)/N (ring traffic per byte)
-Three models, three unknowns: the differences to S, d_L = r_L - r_S and d_M = r_M - r_S, give κ
-and per_tensor (two equations; with G_M = G_S, d_M / (n_M - n_S) is per_tensor alone), and
-overhead = r_S - κ f G_S - per_tensor n_S.
-Reported: median over windows ± their standard deviation; a negative median (noise larger
-than the effect) is kept as 0 and said; a per-tensor median within one standard deviation of 0
-is kept as 0 too, with its spread, and said (it is the smallest of the three signals).
-
-The synthetic models' backward is sized to last several times their all-reduce on GPUs, so
-the contention cap (cost.py) does not bind.
+Per window, r_m = measured DDP step - predict_ddp with the three constants at 0
+= κ f G_m + per_tensor n_m + overhead (f = 2(N-1)/N). d_L = r_L - r_S and d_M = r_M - r_S give
+κ and per_tensor; overhead = r_S - κ f G_S - per_tensor n_S. Each is the median over windows;
+a negative median, or a per-tensor median within one standard deviation of 0, is kept as 0.
 """
 from __future__ import annotations
 
@@ -38,8 +20,7 @@ KEYS = ("contention_s_per_byte", "per_tensor_s", "ddp_overhead_s")
 
 
 def roles(models) -> tuple[SyntheticRun, SyntheticRun, SyntheticRun]:
-    """(small, large, many): many has the most gradient tensors; of the other two, small has
-    fewer bytes."""
+    """(small, large, many): many has the most tensors, small the fewer bytes."""
     if len(models) != 3:
         raise ValueError(f"a calibration needs 3 synthetic models, got {len(models)}")
     many = max(models, key=lambda m: m.grad_tensors)

@@ -1,17 +1,6 @@
-"""Which candidate groups' all-reduce curves are measured, and which are derived.
-
-A ring all-reduce of S bytes over N ranks moves 2(N-1)/N x S per rank, so
-nccl-tests' bus bandwidth (algbw x 2(N-1)/N) is a property of the link, not of N: where every
-pair of a group has the same link class as every pair of a measured group (and, without
-NVLink, every GPU the same PCIe generation and width: an x8 GPU caps a PCIe ring), the
-group's curve is the measured one carried over (CommCurve.for_group). Groups are taken
-largest first: the largest group is the one the early sweep measures beside the dry run, and
-its curve gives every smaller group of its kind. A group whose links differ, or of a kind no
-measured group has, is measured. On a node where every pair is NV18 (NVSwitch) that is one
-sweep whatever the number of group sizes; on pcie-4gpu-x8 (PIX pairs, NODE across, one x8
-GPU) every candidate group is measured. The derivation's error against measured curves:
-docs/decision.md and bench/comm_derive.py.
-"""
+"""Which candidate groups' all-reduce curves are measured, and which are derived: bus
+bandwidth is a property of the link, not of N, so a group whose pairs share one link kind
+with a measured group carries that group's curve over (largest groups measured first)."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +16,8 @@ Group = tuple[int, ...]
 
 
 def link_kind(topology: Topology, group: Iterable[int]) -> tuple | None:
-    """What a ring over `group` runs on, when every pair of it has the same link class:
-    ("NV18",) over NVLink; (class, PCIe generation, width) otherwise. None when the pairs
-    differ, or a link's class is unknown: such a group's curve is measured."""
+    """("NV18",) over NVLink, (class, PCIe gen, width) otherwise, where every pair has the
+    same link class; None when they differ or the class is unknown."""
     group = sorted(group)
     classes = {topology.link(a, b).link_class for a, b in itertools.combinations(group, 2)}
     if len(classes) != 1:
@@ -46,11 +34,8 @@ def link_kind(topology: Topology, group: Iterable[int]) -> tuple | None:
 
 def group_curves(groups: Iterable[Group], topology: Topology,
                  comm_for: Callable[[Group], CommCurve | None]) -> dict[Group, CommCurve | None]:
-    """The curve of every group: measured (comm_for: the cache, else a benchmark), or derived
-    from a group measured here whose link_kind is the same (CommCurve.for_group; its
-    `derived_from` names the measured group). Largest groups first, so one measured group
-    gives all the smaller ones of its kind; comm_for is called once per kind at most, plus
-    once per group whose links are mixed."""
+    """The curve of every group: comm_for's, or derived from a measured group of the same
+    link_kind (largest first: comm_for runs once per kind, plus once per mixed group)."""
     out: dict[Group, CommCurve | None] = {}
     measured: dict[tuple, tuple[Group, CommCurve]] = {}  # link kind -> largest measured
     for group in sorted(dict.fromkeys(tuple(g) for g in groups), key=lambda g: (-len(g), g)):
@@ -67,9 +52,7 @@ def group_curves(groups: Iterable[Group], topology: Topology,
 
 
 def derived_note(topology: Topology, curves: dict[Group, CommCurve | None]) -> str:
-    """One sentence naming the derived curves and the measured ones they came from, "" when
-    none was derived: "all-reduce curves derived, not measured: GPUs 0,1 and GPUs 0,1,2,3
-    from the curve measured on GPUs 0,...,7 (every pair NV18 in each); ..."."""
+    """One sentence naming the derived curves and their sources, "" when none."""
     by_source: dict[Group, list[Group]] = {}
     for group, curve in sorted(curves.items(), key=lambda kv: (len(kv[0]), kv[0])):
         if curve is not None and curve.derived_from:

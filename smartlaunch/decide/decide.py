@@ -1,28 +1,13 @@
-"""The decision as one pure step: `decide(Inputs, Measured)` returns the final Plan, or the
-next measurement it needs (a Need, decide/api.py). Nothing here reads a file, starts a process
-or waits: a driver fulfils each Need and calls decide again with the answer added (`resolve`;
-smartlaunch/driver.py in production), until a Plan comes back. The whole sequence:
+"""The decision as one pure step: `decide(Inputs, Measured)` returns the final Plan or the
+next Need (decide/api.py); it reads no file, starts no process and never waits. Steps:
 
-  1. the request alone: an impossible one fails at once (UsageError, PolicyError, PlanError),
-     before the lease directory is read or anything is measured;
-  2. NeedLeases: the GPUs other launches lease. When every usable GPU is leased the plan waits
-     for its lease without measuring (WAIT_REASON): measuring on GPUs someone else holds would
-     disturb them, so the policy's fallback decides;
+  1. the request alone: an impossible one fails at once (UsageError, PolicyError, PlanError);
+  2. NeedLeases: with every usable GPU leased, the plan waits without measuring (WAIT_REASON);
   3. NeedProfile: a dry run, only where auto has a real choice (needs_profile);
-  4. the candidates (single, DDP×N on the best-linked group for every N of
-     decision.world_sizes the caps and links allow, independent jobs for variants) and their
-     predictions by the cost model, each with its group's all-reduce curve: NeedCurve;
-  5. the choice: by the model, by earlier launches of the job, or, when the prediction is too
-     close to the policy's threshold or there is no usable profile, by measured trials
-     (NeedTrial, one at a time while one could still change the choice: select.py);
-  6. the plan: the chosen strategy's fields, the workers' NCCL variables and NUMA bindings
-     (prepare.py), every reason with its numbers, and the timings measured;
-  7. NeedNodes: for a job across a fixed number of nodes that this node decides for
-     (Inputs.nodes), the all-reduce between them, and how many run it (decide/nodes.py); a
-     job kept on one node is decided as a one-node job.
-
-A job across nodes (--nnodes > 1, or Slurm's several nodes) is launched as torchrun would on
-every node (_multi_node), on as many of them as step 7 keeps.
+  4. the candidates and their predictions, each with its group's curve (NeedCurve);
+  5. the choice: by the model, earlier launches, or trials (NeedTrial: select.py);
+  6. the plan: NCCL variables, NUMA bindings (prepare.py), reasons, timings;
+  7. NeedNodes: for a job across a fixed node count, how many nodes run it (nodes.py).
 """
 from __future__ import annotations
 
@@ -56,7 +41,7 @@ CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
 
 def decide(inputs: Inputs, measured: Measured = Measured()) -> Plan | Need:
     """The final Plan, or the next Need. Raises UsageError, PolicyError, PlanError or
-    NoFreeGPUError for a request that cannot run (step 1, or a choice that finds no GPU)."""
+    NoFreeGPUError for a request that cannot run."""
     try:
         return _sequence(inputs, measured)
     except _Needed as need:
@@ -66,10 +51,8 @@ def decide(inputs: Inputs, measured: Measured = Measured()) -> Plan | Need:
 def resolve(inputs: Inputs, fulfil: Callable[[Need, Measured], Measured],
             measured: Measured = Measured(),
             timings: Callable[[], Mapping[str, float]] | None = None) -> Plan:
-    """decide until a Plan comes back; fulfil(need, measured so far) returns what has been
-    measured with the need's answer added (Measured.add, and any reason it brings).
-    timings(): the seconds per stage so far, given to the last call so that the plan states
-    them (decide takes ms; replaying the final step costs nothing)."""
+    """decide until a Plan comes back; fulfil(need, measured) returns measured with the
+    need's answer added. timings(): seconds per stage, stated by the final plan."""
     while True:
         out = decide(inputs, measured)
         if isinstance(out, Plan):
@@ -80,8 +63,7 @@ def resolve(inputs: Inputs, fulfil: Callable[[Need, Measured], Measured],
 
 
 class _Needed(Exception):
-    """Raised inside the sequence where a measurement is missing; decide returns its need."""
-
+    """Raised where a measurement is missing; decide returns its need."""
     def __init__(self, need: Need):
         super().__init__(need)
         self.need = need
@@ -92,7 +74,6 @@ def _sequence(i: Inputs, m: Measured) -> Plan:
 
 
 def _steps(i: Inputs, m: Measured) -> Plan:
-    """Steps 1-6 (the module's docstring)."""
     r, topology, policy = i.request, i.topology, i.policy
     _choose(i, None, frozenset(), cheap=True)        # 1: the request alone
     if not topology.gpus:
@@ -119,9 +100,8 @@ def _steps(i: Inputs, m: Measured) -> Plan:
 
 
 def _nodes(i: Inputs, m: Measured, plan: Plan) -> Plan:
-    """7: how many of the job's i.nodes nodes run it, where that is a choice (choosable): the
-    leader curve between them (NeedNodes) with the within-node curve, weighed by
-    decide/nodes.py; on one node kept, the plan of the same job with --nnodes 1."""
+    """7: how many of i.nodes nodes run the job, where choosable; on one node kept, the plan
+    of the same job with --nnodes 1."""
     n = i.nodes
     if n < 2 or not choosable(plan):
         return plan
@@ -155,17 +135,15 @@ def _nodes(i: Inputs, m: Measured, plan: Plan) -> Plan:
 
 
 def choosable(plan: Plan) -> bool:
-    """Whether how many nodes to use is a choice: a DDP plan across a fixed node count with
-    a usable profile (a dry run on the deciding node's GPU), not forced, not a sweep."""
+    """Whether the node count is a choice: a multi-node plan with a usable profile, not
+    forced, not a sweep."""
     return (plan.multi_node and plan.profile is not None and plan.profile.usable
             and bool(plan.profile.step_time_s) and not plan.forced and not plan.node_variants)
 
 
 def needs_profile(request: Request, topology: Topology, usable: list[int],
                   policy: Policy | None = None) -> bool:
-    """A dry run only pays off when auto has a real choice to make: for variants, whether
-    each may run as a DDP group of a world size the policy allows (pack.py); across a fixed
-    number of nodes, how many of them to use (decide/nodes.py)."""
+    """Whether auto has a real choice, so a dry run pays off."""
     if request.strategy != "auto" or request.no_python or not topology.gpus:
         return False
     if request.multi_node:
@@ -179,12 +157,11 @@ def needs_profile(request: Request, topology: Topology, usable: list[int],
 
 
 def _finish(i: Inputs, m: Measured, plan: Plan, profile: ModelProfile | None) -> Plan:
-    """6: the workers' environment and bindings, the reasons the inputs and measurements add
-    (the idle part of the job's allocation last), the timings."""
+    """6: the workers' environment and bindings, the added reasons, the timings."""
     plan = prepare(plan, i.topology, i.policy, i.environ, units=i.units, numactl=i.numactl,
                    torchrun_numa=i.torchrun_numa)
     model_note = (i.model_note,) if i.model_note is not None and _predictable(i, profile) else ()
-    idle = idle_line(i.allocation, plan)    # the job's allocation against what the plan uses
+    idle = idle_line(i.allocation, plan)
     idle_note = (Reason(idle, IDLE_RULE),) if idle else ()
     reasons = plan.reasons + i.notes + m.notes + model_note + idle_note
     return dataclasses.replace(plan, reasons=reasons, timings=dict(m.timings))
@@ -195,8 +172,7 @@ def _predictable(i: Inputs, profile: ModelProfile | None) -> bool:
 
 
 class _Trials:
-    """The trials decide asks for (select.py calls it): a measured answer, else a NeedTrial,
-    numbered as the status line counts them ("trial 2 of 3")."""
+    """A trial's measured answer, else a NeedTrial numbered "trial k of n"."""
 
     def __init__(self, measured: Measured):
         self.measured = measured
@@ -216,8 +192,7 @@ class _Trials:
 
 
 def _curves(measured: Measured, profile: ModelProfile | None):
-    """comm_for(group) for decide: the measured curve, else a NeedCurve up to the model's
-    gradient size (only sizes up to it matter; it keeps the benchmark short)."""
+    """comm_for(group): the measured curve, else a NeedCurve up to the gradient size."""
     top = None
     if profile is not None and profile.grad_bytes:
         top = max(1 << 20, 1 << (int(profile.grad_bytes) - 1).bit_length())
@@ -233,10 +208,9 @@ def _curves(measured: Measured, profile: ModelProfile | None):
 def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int], *,
             cheap: bool = False, trials: bool = True, wait_reason: str = "",
             measured: Measured = Measured()) -> Plan:
-    """Steps 4-5: the Plan before prepare. cheap: no measurement at all (every curve missing,
-    no trial), to find what cannot run; trials: whether a trial may be asked for."""
-    request, topology, policy, units = i.request, i.topology, i.policy, i.units
-    environ = i.environ
+    """Steps 4-5: the Plan before prepare. cheap: measure nothing (finds what cannot run);
+    trials: whether a trial may be asked for."""
+    request, topology, policy, units, environ = i.request, i.topology, i.policy, i.units, i.environ
     model = i.model if _predictable(i, profile) else CostModel()
     launched = i.launched if profile is not None else None
     if cheap or not topology.gpus:
@@ -317,7 +291,6 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
         choice = choose_auto(ctx, cands)
         if ctx.packings and (choice.strategy, choice.gpus) in cands \
                 and units[choice.strategy].ROLE == Role.SWEEP:
-            # More GPUs than variants: a DDP group each, when that gives more (pack.py).
             choice = pack.choose(ctx, cands, (choice.strategy, choice.gpus)) or choice
     plan_cands, comm = ctx.finish(choice, cands)
     ctx.left = tuple(g for g in usable if g not in choice.gpus)
@@ -329,8 +302,7 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
 
 def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dict,
               units: Units) -> Plan:
-    """Without GPUs auto runs variants as independent jobs and anything else as one process;
-    a forced strategy runs as asked."""
+    """Without GPUs: variants as independent jobs, else one process; forced as asked."""
     why = f"no GPUs visible ({base['topology']['note'] or 'NVML found none'})"
     name = request.strategy if request.strategy != "auto" else \
         by_role(units, Role.SWEEP if request.variants else Role.BASELINE).NAME
@@ -338,7 +310,6 @@ def _cpu_plan(request: Request, policy: Policy, reasons: list[Reason], base: dic
 
 
 def _check_variants(request: Request, policy: Policy, units: Units) -> None:
-    """What the units declare of variants (StrategyUnit.VARIANTS), against the request."""
     takers = [u for u in units.values() if u.VARIANTS != Variants.FORBIDDEN]
     n = len(request.variants)
     unit = units.get(request.strategy)
@@ -381,8 +352,7 @@ def _screen(topology, policy, peak, unavailable, forced, reasons):
 
 
 def _note_world_sizes(ctx) -> None:
-    """Says which group sizes decision.world_sizes keeps the automatic choice from (the SCALED
-    units skip them, and Ctx.candidates drops any a unit still offers)."""
+    """Says which group sizes decision.world_sizes keeps the automatic choice from."""
     d = ctx.policy.decision
     scaled = [u for u in ctx.units.values() if u.ROLE == Role.SCALED
               and strategy_name(u.NAME) in d.allowed_strategies]
@@ -414,14 +384,11 @@ def short_of(topology, usable, excluded, n, what) -> None:
 
 
 def _torchrun_unit(units: Units):
-    """The unit that launches what torchrun would (StrategyUnit.TORCHRUN)."""
     return next(u for u in units.values() if u.TORCHRUN)
 
 
 def _check_multi_node(request: Request, units: Units) -> None:
-    """A job across nodes is one torchrun job, or a sweep split over the nodes (decided per
-    node share: decide/nodes.py sweep_across_nodes, before this). One process per node would
-    run an unrelated job on every node, each with a world of its own."""
+    """A job across nodes is one torchrun job (a sweep is split per node before this)."""
     if request.variants:
         raise ValueError("a sweep across nodes is decided for one node's share: "
                          "nodes.sweep_across_nodes(request).request")
@@ -453,7 +420,6 @@ def _cpu_multi_node(request: Request, reasons: list[Reason], base: dict, units: 
     if request.max_gpus is not None:
         n, given = request.max_gpus, f"user: --nproc-per-node {request.max_gpus}"
     elif raw in ("cpu", "auto"):
-        # torchrun's count for cpu/auto without an accelerator: the CPUs this process may use.
         n, given = len(os.sched_getaffinity(0)), f"user: --nproc-per-node {raw}"
     elif raw == "gpu":
         raise UsageError(f"--nproc-per-node gpu on a node without GPUs (torchrun fails the "
@@ -467,13 +433,10 @@ def _cpu_multi_node(request: Request, reasons: list[Reason], base: dict, units: 
 
 
 def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units) -> Choice:
-    """Every node decides the same without measuring: what torchrun would launch (the
-    TORCHRUN unit) on all the local GPUs allowed (--nproc-per-node, or every visible one,
-    at most the largest of decision.world_sizes)."""
+    """What torchrun would launch on every allowed local GPU; every node decides the same."""
     unit = _torchrun_unit(units)
     sized = policy.decision.largest_world_size(cap) if request.max_gpus is None else None
     if sized is not None and sized != cap:
-        # No count given: the largest world size the policy allows (decision.world_sizes).
         reasons.append(Reason(f"{unit.WORD} on {sized} of the {cap} local GPUs: the largest "
                               f"of the policy's world sizes; --nproc-per-node {cap} uses them "
                               f"all", policy.rule("decision.world_sizes")))
@@ -494,10 +457,7 @@ def _multi_node(request, topology, policy, usable, excluded, cap, reasons, units
 
 @dataclasses.dataclass
 class Ctx:
-    """What one choice (steps 4-5) works with: the inputs, the GPUs screened, and what the
-    choosing gathers as it goes. The strategy units (strategies/), select.py and pack.py read
-    it and add to `reasons`, `curves`, `preds`, `scaled_keys`, `packings`, `packed` and
-    `left`; it lives for one call of decide and is never part of the Plan."""
+    """What one choice (steps 4-5) works with and gathers; lives for one call of decide."""
     request: Request
     topology: Topology
     policy: Policy
@@ -530,26 +490,19 @@ class Ctx:
             units = [by_role(self.units, Role.BASELINE)]   # the node group: _multi_node's
         for unit in units:
             out.update(unit.candidates(self, forced))
-        # decision.world_sizes bounds the automatic choice: a SCALED group of another size
-        # stays out (a forced choice's own group excepted); _note_world_sizes says so.
         keep = (forced.strategy, forced.gpus) if forced is not None else None
         return {k: v for k, v in out.items() if k == keep or self.world_size_ok(k)}
 
     def world_size_ok(self, key) -> bool:
-        """Whether a candidate key's group size is one decision.world_sizes allows (SCALED
-        units' candidates; the others are one process per GPU)."""
+        """Whether a SCALED key's group size is in decision.world_sizes (others: True)."""
         unit = self.units[key[0]]
         return unit.ROLE != Role.SCALED or len(key[1]) in self.policy.decision.world_sizes
 
     def predict(self, groups) -> dict[tuple[int, ...], Prediction | None]:
-        """The DDP prediction of every group, each with its group's all-reduce curve:
-        measured, or derived from a measured group with the same links (decide/curves.py:
-        one sweep per kind of link, largest group first)."""
+        """The DDP prediction of every group, with its curve measured or derived."""
         groups = [tuple(g) for g in groups]
         if not self.predictable:
             return {g: None for g in groups}
-        # Curves measured earlier in this decision come first, so a group added later (a
-        # sweep's packed groups: pack.py) derives from one of its kind instead of a new sweep.
         known = [g for g, c in self.curves.items() if c is not None and not c.derived_from]
         got = group_curves([*groups, *known], self.topology,
                            lambda g: self.curves.get(g) or self.comm_for(g))

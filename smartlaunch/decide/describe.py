@@ -1,6 +1,5 @@
-"""Saying why, with numbers: every candidate's sentence (describe), a DDP group's words
-(group_note) and the all-reduce figures --explain shows (comm_summary). Reads what the choice
-(select.py) left in decide's Ctx and its Choice; decides nothing."""
+"""Saying why, with numbers: every candidate's sentence, a DDP group's words and the
+all-reduce figures --explain shows. Decides nothing."""
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +40,7 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
                      allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
                      model_speedup=pred.speedup)
             fix = choice.corrected.get(key)
-            if fix is not None and fix.basis:     # the trials' correction (rerank.py)
-                # relative to the measured baseline, as the speedup is
+            if fix is not None and fix.basis:     # relative to the measured baseline
                 sps = fix.speedup * base_rate if base_rate else None
                 f.update(speedup=fix.speedup, efficiency=fix.speedup / n, corrected=True,
                          predicted_samples_per_s=sps,
@@ -69,9 +67,8 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
 
 
 def group_note(ctx, gpus: tuple[int, ...]) -> str:
-    """Why this group for its N, and the curve its prediction used: "worst link NV18, 1 NUMA
-    node, all-reduce 230 GB/s at the gradient size measured on this group" (or "derived from
-    the curve measured on GPUs 0,1,2,3": decide/curves.py)."""
+    """"worst link NV18, 1 NUMA node, all-reduce 230 GB/s at the gradient size measured on
+    this group"."""
     from smartlaunch.decide.groups import family_link, numa_nodes
     k = numa_nodes(ctx.topology, gpus)
     text = f"worst link {family_link(ctx.topology, gpus)}, {k} NUMA node{'s' if k != 1 else ''}"
@@ -96,8 +93,7 @@ def group_note(ctx, gpus: tuple[int, ...]) -> str:
 
 def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float,
           error: tuple[float, str]) -> str:
-    """Why the candidate won or lost, after its unit's head (StrategyUnit.sentence); error:
-    uncertainty(ctx)."""
+    """Why the candidate won or lost, after its unit's head; error: uncertainty(ctx)."""
     fix = choice.corrected.get((c.strategy, c.gpus)) if c.corrected else None
     note = (f" (corrected by the trials: the model's {times(fix.predicted)} × {fix.ratio:.2f}, "
             f"as {' and '.join(_short(ctx, t) for t in fix.basis)} measured against "
@@ -141,9 +137,8 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
 
 
 def comm_summary(curve, profile) -> CommSummary | None:
-    """The curve's figures for --explain and the JSON, each only where it was measured: a
-    bus bandwidth at a size inside the points (None outside: the fit would extrapolate), the
-    fit's latency only when plausible (above 0 and not above the smallest size's time)."""
+    """The curve's figures, each only inside the measured sizes (None: extrapolated or
+    implausible)."""
     if curve is None:
         return None
     grad = profile.grad_bytes if profile is not None and profile.grad_bytes else None

@@ -1,8 +1,4 @@
-"""`--explain` as text: what will run, then every number the decision used, then why.
-
-`--explain=json` is `Plan.to_json()` (schema: docs/plan-schema.md); this is the same Plan for
-people. Nothing here decides anything.
-"""
+"""`--explain` as text: what will run, then every number the decision used, then why."""
 from __future__ import annotations
 
 from smartlaunch.decide.api import Units
@@ -14,7 +10,6 @@ from smartlaunch.vocab import format_ranges
 
 
 def render_text(plan: Plan, units: Units) -> str:
-    """units: the strategy units by name (strategies.REGISTRY)."""
     lines = [_headline(plan, units)]
     lines += [b for b in [global_batch(plan, units)] if b]
     lines += _profile(plan.profile)
@@ -53,8 +48,7 @@ def render_text(plan: Plan, units: Units) -> str:
 
 
 def placement(plan: Plan, moves: bool = False) -> list[str]:
-    """The GPUs left free and what happens when another launch holds the GPUs; moves: the
-    job may move to plan.fallback_gpus (StrategyUnit.placement_lines)."""
+    """GPUs left free and lease behaviour; moves: the job may move to plan.fallback_gpus."""
     if plan.device != "cuda":
         return []
     lines = [f"GPUs left free: {gpu_list(plan.left_free)}"]
@@ -70,7 +64,6 @@ def placement(plan: Plan, moves: bool = False) -> list[str]:
 
 
 def rank_binding(b) -> str:
-    """A rank's NUMA binding label (StrategyUnit.binding_label of units with ranks)."""
     return f"local rank {b.local_rank} → GPU{b.gpu}"
 
 
@@ -81,8 +74,7 @@ def _bound(plan: Plan, b, units: Units) -> str:
 
 
 def _numa(plan: Plan, units: Units) -> list[str]:
-    """One line per binding; a note every binding shares (numactl missing, a single NUMA
-    node) is said once, not once per rank."""
+    """One line per binding; a note every binding shares is said once."""
     if not plan.numa:
         return ["  (none)"]
     notes = [_notes(b.note) for b in plan.numa]
@@ -101,7 +93,6 @@ def _numa(plan: Plan, units: Units) -> list[str]:
 
 
 def _notes(note: str) -> list[str]:
-    """A binding's note, split into the parts decide/numa.py joined with '; '."""
     return [n for n in note.split("; ") if n]
 
 
@@ -131,7 +122,7 @@ def _profile(p: ModelProfile | None) -> list[str]:
              f"step {ms(step)}" + (f" (p90 {ms(p90)})" if p90 else "")]
     if bwd and step:
         parts.append(f"backward {pct(bwd / step)} of the step")
-    if peak:                    # unknown on the CPU and without a CUDA reading: left out
+    if peak:
         parts.append(f"peak {peak / 1024 ** 3:.1f} GiB")
     cost = p.dry_run_s
     parts.append("cached" if p.cached else
@@ -162,7 +153,6 @@ def world_size_sentence(p: ModelProfile) -> str:
 
 
 def _comm(c: CommSummary | None) -> list[str]:
-    """Only measured figures: a size past the curve's points is named, not extrapolated."""
     if c is None:
         return ["all-reduce: not measured"]
     how = f"derived from {gpu_list(c.derived_from)}'s {'cached' if c.cached else 'measured'}" \
@@ -211,15 +201,9 @@ def cpu_ranges(cpus) -> str:
 
 
 TIMED_STAGES = ("policy", "topology", "leases", "profile", "allreduce", "trials", "decide")
-
-
 TRIAL_PHASES = (("start", "start-up {:.2f}"), ("setup", "script set-up {:.2f}"),
                 ("steps", "steps {:.2f}"), ("exit", "exit {:.2f}"),
-                ("killed", "killed at the time limit after {:.2f} s"))   # no step, no result
-
-
-# Seconds shown beside a stage (profile/early.py): the dry run's first forward held
-# for the all-reduce sweep, and the sweep's own length (beside the dry run, not after it).
+                ("killed", "killed at the time limit after {:.2f} s"))
 STAGE_NOTES = {"profile": ("profile_gate", "waited {:.2f} at its gate for the all-reduce sweep"),
                "allreduce": ("allreduce_early", "swept during the dry run in {:.2f}")}
 
@@ -239,15 +223,13 @@ def _timings(t: dict) -> str:
 
 
 def _trial_split(t: dict) -> str:
-    """Where the trials' seconds went (profile.trial.trial_phases), for the cold-decision goal."""
     parts = [text.format(t[f"trials_{k}"]) for k, text in TRIAL_PHASES if f"trials_{k}" in t]
     return f" [{', '.join(parts)}]" if parts else ""
 
 
 def decision_line(plan: Plan, units: Units, floor: float | None = None) -> str:
-    """The one line every launch prints before the job's output (without `smartlaunch: `):
-    what runs, where, and the number that decided it. floor: the policy's
-    decision.min_efficiency, so a collective candidate it refused says it was below it."""
+    """The line every launch prints before the job's output: what runs, where, and the
+    number that decided it; floor: decision.min_efficiency."""
     what = units[plan.strategy].line(plan)
     chosen = next((c for c in plan.candidates if c.chosen), None)
     rival = next((c for c in plan.candidates if not c.chosen and c.speedup is not None
@@ -282,8 +264,7 @@ def decision_line(plan: Plan, units: Units, floor: float | None = None) -> str:
 
 
 def _draws(c: Candidate, then: str = "") -> str:
-    """' (mean of 3 trials: 69% ± 8%)' for a figure measured again near the policy's floor
-    (then: what follows inside the brackets)."""
+    """' (mean of 3 trials: 69% ± 8%)'; then: what follows inside the brackets."""
     if c.draws < 2 or c.efficiency is None:
         return ""
     from smartlaunch.decide.select import interval
@@ -291,8 +272,7 @@ def _draws(c: Candidate, then: str = "") -> str:
 
 
 def _against_floor(c: Candidate, floor: float | None) -> str:
-    """' (58%, below the policy's 70%)' for a candidate the efficiency floor refused; its
-    efficiency alone where the floor is not known or not what refused it."""
+    """' (58%, below the policy's 70%)', or its efficiency alone where not below."""
     if c.efficiency is None:
         return ""
     below = floor is not None and c.efficiency < floor

@@ -1,18 +1,9 @@
-"""Which GPUs may run the job, and the best-linked group of N of them.
-
-A GPU is usable when it is healthy, not leased by another launch, has no foreign processes
-(policy decision.avoid_busy_gpus) and has room for the profiled peak within the policy's
-memory headroom. A DDP group is the one whose worst link is best, then the one on the fewest
-NUMA nodes (an NVLink pair on one socket beats GPU0+GPU7 across sockets), then the one with
-the best links overall, then the lowest indices (so every node decides alike).
-Between PCIe links of one class, a GPU whose link trained narrower than its peers (x8 in an
-x16 slot) caps every ring through it: without NVLink a ring's bandwidth is its slowest hop's,
-so a group without that GPU comes first (on the pcie-4gpu-x8 fixture: DDP×3 on GPUs 0,1,2,
-not 0,1,3).
-"""
+"""Which GPUs may run the job, and the best-linked group of N of them: best worst link,
+then fewest NUMA nodes, then widest PCIe lanes, best links overall, lowest indices."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from smartlaunch.policy.api import Policy
@@ -21,8 +12,7 @@ from smartlaunch.vocab import LINK_FAMILIES, link_rank
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
-# Beyond this many combinations fall back to growing a group greedily (16+ GPU nodes).
-MAX_COMBINATIONS = 5000
+MAX_COMBINATIONS = 5000   # beyond: grow a group greedily
 
 
 @dataclass(frozen=True)
@@ -74,9 +64,8 @@ def screen(topology: Topology, policy: Policy, peak: int | None,
 
 def jobs_per_gpu(topology: Topology, policy: Policy, gpus, peak: int | None
                  ) -> tuple[dict[int, int], str]:
-    """Independent jobs allowed at once per GPU, and a note when jobs.jobs_per_gpu could not
-    be honoured: a GPU takes more than one only when that many profiled peaks fit its free
-    memory times decision.memory_headroom."""
+    """Independent jobs allowed at once per GPU (as many peaks as fit its headroom), and a
+    note where jobs.jobs_per_gpu could not be honoured."""
     want = max(1, int(policy.jobs.jobs_per_gpu))
     cap = {i: 1 for i in gpus}
     if want == 1:
@@ -126,10 +115,7 @@ def best_group(topology: Topology, candidates: list[int], n: int,
     if n == 1:
         return (candidates[0],)
     pool = sorted(candidates)
-    total = 1
-    for k in range(n):
-        total = total * (len(pool) - k) // (k + 1)
-    if total <= MAX_COMBINATIONS:
+    if math.comb(len(pool), n) <= MAX_COMBINATIONS:
         groups = (g for g in itertools.combinations(pool, n) if link_allowed(topology, g, families))
         return min(groups, key=lambda g: group_key(topology, g), default=None)
     return _greedy(topology, pool, n, families)
@@ -154,7 +140,7 @@ ALL_FAMILIES = LINK_FAMILIES
 
 
 def family_link(topology: Topology, group) -> str | None:
-    """The worst link class inside the group ("NV18", "SYS"), None for fewer than 2 GPUs."""
+    """The worst link class inside the group, None for fewer than 2 GPUs."""
     if not group or len(group) < 2:
         return None
     worst = topology.worst_link(group)

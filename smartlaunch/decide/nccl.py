@@ -1,9 +1,6 @@
-"""NCCL variables for a DDP plan, chosen by the link class of its GPU group.
-
-Rules: the user's environment wins over the policy, the admin's enforced variables
-win over both; NVLink SHARP (NCCL_NVLS_ENABLE) is never turned on by us; nothing that would
-disable a P2P path the topology reports as working.
-"""
+"""NCCL variables for a DDP plan, chosen by the link class of its GPU group. The user's
+environment wins over the policy, enforced variables over both; NCCL_NVLS_ENABLE is never
+turned on by us; nothing disables a P2P path the topology reports as working."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -20,8 +17,6 @@ NVLS = "NCCL_NVLS_ENABLE"
 def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str],
              enforced: Mapping[str, str] | None = None) -> tuple[EnvVar, ...]:
     family = link_family(plan.link_class) if plan.link_class else None
-    # The family matters: `enforce: launch: nccl: NV: {...}` binds only NV groups; without
-    # it an enforced NCCL_ALGO would lose to the user's environment.
     enforced = dict(enforced_env(policy, family) if enforced is None else enforced)
     table = policy.launch.nccl.get(family, {}) if family else {}
     src = _policy_source(policy, family)
@@ -50,8 +45,7 @@ def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[st
 
 
 def policy_env(policy: Policy, environ: Mapping[str, str]) -> tuple[EnvVar, ...]:
-    """`launch.env` for every worker, whatever the strategy: the user's environment wins over
-    the policy's defaults, the admin's enforced variables win over both; never NVLS on."""
+    """`launch.env` for every worker, by the same precedence as nccl_env."""
     enforced = enforced_env(policy)
     out = []
     for name, value in policy.launch.env.items():
@@ -94,8 +88,7 @@ def _disables_p2p(name: str, value: str, working: set[str]) -> bool:
     if name == "NCCL_P2P_DISABLE":
         return value.strip().lower() not in ("0", "", "false", "no")
     if name == "NCCL_P2P_LEVEL":
-        # P2P is used when the path is at most this far; NCCL's legacy integers are
-        # 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4+ SYS (vocab.p2p_level, as the policy validator reads them).
+        # P2P is used when the path is at most this far.
         level = p2p_level(value)
         if level is None:
             return False

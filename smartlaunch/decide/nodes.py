@@ -1,28 +1,10 @@
 """Across nodes: the two-level all-reduce curve and how many of the job's nodes run it.
 
-A DDP gradient of b bytes over k nodes of g ranks each is reduced in two levels, as NCCL does
-across nodes (within the node over its links, between nodes over the network, the node's g
-ranks sharing its network link):
-
-    t_k(b) = t_intra(b) + t_inter_k(b)
-
-    t_intra    the node's own curve over its g GPUs (decide's, as for one node); 0 for g = 1
-    t_inter_k  the leader curve: one rank per node, all N nodes of the job, the job's backend
-               and NCCL environment (profile/internode.py), scaled to k nodes by the ring's
-               traffic per node, 2(k-1)/k: t_inter_k(b) = lat + (t_inter_N(b) - lat) *
-               ((k-1)/k) / ((N-1)/N); 0 for k = 1
-
-The job on k nodes is then predicted as one DDP world of k*g ranks by the single-node cost
-model (cost.predict_ddp) over t_k, and its samples/s is k*g x the per-rank batch / step.
-The choice keeps every node unless fewer nodes are predicted faster by more than `margin`
-(MARGIN: fewer nodes change the global batch, so a tie keeps the nodes asked for; why it is
-not wider: docs/decision.md, "Across nodes"): the nodes not needed end (exit 0, one line) and the job runs on the first k to arrive, its global batch k*g x the per-rank
-batch (torchrun semantics).
-
-A sweep (--each) across a fixed number of nodes is no job across nodes: its variants are
-split over the nodes (split_variants), and each node runs its share as a one-node sweep runs
-(single-GPU jobs or a DDP group per variant, decide/pack.py), with no process group between
-nodes. The deciding node decides for the first node's share, the largest (sweep_across_nodes).
+t_k(b) = t_intra(b) + t_inter_k(b): the node's own curve over its g GPUs, plus the leader
+curve over all N nodes scaled to k by the ring's traffic per node,
+t_inter_k(b) = lat + (t_inter_N(b) - lat) * ((k-1)/k) / ((N-1)/N). The job on k nodes is
+predicted as one DDP world of k*g ranks; every node is kept unless fewer are predicted faster
+by more than MARGIN. A sweep across nodes is split over them (split_variants).
 """
 from __future__ import annotations
 
@@ -65,7 +47,7 @@ class TwoLevelCurve:
         return intra + self.inter_time(k, nbytes)
 
     def curve(self, k: int) -> CommCurve:
-        """t_k as a CommCurve over the measured sizes, for cost.predict_ddp."""
+        """t_k as a CommCurve over the measured sizes."""
         sizes = sorted({b for b, _ in self.inter.points} |
                        ({b for b, _ in self.intra.points} if self.intra is not None else set()))
         pts = [(b, self.time(k, b)) for b in sizes]
@@ -133,14 +115,12 @@ def choose_nodes(profile: ModelProfile, curves: TwoLevelCurve, *, least: int = 1
 
 
 def _ranks(ranks: int) -> str:
-    """"DDP×4", or "one process" for a world of one (one GPU on the one node kept)."""
     return "one process" if ranks == 1 else f"DDP×{ranks}"
 
 
 def _link_words(curves: TwoLevelCurve) -> str:
-    """"the network (0.11 GB/s between nodes measured at 67.1 MB, gloo)": the largest measured
-    all-reduce's algorithm bandwidth (the fit's slope is meaningless when every measured size
-    is latency-bound)."""
+    """"the network (0.11 GB/s between nodes measured at 67.1 MB, gloo)": at the largest
+    measured size."""
     inter = curves.inter
     if not inter.points:
         return f"the network ({inter.bandwidth_Bps / 1e9:.3g} GB/s between nodes, {inter.backend})"
@@ -150,8 +130,7 @@ def _link_words(curves: TwoLevelCurve) -> str:
 
 
 def split_variants(v: int, n: int) -> tuple[tuple[int, ...], ...]:
-    """v variants over n nodes, contiguous and balanced by count: the first v % n nodes get
-    one more; nodes past the v-th get none (v < n)."""
+    """v variants over n nodes, contiguous; the first v % n nodes get one more."""
     q, r = divmod(v, n)
     starts = [k * q + min(k, r) for k in range(n + 1)]
     return tuple(tuple(range(starts[k], starts[k + 1])) for k in range(n))
@@ -159,14 +138,12 @@ def split_variants(v: int, n: int) -> tuple[tuple[int, ...], ...]:
 
 @dataclass(frozen=True)
 class NodeSweep:
-    """--each across nodes: what the deciding node decides (the first node's share as a
-    one-node sweep, `request`) and which variants each node runs (`split`)."""
+    """--each across nodes: the first node's share as a one-node `request`, and `split`."""
     whole: Request
     request: Request
     split: tuple[tuple[int, ...], ...]
 
     def plan(self, local: Plan) -> Plan:
-        """The plan of the first node's share as the sweep's plan for every node."""
         v, n = len(self.whole.variants), len(self.split)
         counts = "/".join(str(len(s)) for s in self.split)
         why = Reason(f"{v} variants split over {n} nodes ({counts}, in order): each node runs "
@@ -182,8 +159,7 @@ class NodeSweep:
 
 
 def sweep_across_nodes(request: Request) -> NodeSweep | None:
-    """None unless the request is a sweep (--each) across a fixed number of nodes; UsageError
-    for a node range (how many nodes is then torch's elastic choice, made after the split)."""
+    """None unless a sweep across a fixed number of nodes; UsageError for a node range."""
     if not request.multi_node or not request.variants:
         return None
     lo, _, hi = request.nnodes.partition(":")

@@ -1,10 +1,5 @@
-"""NUMA bindings: which CPUs (and memory node) each local rank should use. A choice, so decide
-makes it and --explain shows it; launch/numa.py applies a binding inside the worker.
-
-torchrun's --numa-binding assumes local rank n uses cuda:n and needs numactl; here the node is
-that of the GPU the rank really uses (plan.gpus[local_rank], after CUDA_VISIBLE_DEVICES), and
-the CPUs are the node's CPUs this job may use (topology already intersects with the cpuset).
-"""
+"""NUMA bindings: which CPUs (and memory node) each local rank uses: those of the NUMA node
+of the GPU it really uses, within this job's cpuset (launch/numa.py applies them)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +16,7 @@ SINGLE_NODE_NOTE = "single NUMA node: no binding needed"
 
 def core_groups(cpus: Sequence[int], siblings: Callable[[int], tuple[int, ...]] | None = None
                 ) -> list[tuple[int, ...]]:
-    """CPUs grouped by physical core, so exclusive-cores never splits hyperthread siblings
-    between two ranks. Without sibling information each CPU is its own core."""
+    """CPUs grouped by physical core (without sibling information, each CPU alone)."""
     siblings = siblings or _sysfs_siblings
     allowed, seen, groups = set(cpus), set(), []
     for c in sorted(cpus):
@@ -45,8 +39,7 @@ def _sysfs_siblings(cpu: int) -> tuple[int, ...]:
 def plan_bindings(plan: Plan, topology: Topology, mode: str, *, numactl: str | None = None,
                   siblings: Callable[[int], tuple[int, ...]] | None = None
                   ) -> tuple[NumaBinding, ...]:
-    """One binding per entry of plan.gpus (local rank = position). Independent plans get one
-    per GPU too: the job on GPU g uses the binding whose `gpu` is g."""
+    """One binding per entry of plan.gpus (local rank = position)."""
     if plan.device != "cuda" or not plan.gpus:
         return ()
     numactl = numactl if numactl is not None else (shutil.which("numactl") or "")
@@ -77,7 +70,7 @@ def plan_bindings(plan: Plan, topology: Topology, mode: str, *, numactl: str | N
 
 
 def _split_cores(bindings: list[NumaBinding], siblings) -> list[NumaBinding]:
-    """Ranks on one node share its cores out in contiguous, disjoint groups of whole cores."""
+    """Ranks on one node share its cores in contiguous, disjoint groups of whole cores."""
     by_node: dict[int, list[int]] = {}
     for i, b in enumerate(bindings):
         if b.cpus:
@@ -88,13 +81,14 @@ def _split_cores(bindings: list[NumaBinding], siblings) -> list[NumaBinding]:
         k = len(members)
         if len(cores) < k:
             for i in members:
-                out[i] = _replace(out[i], note=f"{len(cores)} cores on node {node} for {k} ranks: "
-                                             "sharing the node's CPUs")
+                out[i] = dataclasses.replace(out[i], note=f"{len(cores)} cores on node {node} "
+                                             f"for {k} ranks: sharing the node's CPUs")
             continue
         for j, i in enumerate(members):
             lo, hi = j * len(cores) // k, (j + 1) * len(cores) // k
             mine = tuple(c for core in cores[lo:hi] for c in core)
-            out[i] = _replace(out[i], cpus=mine, note=f"cores {hi - lo} of {len(cores)} on node {node}")
+            out[i] = dataclasses.replace(out[i], cpus=mine,
+                                         note=f"cores {hi - lo} of {len(cores)} on node {node}")
     return out
 
 
@@ -102,14 +96,8 @@ def _with_mechanism(b: NumaBinding, numactl: str) -> NumaBinding:
     if b.mechanism == "none":
         return b
     if numactl:
-        return _replace(b, mechanism="numactl", note=_join(b.note, f"CPUs and memory on node {b.numa_node}"))
-    return _replace(b, mechanism="sched_setaffinity",
-                    note=_join(b.note, "numactl not installed: CPU affinity only, memory not bound"))
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
-
-
-def _replace(b: NumaBinding, **kw) -> NumaBinding:
-    return dataclasses.replace(b, **kw)
+        mechanism, note = "numactl", f"CPUs and memory on node {b.numa_node}"
+    else:
+        mechanism = "sched_setaffinity"
+        note = "numactl not installed: CPU affinity only, memory not bound"
+    return dataclasses.replace(b, mechanism=mechanism, note=f"{b.note}; {note}" if b.note else note)

@@ -1,16 +1,9 @@
 """--each on more GPUs than variants: whether each variant runs as a DDP group of k GPUs.
 
-With V variants and G usable GPUs (G > V), single-GPU jobs leave G - V GPUs idle. For every
-k >= 2 of decision.world_sizes with V × k <= G, the variants can run as V disjoint DDP×k
-groups, each the best-linked group left (groups.best_group, NUMA-aware as a DDP group is):
-4 variants as 4 × DDP×2 on 8 GPUs, or 2 × DDP×4. The choice is by aggregate samples/s,
-V × rate(DDP×k) against V jobs of one GPU (k = 1), with the same figures the DDP choice uses:
-the DDP×k candidate on the first group (the best group of k, the one DDP itself would take) is
-predicted, tried or corrected exactly as choose_auto does for one job (select.py); the other
-groups scale it by their own prediction against the first's where their links differ. A k
-wins when its groups' mean efficiency meets decision.min_efficiency and it gives more
-samples/s than single-GPU jobs; ties go to fewer GPUs. Variants that outnumber the GPUs queue
-on single GPUs, as before.
+For every k of decision.world_sizes with V × k <= G, the V variants may run as V disjoint
+DDP×k groups. The first group's DDP×k is judged as choose_auto judges one job; the others
+scale it by their own prediction. A k wins when its mean efficiency meets the policy and it
+gives more samples/s than single-GPU jobs; ties go to fewer GPUs.
 """
 from __future__ import annotations
 
@@ -26,8 +19,7 @@ from smartlaunch.decide.words import gpu_list, pct, rate, times
 
 @dataclass(frozen=True)
 class Packing:
-    """One way to run the variants as DDP groups: key is the SWEEP candidate's key (its GPUs
-    are the groups one after another)."""
+    """One way to run the variants as DDP groups; key: the SWEEP candidate's key."""
     key: tuple
     k: int
     groups: tuple[tuple[int, ...], ...]
@@ -36,7 +28,6 @@ class Packing:
 
 @dataclass(frozen=True)
 class Packed:
-    """The chosen packing's numbers, for the plan (strategies/independent.py plan_fields)."""
     k: int
     groups: tuple[tuple[int, ...], ...]
     speedups: tuple[float | None, ...]       # each group over one GPU
@@ -44,8 +35,7 @@ class Packed:
 
 
 def disjoint_groups(topology, usable, k: int, v: int, families) -> tuple | None:
-    """v disjoint groups of k GPUs, each the best-linked group of those left; None when the
-    links the policy allows for DDP cannot make v of them."""
+    """v disjoint groups of k GPUs, each the best-linked of those left, or None."""
     pool, out = list(usable), []
     for _ in range(v):
         group = G.best_group(topology, pool, k, families)
@@ -57,7 +47,6 @@ def disjoint_groups(topology, usable, k: int, v: int, families) -> tuple | None:
 
 
 def scaled_unit(ctx):
-    """The unit a group runs with: the SCALED unit that launches what torchrun would."""
     return next((u for u in ctx.units.values() if u.ROLE == Role.SCALED and u.TORCHRUN), None)
 
 
@@ -69,9 +58,7 @@ def sizes(ctx) -> list[int]:
 
 
 def packings(ctx, name) -> list[Packing]:
-    """Every packing the request, the policy and the links allow (auto only: --strategy
-    independent asks for single-GPU jobs); reasons for those that cannot be made. name: the
-    SWEEP unit's, whose candidates these are."""
+    """Every packing allowed (auto only); name: the SWEEP unit's."""
     unit, v = scaled_unit(ctx), len(ctx.request.variants)
     d = ctx.policy.decision
     if ctx.request.strategy != "auto" or unit is None or v < 1 or not sizes(ctx):
@@ -97,8 +84,7 @@ def packings(ctx, name) -> list[Packing]:
 
 
 def _predictions(ctx, groups) -> tuple[Prediction | None, ...]:
-    """Each group's prediction; a group linked as an earlier one (same link classes between
-    its GPUs, NUMA nodes and lanes) reuses that one's curve rather than measure again."""
+    """Each group's prediction; a group linked as an earlier one reuses its curve."""
     if not ctx.predictable:
         return tuple(None for _ in groups)
     out, seen = [], {}
@@ -117,8 +103,7 @@ def _shape(topology, group) -> tuple:
 
 
 def aggregate(p: Packing) -> Prediction | None:
-    """The packing's predicted samples/s as one Prediction over its V × k GPUs: speedup is
-    the groups' speedups summed, efficiency that over V × k."""
+    """The packing as one Prediction over its V × k GPUs (speedups summed)."""
     if not p.preds or any(x is None for x in p.preds):
         return None
     total = sum(x.speedup for x in p.preds)
@@ -131,8 +116,7 @@ def aggregate(p: Packing) -> Prediction | None:
 
 
 def choose(ctx, cands: dict, sweep_key):
-    """The sweep's Choice when a packing gives more aggregate samples/s than single-GPU jobs,
-    else the single-GPU jobs' (sweep_key); None when no packing is possible here."""
+    """The sweep's Choice (a packing or sweep_key's single-GPU jobs); None: no packing."""
     from smartlaunch.decide.select import Choice, _baseline, choose_auto
     packs = [p for p in ctx.packings if p.key in cands]
     unit = scaled_unit(ctx)
@@ -144,7 +128,7 @@ def choose(ctx, cands: dict, sweep_key):
     sub = {single: cands[single], **{key: cands[key] for key in firsts.values() if key in cands}}
     mark = len(ctx.reasons)
     got = choose_auto(ctx, sub)
-    for i in range(mark, len(ctx.reasons)):     # what they said was about one variant's group
+    for i in range(mark, len(ctx.reasons)):
         r = ctx.reasons[i]
         ctx.reasons[i] = Reason(f"each variant's group: {r.text}", r.rule)
     base = got.measured.get(single)
@@ -184,8 +168,7 @@ def choose(ctx, cands: dict, sweep_key):
 
 
 def _first_speedup(got, cands, key, base) -> tuple[float | None, str]:
-    """The DDP×k candidate's speedup over one GPU as choose_auto left it: measured (a trial
-    or an earlier launch), corrected by the trials of other sizes, or predicted."""
+    """(speedup, basis) of the DDP×k candidate as choose_auto left it."""
     if key in got.measured and base:
         return got.measured[key] / base, "launch" if got.basis == "launch" else "measured"
     fix = got.corrected.get(key)

@@ -1,7 +1,4 @@
-"""The decision's output: a frozen `Plan`. `--explain` prints it; launchers execute it.
-
-JSON schema (schema_version 1) is documented in docs/plan-schema.md; keep them in step.
-"""
+"""The decision's output: a frozen `Plan` (JSON schema: docs/plan-schema.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +19,7 @@ SCHEMA_VERSION = 1
 class EnvVar:
     name: str
     value: str
-    source: str        # "policy launch.nccl.PHB (built-in)", "kept from environment", "admin enforce", ...
+    source: str        # "policy launch.nccl.PHB (built-in)", "kept from environment", ...
 
 
 @dataclass(frozen=True)
@@ -47,18 +44,10 @@ class Candidate:
     allreduce_s: float | None = None      # exposed + hidden all-reduce time per step
     comm_cost_s: float | None = None      # what communication adds to the step (cost model)
     measured: bool = False                # from a trial, not the model
-    # The cost model's speedup, kept when a measurement replaced `speedup`: what the fleet
-    # report (launch/decision_log.py) compares the measurement with.
-    model_speedup: float | None = None
-    # Not tried, but the model's prediction scaled by what trials of other group sizes measured
-    # against theirs (decide/rerank.py): speedup, efficiency, step and samples/s are corrected.
-    corrected: bool = False
-    # Independent jobs: the GPUs each variant runs on (k of V variants as V × DDP×k groups,
-    # decide/pack.py); None for the other strategies.
-    per_variant: int | None = None
-    # Trials behind a measured figure: more than one where it was measured again near the
-    # policy's floor (its speedup is then the mean of the draws; decide/select.py).
-    draws: int = 1
+    model_speedup: float | None = None    # the model's, where a measurement replaced it
+    corrected: bool = False               # untried; predicted, corrected by other trials
+    per_variant: int | None = None        # independent jobs: GPUs per variant
+    draws: int = 1                        # trials behind a measured figure
     chosen: bool = False
     reason: str = ""
 
@@ -71,10 +60,8 @@ class Reason:
 
 @dataclass(frozen=True)
 class CommSummary:
-    """The all-reduce curve a DDP candidate was predicted with, as --explain and the JSON
-    show it (docs/plan-schema.md, "Comm"). Figures only inside the measured sizes: None
-    where one would be extrapolated (the curve stops below 256 MiB, a gradient size outside
-    the points) or where the fit's latency is not plausible."""
+    """The all-reduce curve a DDP candidate was predicted with; a figure is None where it
+    would be extrapolated or is not plausible."""
     world_size: int
     backend: str
     gpus: tuple[int, ...]
@@ -84,14 +71,10 @@ class CommSummary:
     latency_us: float | None
     cached: bool
     env: dict[str, str]
-    # The measured curve itself, so a decision can be replayed and audited offline.
     points: tuple[tuple[int, float], ...]
     bandwidth_Bps: float
-    # The measured group this curve was derived from (decide/curves.py); () when measured.
-    derived_from: tuple[int, ...] = ()
-    # Bus bandwidth at the largest measured size (points[-1]), what --explain shows when the
-    # curve stops below 256 MiB.
-    busbw_largest_GBps: float | None = None
+    derived_from: tuple[int, ...] = ()            # the measured group it was derived from
+    busbw_largest_GBps: float | None = None       # at points[-1]
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -103,9 +86,7 @@ class CommSummary:
 
 @dataclass(frozen=True)
 class VariantGroup:
-    """One variant's DDP group when --each packs the variants into groups (decide/pack.py):
-    the variant runs as a job of `strategy` on `gpus`, with its own NCCL variables and NUMA
-    bindings (prepare.py), its own lease and rendezvous."""
+    """One variant's DDP group when --each packs the variants into groups (pack.py)."""
     variant: int                       # index into Plan.variants
     strategy: Strategy                 # how the group runs: the SCALED unit (ddp)
     gpus: tuple[int, ...]
@@ -124,9 +105,7 @@ class Plan:
     nproc_per_node: int
     requested_max: int                           # the most the job was allowed
     env: tuple[EnvVar, ...] = ()                 # added to every worker's environment
-    # One per local rank; independent: one per GPU of the pool; single: also one per
-    # fallback GPU (all local rank 0). The worker uses the one whose `gpu` is its GPU.
-    numa: tuple[NumaBinding, ...] = ()
+    numa: tuple[NumaBinding, ...] = ()           # the worker uses the one of its GPU
     candidates: tuple[Candidate, ...] = ()
     reasons: tuple[Reason, ...] = ()
     left_free: tuple[int, ...] = ()              # allowed GPUs the plan does not hold
@@ -137,24 +116,16 @@ class Plan:
     wait_reason: str = ""                        # why the plan expects to wait; "": GPUs free
     link_class: str | None = None                # worst link inside the DDP group
     variants: tuple[tuple[str, ...], ...] = ()   # independent jobs: script args per job
-    # Independent jobs packed into DDP groups, one per variant (decide/pack.py); () when each
-    # variant runs on one GPU.
-    groups: tuple[VariantGroup, ...] = ()
+    groups: tuple[VariantGroup, ...] = ()        # one per variant, where packed
     profile: ModelProfile | None = None          # the dry run's, None without one
     comm: CommSummary | None = None              # None when no curve was measured
     topology: dict[str, Any] = field(default_factory=dict)    # fingerprint, source, note
     nnodes: str = "1"
     forced: bool = False                         # --strategy given (not auto)
     timings: dict[str, float] = field(default_factory=dict)   # seconds per pipeline stage
-    # Relative error of a predicted speedup this decision allowed for (select.uncertainty);
-    # None where nothing was predicted (no GPUs).
-    uncertainty_band: float | None = None
-    # The worker's command in the worker hook's words: [--module | --no-python] TARGET ARGS
-    # (Request.worker_command); an independent job appends its variant's args.
-    command: tuple[str, ...] = ()
-    # --each across nodes (decide/nodes.py): the variants (indices into `variants`) each node
-    # runs, by node; () on one node. node_index: the node this plan is for (for_node).
-    node_variants: tuple[tuple[int, ...], ...] = ()
+    uncertainty_band: float | None = None        # select.uncertainty; None: no GPUs
+    command: tuple[str, ...] = ()                # [--module | --no-python] TARGET ARGS
+    node_variants: tuple[tuple[int, ...], ...] = ()   # --each across nodes: shares by node
     node_index: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,31 +146,23 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, *, strategies: Collection[str] = STRATEGIES) -> "Plan":
-        """to_dict's inverse, for the plan a multi-node job's deciding node shares with the
-        others (pipeline_nodes.py) as JSON from the network: every field of every record
-        typed and bounded (smartlaunch.wire), strategies among `strategies` (the registered
-        units' names), group and node shares naming variants that exist. Raises WireError
-        (one line naming the field) for anything else, nothing else. What the values may
-        mean on a node (its GPUs, its command line) is the reader's check, not this one."""
+        """to_dict's inverse for a plan read from the network: every field typed and
+        bounded, strategies among `strategies`. Raises WireError only."""
         return cls(**_plan_fields(d, tuple(strategies)))
 
     @property
     def multi_node(self) -> bool:
-        """Across nodes (Request.multi_node): one job launched as torchrun would on each, or
-        a sweep whose variants are split over them (node_variants)."""
         return self.nnodes not in ("1", "1:1")
 
     def env_dict(self) -> dict[str, str]:
         return {e.name: e.value for e in self.env}
 
     def binding(self, gpu: int | None) -> NumaBinding | None:
-        """The NUMA binding of the one process that runs on `gpu` (single or independent)."""
+        """The NUMA binding of the one process that runs on `gpu`."""
         return next((b for b in self.numa if b.gpu == gpu), None) if gpu is not None else None
 
     def group_plan(self, i: int) -> "Plan":
-        """Variant i's group as the plan of one job of its strategy on its GPUs (what its
-        launcher runs): its GPUs, link class, environment and NUMA bindings, no variants; on
-        this node only (a sweep across nodes forms no job across them)."""
+        """Variant i's group as the plan of one job on this node."""
         g = self.groups[i]
         return dataclasses.replace(
             self, strategy=g.strategy, gpus=g.gpus, nproc_per_node=len(g.gpus),
@@ -209,15 +172,13 @@ class Plan:
             node_index=0)
 
     def share(self) -> tuple[int, ...]:
-        """The variants this node runs (indices into `variants`): its node's share of a sweep
-        across nodes, else every one."""
+        """The indices of the variants this node runs."""
         if self.node_variants:
             return self.node_variants[self.node_index]
         return tuple(range(len(self.variants)))
 
     def for_node(self, k: int) -> "Plan":
-        """A sweep across nodes as node k runs it: its share, the groups packed for the first
-        node's share (the largest) given to its own variants in order."""
+        """A sweep across nodes as node k runs it."""
         share = self.node_variants[k]
         groups = tuple(dataclasses.replace(g, variant=v) for g, v in zip(self.groups, share))
         return dataclasses.replace(self, node_index=k, groups=groups)
@@ -227,7 +188,6 @@ class Plan:
         return self.jobs_per_gpu.get(gpu, 1)
 
 
-# Bounds of a plan read from the network (Plan.from_dict) beyond smartlaunch.wire's defaults.
 MAX_GPUS = 1024                  # GPU indices 0..MAX_GPUS-1, lists of at most MAX_GPUS
 MAX_RANKS = 1 << 16              # nproc_per_node, requested_max
 MAX_ARGS = 1 << 20               # a command's or variant's arguments: --each-file's 1 MiB
@@ -266,8 +226,7 @@ def _plan_fields(d: Any, strategies: tuple[str, ...]) -> dict[str, Any]:
         for k, n in wire.obj(v, where, MAX_GPUS).items():
             if not (k.isascii() and k.isdigit() and len(k) <= 4 and int(k) < MAX_GPUS):
                 raise WireError(f"{where} key", "not a GPU index")
-            out[int(k)] = \
-                wire.integer(n, f"{where}.{k}", 1, MAX_GPUS)
+            out[int(k)] = wire.integer(n, f"{where}.{k}", 1, MAX_GPUS)
         return out
 
     def topology(v: Any, where: str) -> dict[str, str | None]:
@@ -310,7 +269,7 @@ def _plan_fields(d: Any, strategies: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _strategy(name: str):
-    """A Strategy member for its name; a unit's plain str where vocab has none (strategy_name)."""
+    """A Strategy member for its name; a plain str where vocab has none."""
     try:
         return Strategy(name)
     except ValueError:
@@ -318,5 +277,5 @@ def _strategy(name: str):
 
 
 def strategy_name(strategy) -> str:
-    """A vocab.Strategy member's name; a strategy unit not (yet) in vocab may use a plain str."""
+    """A Strategy member's name, or the plain str itself."""
     return strategy.value if isinstance(strategy, Strategy) else str(strategy)

@@ -1,7 +1,4 @@
-"""The second half of decide's output: the NCCL variables and NUMA bindings the workers get.
-Both are choices (a link class's NCCL table, which CPUs a rank runs on), so they are made here,
-before any launcher runs, and `--explain` shows exactly what the workers will get and why.
-"""
+"""The second half of decide's output: the NCCL variables and NUMA bindings the workers get."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +16,8 @@ from smartlaunch.vocab import NUMA_MODES
 
 def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str, str], *,
             units: Units, numactl: str | None = None, torchrun_numa: str | None = None) -> Plan:
-    """units: the strategy units by name (strategies.REGISTRY). numactl: its path ("" when absent); None looks it up on PATH. torchrun_numa: the
-    user's own torchrun --numa-binding, which torch's agent applies to DDP ranks instead."""
+    """numactl: its path ("" when absent; None: looked up). torchrun_numa: the user's own
+    torchrun --numa-binding, which then binds collective ranks instead."""
     mode = policy.launch.numa_binding
     if mode not in NUMA_MODES:
         raise PolicyError(f"launch.numa_binding={mode!r} is not one of {', '.join(NUMA_MODES)}: "
@@ -41,9 +38,7 @@ def prepare(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[str
 
 
 def _group(plan: Plan, i: int, topology, policy, environ, mode, numactl, torchrun_numa):
-    """A variant's DDP group (decide/pack.py) gets what a DDP plan on its GPUs would: the NCCL
-    table of its link class, one NUMA binding per local rank (none when torchrun's own
-    --numa-binding binds the ranks)."""
+    """A variant's DDP group gets what a DDP plan on its GPUs would."""
     g = plan.groups[i]
     one = plan.group_plan(i)
     env = _merge(plan.env, nccl.nccl_env(one, topology, policy, environ))
@@ -53,9 +48,7 @@ def _group(plan: Plan, i: int, topology, policy, environ, mode, numactl, torchru
 
 def bindings(plan: Plan, topology: Topology, mode: str, numactl: str | None = None
              ) -> tuple[NumaBinding, ...]:
-    """One per local rank (independent: one per GPU of the pool). A single job's fallback GPUs
-    get theirs too, each as if it were the job's only GPU, so a job that moves is bound to the
-    node of the GPU it really runs on."""
+    """One per local rank, plus one per fallback GPU as if it were the job's only GPU."""
     if numactl is None:                   # one PATH lookup, not one per fallback GPU
         numactl = shutil.which("numactl") or ""
     own = numa.plan_bindings(plan, topology, mode, numactl=numactl)
@@ -65,7 +58,7 @@ def bindings(plan: Plan, topology: Topology, mode: str, numactl: str | None = No
 
 
 def _merge(first, second):
-    """Later entries win by name; order of first appearance kept (explain reads in order)."""
+    """Later entries win by name; order of first appearance kept."""
     merged = {e.name: e for e in first}
     merged.update({e.name: e for e in second})
     return tuple(merged.values())

@@ -1,14 +1,5 @@
-"""After trials: correct the untried candidates by what the tried ones measured, and say
-whether the choice is settled.
-
-Pure functions over speedups (samples/s over the baseline) keyed by any hashable candidate
-key; select.py feeds them the trials' measurements and the cost model's predictions. A trial
-that disagrees with its prediction says something about its neighbours (docs/decision.md has
-the case that showed it), so an untried candidate's prediction is scaled by measured / predicted of the nearest tried group
-size of its own strategy (the geometric mean of both neighbours when they are equally near;
-another SCALED strategy's when its own has none), and the choice is settled only when no
-untried candidate could, within the band, be allowed and faster than the measured winner.
-"""
+"""After trials: correct the untried candidates' predictions by what the tried ones measured,
+and say whether the choice is settled. Pure functions over speedups keyed by any hashable key."""
 from __future__ import annotations
 
 import math
@@ -29,15 +20,12 @@ class Corrected:
 
 @dataclass(frozen=True)
 class Settled:
-    """What the trials so far leave: the measured winner, the corrected untried candidates,
-    those still within reach, and what to do about them."""
+    """What the trials so far leave."""
     winner: Key                     # the best measured candidate (the baseline when none meets)
     corrected: dict = field(default_factory=dict)   # untried key -> Corrected
-    open: tuple = ()                # untried keys that may, within the band, be allowed and
-    #                                 faster than the winner; best corrected speedup first
+    open: tuple = ()                # untried keys that may still win within the band
     to_try: Key | None = None       # the first of `open` that can still be tried
-    by_prediction: Key | None = None   # nothing left to try: the open candidate whose corrected
-    #                                    prediction itself is allowed and beats the winner
+    by_prediction: Key | None = None   # nothing left to try: the open one that wins as predicted
 
 
 def pick(scores: Mapping[Key, float | None], baseline: Key, size: Callable[[Key], int],
@@ -51,11 +39,8 @@ def pick(scores: Mapping[Key, float | None], baseline: Key, size: Callable[[Key]
 
 def correct(predicted: Mapping[Key, float], measured: Mapping[Key, float],
             size: Callable[[Key], int], family: Callable[[Key], str]) -> dict[Key, Corrected]:
-    """Every predicted key not in `measured`, its speedup scaled by measured / predicted of the
-    nearest measured group size of the same family (another family's when its own has none);
-    equally near neighbours on both sides count as the geometric mean of their ratios.
-    predicted, measured: speedups over the baseline (the baseline itself is ignored: it has
-    no prediction)."""
+    """Every predicted key not in `measured`, scaled by measured / predicted of the nearest
+    measured size of its family (else any family's; equally near ones: geometric mean)."""
     ratios = {k: measured[k] / predicted[k] for k in measured
               if predicted.get(k) and measured[k] > 0}
     out = {}
@@ -76,12 +61,9 @@ def correct(predicted: Mapping[Key, float], measured: Mapping[Key, float],
 def settle(measured: Mapping[Key, float], predicted: Mapping[Key, float], baseline: Key, *,
            size: Callable[[Key], int], family: Callable[[Key], str], floor: float, band: float,
            can_try: Callable[[Key], bool] = lambda k: True) -> Settled:
-    """measured: speedups from trials (the baseline's 1.0 among them); predicted: the model's
-    speedups of the candidates (untried ones included); band: the prediction's relative
-    error. An untried candidate is open when its corrected speedup × (1 + band) meets the
-    floor and beats the winner's measured speedup: a trial of it can still change the choice.
-    can_try: whether a trial of the key may still run (False: tried without a measurement,
-    not trialable, or no trials here)."""
+    """measured: speedups from trials (the baseline's 1.0 among them); band: the prediction's
+    relative error. An untried candidate is open when its corrected speedup × (1 + band) meets
+    the floor and beats the winner; can_try: whether a trial of it may still run."""
     winner = pick(measured, baseline, size, floor)
     best = measured[winner]
     corrected = correct(predicted, measured, size, family)

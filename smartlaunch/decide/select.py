@@ -1,6 +1,5 @@
-"""Choosing among the candidates: by the model, by earlier launches, by measured trials
-(measured again near the policy's floor), or the policy's fallback; each reason with its
-numbers. describe.py then says why every candidate won or lost."""
+"""Choosing among the candidates: by the model, earlier launches, measured trials, or the
+policy's fallback; each reason with its numbers."""
 from __future__ import annotations
 
 import math
@@ -15,18 +14,14 @@ from smartlaunch.decide.words import gpu_list, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
 
 MiB = 1024 * 1024
-# A trial costs decision.trial_seconds per candidate and the cold decision has a time goal
-# (docs/decision.md): where predictions rank the SCALED candidates (every unit's together), only the
-# best two are tried (an 8-GPU node would otherwise try seven DDP group sizes).
-MAX_SCALED_TRIALS = 2
+MAX_SCALED_TRIALS = 2   # where predictions rank the SCALED candidates, only the best two are tried
 
 
 @dataclass
 class Choice:
     strategy: Strategy
     gpus: tuple[int, ...]
-    # forced | model | trial | corrected | launch | fallback | only | torchrun | multi-node;
-    # corrected: by its prediction as the trials of other group sizes corrected it (rerank.py)
+    # forced | model | trial | corrected | launch | fallback | only | torchrun | multi-node
     basis: str = "forced"
     measured: dict = field(default_factory=dict)   # candidate key -> samples/s from a trial
     superlinear: str = ""        # why a measured speedup above N× on N GPUs stands, if one does
@@ -35,12 +30,10 @@ class Choice:
 
 
 def _key_n(key) -> int:
-    """GPUs of a (strategy, gpus) key: a single job's key holds its one GPU."""
     return len(key[1])
 
 
 def _baseline(ctx, keys):
-    """The baseline's key among candidate keys (every speedup is relative to it)."""
     return next(k for k in keys if _role(ctx, k) == Role.BASELINE)
 
 
@@ -49,7 +42,6 @@ def _role(ctx, key) -> Role:
 
 
 def _name(ctx, key) -> str:
-    """The candidate with its GPUs, as reasons name a winner: "DDP×2 on GPUs 0,1"."""
     return ctx.units[key[0]].named(Candidate(key[0], key[1]))
 
 
@@ -58,20 +50,15 @@ def _short(ctx, key) -> str:
 
 
 def _scaled_word(ctx) -> str:
-    """The SCALED units' family words ("DDP"), for sentences about all of them."""
     return " or ".join(u.WORD for u in ctx.units.values() if u.ROLE == Role.SCALED)
 
 
 def _trial_cap(ctx) -> str:
-    """Why a SCALED candidate was not tried: MAX_SCALED_TRIALS bounds them all together."""
     return (f"at most {MAX_SCALED_TRIALS} {_scaled_word(ctx)} trials: the model's pick and "
             "the fastest other")
 
 
 def _pick(ctx, scores: dict) -> tuple:
-    """scores: key -> speedup over the baseline, of the baseline and SCALED candidates.
-    rerank.pick at the policy's efficiency: the most samples/s among those that meet it and
-    beat the baseline; otherwise the baseline. Ties go to fewer GPUs."""
     return pick(scores, _baseline(ctx, scores), _key_n, ctx.policy.decision.min_efficiency)
 
 
@@ -107,8 +94,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
         k = max([k for k in scaled if ctx.units[k[0]].TORCHRUN] or scaled, key=_key_n)
         n = ctx.request.max_gpus
         if n is not None and n > _key_n(k):
-            # A count given: torchrun's own (the script may fix its world size to it), even
-            # where decision.world_sizes kept that size from the candidates.
+            # A count given: torchrun's own, even where decision.world_sizes kept it out.
             from smartlaunch.decide.groups import best_group
             group = best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
             k = (k[0], group) if group is not None else k
@@ -142,8 +128,7 @@ def choose_auto(ctx, cands: dict) -> Choice:
 
     scores = {k: preds[k].speedup for k in [single, *scaled]}
     if ctx.profile.work_depends_on_world_size and d.trials:
-        # The model assumes torchrun's semantics (each rank does the profiled work); a
-        # script that sizes its work by the world size (nanoGPT's accumulation) breaks that.
+        # The model assumes each rank does the profiled work; this script may not.
         why = (f"the script reads the world size before its first step "
                f"({ctx.profile.reads_world_size}) and accumulates {ctx.profile.micro_batches} "
                f"micro-batches per step, so its work per rank under DDP may differ from the "
@@ -173,22 +158,16 @@ def choose_auto(ctx, cands: dict) -> Choice:
 
 
 def _top(ctx, scaled: list, scores: dict) -> list:
-    """The MAX_SCALED_TRIALS SCALED candidates to try, in N order: the model's own pick (the most
-    samples/s among those predicted to meet the policy), then the most predicted samples/s
-    among the rest, which a trial may show meeting it (by samples/s alone, the largest groups
-    would be tried even where only a smaller one meets the policy)."""
-    base = _baseline(ctx, scores)
-    own = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
-    first = [own] if own in scaled else []
+    """The MAX_SCALED_TRIALS candidates to try, in N order: the model's own pick, then the
+    most predicted samples/s among the rest."""
+    first = _first(ctx, scaled, scores)
     rest = sorted((k for k in scaled if k not in first), key=lambda k: (-scores[k], _key_n(k)))
     return sorted((first + rest)[:MAX_SCALED_TRIALS], key=_key_n)
 
 
 def uncertainty(ctx) -> tuple[float, str]:
-    """(relative error of a predicted speedup, where that figure comes from). The policy's
-    decision.uncertainty_band when set; else the cost model's measured error (MODEL_ERROR's
-    90th percentile), doubled in log space when the profile is low-confidence (a window cut
-    short times fewer steps than asked)."""
+    """(relative error of a predicted speedup, its source): decision.uncertainty_band, else
+    MODEL_ERROR's p90, doubled in log space for a low-confidence profile."""
     band = ctx.policy.decision.uncertainty_band
     if band is not None:
         return band, "decision.uncertainty_band"
@@ -199,9 +178,8 @@ def uncertainty(ctx) -> tuple[float, str]:
 
 
 def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
-    """Earlier launches of this job measured what DDP×N really gave: those candidates are
-    scored by measurement, the rest by the model (a measurement of this job beats a
-    prediction fitted on others)."""
+    """Candidates earlier launches of this job ran are scored by measurement, the rest by
+    the model; None when no launch applies."""
     from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
     runs = {k: ctx.launched.get(candidate_name(strategy_name(k[0]), k[1])) for k in scaled}
     runs = {k: r for k, r in runs.items() if r is not None}
@@ -209,8 +187,7 @@ def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
     base, source = one_gpu_rate(ctx.launched, prof)
     if not runs or not base:
         return None
-    # A launch above N× of one GPU on N GPUs is not a speedup to act on: the one-GPU rate it
-    # is divided by (often the dry run's step, not a launch) is what is off. Not used; said.
+    # A launch above N× of one GPU on N GPUs means the one-GPU rate is off: not used; said.
     impossible = {k: r.rank_steps_per_s / base for k, r in runs.items()
                   if r.rank_steps_per_s / base > _key_n(k) * SUPERLINEAR}
     if impossible:
@@ -268,10 +245,8 @@ def _by_model(ctx, scores: dict, note: str | None) -> Choice:
 
 
 def _first(ctx, scaled: list, scores: dict) -> list:
-    """The one SCALED candidate tried first: the model's own pick, else the most predicted
-    samples/s among `scaled` (a trial may show it meeting the policy). The others are tried
-    after it only while one could still change the choice (rerank.settle): a trial that
-    cannot change the outcome costs the cold decision its seconds for nothing."""
+    """[the SCALED candidate tried first]: the model's own pick, else the most predicted
+    samples/s (the others are tried only while one could change the choice)."""
     base = _baseline(ctx, scores)
     own = _pick(ctx, {base: 1.0, **{k: scores[k] for k in scaled}})
     if own in scaled:
@@ -281,23 +256,16 @@ def _first(ctx, scaled: list, scores: dict) -> list:
 
 def _trials(ctx, keys: list, why: str, rule_key: str,
             band: float | None = None) -> tuple[Choice | None, str]:
-    """(the choice by measurement, or None and why not). keys: the baseline first. After the
-    round, the untried candidates' predictions are corrected by what the trials measured
-    (rerank.py): one that could still, within the band, be allowed and faster than the
-    measured winner is tried too; when it cannot be, its corrected prediction decides.
-    band: the uncertainty band in force, shown as the rule's value where the policy leaves
-    it unset."""
+    """(the choice by measurement, or None and why not). keys: the baseline first. Untried
+    candidates that, corrected by the trials, could still win are tried too, else their
+    corrected prediction decides. band: the band in force, shown where the policy has none."""
     rule = f"{rule_key}={band:.2g} (built-in: the cost model's measured error)" \
         if band is not None and ctx.policy.decision.uncertainty_band is None \
         else ctx.policy.rule(rule_key)
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured, single, d = {}, keys[0], ctx.policy.decision
-    # The dry run's own complete window stands for the one-GPU trial: at least trial_steps
-    # and dryrun.measure_seconds (0.5 s; a trial's 1 s window is for the DDP side, whose
-    # first all-reduces and clock ramp a short window over-weights). Lengthening every dry
-    # run to a trial's window would cut short the ones of scripts that end sooner, and a
-    # cut-short profile widens the band (more trials, not fewer).
+    # The dry run's own complete window stands for the one-GPU trial.
     floor_s = min(d.trial_seconds, ctx.policy.dryrun.measure_seconds)
     precision = ctx.policy.dryrun.precision
     by_dry_run = ctx.profile.trial_rate(d.trial_steps, floor_s, precision) \
@@ -313,9 +281,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
             measured[k] = float(got)
     superlinear = _superlinear(ctx, measured, single, keys)
     if superlinear and by_dry_run is not None:
-        # The dry run's one-GPU rate gave a scaled candidate more than N× on N GPUs: measure
-        # one GPU again, by a trial like the others (the dry run may have run beside our own
-        # set-up, or caught a slow phase of the script).
+        # Superlinear against the dry run's one-GPU rate: measure one GPU again by a trial.
         ctx.trial.planned(1)
         again = ctx.trial(single[0], single[1])
         if again is not None and again > 0:
@@ -399,7 +365,6 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
 
 
 def _settle(ctx, measured: dict, single, tried: set):
-    """rerank.settle on samples/s: the trials' speedups against the model's predictions."""
     predicted = {k: p.speedup for k, p in ctx.preds.items() if p is not None}
     base = measured[single]
     return settle({k: v / base for k, v in measured.items()}, predicted, single,
@@ -418,19 +383,12 @@ def _corrected_words(ctx, key, c: Corrected) -> str:
             f"{'its' if len(c.basis) == 1 else 'their'} prediction)")
 
 
-# One trial's run-to-run spread: the standard deviation of ln(speedup) between repeated
-# measurements of one script's DDP speedup (bench/results/trial-spread.md says which runs).
-TRIAL_SPREAD = 0.07
-# Near the policy's floor a candidate whose side of it decides the choice is measured again,
-# with the baseline, at most this many more times (its interval narrows as 1/sqrt(draws)):
-# each repeat costs two trials, so the bound is 2 x this x (a trial's start-up + its window).
-NEAR_FLOOR_REPEATS = 2
+TRIAL_SPREAD = 0.07      # one trial's run-to-run standard deviation of ln(speedup)
+NEAR_FLOOR_REPEATS = 2   # at most this many more rounds near the policy's floor
 
 
 def _deciding(ctx, k, e: float, s: float, win, win_speedup: float) -> str | None:
-    """How to run the other side when candidate k's side of the floor decided the choice
-    (chosen just above it, or refused only by it while faster than the choice); None when
-    its side did not decide."""
+    """How to run the other side when k's side of the floor decided the choice, else None."""
     floor, n = ctx.policy.decision.min_efficiency, _key_n(k)
     if k == win and e >= floor:
         return "--strategy single runs one GPU"
@@ -445,14 +403,13 @@ def _reach(draws: int) -> float:
 
 
 def interval(draws: int) -> float:
-    """The relative half-width of a measured efficiency's interval after `draws` trials
-    (two run-to-run standard deviations of their mean)."""
+    """The relative half-width of a measured efficiency's interval after `draws` trials."""
     return math.expm1(_reach(draws))
 
 
 def _near(ctx, scores: dict, win, win_speedup: float, draws: dict) -> dict:
-    """Measured candidates whose side of the policy's floor decided the choice and whose
-    efficiency lies within _reach of it: key -> (efficiency, draws, how to run the other side)."""
+    """Measured candidates whose side of the floor decided the choice, within _reach of it:
+    key -> (efficiency, draws, how to run the other side)."""
     floor = ctx.policy.decision.min_efficiency
     if floor <= 0:
         return {}
@@ -471,10 +428,9 @@ def _near(ctx, scores: dict, win, win_speedup: float, draws: dict) -> dict:
 
 
 def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> str:
-    """Measure again, with the baseline, each candidate near the floor whose side of it
-    decides the choice, at most NEAR_FLOOR_REPEATS times, until its interval clears the
-    floor; measured[k] becomes the geometric mean of k's draws. The sentence saying so, or
-    "" when nothing was near."""
+    """Measure again, with the baseline, each deciding candidate near the floor (at most
+    NEAR_FLOOR_REPEATS rounds); measured[k] becomes the geometric mean of its draws.
+    Returns the sentence saying so, or ""."""
     repeats, lost = 0, ""
     for attempt in range(2, 2 + NEAR_FLOOR_REPEATS):
         st = _settle(ctx, measured, single, tried)
@@ -515,10 +471,7 @@ def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> s
 
 
 def _near_floor(ctx, scores: dict, win, win_speedup: float, draws: dict | None = None) -> str:
-    """"; DDP×2's measured 63% is within ..." for every measured candidate whose side of the
-    policy's floor decided the choice and lies within two run-to-run standard deviations of
-    it after its draws (measured again by _again_near_floor as far as the bound allows).
-    Another run could still land on the other side; the user is told how to run either."""
+    """"; DDP×2's measured 63% is within ..." for every candidate _near the floor."""
     floor = ctx.policy.decision.min_efficiency
     said = []
     for k, (e, m, other) in _near(ctx, scores, win, win_speedup, draws or {}).items():
@@ -546,8 +499,7 @@ def _superlinear(ctx, measured: dict, single, keys) -> str:
 
 
 def _fallback(ctx, scaled: list, why: str) -> Choice:
-    """The policy's decision.fallback_strategy names a unit: its largest group when it has
-    candidates here, else the baseline on the first usable GPU."""
+    """decision.fallback_strategy's largest group here, else the baseline on one GPU."""
     fb = ctx.policy.decision.fallback_strategy
     rule = ctx.policy.rule("decision.fallback_strategy")
     mine = [k for k in scaled if strategy_name(k[0]) == fb]

@@ -39,7 +39,6 @@ def mb(nbytes: float | None) -> str:
 
 
 def gbps(bps: float | None) -> str:
-    """One decimal; two significant digits below 0.1 GB/s, so a slow link is not '0.0'."""
     if bps is None:
         return "??"
     v = bps / 1e9
@@ -47,7 +46,6 @@ def gbps(bps: float | None) -> str:
 
 
 def size(nbytes: int) -> str:
-    """A message size as the all-reduce sweep steps them (powers of two): '64 KiB', '1 MiB'."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"

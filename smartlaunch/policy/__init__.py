@@ -1,10 +1,4 @@
-"""Policy layer: built-in < admin < user < env < CLI, with the admin's `enforce:` on top.
-
-Callers: `load_policy(...)` once per launch, `apply_request(policy, request)` for the CLI layer
-(raises PolicyError when the request goes beyond an admin cap), `enforced_env(policy, family)`
-for the variables the launcher must set over the user's environment, `policy.rule(key)` for
---explain.
-"""
+"""Policy layer: built-in < admin < user < env < CLI, with the admin's `enforce:` on top."""
 from smartlaunch.policy.api import (  # noqa: F401
     DecisionPolicy, DryRunPolicy, JobsPolicy, LaunchPolicy, PathsPolicy, Policy, SlurmPolicy,
 )

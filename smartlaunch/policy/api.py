@@ -1,10 +1,5 @@
-"""Data types of the policy layer: the effective, merged policy.
-
-Layers, lowest first: built-in defaults (these dataclass defaults, mirrored and documented in
-policy/shipped/default.yaml) < admin file (/etc/smartlaunch/policy.yaml) < user file. The admin's
-`enforce:` section then wins over everything, CLI and environment included. `sources` records
-which layer set each dotted key, so --explain and `policy show` can name the rule.
-"""
+"""Data types of the policy layer: the effective, merged policy. The defaults here are the
+built-in layer (documented in policy/shipped/default.yaml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,23 +9,15 @@ from smartlaunch.vocab import LINK_FAMILIES, STRATEGIES
 
 @dataclass(frozen=True)
 class DecisionPolicy:
-    min_efficiency: float = 0.70          # DDP speedup / GPUs needed to pick DDP (seeds: 70%+)
-    # Relative error of the predicted speedup inside which a measured trial decides; None: the
-    # cost model's own measured error (decide/cost.py MODEL_ERROR, its 90th percentile).
-    uncertainty_band: float | None = None
+    min_efficiency: float = 0.70          # DDP speedup / GPUs needed to pick DDP
+    uncertainty_band: float | None = None  # where a trial decides; None: the model's error
     trials: bool = True                   # run measured trials inside the band
     trial_steps: int = 20                 # at least this many measured steps per trial
     trial_seconds: float = 1.0            # and at least this long a measured window
-    # Start the all-reduce benchmark's ranks and the first DDP trial's with the dry run, on
-    # spare cores, the benchmark measuring before the dry run's first forward and the trial
-    # waiting, set up, until decide asks (profile/early.py). false: start each when needed.
-    prestart: bool = True
+    prestart: bool = True                 # start the sweep and first trial beside the dry run
     allowed_strategies: tuple[str, ...] = STRATEGIES
     max_gpus: int | None = None           # per job; None = all visible
-    # Numbers of processes (world sizes) an automatic choice may give one DDP job: the global
-    # batch is world size x per-rank batch, and most scripts, samplers and LR schedules assume
-    # a power of two. --strategy ddp with an explicit --nproc-per-node runs what it says.
-    world_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    world_sizes: tuple[int, ...] = (1, 2, 4, 8)  # an automatic choice's DDP world sizes
     ddp_link_classes: tuple[str, ...] = LINK_FAMILIES
     prefer_independent_for_sweeps: bool = True
     memory_headroom: float = 0.80         # use at most this share of a GPU's free memory
@@ -39,10 +26,7 @@ class DecisionPolicy:
     fallback_strategy: str = "single"     # when no profile can be had
 
     def early_group(self, usable: int, nproc: int | None, explicit_ddp: bool = False) -> int:
-        """The GPU count of the largest DDP candidate decide will weigh, from what is known
-        before it runs: `usable` GPUs, the `nproc` cap (--nproc-per-node) and this policy.
-        Decide and the early start (pipeline._start_early) both use it, so the trial started
-        early is the one decide will ask for. 1: no DDP candidate."""
+        """The GPU count of the largest DDP candidate decide will weigh (1: none)."""
         n = min(x for x in (usable, nproc, self.max_gpus) if x is not None)
         if explicit_ddp and nproc is not None:
             return n                      # --strategy ddp --nproc-per-node N runs N as asked
@@ -55,7 +39,6 @@ class DecisionPolicy:
 
 @dataclass(frozen=True)
 class LaunchPolicy:
-    # NCCL variables per link family; never one that disables a working P2P path.
     nccl: dict[str, dict[str, str]] = field(default_factory=lambda: {
         "NV": {},
         "PIX": {},
@@ -78,13 +61,8 @@ class LaunchPolicy:
     clock_drift_threshold: float = 0.10   # warn when a GPU's clock under load falls this far
     log_dir: str = ""                     # "": logs/ under paths.cache_dir (store.log_root)
     quiet: bool = False                   # no decision line before the job's output (--quiet)
-    # torch's NCCL Flight Recorder in every rank (a ring of recent collectives, read on a hang
-    # to name the collective a rank did not enter); off, as under torchrun, unless asked.
-    flight_recorder: bool = False
-    # Variables for every worker whatever the link. From an admin `enforce:` section they are
-    # mandatory (applied over the user's environment, see policy.enforced_env); from any other
-    # layer they are defaults the user's own environment overrides.
-    env: dict[str, str] = field(default_factory=dict)
+    flight_recorder: bool = False         # torch's NCCL Flight Recorder in every rank
+    env: dict[str, str] = field(default_factory=dict)   # for every worker, whatever the link
 
 
 @dataclass(frozen=True)
@@ -110,21 +88,13 @@ class PathsPolicy:
     cache_dir: str = "~/.cache/smartlaunch"
     lease_dir: str = "/tmp/smartlaunch-leases"
     comm_cache_max_age_s: float = 7 * 24 * 3600.0
-    # One JSON line per launch (launch/decision_log.py). The built-in path is used where its
-    # directory exists and this user may write there, else <cache_dir>/decisions.jsonl; any
-    # other value is used as given.
-    decision_log: str = "/var/log/smartlaunch/decisions.jsonl"
-    # The node's own measurements, written by the Slurm prolog as root (all-reduce curves under
-    # comm/): launches read them when their own cache has none, never write them.
-    node_cache: str = "/run/smartlaunch"
+    decision_log: str = "/var/log/smartlaunch/decisions.jsonl"   # one JSON line per launch
+    node_cache: str = "/run/smartlaunch"  # the node's own measurements (read-only to launches)
 
 
 @dataclass(frozen=True)
 class SlurmPolicy:
-    # Shrink a Slurm job to the nodes its plan uses before launching (`scontrol update
-    # JobId=... NumNodes=N`, from the batch script only); GPUs of a running job cannot be
-    # released (docs/slurm-admin.md).
-    release_unused: bool = False
+    release_unused: bool = False          # shrink the job to the nodes its plan uses
 
 
 @dataclass(frozen=True)
@@ -135,14 +105,11 @@ class Policy:
     jobs: JobsPolicy = field(default_factory=JobsPolicy)
     paths: PathsPolicy = field(default_factory=PathsPolicy)
     slurm: SlurmPolicy = field(default_factory=SlurmPolicy)
-    # dotted key -> "built-in" | "admin:/etc/smartlaunch/policy.yaml" | "user:<path>" |
-    #   "env:SMARTLAUNCH_LOG_DIR" | "cli:--nproc-per-node" | "enforced:/etc/..." ; filled by
-    #   the loader. Keys: "section.field", plus "launch.nccl.<FAMILY>", "launch.env.<NAME>".
+    # dotted key -> the layer that set it: "built-in", "admin:PATH", "user:PATH", "env:VAR",
+    # "cli:--OPTION", "enforced:PATH"
     sources: dict[str, str] = field(default_factory=dict)
     enforced: dict[str, object] = field(default_factory=dict)   # dotted key -> admin value
-    # dotted key -> why the value is not what a lower layer asked ("user:... set 8; the
-    # admin cap 4 wins"), for `policy show` and --explain.
-    notes: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)   # key -> why not what a layer asked
     admin_path: str | None = None          # the admin file that was read, if any
     layers: tuple[str, ...] = ()           # sources that were read, lowest first
 
@@ -153,7 +120,6 @@ class Policy:
         """'decision.min_efficiency=0.7 (admin:/etc/smartlaunch/policy.yaml)' for explain."""
         obj = self
         for part in dotted_key.split("."):
-            # launch.nccl.PHB and launch.env.NAME index into dicts.
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
         if isinstance(obj, tuple):
             obj = "[" + ", ".join(map(str, obj)) + "]"

@@ -27,8 +27,7 @@ def register(subparsers) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """OK lines on stdout; otherwise one `smartlaunch-node: error:` line per problem of the
-    first file that has any, and the policy error's exit code."""
+    """OK lines on stdout; otherwise one error line per problem of the first bad file."""
     try:
         return _check_files(args)
     except PolicyProblems as exc:

@@ -1,6 +1,5 @@
-"""The admin's caps against the user's command line, and the variables the admin makes
-mandatory. A user *file* asking more than a cap is quietly capped (`policy show` says so); a
-user *command line* asking more is an error, because the user explicitly asked for it."""
+"""The admin's caps against the user's command line (asking more is an error), and the
+variables the admin makes mandatory."""
 from __future__ import annotations
 
 from smartlaunch.errors import PolicyError
@@ -15,8 +14,7 @@ def _where(policy: Policy) -> str:
 
 
 def check_request(policy: Policy, request: Request) -> None:
-    """PolicyError when --nproc-per-node or --strategy goes beyond an enforced admin rule (a
-    DDP world size outside an enforced decision.world_sizes included)."""
+    """PolicyError when --nproc-per-node or --strategy goes beyond an enforced admin rule."""
     cap = policy.enforced.get("decision.max_gpus")
     if cap is not None and request.max_gpus is not None and request.max_gpus > cap:
         raise PolicyError(
@@ -44,8 +42,8 @@ def check_request(policy: Policy, request: Request) -> None:
 
 
 def apply_request(policy: Policy, request: Request) -> Policy:
-    """The CLI layer: check_request, then the policy with --nproc-per-node as decision.max_gpus
-    and a forced --strategy as the only allowed strategy (source "cli:--...")."""
+    """The CLI layer: --nproc-per-node as decision.max_gpus, a forced --strategy as the only
+    allowed one."""
     check_request(policy, request)
     out = policy
     if request.max_gpus is not None:
@@ -59,9 +57,7 @@ def apply_request(policy: Policy, request: Request) -> Policy:
 
 
 def enforced_env(policy: Policy, family: str | None = None) -> dict[str, str]:
-    """Variables the admin makes mandatory: `enforce: launch: env:` for every worker, plus
-    `enforce: launch: nccl: <family>:` when the job's link family is given. The launch layer
-    applies these over the user's environment (user env vars cannot relax them)."""
+    """Variables the admin makes mandatory: enforced launch.env, plus launch.nccl.<family>."""
     out = {k.split(".", 2)[2]: str(v) for k, v in policy.enforced.items()
            if k.startswith("launch.env.")}
     if family is not None and f"launch.nccl.{family}" in policy.enforced:

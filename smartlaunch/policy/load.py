@@ -1,27 +1,11 @@
 """Reading the policy layers and merging them into one `Policy`.
 
-Layers, lowest first:
-  built-in   the dataclass defaults in api.py (documented in policy/shipped/default.yaml)
-  admin      /etc/smartlaunch/policy.yaml, a fixed path: a user cannot name another admin file
-  user       --policy PATH, else ./smartlaunch.yaml, else ~/.config/smartlaunch/policy.yaml
-             (the first that exists; only one is read)
-  env        SMARTLAUNCH_CACHE_DIR -> paths.cache_dir, SMARTLAUNCH_LEASE_DIR -> paths.lease_dir,
-             SMARTLAUNCH_LOG_DIR -> launch.log_dir (ENV_VARS below)
-  cli        --nproc-per-node / --strategy (enforce.apply_request)
-The admin file's `enforce:` section is applied last and wins over user file, env and CLI.
-
-A user-layer file is read only when it is a regular file owned by the user or root that nobody
-else can write (user_file_problem), checked on the descriptor it is then read from; the files
-found without --policy are opened without following a link. The admin's enforce.launch.user_env
-limits the variables a user file's launch.env and launch.nccl may set (check_user_env).
-
-The admin file is refused when a non-root user could rewrite it (the file or its directory
-owned by a non-root uid, or group/world-writable): otherwise any user could relax the rules.
-Nothing in the environment names another admin file: callers (and tests) pass `admin_path`
-and `admin_owners` to load_policy; every command uses the defaults.
-
-Policy files larger than MAX_POLICY_BYTES are refused before they are parsed: YAML of that size
-takes tens of seconds to parse, and a real policy is a few hundred bytes.
+Layers, lowest first: built-in (api.py), admin (/etc/smartlaunch/policy.yaml, a fixed path),
+user (--policy PATH, else ./smartlaunch.yaml, else ~/.config/smartlaunch/policy.yaml), env
+(ENV_VARS), cli (enforce.apply_request); the admin's `enforce:` wins over all of them.
+A user file is read only when owned by the user or root and writable by nobody else; the
+admin file only when no non-root user could rewrite it (either could otherwise run code as,
+or relax the rules for, other users).
 """
 from __future__ import annotations
 
@@ -52,8 +36,8 @@ MAX_POLICY_BYTES = 1 << 20      # 1 MiB; the shipped policies are under 4 KiB
 
 
 def _open_policy(path: str, *, follow: bool) -> int:
-    """The file opened read-only without blocking (a FIFO at the path must not hang us) and,
-    unless `follow`, without following a symbolic link at its last component."""
+    """The file opened read-only, non-blocking (a FIFO must not hang us), and unless
+    `follow` without following a link at its last component."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         return os.open(path, flags)
@@ -79,10 +63,8 @@ def _kind_of(st: os.stat_result) -> str:
 
 
 def user_file_problem(path: str, st: os.stat_result) -> str | None:
-    """Why a user-layer policy file (`--policy`, ./smartlaunch.yaml, ~/.config/...) must not be
-    read, as the end of one line, or None. Its launch.env reaches every worker, so whoever
-    could write it could run code as the user: the file must be owned by the user or root and
-    writable by nobody else (git's safe.directory, for one file)."""
+    """Why a user-layer policy file must not be read (the end of one line), or None: it must
+    be owned by the user or root and writable by nobody else."""
     me = os.geteuid()
     why = None
     if st.st_uid not in (me, 0):
@@ -99,11 +81,8 @@ def user_file_problem(path: str, st: os.stat_result) -> str | None:
 
 def read_policy_file(path: str, *, allow_enforce: bool, user_layer: bool = False,
                      follow: bool = True) -> ParsedFile:
-    """One policy file, validated. Opened once, checked on that descriptor (a regular file;
-    for `user_layer`, also user_file_problem) and read from it, so what is checked is what is
-    read. `follow`: False for the files found without being named (a link is refused).
-    PolicyError (one line) for every refusal; `ParsedFile.user_refusal` says why the file
-    would be refused as a user policy when read otherwise (`policy check FILE`)."""
+    """One policy file, validated, checked and read on one descriptor. `follow`: False for
+    files found without being named. PolicyError (one line) for every refusal."""
     what = "policy file"
     fd = _open_policy(path, follow=follow)
     try:
@@ -137,13 +116,9 @@ def read_policy_file(path: str, *, allow_enforce: bool, user_layer: bool = False
 
 
 def validate_file(path: str) -> ParsedFile:
-    """`policy check FILE`: the file on its own; an enforce: section is accepted (it may be an
-    admin policy about to be installed). Any owner is read (it is only validated); its
-    `user_refusal` says whether a launch would refuse it as a user policy."""
+    """`policy check FILE`: the file on its own, any owner, enforce: accepted."""
     return read_policy_file(path, allow_enforce=True)
 
-
-# --- where the files are -------------------------------------------------------------------
 
 def _ancestors(path: str) -> list[str]:
     out, parent = [], os.path.dirname(os.path.dirname(path))
@@ -154,9 +129,8 @@ def _ancestors(path: str) -> list[str]:
 
 
 def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
-    """Refuse an admin file that a non-root user could rewrite, or swap out through its
-    directory or any directory above it (sticky ones such as /tmp excepted there: their
-    entries can only be renamed by their owners)."""
+    """Refuse an admin file that a non-root user could rewrite, or swap out through any
+    directory above it (sticky ones excepted above its own)."""
     checks = []
     for p in dict.fromkeys([os.path.abspath(path), os.path.realpath(path)]):
         checks += [(p, "file", False), (os.path.dirname(p), "directory", False)]
@@ -183,11 +157,8 @@ def check_admin_permissions(path: str, trusted_uids: set[int]) -> None:
 
 def user_policy_path(user_path: str | None, environ: Mapping[str, str],
                      cwd: str) -> tuple[str, bool] | None:
-    """(the user layer's file, whether a symbolic link there may be followed), or None.
-    --policy PATH is named by the user: a link is followed and the file it reaches checked.
-    ./smartlaunch.yaml and ~/.config/smartlaunch/policy.yaml are found, not named: whatever is
-    there (a link, a FIFO, a directory included) is the user layer, which read_policy_file
-    then refuses unless it is a regular file: a plant is said, never silently skipped."""
+    """(the user layer's file, whether a link there may be followed: only for --policy), or
+    None. Whatever is at a found path is the user layer (a plant is refused, not skipped)."""
     if user_path is not None:
         user_path = os.path.join(cwd, os.path.expanduser(user_path))   # absolute stays as is
         if os.path.isdir(user_path):
@@ -204,14 +175,11 @@ def user_policy_path(user_path: str | None, environ: Mapping[str, str],
     return None
 
 
-# --- merging -------------------------------------------------------------------------------
-
-def builtin_values() -> dict[str, Any]:
-    """The built-in defaults flattened to dotted keys (the shape ParsedFile.values has)."""
+def builtin_values(policy: Policy | None = None) -> dict[str, Any]:
+    """The policy's values (the built-in ones by default) flattened to dotted keys."""
     out: dict[str, Any] = {}
-    default = Policy()
     for section in SECTIONS:
-        obj = getattr(default, section)
+        obj = getattr(policy or Policy(), section)
         for name, kind in section_fields(section).items():
             value = getattr(obj, name)
             if kind == "nccl":
@@ -303,9 +271,8 @@ USER_ENV_KEY = "launch.user_env"
 
 def check_user_env(parsed: ParsedFile, enforce: Mapping[str, Any] | None,
                    admin_label: str | None) -> None:
-    """PolicyError naming the first variable (in file order) that a user-layer file's
-    launch.env or launch.nccl sets and the admin's enforce.launch.user_env patterns do not
-    allow; nothing when the admin sets no such rule (the built-in: any variable)."""
+    """PolicyError naming the first variable (in file order) a user file's launch.env or
+    launch.nccl sets that enforce.launch.user_env does not allow."""
     patterns = (enforce or {}).get(USER_ENV_KEY)
     if patterns is None:
         return
@@ -326,7 +293,6 @@ def check_user_env(parsed: ParsedFile, enforce: Mapping[str, Any] | None,
 
 
 def _env_layer(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
-    # One layer per variable so each key's source names the variable that set it.
     return [(f"env:{var}", {key: environ[var]}) for var, key in ENV_VARS.items()
             if environ.get(var, "").strip()]
 
@@ -334,9 +300,7 @@ def _env_layer(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
 def load_policy(user_path: str | None = None, *, environ: Mapping[str, str] | None = None,
                 cwd: str | None = None, admin_path: str = ADMIN_POLICY_PATH,
                 admin_owners: frozenset[int] = ROOT_ONLY) -> Policy:
-    """The effective policy: built-in < admin < user file < env, then the admin's enforce.
-    CLI options are applied on top by enforce.apply_request (checked by check_request).
-    `admin_path` is read when it exists and passes check_admin_permissions(admin_owners)."""
+    """The effective policy: built-in < admin < user file < env, then the admin's enforce."""
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
     layers: list[tuple[str, dict[str, Any]]] = []
@@ -368,15 +332,7 @@ def load_policy(user_path: str | None = None, *, environ: Mapping[str, str] | No
 
 def replace_values(policy: Policy, changes: Mapping[str, Any], label: str) -> Policy:
     """A copy of `policy` with some dotted keys set by `label` (the CLI layer)."""
-    values = builtin_values()
-    for section in SECTIONS:
-        for name, kind in section_fields(section).items():
-            value = getattr(getattr(policy, section), name)
-            if kind in ("nccl", "env"):
-                values = {k: v for k, v in values.items() if not k.startswith(f"{section}.{name}.")}
-                values.update({f"{section}.{name}.{k}": v for k, v in value.items()})
-            else:
-                values[f"{section}.{name}"] = value
+    values = builtin_values(policy)
     values.update(changes)
     sources = dict(policy.sources, **{k: label for k in changes})
     layers = policy.layers + ((label,) if label not in policy.layers else ())

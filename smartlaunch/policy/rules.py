@@ -1,10 +1,5 @@
-"""What each policy key may hold, in plain tables: one row per key.
-
-Sections, keys and types come from the dataclasses in api.py (one place to add a key). What a
-type cannot say -- ranges, allowed values, how an admin's `enforce:` combines with a user's
-value -- is declared here. The YAML validator (schema.py) and the layer merge (load.py) read
-these tables; neither hard-codes a key.
-"""
+"""What each policy key may hold beyond its type in api.py: ranges, allowed values, how an
+admin's `enforce:` combines with a user's value."""
 from __future__ import annotations
 
 import dataclasses
@@ -100,11 +95,7 @@ ENFORCE_MODES: dict[str, str] = {
     "jobs.wait_timeout_s": "max",
 }
 
-# Keys only the admin's `enforce:` section may hold: rules about what users' policy files may
-# do, with no value of their own in the effective policy (Policy.enforced holds them). Absent:
-# no limit. key -> what the key holds, for messages and `policy show`.
-#   launch.user_env: shell-style patterns (fnmatch, case-sensitive) of the variables a user
-#   layer's launch.env and launch.nccl tables may set for the workers.
+# Keys only the admin's `enforce:` section may hold (absent: no limit) -> what the key holds.
 ENFORCE_ONLY: dict[str, str] = {
     "launch.user_env": "the variables users' policy files may set in launch.env and "
                        "launch.nccl",
@@ -151,7 +142,7 @@ def section_fields(section: str) -> dict[str, str]:
 
 
 def field_default(dotted: str) -> Any:
-    """The built-in value of 'section.field' (for hints in messages)."""
+    """The built-in value of 'section.field'."""
     section, name = dotted.split(".")[:2]
     f = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -1,10 +1,5 @@
-"""The policy file schema and its validator.
-
-The key tables (sections, ranges, allowed values, enforce modes) live in rules.py. The
-validator walks the YAML node tree (not the loaded dict) so every error can name the
-`file:line` and the dotted key path. It goes on past a bad key, so one run names every
-problem of the file (PolicyProblems); a syntax error stops it (nothing after it can be read).
-"""
+"""The policy file validator: walks the YAML node tree so every error names `file:line` and
+the dotted key, and goes on past a bad key (PolicyProblems); the tables are in rules.py."""
 from __future__ import annotations
 
 import contextlib
@@ -18,14 +13,11 @@ from typing import Any, Callable
 import yaml
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy.rules import (EMPTY_MEANS, 
-    CHOICES, ENFORCE_ONLY, KIND_NAMES, RANGES, SECTIONS, field_default, section_fields,
-)
+from smartlaunch.policy.rules import (CHOICES, EMPTY_MEANS, ENFORCE_ONLY, KIND_NAMES, RANGES,
+                                      SECTIONS, field_default, section_fields)
 from smartlaunch.vocab import FAMILY_P2P_LEVEL, LINK_FAMILIES, P2P_FAMILIES, P2P_LEVELS, p2p_level
 
-# NCCL_P2P_LEVEL: the farthest link over which NCCL still uses P2P. On the P2P families a
-# setting that turns P2P off only slows DDP down (the seeds' NCCL_P2P_DISABLE=1 was for a PHB
-# host bridge without P2P): the lowest level each family needs.
+# The lowest NCCL_P2P_LEVEL each P2P family needs to keep its P2P path.
 P2P_FAMILY_LEVEL = {f: P2P_LEVELS.index(FAMILY_P2P_LEVEL[f]) for f in P2P_FAMILIES}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!]+\Z")     # ENV_NAME with fnmatch's * ? [...]
@@ -33,22 +25,17 @@ ENV_PATTERN = re.compile(r"[A-Za-z0-9_*?\[\]!]+\Z")     # ENV_NAME with fnmatch'
 
 @dataclass
 class ParsedFile:
-    """One validated policy file, flattened to dotted keys (see Policy.sources for the shape).
-    `lines`: the line of each key, and of each variable of launch.env and the NCCL tables
-    ("launch.nccl.PHB.NCCL_ALGO")."""
+    """One validated policy file, flattened to dotted keys; `lines`: each key's line."""
     path: str
     values: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
     enforce: dict[str, Any] = field(default_factory=dict)
     enforce_lines: dict[str, int] = field(default_factory=dict)
-    # Why a launch would refuse this file as the user's policy (owner, mode), or None; set by
-    # load.read_policy_file for `policy check FILE`, which reads any file.
-    user_refusal: str | None = None
+    user_refusal: str | None = None    # why a launch would refuse it as the user's policy
 
 
 class PolicyProblems(PolicyError):
-    """Every problem of one policy file, in file order. str() is the first and how many more
-    (a launch prints one line); `smartlaunch-node policy check` prints each of `problems`."""
+    """Every problem of one policy file, in file order; str() is the first and a count."""
 
     def __init__(self, path: str, problems: list[str]):
         more = len(problems) - 1
@@ -307,80 +294,64 @@ class _Walker:
             raise self.error(node, label, f"{v!r} is not a {what}; "
                              f"{_did_you_mean(v, allowed)}use one of: {', '.join(allowed)}")
 
-    def name_list(self, node: yaml.Node, label: str, dotted: str) -> tuple[str, ...]:
+    def sequence(self, node: yaml.Node, label: str, expected: str, empty: str | None,
+                 check: Callable[[yaml.Node, str, Any], None]) -> list:
+        """The distinct items of a list, each checked by check(item node, label, value);
+        empty: the error for an empty list (None: allowed)."""
         if not isinstance(node, yaml.SequenceNode):
             got = "a mapping" if isinstance(node, yaml.MappingNode) else \
                 _describe(self.construct(node))
-            raise self.error(node, label, f"expected a list such as [single, ddp], got {got}")
-        if not node.value:
-            raise self.error(node, label, f"must list at least one {CHOICES[dotted][1]}")
-        out: list[str] = []
+            raise self.error(node, label, f"expected {expected}, got {got}")
+        if empty and not node.value:
+            raise self.error(node, label, empty)
+        out: list = []
         for i, item in enumerate(node.value):
-            with self.noting():
+            with self.noting():         # every bad element is named, not the first only
                 v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
-                if not isinstance(v, str):
-                    raise self.error(item, f"{label}[{i}]", f"expected a name, got "
-                                     f"{_describe(v)}")
-                self.choice(item, f"{label}[{i}]", dotted, v)
+                check(item, f"{label}[{i}]", v)
                 if v in out:
                     raise self.error(item, f"{label}[{i}]", f"{v!r} is listed twice; remove the "
                                      "repeat")
                 out.append(v)
-        return tuple(out)
+        return out
 
+    def name_list(self, node: yaml.Node, label: str, dotted: str) -> tuple[str, ...]:
+        def check(item, where, v):
+            if not isinstance(v, str):
+                raise self.error(item, where, f"expected a name, got {_describe(v)}")
+            self.choice(item, where, dotted, v)
+        return tuple(self.sequence(node, label, "a list such as [single, ddp]",
+                                   f"must list at least one {CHOICES[dotted][1]}", check))
 
     def patterns(self, node: yaml.Node, label: str) -> tuple[str, ...]:
         """A list of distinct variable-name patterns (an empty list allows none)."""
-        if not isinstance(node, yaml.SequenceNode):
-            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
-                _describe(self.construct(node))
-            raise self.error(node, label, f"expected a list of variable names or patterns such "
-                             f"as [\"NCCL_*\", OMP_NUM_THREADS], got {got}")
-        out: list[str] = []
-        for i, item in enumerate(node.value):
-            with self.noting():
-                v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
-                if not isinstance(v, str) or not ENV_PATTERN.match(v):
-                    raise self.error(item, f"{label}[{i}]", f"{_describe(v)} is not a variable "
-                                     "name or pattern; use letters, digits, _ and the "
-                                     "wildcards * ? [...], quoted (\"NCCL_*\")")
-                if v in out:
-                    raise self.error(item, f"{label}[{i}]", f"{v!r} is listed twice; remove the "
-                                     "repeat")
-                out.append(v)
-        return tuple(out)
+        def check(item, where, v):
+            if not isinstance(v, str) or not ENV_PATTERN.match(v):
+                raise self.error(item, where, f"{_describe(v)} is not a variable name or "
+                                 "pattern; use letters, digits, _ and the wildcards * ? [...], "
+                                 "quoted (\"NCCL_*\")")
+        return tuple(self.sequence(node, label, "a list of variable names or patterns such as "
+                                   "[\"NCCL_*\", OMP_NUM_THREADS]", None, check))
 
     def int_list(self, node: yaml.Node, label: str, dotted: str) -> tuple[int, ...]:
         """A list of distinct integers in the key's range, smallest first."""
         example = "[" + ", ".join(map(str, field_default(dotted))) + "]"
-        if not isinstance(node, yaml.SequenceNode):
-            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
-                _describe(self.construct(node))
-            raise self.error(node, label, f"expected a list of integers such as {example}, "
-                             f"got {got}")
-        if not node.value:
-            raise self.error(node, label, f"must list at least one integer, e.g. {example}")
-        out: list[int] = []
         rng = RANGES.get(dotted)
-        for i, item in enumerate(node.value):
-            with self.noting():         # every bad element is named, not the first only
-                v = self.construct(item) if isinstance(item, yaml.ScalarNode) else None
-                if isinstance(v, bool) or not isinstance(v, int):
-                    raise self.error(item, f"{label}[{i}]", f"expected an integer, got "
-                                     f"{_describe(v)}")
-                if rng and not rng.holds(v):
-                    raise self.error(item, f"{label}[{i}]", f"{v} is out of range; use a value "
-                                     f"{rng.describe()}")
-                if v in out:
-                    raise self.error(item, f"{label}[{i}]", f"{v} is listed twice; remove the "
-                                     "repeat")
-                out.append(v)
-        return tuple(sorted(out))
+
+        def check(item, where, v):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise self.error(item, where, f"expected an integer, got {_describe(v)}")
+            if rng and not rng.holds(v):
+                raise self.error(item, where, f"{v} is out of range; use a value "
+                                 f"{rng.describe()}")
+        return tuple(sorted(self.sequence(
+            node, label, f"a list of integers such as {example}",
+            f"must list at least one integer, e.g. {example}", check)))
 
 
 def parse_text(text: str, path: str, *, allow_enforce: bool) -> ParsedFile:
-    """Validate one policy document; PolicyError naming file:line and the key on any fault
-    (PolicyProblems, naming each, when the walk found any)."""
+    """Validate one policy document; PolicyError (PolicyProblems for key faults) naming
+    file:line and the key."""
     loader = yaml.SafeLoader(text)
     walker = _Walker(path, lambda n: loader.construct_object(n, deep=True), allow_enforce)
     try:

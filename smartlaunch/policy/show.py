@@ -1,6 +1,5 @@
 """`policy show`: the effective policy as YAML that `policy check` accepts, each value followed
-by a comment naming the layer that set it (and, where the admin's enforce changed or bounds
-it, what the user asked)."""
+by a comment naming the layer that set it."""
 from __future__ import annotations
 
 from typing import Any
@@ -71,8 +70,7 @@ def render(policy: Policy) -> str:
 
 
 def _enforce_only(policy: Policy, key: str) -> str:
-    """An enforce-only rule, as a comment: it has no place outside the admin's enforce:, and
-    the output stays a policy file any layer accepts."""
+    """An enforce-only rule, as a comment (the output stays a file any layer accepts)."""
     name = key.split(".", 1)[1]
     if key not in policy.enforced:
         return (f"  # {name}: any (built-in; only an admin's enforce: section limits "

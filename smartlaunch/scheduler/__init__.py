@@ -1,17 +1,12 @@
-"""Batch schedulers behind one interface (`api.Scheduler`). Adding one (PBS, Kubernetes) is a
-module beside slurm.py and an entry in SCHEDULERS (and, for its GPU allocation, one function in
-smartlaunch/allocation.py's ALLOCATORS: topology needs it and sits below this layer).
-
-The pipeline asks `detect` for the job's nodes and rendezvous.
-"""
+"""Batch schedulers behind one interface (`api.Scheduler`): one module each, listed in
+SCHEDULERS (and, for its GPU allocation, one function in allocation.ALLOCATORS)."""
 from __future__ import annotations
 
 import os
 from typing import Mapping
 
-from smartlaunch import allocation
 from smartlaunch.scheduler import slurm
-from smartlaunch.scheduler.api import DeviceProbe, GpuAllocation, JobContext, Scheduler
+from smartlaunch.scheduler.api import JobContext, Scheduler
 
 SCHEDULERS: tuple[Scheduler, ...] = (slurm,)   # type: ignore[assignment]  (modules)
 
@@ -24,6 +19,3 @@ def detect(environ: Mapping[str, str] | None = None) -> JobContext | None:
         if ctx is not None:
             return ctx
     return None
-
-
-gpu_allocation = allocation.gpu_allocation   # the rules live below topology (allocation.py)

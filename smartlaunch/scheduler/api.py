@@ -1,20 +1,14 @@
-"""What a batch scheduler (Slurm today; PBS, Kubernetes tomorrow) tells a launch: which GPUs
-of this node the job was given, and where it sits among the job's nodes.
-
-An implementation is one module of this package providing the `Scheduler` functions, listed
-in `smartlaunch.scheduler.SCHEDULERS`. It reads the environment (and may ask the scheduler's
-client commands); nothing else in smartlaunch reads a scheduler's variables.
+"""What a batch scheduler tells a launch: which GPUs of this node the job was given, and
+where it sits among the job's nodes. Nothing else in smartlaunch reads a scheduler's variables.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import Mapping, Protocol
 
-from smartlaunch.allocation import DeviceProbe, GpuAllocation  # noqa: F401
+from smartlaunch.allocation import DeviceProbe, GpuAllocation
 
-# device_probe(gpus) -> True: a device cgroup hides the node's other GPUs; False: it does
-# not; None: cannot tell. Injected by tests, /dev by default.
+
 class JobContext(Protocol):
     """One launch inside a scheduler job: this node's place among the job's nodes."""
     job_id: str

@@ -1,19 +1,7 @@
-"""Slurm as the launcher sees it (the `scheduler.api.Scheduler` implementation):
-`detect(environ)` reads the job's environment into a `SlurmContext`; `apply_to_torchrun_args`
-fills the torchrun options the user did not give; `gpu_allocation` holds Slurm's GPU rules,
-which the topology layer applies when it resolves NVML indices.
-
-Rules (issue #9):
-- One smartlaunch per node: `srun --ntasks-per-node=1 smartlaunch ...` (a step), or
-  `smartlaunch ...` in a batch script (the batch step runs on the first node only).
-- nnodes / node rank / rendezvous come from the step's nodelist; the endpoint is the first
-  host of `scontrol show hostnames` (pure expansion where the client commands are absent,
-  e.g. in enroot/pyxis containers) plus a port derived from the job and step ids, so two
-  jobs or steps sharing a first node do not collide.
-- GPUs: SLURM_STEP_GPUS (srun step) else SLURM_JOB_GPUS (batch) are physical gres indices.
-  With cgroup device constraint Slurm renumbers CUDA_VISIBLE_DEVICES to 0..n-1; without it,
-  CUDA_VISIBLE_DEVICES holds the physical indices.
-"""
+"""Slurm as the launcher sees it (the `scheduler.api.Scheduler` implementation): `detect`
+reads the job's environment into a `SlurmContext` (one smartlaunch per node; the rendezvous at
+the first host, on a port derived from the job and step ids); `apply_to_torchrun_args` fills
+the torchrun options the user did not give."""
 from __future__ import annotations
 
 import argparse
@@ -25,15 +13,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
 from smartlaunch.errors import SlurmError
-from smartlaunch.allocation import (DeviceProbe, GpuAllocation, _allocated_gpus, _in_step,  # noqa: F401
-                                    _int, _is_constrained, _visible)
+from smartlaunch.allocation import DeviceProbe, _in_step, _int, _visible
 from smartlaunch.allocation import slurm_gpu_allocation as gpu_allocation  # noqa: F401
 from smartlaunch.scheduler import slurm_parse as parse
 from smartlaunch.scheduler.slurm_run import Runner, available, run_slurm, unparsable
 
 NAME = "slurm"
 RDZV_PORT_BASE = 20000      # below Linux's ephemeral range (32768+), above well-known ports
-# Steps of one job get distinct ports (10 concurrent steps, 1000 consecutive jobs per host).
 
 
 @dataclass(frozen=True)
@@ -130,8 +116,7 @@ def detect(environ: Mapping[str, str] | None = None, *, runner: Runner | None = 
 
 
 def expand_nodelist(nodelist: str, *, runner: Runner | None = None) -> tuple[str, ...]:
-    """Hosts of a Slurm hostlist: `scontrol show hostnames` when it works, else the pure
-    expansion (containers often lack the client commands or slurm.conf)."""
+    """Hosts of a Slurm hostlist: `scontrol show hostnames` when it works, else expanded here."""
     if runner is None and not available("scontrol"):
         return parse.expand_hostlist(nodelist)
     argv = ["scontrol", "show", "hostnames", nodelist]
@@ -149,9 +134,8 @@ def expand_nodelist(nodelist: str, *, runner: Runner | None = None) -> tuple[str
 
 
 def physical_gpus(ctx: SlurmContext, environ: Mapping[str, str]) -> list[int]:
-    """Physical GPU index of each CUDA ordinal the process sees now (CUDA_VISIBLE_DEVICES may
-    have changed since detect). Entries that are UUIDs are left to the topology layer: they
-    end the list here (smartlaunch.topology.visible resolves them through NVML)."""
+    """Physical GPU index of each CUDA ordinal the process sees now (a UUID entry ends the
+    list: the topology layer resolves those)."""
     raw = environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return list(ctx.gpus)
@@ -180,9 +164,8 @@ _FILLED = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
 
 def apply_to_torchrun_args(ctx: SlurmContext, args: argparse.Namespace,
                            given: set[str]) -> list[str]:
-    """Set nnodes/node_rank/rdzv_* on torchrun's namespace where the user gave none.
-
-    `given`: dests (or flags like "--nnodes") the user wrote. Returns notes for --explain."""
+    """Set nnodes/node_rank/rdzv_* on torchrun's namespace where the user gave none (`given`:
+    dests or flags). Returns notes for --explain."""
     given = {g.lstrip("-").replace("-", "_") for g in given}
     if "standalone" in given or getattr(args, "standalone", False):
         return [f"Slurm job {ctx.job_id}: --standalone given, Slurm rendezvous not used"]
@@ -239,7 +222,6 @@ def _check_count(hosts, want, nodelist, var) -> None:
         raise SlurmError(f"{var}={want} but the nodelist {nodelist!r} has {len(hosts)} host(s); "
                          f"the Slurm environment is inconsistent — start from a clean "
                          f"srun/sbatch environment")
-
 
 
 def main(argv: list[str] | None = None) -> int:

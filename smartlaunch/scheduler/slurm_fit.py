@@ -1,17 +1,6 @@
-"""A Slurm allocation measured against the plan.
-
-The plan's own line when it leaves GPUs or nodes of the job idle is decide's
-(`smartlaunch.allocation.idle_line`, said at launch even with --quiet).
-
-`release_unused`: with the policy key `slurm.release_unused`, shrink the job to the nodes the
-plan uses before launching: `scontrol update JobId=<job> NumNodes=<used>`. Slurm lets a user
-shrink their own running job that way (the released nodes go back to the queue); it has no way
-to take GPUs from a running job (GRES change only while a job is pending: "Job is no longer
-pending execution"), so idle GPUs on a node the job keeps stay allocated, and the line says so.
-Only the batch script (or an salloc shell) shrinks: inside an srun step the step's tasks run on
-its nodes and the job's other nodes may run other steps. Every refusal is one line and the
-launch goes on unshrunk.
-"""
+"""`release_unused`: with `slurm.release_unused`, shrink the job to the nodes the plan uses
+(`scontrol update JobId=<job> NumNodes=<used>`, from the batch script only; GPUs of a running
+job cannot be released). Every refusal is one line and the launch goes on unshrunk."""
 from __future__ import annotations
 
 import functools
@@ -23,7 +12,7 @@ from pathlib import Path
 
 from smartlaunch.allocation import nodes_used, plural as _plural
 from smartlaunch.errors import SlurmError
-from smartlaunch.scheduler.slurm import SlurmContext, detect
+from smartlaunch.scheduler.slurm import detect
 from smartlaunch.scheduler.slurm_parse import parse_key_values
 from smartlaunch.scheduler.slurm_run import Runner, _one_line, run_slurm, subprocess_runner
 
@@ -32,10 +21,8 @@ _ENV_NAME = re.compile(r"SLURM_[A-Z0-9_]+\Z")
 
 def release_unused(plan, policy, environ: Mapping[str, str], *,
                    runner: Runner | None = None) -> tuple[str, Mapping[str, str]]:
-    """(the line to say, the environment to launch with). With `slurm.release_unused` on and
-    nodes of the job idle under this plan, shrink the job to the nodes it uses; the Slurm
-    variables scontrol says to reset come back in the environment. Never raises for Slurm's
-    refusals: they are the line, and the launch goes on unshrunk with `environ`."""
+    """(the line to say, the environment to launch with: with the Slurm variables scontrol
+    resets, where the job shrank). Never raises for Slurm's refusals."""
     if not policy.slurm.release_unused:
         return "", environ
     try:
@@ -68,8 +55,7 @@ def release_unused(plan, policy, environ: Mapping[str, str], *,
     argv = ["scontrol", "update", f"JobId={job}", f"NumNodes={used}"]
     shown = " ".join(argv)
     try:
-        # scontrol writes slurm_job_<id>_resize.sh/.csh in its working directory: a private
-        # one, read here, never the user's.
+        # scontrol writes slurm_job_<id>_resize.sh in its working directory: a private one.
         with tempfile.TemporaryDirectory(prefix="smartlaunch-resize-") as d:
             done = run_slurm(argv, timeout_s=30, check=False,
                              runner=runner or functools.partial(subprocess_runner, cwd=d))
@@ -98,8 +84,7 @@ def release_unused(plan, policy, environ: Mapping[str, str], *,
 
 
 def _nodes_held(job: str, runner: Runner | None) -> int | None:
-    """The job's node count now (the environment keeps the count it started with); None when
-    scontrol cannot say (the update then says why)."""
+    """The job's node count now (not the environment's), or None when scontrol cannot say."""
     try:
         done = run_slurm(["scontrol", "-o", "show", "job", job], timeout_s=15, check=False,
                          runner=runner)

@@ -74,10 +74,8 @@ def parse_hostnames(text: str) -> tuple[str, ...]:
 
 
 def parse_key_values(text: str) -> dict[str, str]:
-    """`scontrol -o show node|job` one record: 'Key=value Key2=value with spaces ...'.
-
-    Values may hold spaces (Reason=, Comment=), so a value runs until the next ' Key='.
-    """
+    """`scontrol -o show node|job` one record: 'Key=value Key2=value with spaces ...' (a value
+    runs until the next ' Key=')."""
     text = text.strip()
     keys = list(_KEY.finditer(text))
     out: dict[str, str] = {}
@@ -85,11 +83,3 @@ def parse_key_values(text: str) -> dict[str, str]:
         end = keys[i + 1].start() if i + 1 < len(keys) else len(text)
         out[m.group(1)] = text[m.end():end].strip()
     return out
-
-
-def node_state_flags(state: str) -> set[str]:
-    """'IDLE+DRAIN' -> {'IDLE', 'DRAIN'}; 'DRAINED' implies DRAIN."""
-    flags = {s for s in state.upper().replace("*", "").split("+") if s}
-    if flags & {"DRAINED", "DRAINING"}:
-        flags.add("DRAIN")
-    return flags

@@ -1,9 +1,5 @@
-"""The one door to Slurm's commands: argument lists, `shell=False`, a timeout on every call.
-
-Client commands block for ~10 s per retry when slurmctld is down, so every call has a
-deadline. The runner is injectable (tests pass a function keyed by program name) instead of
-patching `subprocess` globally.
-"""
+"""The one door to Slurm's commands: argument lists, `shell=False`, a timeout on every call
+(client commands block while slurmctld is down); the runner is injectable."""
 from __future__ import annotations
 
 import shutil

@@ -1,14 +1,6 @@
 """Node health against the admin-approved baseline: pure functions of two Topologies.
-
-Severity choices (why):
-- critical (drain the node): a baseline GPU missing or fallen off the bus, PCIe width below
-  the baseline, P2P lost between GPUs that had it, uncorrectable ECC errors (volatile, or more
-  aggregate ones than at baseline), failed row remapping. These are hardware faults that
-  make every later job on the GPU wrong or slow.
-- warning (log only): PCIe generation below baseline (GPUs drop the link generation at idle
-  to save power, so an idle reading is not a fault), throttling at idle, pending row
-  remaps, newly retired pages, no baseline recorded.
-"""
+Critical (drain the node): hardware faults that make every later job wrong or slow; warning:
+what may be benign at idle (a lower PCIe generation saves power) or needs no drain."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -23,9 +15,7 @@ IDLE_HOT_C = 85
 
 def check(now: Topology, baseline: Topology | None,
           job_gpus: Iterable[int] | None = None) -> list[Finding]:
-    """Findings for the node now. `job_gpus`: physical (nvml) indices to check; None: all.
-
-    GPU-level findings carry the physical index in `gpu`."""
+    """Findings for the node now. `job_gpus`: physical (nvml) indices to check; None: all."""
     wanted = None if job_gpus is None else set(job_gpus)
     by_uuid = {g.uuid: g for g in now.gpus}
     by_nvml = {g.nvml_index: g for g in now.gpus}

@@ -1,12 +1,8 @@
 """`smartlaunch-node prolog | epilog | baseline`: node hooks run by slurmd as root.
 
-Inputs are only (a) the admin's hooks.env, read as KEY=VALUE data, never sourced, refused
-unless root-owned and not group/world-writable when we run as root, and (b) the few SLURM_*
-variables the prolog and epilog scripts (slurm/scripts/, `smartlaunch-node files`) pass by
-name. Nothing of the user's is imported, run
-or written to: state lives in a root-owned directory (default /run/smartlaunch).
-
-Run as `python -I -m smartlaunch.slurm.hooks prolog --config /etc/smartlaunch/hooks.env`.
+Inputs are only the admin's hooks.env (KEY=VALUE data, never sourced, root-owned) and the few
+SLURM_* variables the hook scripts pass by name. Nothing of the user's is imported, run or
+written to: state lives in a root-owned directory (default /run/smartlaunch).
 """
 from __future__ import annotations
 
@@ -55,7 +51,7 @@ class HookConfig:
     @classmethod
     def load(cls, path: str | None) -> "HookConfig":
         p = Path(path or DEFAULT_CONFIG)
-        if p.is_dir():    # before the owner check, whose advice (chmod 644 /tmp) would harm
+        if p.is_dir():    # before the owner check, whose advice would harm a directory
             raise HealthError(f"hooks config {p} is a directory; name the hooks.env file "
                               f"(e.g. --config {DEFAULT_CONFIG})")
         if not p.exists():
@@ -166,7 +162,6 @@ def epilog(cfg: HookConfig, env: Mapping[str, str]) -> int:
 def baseline(cfg: HookConfig) -> int:
     node = read_node(cfg)
     if not node.gpus:
-        # An empty baseline would make every later prolog pass whatever GPUs appear.
         raise TopologyError(f"no GPU to record: {node.note or 'NVML found none'}; run "
                             f"`smartlaunch-node baseline` on the GPU node, with its driver loaded")
     crit = health.critical(node.findings)
@@ -186,7 +181,7 @@ def stop_leftovers(cfg: HookConfig, node: Topology, env: Mapping[str, str],
     (the uid is checked on the live process, not taken from NVML). Returns survivors."""
     uid = env.get("SLURM_JOB_UID", "")
     if not uid.isdigit() or int(uid) == 0:
-        return []          # root's processes (persistence daemons, admin tools) are never ours to kill
+        return []          # root's processes are never ours to kill
     targets = [(p.pid, g.nvml_index) for g in node.gpus for p in g.processes
                if gpus is None or g.nvml_index in gpus]
     mine = [(pid, gpu) for pid, gpu in dict(targets).items() if _owner(pid) == int(uid)]
@@ -236,8 +231,7 @@ def _maybe_measure_comm(cfg: HookConfig, d: Path, node: Topology, gpus) -> None:
     if stamp.exists() and time.time() - stamp.stat().st_mtime < cfg.comm_max_age_s:
         return
     (d / "comm").mkdir(mode=0o755, exist_ok=True)
-    # The curve lands in the policy's paths.cache_dir and, readable by all (0644, root-owned),
-    # in <state>/comm/: users' launches read it there (policy paths.node_cache).
+    # The curve also lands in <state>/comm/, readable by all: users' launches read it there.
     argv = [sys.executable, "-I", "-m", "smartlaunch.node_cli", "bench-comm", "--no-pairs",
             "--max-mb", "64", "--node-cache", str(d)]
     if cfg.policy:
@@ -286,15 +280,13 @@ def _log(d: Path, line: str) -> None:
         f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
 
-# slurmd gives every prolog and epilog these (Slurm's Prolog and Epilog Guide); the wrapper
-# scripts pass them by name. SLURM_JOB_GPUS is set only when the job has GPUs.
+# slurmd gives every prolog and epilog these; the wrapper scripts pass them by name.
 JOB_IDENTITY = ("SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_USER")
 
 
 def check_job_env(mode: str, env: Mapping[str, str]) -> None:
-    """Without SLURM_JOB_ID the hook is an admin's manual health check of the whole node.
-    With it, it acts for that job (records, leftovers by uid, leases): all of the job's
-    identity must be there, or the call did not come from slurmd (exit 9, nothing written)."""
+    """With SLURM_JOB_ID (else: a manual health check), all of the job's identity must be
+    there, or the call did not come from slurmd (SlurmError, nothing written)."""
     if not env.get("SLURM_JOB_ID"):
         return
     missing = [k for k in JOB_IDENTITY if not env.get(k)]

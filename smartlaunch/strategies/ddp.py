@@ -27,7 +27,6 @@ def forced(ctx) -> Choice:
     request, usable, policy = ctx.request, ctx.usable, ctx.policy
     n = ctx.cap if request.max_gpus is not None else min(ctx.cap, len(usable))
     if request.max_gpus is None and n >= 2:
-        # No count given: the largest world size the policy allows; a count runs as asked.
         sized = policy.decision.largest_world_size(n)
         if sized is None:
             raise PlanError(f"--strategy ddp: no world size of 2 to {n} GPUs is in the policy "
@@ -92,7 +91,6 @@ def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
 
 
 def plan_fields(ctx, choice) -> dict:
-    # DDP needs exactly its group (chosen for its links): no fallback GPUs.
     return dict(nproc_per_node=len(choice.gpus),
                 link_class=G.family_link(ctx.topology, choice.gpus))
 

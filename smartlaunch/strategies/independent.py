@@ -43,7 +43,7 @@ def candidates(ctx, forced) -> dict:
 
 def prefer(ctx, key, pred, rival) -> bool:
     """The variants run side by side unless one job on the rival's GPUs is predicted faster
-    than k jobs at once (or the policy prefers independent jobs for sweeps outright)."""
+    (or the policy prefers independent jobs for sweeps)."""
     k, best = len(ctx.request.variants), rival[1]
     prefers = ctx.policy.decision.prefer_independent_for_sweeps
     rule = ctx.policy.rule("decision.prefer_independent_for_sweeps")

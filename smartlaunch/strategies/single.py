@@ -39,8 +39,7 @@ def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
 
 
 def plan_fields(ctx, choice) -> dict:
-    # A single job may move to any GPU left free if its own is taken before its lease
-    # (another launch planned at the same time).
+    # A single job may move to any GPU left free if its own is taken before its lease.
     return dict(nproc_per_node=1, fallback_gpus=ctx.left)
 
 
