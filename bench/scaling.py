@@ -203,6 +203,34 @@ def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
     return 0
 
 
+def fit(paths: list[Path]) -> dict:
+    """The two host-side constants (ddp_overhead_s, per_tensor_s) that minimise the squared
+    |ln(predicted / measured)| over the rows, on a grid (0-3 ms by 0.1, 0-40 µs by 1); every
+    other constant stays the shipped one."""
+    import dataclasses
+    rows = [r for r in rows_from(paths) if r["profile"] and r["profile"].usable and r["curve"]]
+
+    def errors(model: CostModel) -> list[float]:
+        return [math.log(predict_ddp(r["profile"], r["curve"], r["n"], model).speedup
+                         / r["measured"]) for r in rows]
+    best = None
+    for o in range(31):
+        for t in range(41):
+            model = dataclasses.replace(CostModel(), ddp_overhead_s=o * 1e-4, per_tensor_s=t * 1e-6)
+            e = errors(model)
+            score = sum(x * x for x in e)
+            if best is None or score < best[0]:
+                best = (score, o * 1e-4, t * 1e-6, e)
+    _, o, t, e = best
+    rel = sorted(abs(math.expm1(x)) for x in e)
+    return {"ddp_overhead_s": o, "per_tensor_s": t, "rows": len(rows),
+            "scripts": sorted({r["script"] for r in rows}),
+            "median_rel": statistics.median(rel), "max_rel": rel[-1],
+            "per_row": [{"script": r["script"], "condition": r["condition"], "n": r["n"],
+                         "measured": round(r["measured"], 4), "err": round(math.expm1(x), 4)}
+                        for r, x in zip(rows, e)]}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scripts", default="cnn-small-b128")
@@ -219,7 +247,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--fake-world", type=int, default=0, help="CPU: this many gloo ranks")
     ap.add_argument("--report-to", default="", help="write the report here after measuring")
     ap.add_argument("--report", nargs="+", default=None, metavar=("OUT.md", "RECORDS"))
+    ap.add_argument("--fit", nargs="+", default=None, metavar="RECORDS",
+                    help="fit ddp_overhead_s and per_tensor_s on these records; print JSON")
     args = ap.parse_args(argv)
+    if args.fit:
+        print(json.dumps(fit([Path(p) for p in args.fit]), indent=1))
+        return 0
     if args.report:
         return report([Path(p) for p in args.report[1:]], Path(args.report[0]))
     return measure(args)
