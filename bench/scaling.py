@@ -89,7 +89,8 @@ def measure(args) -> int:
                       "wall_s": round(res["wall_s"], 2),
                       "error": None if curve else common.run_error(res, "bench-comm")})
                 print(f"curve {cond} ×{n}: {res['wall_s']:.1f} s", flush=True)
-    for sid in args.scripts.split(","):
+    for item in args.scripts.split(","):
+        sid, _, only = item.partition("@")       # "script@host": that condition only
         e = common.entry(sid)
         script_args = list(e.args) + (["--tiny"] if args.tiny else [])
         if left() < 40:
@@ -105,7 +106,7 @@ def measure(args) -> int:
         emit({"kind": "profile", "script": sid, "profile": prof, "wall_s": round(res["wall_s"], 2),
               "error": None if prof else common.run_error(res, "profile")})
         print(f"profile {sid}: {res['wall_s']:.1f} s", flush=True)
-        for cond in conditions:
+        for cond in ([only] if only else conditions):
             for n in sizes:
                 if n < 2 or left() < 30:
                     continue
