@@ -29,7 +29,8 @@ Every term is a physical cost with a bound (docs/decision.md copies this table):
 comm() is the all-reduce curve measured in the job's own environment, so link speed is never a
 constant. kappa, ddp_overhead_s and per_tensor_s depend on the machine (how NCCL's kernels share
 the GPU, how fast the host runs the reducer); `calibrated()` replaces them with values measured
-on the node when a calibration record exists, and the defaults below are the shipped fit. Why contention
+on the node when a calibration record exists, and the defaults below are the shipped fit
+(per_tensor_s 0: the fit could not identify it; the calibration measures it). Why contention
 at all, with the measurements that showed it, and where every constant was fitted:
 docs/decision.md, "The cost model".
 """
@@ -48,11 +49,10 @@ MiB = 1024 * 1024
 class CostModel:
     """Every constant of the prediction, with its default and why.
 
-    compute_slowdown, contention_s_per_byte and contention_cap come from bench/fit_cost.py over
-    run `suite-s2` of bench/results/regret.jsonl; ddp_overhead_s and per_tensor_s (the host
-    work DDP adds to every step, and per gradient tensor) from `bench/scaling.py --fit` over
-    bench/results/scaling-2026-11-27-4xH200/fit-records.jsonl (docs/decision.md says which
-    scripts and machines); their error on scripts that were not in the fit is MODEL_ERROR below."""
+    The fitted defaults (compute_slowdown, ddp_overhead_s, per_tensor_s, contention_s_per_byte,
+    contention_cap) come from bench/fit_cost.py over run `suite-s2` of
+    bench/results/regret.jsonl (docs/decision.md: which scripts and machine); their error on
+    scripts that were not in the fit is MODEL_ERROR below."""
 
     # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP makes the first bucket small so the
     # first all-reduce starts early in backward.
@@ -67,9 +67,9 @@ class CostModel:
     # Fitted (see the class docstring): backward slowdown from the reducer's hooks,
     compute_slowdown: float = 1.1
     # per step outside the all-reduce: DDP's forward pre-hook, reducer finalisation, the wait,
-    ddp_overhead_s: float = 1.2e-3
+    ddp_overhead_s: float = 0.4e-3
     # per gradient tensor: its autograd hook, its copy into the bucket and back,
-    per_tensor_s: float = 21e-6
+    per_tensor_s: float = 0.0
     # per byte of ring traffic per GPU while the all-reduce overlaps backward,
     contention_s_per_byte: float = 12e-12
     # and at most this share of the backward time the all-reduce overlaps.
