@@ -38,7 +38,7 @@ def test_a_gloo_run_measures_single_and_ddp_in_one_launch(clean_env, tmp_path):
                         "--fake-world", "2", "--ns", "1,2", "--scripts", "cnn-small-b128@host",
                         "--skip-curves", "--rounds", "1", "--window-s", "0.1", "--out", str(out),
                         "--report-to", str(out / "report.md")],
-                       cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=220)
+                       cwd=REPO, capture_output=True, text=True, timeout=220)
     assert r.returncode == 0, r.stdout + r.stderr
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
     assert [x["kind"] for x in recs] == ["profile", "scaling"]
