@@ -14,6 +14,7 @@ import pytest
 from smartlaunch.decide.plan import Plan, Strategy
 from smartlaunch.errors import PolicyError
 from smartlaunch.decide import numa as plan_numa
+from smartlaunch.decide.plan import NumaBinding
 from smartlaunch.decide.nccl import nccl_env
 from smartlaunch.decide.prepare import prepare as _prepare
 from smartlaunch.launch import numa, stacks
@@ -154,8 +155,8 @@ def test_worker_applies_affinity_from_env(tmp_path):
     script = tmp_path / "aff.py"
     script.write_text("import os; print(sorted(os.sched_getaffinity(0)))")
     env = {**os.environ, "LOCAL_RANK": "1", numa.ENV_VAR: numa.encode([
-        numa.NumaBinding(0, 0, 0, (cpu,), "node", "none"),
-        numa.NumaBinding(1, 1, 0, (cpu,), "node", "sched_setaffinity")])}
+        NumaBinding(0, 0, 0, (cpu,), "node", "none"),
+        NumaBinding(1, 1, 0, (cpu,), "node", "sched_setaffinity")])}
     out = subprocess.run(worker_command(Request(script=str(script)).worker_command(), sys.executable), env=env,
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"[{cpu}]"

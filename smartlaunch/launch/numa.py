@@ -6,9 +6,12 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from smartlaunch.decide.plan import NumaBinding
 from smartlaunch.topology.cpus import format_cpulist
+
+if TYPE_CHECKING:       # the worker hook imports this module: no decide layer in every rank
+    from smartlaunch.decide.plan import NumaBinding
 
 ENV_VAR = "SMARTLAUNCH_NUMA"
 APPLIED_VAR = "SMARTLAUNCH_NUMA_APPLIED"    # set when the worker re-executed under numactl
