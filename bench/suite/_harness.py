@@ -177,7 +177,8 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
     share the launch, the GPUs' state and the drift. --scaling is "1,<world>". While rank 0
     runs alone the other ranks wait on the rendezvous store: nothing runs on their GPUs.
     Rank 0 times each window between device syncs, and every step with device events (no
-    sync inside the window) for the per-step spread."""
+    sync inside the window) for the per-step spread; `host_bound`: per window, the share of
+    steps whose issue on the host ended after the device had finished the step before."""
     import copy
     import json
     import sys
@@ -243,11 +244,13 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
                 dist.barrier()
             count = steps[n] or 10
             marks = [mark(ctx)] if ctx.rank == 0 else []
+            caught = 0      # steps whose issue ended after the device had finished the last one
             t0 = time.perf_counter()
             for _ in range(count):
                 step(n, at)
                 at += 1
                 if ctx.rank == 0:
+                    caught += ctx.cuda and marks[-1].query()
                     marks.append(mark(ctx))
             sync()
             took = time.perf_counter() - t0
@@ -261,6 +264,10 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
                     steps[n] = int(store.get(f"scaling/steps/{n}"))
             elif ctx.rank == 0:
                 result[n]["window_ms"].append(took / count * 1e3)
+                # the share of steps the host, not the device, held up: ~1 launch-bound, ~0
+                # device-bound (None on the CPU)
+                result[n].setdefault("host_bound", []).append(
+                    round(caught / count, 3) if ctx.cuda else None)
                 result[n]["step_ms"].extend(
                     round(elapsed(a, b) * 1e3, 4) for a, b in zip(marks, marks[1:]))
         if ctx.rank == 0:
