@@ -3,10 +3,7 @@
 # lent GPU machine: each launcher twice (alternating), the script stamping its first step, and
 # smartlaunch's --log-level debug timeline; then the worker hook's imports alone.
 set -u
-: "${OUT:?OUT must name the output folder}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "install failed"
-PATH="$(dirname "$(command -v python3)"):$PATH"
+. "$(dirname "$0")/device_setup.sh"
 S="bench/suite/deep_mlp.py --steps 50 --warmup 5"
 for r in 1 2; do
   for k in tr sl; do

@@ -4,11 +4,7 @@
 #   PHASE=toggle  bash bench/diag/job_overhead_gpu.sh   # the hooks on/off in one job, 2 and 4 ranks
 #   PHASE=rounds  BUDGET=420 NPROC=2 CONDS="host nvlink" bash bench/diag/job_overhead_gpu.sh
 set -u
-: "${OUT:?OUT must name the output folder}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "install failed"
-PATH="$(dirname "$(command -v python3)"):$PATH"
+. "$(dirname "$0")/device_setup.sh"
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpus.txt"
 ngpu=$(nvidia-smi -L | wc -l)
 res="$OUT/res"; mkdir -p "$res"
