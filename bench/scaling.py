@@ -164,8 +164,14 @@ def rows_from(paths: list[Path]) -> list[dict]:
                          "t1_s": t1, "tn_s": tn, "measured": n * t1 / tn,
                          "windows_1": sizes["1"]["window_ms"], "windows_n": v["window_ms"],
                          "step_sd_1": statistics.pstdev(steps1) / 1e3 if len(steps1) > 1 else 0,
+                         "host_bound_1": _median(sizes["1"].get("host_bound")),
                          "profile": prof, "curve": curve})
     return rows
+
+
+def _median(values) -> float | None:
+    got = [v for v in values or () if v is not None]
+    return statistics.median(got) if got else None
 
 
 def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
@@ -176,19 +182,24 @@ def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
              "smartlaunch.decide.cost.predict_ddp on the script's profile and the curve measured "
              "at N in that condition.", "",
              "| script | link | N | 1 GPU ms (profile) | DDP ms | measured | predicted | err | "
-             "comm | exposed | contention |", "|" + "---|" * 11]
+             "added ms meas / pred | comm | exposed | contention | host-bound (1 GPU) |",
+             "|" + "---|" * 13]
     errs = {}
     for r in rows:
         p, c = r["profile"], r["curve"]
         if p is None or not p.usable or c is None:
-            pred_txt, err_txt, extra = "–", "–", "– | – | –"
+            pred_txt, err_txt, extra = "–", "–", "– | – | – | –"
         else:
             pr = predict_ddp(p, c, r["n"], model)
             e = pr.speedup / r["measured"] - 1
             errs.setdefault(r["n"], []).append(abs(e))
             pred_txt, err_txt = f"{pr.speedup:.2f}", f"{100 * e:+.1f}%"
-            extra = (f"{pr.allreduce_s * 1e3:.2f} | {pr.exposed_s * 1e3:.2f} | "
+            added = (r["tn_s"] - r["t1_s"]) * 1e3            # what DDP added, in this launch
+            extra = (f"{added:.2f} / {(pr.step_s - p.step_time_s) * 1e3:.2f} | "
+                     f"{pr.allreduce_s * 1e3:.2f} | {pr.exposed_s * 1e3:.2f} | "
                      f"{pr.contention_s * 1e3:.2f}")
+        hb = r["host_bound_1"]
+        extra += f" | {'–' if hb is None else f'{hb:.2f}'}"
         prof_ms = f" ({p.step_time_s * 1e3:.2f})" if p and p.step_time_s else ""
         lines.append(f"| {r['script']} | {r['condition']} | {r['n']} | {r['t1_s'] * 1e3:.2f}"
                      f"{prof_ms} | {r['tn_s'] * 1e3:.2f} | {r['measured']:.2f} | {pred_txt} | "
