@@ -131,14 +131,6 @@ def measure(args) -> int:
     return 0
 
 
-def jitter(profile: ModelProfile) -> float:
-    """The single-GPU step's spread as the profile gives it: (p90 - mean) / 1.2816, the
-    standard deviation of a normal with that 90th percentile."""
-    if profile.step_time_p90_s and profile.step_time_s:
-        return max(0.0, (profile.step_time_p90_s - profile.step_time_s) / 1.2816)
-    return 0.0
-
-
 def rows_from(paths: list[Path]) -> list[dict]:
     recs = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
     curves = {(r["condition"], r["n"]): CommCurve.from_dict(r["curve"])
@@ -151,7 +143,6 @@ def rows_from(paths: list[Path]) -> list[dict]:
             continue
         sizes = r["result"]["sizes"]
         t1 = statistics.median(sizes["1"]["window_ms"]) / 1e3
-        steps1 = sizes["1"]["step_ms"]
         for n_text, v in sizes.items():
             r.setdefault("n", int(n_text))
             n = int(n_text)
@@ -163,7 +154,6 @@ def rows_from(paths: list[Path]) -> list[dict]:
             rows.append({"script": r["script"], "condition": r["condition"], "n": n,
                          "t1_s": t1, "tn_s": tn, "measured": n * t1 / tn,
                          "windows_1": sizes["1"]["window_ms"], "windows_n": v["window_ms"],
-                         "step_sd_1": statistics.pstdev(steps1) / 1e3 if len(steps1) > 1 else 0,
                          "host_bound_1": _median(sizes["1"].get("host_bound")),
                          "profile": prof, "curve": curve})
     return rows
@@ -207,7 +197,7 @@ def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
     lines += ["", "| N | rows | median abs err | p90 abs err |", "|---|---|---|---|"]
     for n, es in sorted(errs.items()):
         es = sorted(es)
-        p90 = es[min(len(es) - 1, math.ceil(0.9 * len(es)) - 1)]
+        p90 = es[min(len(es) - 1, math.ceil(0.9 * len(es)) - 1)]     # nearest rank, as README
         lines.append(f"| {n} | {len(es)} | {100 * statistics.median(es):.1f}% | "
                      f"{100 * p90:.1f}% |")
     out.write_text("\n".join(lines) + "\n")
