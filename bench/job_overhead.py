@@ -16,7 +16,14 @@ geometric mean over rounds with its 95% t-interval. Also: launch to the end of t
 (the script stamps it), and whether smartlaunch's end-of-run summary rate agrees with the
 script's timer.
 
+Separate launches drift apart by more than the effect (torchrun's own runs moved 18% between
+rounds on a lent 2x H200). --baton N instead keeps torchrun's job and one smartlaunch job alive
+at once and hands a baton between them: only the holder steps, for a window of --window-s,
+N window pairs, order alternating (baton_session). The ratio is then taken window pair by
+window pair, and the launchers' own CPU (which both jobs' windows share) is reported beside it.
+
     python bench/job_overhead.py --nproc 2 --conditions host nvlink --rounds 6 --out DIR/x
+    python bench/job_overhead.py --nproc 2 --conditions host --baton 130 --out DIR/b
     python bench/job_overhead.py --tiny --rounds 1 --scripts deep-mlp     # CPU smoke (gloo)
 
 Writes <out>.json after every run (a cut-off call keeps what it measured) and <out>.md.
@@ -24,10 +31,12 @@ Writes <out>.json after every run (a cut-off call keeps what it measured) and <o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,6 +84,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="instead of rounds: one `smartlaunch --strategy ddp` job per script "
                         "whose timed steps alternate in this many windows between the worker "
                         "hook's per-step hooks on and off (the harness's --toggle-windows)")
+    p.add_argument("--baton", type=int, default=0,
+                   help="instead of rounds: torchrun's job and one smartlaunch job of each "
+                        "--kinds run at once, taking turns for this many window pairs "
+                        "(only the job holding the baton steps; see baton_session)")
+    p.add_argument("--window-s", type=float, default=0.3, help="--baton's window length")
     p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
     return p.parse_args(argv)
 
@@ -130,6 +144,178 @@ def run_one(kind: str, script: str, condition: str, args) -> dict:
     if not rec["ok"]:
         rec["error"] = (err or out)[-1500:]
     return rec
+
+
+def baton_session(kind: str, script: str, condition: str, args, store, serial: int) -> dict:
+    """torchrun's job (A) and `kind`'s job (B) of the same script, alive at once, taking turns:
+    window pair p runs A then B when p is even, B then A when odd, and only the job holding the
+    baton steps (bench/suite/_harness.py baton_windows) while the other waits on this store.
+    Both share the machine's drift at the scale of a window, which separate launches (one
+    after another) do not. B starts first and A only once B's ranks are stepping: smartlaunch
+    must find its GPUs free (another job's GPU is busy to it), torchrun does not look.
+    What both jobs' windows share, and so cannot show, is each launcher's own work beside its
+    ranks: measured separately as the CPU its non-rank processes used per second."""
+    import datetime
+    import tempfile
+    tags = {"torchrun": f"s{serial}a", kind: f"s{serial}b"}
+    logs = Path(tempfile.mkdtemp(prefix="baton-"))
+    procs: dict[str, subprocess.Popen] = {}
+    rec = {"mode": "baton", "kind": kind, "script": script, "condition": condition,
+           "pairs": [], "ok": False}
+
+    def start(k: str) -> None:
+        env = common.child_env(dict(os.environ), condition)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env["BENCH_BATON"] = f"127.0.0.1:{store.port}/{tags[k]}/{args.window_s}"
+        with open(logs / f"{k}.out", "w") as out, open(logs / f"{k}.err", "w") as err:
+            procs[k] = subprocess.Popen(argv_of(k, script, args), env=env, cwd=REPO, stdout=out,
+                                        stderr=err, start_new_session=True)
+
+    def ranks_started(k: str) -> None:
+        """Once a process of the job has LOCAL_RANK, smartlaunch has read its GPUs and leased
+        them: the other job may start."""
+        import psutil
+        deadline = time.monotonic() + args.timeout
+        while True:
+            try:
+                kids = psutil.Process(procs[k].pid).children(recursive=True)
+            except psutil.Error:
+                kids = []
+            for kid in kids:
+                with contextlib.suppress(psutil.Error):
+                    if "LOCAL_RANK" in kid.environ():
+                        return
+            if procs[k].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{k} started no rank (rc {procs[k].poll()})")
+            time.sleep(0.2)
+
+    def ready(k: str) -> None:
+        deadline = time.monotonic() + args.timeout
+        while not store.check([f"{tags[k]}/allready"]):
+            if procs[k].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{k} never got ready (rc {procs[k].poll()})")
+            time.sleep(0.2)
+
+    def window(k: str, w: int) -> float | None:
+        store.set(f"{tags[k]}/go/{w}", "go")
+        store.wait([f"{tags[k]}/fin/{w}"], datetime.timedelta(seconds=max(60, 50 * args.window_s)))
+        return float(store.get(f"{tags[k]}/ms/{w}")) if w else None
+
+    try:
+        start(kind)
+        ranks_started(kind)
+        start("torchrun")
+        ready(kind)
+        ready("torchrun")
+        rec["world"] = {k: int(store.get(f"{t}/world")) for k, t in tags.items()}
+        cpu0 = {k: launcher_cpu(procs[k].pid) for k in tags}
+        t0 = time.monotonic()
+        for k in tags:
+            window(k, 0)            # each job sizes its windows
+        for p in range(1, args.baton + 1):
+            order = ("torchrun", kind) if p % 2 else (kind, "torchrun")
+            ms = {k: window(k, p) for k in order}
+            rec["pairs"].append([ms["torchrun"], ms[kind], order[0]])
+        rec["steps"] = {k: int(store.get(f"{t}/steps")) for k, t in tags.items()}
+        cpu1 = {k: launcher_cpu(procs[k].pid) for k in tags}
+        rec["launcher_cpu"] = {     # per wall second of the windows, not the start-up's
+            k: round((cpu1[k] - cpu0[k]) / (time.monotonic() - t0), 5)
+            if cpu0[k] is not None and cpu1[k] is not None else None for k in tags}
+        for k, t in tags.items():
+            store.set(f"{t}/go/{args.baton + 1}", "end")
+        rec["rc"] = {k: proc.wait(timeout=args.timeout) for k, proc in procs.items()}
+        rec["ok"] = all(rc == 0 for rc in rec["rc"].values())
+    except Exception as exc:            # a job that died or hung: record it, end both
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        for proc in procs.values():
+            end_group(proc)
+        if not rec["ok"]:
+            rec["logs"] = {f.name: f.read_text(errors="replace")[-1500:]
+                           for f in sorted(logs.iterdir())}
+        rec["decision"] = next((line for line in (logs / f"{kind}.err").read_text(
+            errors="replace").splitlines() if line.startswith("smartlaunch: ") and "—" in line),
+            None) if (logs / f"{kind}.err").exists() else None
+    return rec
+
+
+def launcher_cpu(pid: int) -> float | None:
+    """CPU seconds used so far by a job's processes that are not ranks (the launcher, torch's
+    agent; a rank has LOCAL_RANK, and so do its own children)."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    used = 0.0
+    for p in procs:
+        try:
+            if "LOCAL_RANK" in p.environ():
+                continue
+            t = p.cpu_times()
+            used += t.user + t.system
+        except psutil.Error:
+            continue
+    return used
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """A job's whole process group ended: SIGTERM, then SIGKILL after 15 s."""
+    gone = contextlib.suppress(ProcessLookupError, PermissionError)
+    if proc.poll() is None:
+        with gone:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with gone:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def baton_rows(records: list[dict]) -> list[dict]:
+    """Per session: kind's throughput ÷ torchrun's, window pair by window pair."""
+    rows = []
+    for r in records:
+        if r.get("mode") != "baton" or not r["pairs"]:
+            continue
+        same = len(set(r.get("world", {}).values())) == 1
+        rows.append({"condition": r["condition"], "script": r["script"], "kind": r["kind"],
+                     "pairs": len(r["pairs"]), "same_world": same, "world": r.get("world"),
+                     "ratio": interval([a / b for a, b, _ in r["pairs"]]),
+                     "torchrun_step_ms": statistics.median(a for a, _, _ in r["pairs"]),
+                     "launcher_cpu": r.get("launcher_cpu"), "ok": r["ok"],
+                     "decision": r.get("decision")})
+    return rows
+
+
+def baton_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"# Job overhead, both jobs alive and taking turns: smartlaunch ÷ torchrun, "
+           f"{meta['nproc']} ranks", "",
+           f"{meta['when']}, {meta['host']}, {meta['gpus']}; windows of {meta['window_s']} s "
+           "alternating between torchrun's job and smartlaunch's (bench/job_overhead.py --baton)",
+           "", "| condition | script | launcher | window pairs | torchrun step ms | throughput ÷ "
+           "torchrun | 95% interval | launcher CPU/s (torchrun, smartlaunch) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g, lo, hi = r["ratio"]
+        cpu = r["launcher_cpu"] or {}
+        note = "" if r["same_world"] else f" (worlds {r['world']}: not comparable)"
+        out.append(f"| {r['condition']} | {r['script']} | {r['kind']}{note} | {r['pairs']} | "
+                   f"{r['torchrun_step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} | "
+                   f"{cpu.get('torchrun', '–')}, {cpu.get(r['kind'], '–')} |")
+    logs = [math.log(r["ratio"][0]) for r in rows if r["same_world"]]
+    if len(logs) > 1:
+        g = interval([math.exp(x) for x in logs])
+        out += ["", f"Across rows (each row's ratio one value): {g[0]:.4f}, 95% interval "
+                f"{g[1]:.4f}–{g[2]:.4f}."]
+    decisions = [(r["condition"], r["script"], r["decision"]) for r in rows
+                 if r["kind"] == "sl-auto"]
+    if decisions:
+        out += ["", "Decided launches (sl-auto):", ""]
+        out += [f"- {c} {s}: {d}" for c, s, d in decisions]
+    return "\n".join(out) + "\n"
 
 
 def summary_agreement(text: str, tp: dict) -> float | None:
@@ -262,6 +448,8 @@ def main(argv=None) -> int:
         if args.out:
             Path(f"{args.out}.md").write_text(md)
         return 0 if toggle_rows(records) else 1
+    if args.baton:
+        return baton_main(args, records, meta, save)
     if "sl-auto" in args.kinds:          # the decided launch is measured warm: decide once first
         for cond in args.conditions:
             for script in args.scripts:
@@ -292,6 +480,39 @@ def main(argv=None) -> int:
     if args.out:
         Path(f"{args.out}.md").write_text(md)
     return 0 if rows else 1
+
+
+def baton_main(args, records: list[dict], meta: dict, save) -> int:
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    meta["window_s"] = args.window_s
+    t_start = time.monotonic()
+    serial = 0
+    sessions = [(kind, cond, script) for kind in args.kinds if kind != "torchrun"
+                for cond in args.conditions for script in args.scripts]
+    for kind, cond, script in sessions:     # every row of one launcher before the next's
+        if time.monotonic() - t_start > args.budget_s:
+            break
+        if kind == "sl-auto":        # measured warm: decide once first, untimed
+            cold = run_one("sl-auto", script, cond, args)
+            cold["round"] = None
+            records.append(cold)
+            print(f"cold {cond} {script}: {cold.get('decision')}", file=sys.stderr,
+                  flush=True)
+        serial += 1
+        rec = baton_session(kind, script, cond, args, store, serial)
+        records.append(rec)
+        row = baton_rows([rec])
+        print(f"baton {cond} {script} {kind}: "
+              + (f"{row[0]['ratio'][0]:.4f} over {row[0]['pairs']} pairs" if row
+                 else rec.get("error", "no pairs")), file=sys.stderr, flush=True)
+        save()
+    rows = baton_rows(records)
+    md = baton_markdown(rows, meta)
+    print(md)
+    if args.out:
+        Path(f"{args.out}.md").write_text(md)
+    return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

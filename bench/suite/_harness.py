@@ -134,6 +134,9 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
     sync()
     if ctx.world > 1:
         dist.barrier()      # ranks start the clock together; outside the timed region
+    if baton_of(os.environ):
+        baton_windows(ctx, step, sync, args.warmup, os.environ)
+        args.steps = 0          # no throughput line: the windows are the measurement
     windows = getattr(args, "toggle_windows", 0)
     if windows:
         toggled_windows(ctx, args, step, sync, windows)
@@ -281,6 +284,65 @@ def scaling(ctx: Ctx, args, name, model, make_opt, make_batch, loss_fn, amp, acc
         runs.clear()
         gc.collect()
         dist.destroy_process_group()
+
+
+def baton_of(env) -> tuple[str, int, str, float] | None:
+    """BENCH_BATON=host:port/tag/window_s (bench/job_overhead.py --baton): (host, port, tag,
+    window_s), or None. Never inside smartlaunch's dry run or trials (their ranks are not the
+    job's and must measure as they would)."""
+    spec = env.get("BENCH_BATON")
+    if not spec or env.get("SMARTLAUNCH_DRYRUN_OUT") or env.get("SMARTLAUNCH_TRIAL"):
+        return None
+    addr, tag, window_s = spec.split("/")
+    host, port = addr.rsplit(":", 1)
+    return host, int(port), tag, float(window_s)
+
+
+def baton_windows(ctx: Ctx, step, sync, at: int, env) -> None:
+    """Timed windows handed out by an outside driver: two jobs (torchrun's, smartlaunch's) run
+    at once, but only the job holding the baton steps, so the two alternate window by window
+    and share the machine's drift. Every rank waits for `<tag>/go/<w>` on the driver's store
+    (blocked on a socket: no CPU, nothing on the GPU), runs 3 untimed steps, a barrier, then
+    the window; rank 0 stores the window's mean step time as `<tag>/ms/<w>`; the last rank done
+    sets `<tag>/fin/<w>`. `end` as the go value ends the loop. Window w=0 sizes the windows
+    (rank 0's count, shared through the store) and is not a measurement."""
+    import datetime
+    host, port, tag, window_s = baton_of(env)
+    store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=900))
+    if ctx.rank == 0:
+        store.set(f"{tag}/world", str(ctx.world))
+    if store.add(f"{tag}/ready", 1) == ctx.world:
+        store.set(f"{tag}/allready", "1")
+    count = 10
+    w = 0
+    while True:
+        store.wait([f"{tag}/go/{w}"])
+        if store.get(f"{tag}/go/{w}") == b"end":
+            break
+        for _ in range(3):
+            step(at)
+            at += 1
+        sync()
+        if ctx.world > 1:
+            dist.barrier()
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            step(at)
+            at += 1
+        sync()
+        took = time.perf_counter() - t0
+        if w == 0:
+            if ctx.rank == 0:
+                store.set(f"{tag}/steps", str(max(10, int(window_s * count / took))))
+            count = int(store.get(f"{tag}/steps"))
+        elif ctx.rank == 0:
+            store.set(f"{tag}/ms/{w}", f"{took / count * 1e3:.5f}")
+        if store.add(f"{tag}/done/{w}", 1) == ctx.world:
+            store.set(f"{tag}/fin/{w}", "1")
+        w += 1
+    if ctx.rank == 0:
+        print(f"baton: tag={tag} windows={w} steps={count}", flush=True)
 
 
 def toggled_windows(ctx: Ctx, args, step, sync, windows: int) -> None:
