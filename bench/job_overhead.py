@@ -57,7 +57,8 @@ SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
                                          "--block-size", "128", "--vocab", "8192",
                                          "--batch-size", "8"), 1200),
 }
-KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr")
+KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b")   # torchrun-b: --baton's
+                                                        # control, a second torchrun job
 FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
 _FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
 _SUMMARY = re.compile(r"smartlaunch: summary \(succeeded\): [\d,]+ steps; (.*)$", re.M)
@@ -100,7 +101,7 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     tail = [str(REPO / path), *extra, "--warmup", "20", "--steps", str(args.steps or steps),
             *timing, *(["--tiny"] if args.tiny else [])]
     n = ["--nproc-per-node", str(args.nproc)]
-    if kind == "torchrun":
+    if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
     if kind == "sl-ddp":
         return [*SMARTLAUNCH, "--strategy", "ddp", *n, *tail]
