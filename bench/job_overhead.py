@@ -197,10 +197,11 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
                 raise RuntimeError(f"{k} never got ready (rc {procs[k].poll()})")
             time.sleep(0.2)
 
-    def window(k: str, w: int) -> float | None:
+    def window(k: str, w: int) -> list[float] | None:
+        """[wall ms, main-thread CPU ms] a step of job k's window w (None for w=0, sizing)."""
         store.set(f"{tags[k]}/go/{w}", "go")
         store.wait([f"{tags[k]}/fin/{w}"], datetime.timedelta(seconds=max(60, 50 * args.window_s)))
-        return float(store.get(f"{tags[k]}/ms/{w}")) if w else None
+        return [float(x) for x in store.get(f"{tags[k]}/ms/{w}").split(b",")] if w else None
 
     try:
         start(kind)
@@ -216,7 +217,8 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         for p in range(1, args.baton + 1):
             order = ("torchrun", kind) if p % 2 else (kind, "torchrun")
             ms = {k: window(k, p) for k in order}
-            rec["pairs"].append([ms["torchrun"], ms[kind], order[0]])
+            rec["pairs"].append([ms["torchrun"][0], ms[kind][0], order[0]])
+            rec.setdefault("cpu_pairs", []).append([ms["torchrun"][1], ms[kind][1]])
         rec["steps"] = {k: int(store.get(f"{t}/steps")) for k, t in tags.items()}
         cpu1 = {k: launcher_cpu(procs[k].pid) for k in tags}
         rec["launcher_cpu"] = {     # per wall second of the windows, not the start-up's
@@ -284,11 +286,27 @@ def baton_rows(records: list[dict]) -> list[dict]:
         same = len(set(r.get("world", {}).values())) == 1
         rows.append({"condition": r["condition"], "script": r["script"], "kind": r["kind"],
                      "pairs": len(r["pairs"]), "same_world": same, "world": r.get("world"),
-                     "ratio": interval([a / b for a, b, _ in r["pairs"]]),
+                     "ratio": batch_interval([a / b for a, b, _ in r["pairs"]]),
+                     "cpu_ratio": batch_interval([a / b for a, b in r.get("cpu_pairs", [])]),
                      "torchrun_step_ms": statistics.median(a for a, _, _ in r["pairs"]),
                      "launcher_cpu": r.get("launcher_cpu"), "ok": r["ok"],
                      "decision": r.get("decision")})
     return rows
+
+
+def batch_interval(values: list[float], batches: int = 10) -> tuple[float, float, float] | None:
+    """(geometric mean, low, high) of ratios taken in time order, the 95% interval from the
+    means of `batches` consecutive runs of them: adjacent windows drift together (lag-1
+    correlation 0.35-0.45 on lent H100/H200 VMs), so a t-interval over the windows themselves
+    is too narrow."""
+    logs = [math.log(v) for v in values if v and v > 0]
+    if len(logs) < 2 * batches:
+        return interval(values) if logs else None
+    n = len(logs) // batches
+    means = [statistics.mean(logs[i * n:(i + 1) * n]) for i in range(batches)]
+    h = _T95[batches - 2] * statistics.stdev(means) / math.sqrt(batches)
+    g = statistics.mean(logs)
+    return math.exp(g), math.exp(g - h), math.exp(g + h)
 
 
 def baton_markdown(rows: list[dict], meta: dict) -> str:
@@ -296,15 +314,22 @@ def baton_markdown(rows: list[dict], meta: dict) -> str:
            f"{meta['nproc']} ranks", "",
            f"{meta['when']}, {meta['host']}, {meta['gpus']}; windows of {meta['window_s']} s "
            "alternating between torchrun's job and smartlaunch's (bench/job_overhead.py --baton)",
+           "", "Intervals: 95%, from 10 consecutive batches of window pairs (adjacent windows drift "
+           "together). Main-thread CPU: rank 0's CPU time a step, torchrun's ÷ the launcher's "
+           "(a per-step hook shows there without the machine's waits). Launcher CPU/s: the CPU "
+           "its processes other than ranks used per second of windows.",
            "", "| condition | script | launcher | window pairs | torchrun step ms | throughput ÷ "
-           "torchrun | 95% interval | launcher CPU/s (torchrun, smartlaunch) |",
-           "|---|---|---|---|---|---|---|---|"]
+           "torchrun | 95% interval | main-thread CPU, torchrun ÷ launcher | launcher CPU/s "
+           "(torchrun, smartlaunch) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g, lo, hi = r["ratio"]
         cpu = r["launcher_cpu"] or {}
         note = "" if r["same_world"] else f" (worlds {r['world']}: not comparable)"
+        c = r["cpu_ratio"]
         out.append(f"| {r['condition']} | {r['script']} | {r['kind']}{note} | {r['pairs']} | "
                    f"{r['torchrun_step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} | "
+                   + (f"{c[0]:.4f} ({c[1]:.4f}–{c[2]:.4f})" if c else "–") + " | "
                    f"{cpu.get('torchrun', '–')}, {cpu.get(r['kind'], '–')} |")
     logs = [math.log(r["ratio"][0]) for r in rows if r["same_world"]]
     if len(logs) > 1:

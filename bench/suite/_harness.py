@@ -303,7 +303,9 @@ def baton_windows(ctx: Ctx, step, sync, at: int, env) -> None:
     at once, but only the job holding the baton steps, so the two alternate window by window
     and share the machine's drift. Every rank waits for `<tag>/go/<w>` on the driver's store
     (blocked on a socket: no CPU, nothing on the GPU), runs 3 untimed steps, a barrier, then
-    the window; rank 0 stores the window's mean step time as `<tag>/ms/<w>`; the last rank done
+    the window; rank 0 stores the window's mean step time and its main thread's CPU time a step
+    (what a per-step hook would add, without the machine's other waits) as `<tag>/ms/<w>`
+    ("wall,cpu" in ms); the last rank done
     sets `<tag>/fin/<w>`. `end` as the go value ends the loop. Window w=0 sizes the windows
     (rank 0's count, shared through the store) and is not a measurement."""
     import datetime
@@ -326,18 +328,18 @@ def baton_windows(ctx: Ctx, step, sync, at: int, env) -> None:
         if ctx.world > 1:
             dist.barrier()
             sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(count):
             step(at)
             at += 1
         sync()
-        took = time.perf_counter() - t0
+        took, cpu = time.perf_counter() - t0, time.thread_time() - c0
         if w == 0:
             if ctx.rank == 0:
                 store.set(f"{tag}/steps", str(max(10, int(window_s * count / took))))
             count = int(store.get(f"{tag}/steps"))
         elif ctx.rank == 0:
-            store.set(f"{tag}/ms/{w}", f"{took / count * 1e3:.5f}")
+            store.set(f"{tag}/ms/{w}", f"{took / count * 1e3:.5f},{cpu / count * 1e3:.5f}")
         if store.add(f"{tag}/done/{w}", 1) == ctx.world:
             store.set(f"{tag}/fin/{w}", "1")
         w += 1
