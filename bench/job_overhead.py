@@ -60,6 +60,7 @@ SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
 KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b")   # torchrun-b: --baton's
                                                         # control, a second torchrun job
 FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
+BUSY_OK = REPO / "bench" / "policy-busy-ok.yaml"
 _FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
 _SUMMARY = re.compile(r"smartlaunch: summary \(succeeded\): [\d,]+ steps; (.*)$", re.M)
 # two-sided 95% t quantiles, df 1..30
@@ -90,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--kinds run at once, taking turns for this many window pairs "
                         "(only the job holding the baton steps; see baton_session)")
     p.add_argument("--window-s", type=float, default=0.3, help="--baton's window length")
+    p.add_argument("--torchrun-first", action="store_true",
+                   help="--baton: start torchrun's job first (smartlaunch's then runs with "
+                        "bench/policy-busy-ok.yaml, which lets it use GPUs another job holds)")
     p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
     return p.parse_args(argv)
 
@@ -104,7 +108,8 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
     if kind == "sl-ddp":
-        return [*SMARTLAUNCH, "--strategy", "ddp", *n, *tail]
+        busy_ok = ["--policy", str(BUSY_OK)] if getattr(args, "torchrun_first", False) else []
+        return [*SMARTLAUNCH, *busy_ok, "--strategy", "ddp", *n, *tail]
     if kind == "sl-ddp-fr":         # what launch.flight_recorder: true costs
         return [*SMARTLAUNCH, "--policy", str(FR_POLICY), "--strategy", "ddp", *n, *tail]
     return [*SMARTLAUNCH, "--policy", args.policy, *n, *tail]
@@ -144,6 +149,9 @@ def run_one(kind: str, script: str, condition: str, args) -> dict:
         rec["summary_vs_timer"] = summary_agreement(summary[1], tp)
     if not rec["ok"]:
         rec["error"] = (err or out)[-1500:]
+    if kind == "sl-auto":       # what decided it, should a decision need explaining later
+        rec["smartlaunch_lines"] = [line for line in err.splitlines()
+                                    if line.startswith("smartlaunch:")][:40]
     return rec
 
 
@@ -152,8 +160,9 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
     window pair p runs A then B when p is even, B then A when odd, and only the job holding the
     baton steps (bench/suite/_harness.py baton_windows) while the other waits on this store.
     Both share the machine's drift at the scale of a window, which separate launches (one
-    after another) do not. B starts first and A only once B's ranks are stepping: smartlaunch
-    must find its GPUs free (another job's GPU is busy to it), torchrun does not look.
+    after another) do not. B starts first and A only once B has ranks: smartlaunch must find
+    its GPUs free (another job's GPU is busy to it), torchrun does not look; --torchrun-first
+    swaps the order (smartlaunch then told by its policy to use busy GPUs).
     What both jobs' windows share, and so cannot show, is each launcher's own work beside its
     ranks: measured separately as the CPU its non-rank processes used per second."""
     import datetime
@@ -203,10 +212,12 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         store.wait([f"{tags[k]}/fin/{w}"], datetime.timedelta(seconds=max(60, 50 * args.window_s)))
         return [float(x) for x in store.get(f"{tags[k]}/ms/{w}").split(b",")] if w else None
 
+    first, second = ("torchrun", kind) if args.torchrun_first else (kind, "torchrun")
+    rec["first"] = first
     try:
-        start(kind)
-        ranks_started(kind)
-        start("torchrun")
+        start(first)
+        ranks_started(first)
+        start(second)
         ready(kind)
         ready("torchrun")
         rec["world"] = {k: int(store.get(f"{t}/world")) for k, t in tags.items()}

@@ -25,7 +25,7 @@ rounds)
 baton)
     python3 bench/job_overhead.py --nproc "${NPROC:-2}" --conditions ${CONDS:-host} \
         --kinds ${KINDS:-torchrun sl-ddp} --scripts ${SCRIPTS:-deep-mlp cnn-small gpt-small} \
-        --baton "${PAIRS:-130}" --window-s "${WINDOW_S:-0.3}" --budget-s "${BUDGET:-420}" \
+        --baton "${PAIRS:-130}" --window-s "${WINDOW_S:-0.3}" --budget-s "${BUDGET:-420}" ${EXTRA:-} \
         --out "$res/baton-${NPROC:-2}gpu-${TAG:-a}" 2>>"$res/baton.log" | tail -20 ;;
 esac
 tar -C "$OUT" -czf "$OUT/job-overhead-${PHASE:-toggle}.tar.gz" res && rm -rf "$res"
