@@ -242,11 +242,25 @@ def job_overhead(argv: list[str]) -> list[dict]:
 
 def job_overhead_records(data: dict) -> list[dict]:
     """The measurements of a job_overhead.py <out>.json: one per job (launcher × script ×
-    condition × round; toggle jobs carry their windows' step times as detail)."""
+    condition × round; toggle jobs carry their windows' step times as detail), or one per
+    --baton session (its ratio to torchrun as figures, the window pairs as detail)."""
+    import job_overhead as jo
     nproc, out = data["meta"].get("nproc"), []
     for r in data["records"]:
-        m = _record.split({**r, "nproc": nproc, "round": r.get("round")},
-                          ("kind", "script", "condition", "nproc", "round"))
+        extra = {}
+        if r.get("mode") == "baton":    # a session: its ratio as figures, its windows as detail
+            rows = jo.baton_rows([r])
+            if rows:
+                row = rows[0]
+                extra = {"ratio": row["ratio"][0], "ratio_low": row["ratio"][1],
+                         "ratio_high": row["ratio"][2], "torchrun_step_ms": row["torchrun_step_ms"],
+                         "same_world": row["same_world"],
+                         "window_s": data["meta"].get("window_s")}
+                if row["cpu_ratio"]:
+                    extra.update(cpu_ratio=row["cpu_ratio"][0], cpu_ratio_low=row["cpu_ratio"][1],
+                                 cpu_ratio_high=row["cpu_ratio"][2])
+        m = _record.split({**r, **extra, "nproc": nproc, "round": r.get("round")},
+                          ("kind", "script", "condition", "nproc", "round", "mode", "first"))
         if m.get("error"):
             m["error"] = m["error"].strip().splitlines()[-1][:300] if m["error"].strip() \
                 else f"rc {r.get('rc')}"

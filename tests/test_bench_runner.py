@@ -207,3 +207,18 @@ def test_job_overhead_json_becomes_one_measurement_per_job():
                                 "nproc": 2, "round": 0}
     assert ok["detail"] == {"chunks_ms": [1.0, 1.1]} and "error" not in ok
     assert bad["error"] == "RuntimeError: boom"
+
+
+def test_a_baton_session_becomes_one_measurement_with_its_ratio():
+    pairs = [[5.0, 5.0 * (1.02, 1.03, 1.04)[i % 3], "torchrun"] for i in range(40)]
+    data = {"meta": {"nproc": 2, "window_s": 0.3}, "records": [
+        {"mode": "baton", "kind": "sl-ddp", "script": "deep-mlp", "condition": "host",
+         "first": "sl-ddp", "pairs": pairs, "cpu_pairs": [[4.0, 4.0]] * 40, "ok": True,
+         "world": {"torchrun": 2, "sl-ddp": 2}, "rc": {"torchrun": 0, "sl-ddp": 0}}]}
+    (m,) = runner.job_overhead_records(data)
+    assert m["conditions"] == {"kind": "sl-ddp", "script": "deep-mlp", "condition": "host",
+                               "nproc": 2, "round": None, "mode": "baton", "first": "sl-ddp"}
+    f = m["figures"]
+    assert f["ratio_low"] < f["ratio"] < f["ratio_high"] and abs(f["ratio"] - 1 / 1.03) < 2e-3
+    assert f["cpu_ratio"] == 1.0 and f["same_world"] is True and f["window_s"] == 0.3
+    assert len(m["detail"]["pairs"]) == 40
