@@ -120,7 +120,7 @@ def measure(argv=None) -> tuple[argparse.Namespace, list[dict]]:
             root.mkdir()
             rows.append(one_rate(root, None if rate == "none" else rate, job))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    lines = [f"# Multi-node: where the choice of nodes flips (CPU, 2 netns nodes, gloo)", "",
+    lines = ["# Multi-node: where the choice of nodes flips (CPU, 2 netns nodes, gloo)", "",
              f"Job: {args.step_ms:g} ms of compute a step (a sleep), {args.grad_mb:g} MiB of "
              f"gradients (DDP, gloo), batch {args.batch} a rank, {args.steps} steps (rate over "
              f"the last {args.steps - 2}). Load average at the end: "

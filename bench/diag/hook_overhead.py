@@ -4,7 +4,6 @@ A model with many small parameter tensors makes the per-parameter gradient hook 
 hook is a Python call per parameter per backward. Prints microseconds per step with and without
 the timer, alternating rounds, the fastest of 7 (the machine is shared).
 """
-import statistics
 import sys
 import tempfile
 import time
