@@ -57,8 +57,10 @@ SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
                                          "--block-size", "128", "--vocab", "8192",
                                          "--batch-size", "8"), 1200),
 }
-KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b")   # torchrun-b: --baton's
-                                                        # control, a second torchrun job
+# torchrun-b: --baton's control, a second torchrun job; torchrun-hook: torchrun running each
+# rank through smartlaunch's worker hook (its progress record, work timer, output copy and
+# parent watch), which separates what the hook costs a rank from what the launcher does
+KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b", "torchrun-hook")
 FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
 BUSY_OK = REPO / "bench" / "policy-busy-ok.yaml"
 _FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
@@ -107,6 +109,9 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     n = ["--nproc-per-node", str(args.nproc)]
     if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
+    if kind == "torchrun-hook":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, "-m",
+                "smartlaunch.launch.worker", *tail]
     if kind == "sl-ddp":
         busy_ok = ["--policy", str(BUSY_OK)] if getattr(args, "torchrun_first", False) else []
         return [*SMARTLAUNCH, *busy_ok, "--strategy", "ddp", *n, *tail]
@@ -177,6 +182,8 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         env = common.child_env(dict(os.environ), condition)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["BENCH_BATON"] = f"127.0.0.1:{store.port}/{tags[k]}/{args.window_s}"
+        if k == "torchrun-hook":        # what smartlaunch's launchers give the hook
+            env.update(hook_env(logs / "hook-run"))
         with open(logs / f"{k}.out", "w") as out, open(logs / f"{k}.err", "w") as err:
             procs[k] = subprocess.Popen(argv_of(k, script, args), env=env, cwd=REPO, stdout=out,
                                         stderr=err, start_new_session=True)
@@ -251,6 +258,17 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
             errors="replace").splitlines() if line.startswith("smartlaunch: ") and "—" in line),
             None) if (logs / f"{kind}.err").exists() else None
     return rec
+
+
+def hook_env(run_dir: Path) -> dict[str, str]:
+    """The worker hook's variables as smartlaunch's launchers set them (worker.worker_env and
+    the tee directory), for a rank torchrun starts: run directory, run id, output copies."""
+    from smartlaunch.launch import worker
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    env = worker.worker_env(str(run_dir), f"bench-{run_dir.parent.name}")
+    env.pop(worker.LAUNCHER_PID_VAR)    # torch's agent is the parent, not this process
+    env[worker.TEE_DIR_VAR] = str(run_dir / "logs")
+    return env
 
 
 def launcher_cpu(pid: int) -> float | None:
