@@ -3,6 +3,7 @@ trace and never outlive smartlaunch; a world-size-fixed script launches; what th
 (__file__, argv[0], path[0], cwd, environment) equals torchrun's."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -229,8 +230,18 @@ def test_a_signal_during_the_allreduce_benchmark_says_so_and_leaves_nothing(clea
     pids = [int(f.name.split("-")[1]) for f in shared_dir.iterdir()]
     time.sleep(0.3)
     os.kill(p.pid, sig)
-    p.wait(timeout=30)
-    err = p.stderr.read().decode()
+    try:    # communicate drains stderr: a full pipe must not stall smartlaunch's exit
+        _, err_raw = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired as e:
+        # its held ranks (asleep for 300 s) must not outlive this test into the next ones
+        os.killpg(p.pid, signal.SIGKILL)
+        for q in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(q, signal.SIGKILL)
+        p.wait()
+        pytest.fail(f"smartlaunch still running 30 s after {sig.name}; its stderr so far: "
+                    f"{(e.stderr or b'').decode(errors='replace')[-3000:]}")
+    err = err_raw.decode(errors="replace")
     gone_by = time.monotonic() + 10.0     # a loaded machine reaps late
     while time.monotonic() < gone_by and ([q for q in pids if _alive(q)] or _tagged_left(p.pid)
                                           or list(tmp.iterdir())):
