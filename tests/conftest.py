@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +18,12 @@ NEEDED = ("torch", "psutil")
 
 
 def pytest_configure(config):
+    # A shell's background job starts with SIGINT ignored, and an ignored signal stays ignored
+    # across exec: every smartlaunch the tests start would then ignore the Ctrl-C the signal
+    # tests send it. Catching it here makes children start with the default, as under a
+    # terminal or CI.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
     if missing:
         pytest.exit(f"this interpreter lacks {', '.join(missing)} (smartlaunch's dependencies "
