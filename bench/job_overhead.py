@@ -93,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--kinds run at once, taking turns for this many window pairs "
                         "(only the job holding the baton steps; see baton_session)")
     p.add_argument("--window-s", type=float, default=0.3, help="--baton's window length")
+    p.add_argument("--pin", action="store_true",
+                   help="--baton: each rank's main thread on a fixed core, the same for local "
+                        "rank k in every job (bench/suite/_harness.py baton_windows)")
     p.add_argument("--torchrun-first", action="store_true",
                    help="--baton: start torchrun's job first (smartlaunch's then runs with "
                         "bench/policy-busy-ok.yaml, which lets it use GPUs another job holds)")
@@ -182,6 +185,8 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         env = common.child_env(dict(os.environ), condition)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["BENCH_BATON"] = f"127.0.0.1:{store.port}/{tags[k]}/{args.window_s}"
+        if args.pin:
+            env["BENCH_PIN_CORES"] = ",".join(map(str, pin_cores(args.nproc)))
         if k == "torchrun-hook":        # what smartlaunch's launchers give the hook
             env.update(hook_env(logs / "hook-run"))
         with open(logs / f"{k}.out", "w") as out, open(logs / f"{k}.err", "w") as err:
@@ -221,6 +226,7 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
 
     first, second = ("torchrun", kind) if args.torchrun_first else (kind, "torchrun")
     rec["first"] = first
+    rec["pinned"] = pin_cores(args.nproc) if args.pin else None
     try:
         start(first)
         ranks_started(first)
@@ -258,6 +264,16 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
             errors="replace").splitlines() if line.startswith("smartlaunch: ") and "—" in line),
             None) if (logs / f"{kind}.err").exists() else None
     return rec
+
+
+def pin_cores(nproc: int) -> list[int]:
+    """One core per local rank, spread over the cores this process may use (a rank's main
+    thread away from its neighbour's and, on a larger machine, from core 0's interrupts)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= nproc:
+        return cores
+    stride = len(cores) // (nproc + 1)
+    return [cores[stride * (k + 1)] for k in range(nproc)]
 
 
 def hook_env(run_dir: Path) -> dict[str, str]:

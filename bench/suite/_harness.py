@@ -307,9 +307,15 @@ def baton_windows(ctx: Ctx, step, sync, at: int, env) -> None:
     (what a per-step hook would add, without the machine's other waits) as `<tag>/ms/<w>`
     ("wall,cpu" in ms); the last rank done
     sets `<tag>/fin/<w>`. `end` as the go value ends the loop. Window w=0 sizes the windows
-    (rank 0's count, shared through the store) and is not a measurement."""
+    (rank 0's count, shared through the store) and is not a measurement. BENCH_PIN_CORES=a,b,..:
+    local rank k's main thread runs on core k-th of them (its other threads, NCCL's, are left
+    where they are), so both jobs' windows run on the same cores."""
     import datetime
     host, port, tag, window_s = baton_of(env)
+    pin = env.get("BENCH_PIN_CORES")
+    if pin:     # this rank's main thread on one core, the same in every job (other threads free)
+        cores = [int(c) for c in pin.split(",")]
+        os.sched_setaffinity(0, {cores[ctx.local_rank % len(cores)]})
     store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=900))
     if ctx.rank == 0:
         store.set(f"{tag}/world", str(ctx.world))
