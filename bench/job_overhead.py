@@ -93,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "--kinds run at once, taking turns for this many window pairs "
                         "(only the job holding the baton steps; see baton_session)")
     p.add_argument("--window-s", type=float, default=0.3, help="--baton's window length")
+    p.add_argument("--launches", type=int, default=1,
+                   help="--baton: this many jobs of each launcher in one session, each pair "
+                        "one ratio (the interval then spans launches; baton_session)")
     p.add_argument("--pin", action="store_true",
                    help="--baton: each rank's main thread on a fixed core, the same for local "
                         "rank k in every job (bench/suite/_harness.py baton_windows)")
@@ -116,7 +119,8 @@ def argv_of(kind: str, script: str, args) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, "-m",
                 "smartlaunch.launch.worker", *tail]
     if kind == "sl-ddp":
-        busy_ok = ["--policy", str(BUSY_OK)] if getattr(args, "torchrun_first", False) else []
+        busy_ok = ["--policy", str(BUSY_OK)] if (getattr(args, "torchrun_first", False)
+                                                 or getattr(args, "launches", 1) > 1) else []
         return [*SMARTLAUNCH, *busy_ok, "--strategy", "ddp", *n, *tail]
     if kind == "sl-ddp-fr":         # what launch.flight_recorder: true costs
         return [*SMARTLAUNCH, "--policy", str(FR_POLICY), "--strategy", "ddp", *n, *tail]
@@ -165,104 +169,125 @@ def run_one(kind: str, script: str, condition: str, args) -> dict:
 
 def baton_session(kind: str, script: str, condition: str, args, store, serial: int) -> dict:
     """torchrun's job (A) and `kind`'s job (B) of the same script, alive at once, taking turns:
-    window pair p runs A then B when p is even, B then A when odd, and only the job holding the
+    window pair p runs A then B when p is odd, B then A when even, and only the job holding the
     baton steps (bench/suite/_harness.py baton_windows) while the other waits on this store.
     Both share the machine's drift at the scale of a window, which separate launches (one
     after another) do not. B starts first and A only once B has ranks: smartlaunch must find
     its GPUs free (another job's GPU is busy to it), torchrun does not look; --torchrun-first
     swaps the order (smartlaunch then told by its policy to use busy GPUs).
-    What both jobs' windows share, and so cannot show, is each launcher's own work beside its
-    ranks: measured separately as the CPU its non-rank processes used per second."""
+    --launches K: K jobs of each launcher, A0 B0 A1 B1 ... in a round (reversed every other
+    round); each launch pair (Aj, Bj) gives one ratio, so the interval spans launches, whose
+    own differences (their placement, their start order) one pair cannot average away.
+    smartlaunch's jobs then use busy GPUs (bench/policy-busy-ok.yaml) and a lease directory
+    each. What both jobs' windows share, and so cannot show, is each launcher's own work beside
+    its ranks: measured separately as the CPU its non-rank processes used per second."""
     import datetime
     import tempfile
-    tags = {"torchrun": f"s{serial}a", kind: f"s{serial}b"}
+    n_launch = max(1, args.launches)
+    a_names = ["torchrun"] if n_launch == 1 else [f"torchrun#{j}" for j in range(n_launch)]
+    b_names = [kind] if n_launch == 1 else [f"{kind}#{j}" for j in range(n_launch)]
+    tags = {**{n: f"s{serial}a{j}" for j, n in enumerate(a_names)},
+            **{n: f"s{serial}b{j}" for j, n in enumerate(b_names)}}
     logs = Path(tempfile.mkdtemp(prefix="baton-"))
     procs: dict[str, subprocess.Popen] = {}
     rec = {"mode": "baton", "kind": kind, "script": script, "condition": condition,
-           "pairs": [], "ok": False}
+           "launches": n_launch, "pairs": [], "ok": False}
 
-    def start(k: str) -> None:
+    def start(n: str) -> None:
+        k = n.split("#")[0]
         env = common.child_env(dict(os.environ), condition)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        env["BENCH_BATON"] = f"127.0.0.1:{store.port}/{tags[k]}/{args.window_s}"
+        env["BENCH_BATON"] = f"127.0.0.1:{store.port}/{tags[n]}/{args.window_s}"
         if args.pin:
             env["BENCH_PIN_CORES"] = ",".join(map(str, pin_cores(args.nproc)))
         if k == "torchrun-hook":        # what smartlaunch's launchers give the hook
-            env.update(hook_env(logs / "hook-run"))
-        with open(logs / f"{k}.out", "w") as out, open(logs / f"{k}.err", "w") as err:
-            procs[k] = subprocess.Popen(argv_of(k, script, args), env=env, cwd=REPO, stdout=out,
+            env.update(hook_env(logs / f"hook-run-{tags[n]}"))
+        if n_launch > 1 and k.startswith("sl-"):    # beside its twins: leases of its own
+            env["SMARTLAUNCH_LEASE_DIR"] = tempfile.mkdtemp(prefix="leases-", dir=logs)
+        with open(logs / f"{n}.out", "w") as out, open(logs / f"{n}.err", "w") as err:
+            procs[n] = subprocess.Popen(argv_of(k, script, args), env=env, cwd=REPO, stdout=out,
                                         stderr=err, start_new_session=True)
 
-    def ranks_started(k: str) -> None:
+    def ranks_started(n: str) -> None:
         """Once a process of the job has LOCAL_RANK, smartlaunch has read its GPUs and leased
         them: the other job may start."""
         import psutil
         deadline = time.monotonic() + args.timeout
         while True:
             try:
-                kids = psutil.Process(procs[k].pid).children(recursive=True)
+                kids = psutil.Process(procs[n].pid).children(recursive=True)
             except psutil.Error:
                 kids = []
             for kid in kids:
                 with contextlib.suppress(psutil.Error):
                     if "LOCAL_RANK" in kid.environ():
                         return
-            if procs[k].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{k} started no rank (rc {procs[k].poll()})")
+            if procs[n].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{n} started no rank (rc {procs[n].poll()})")
             time.sleep(0.2)
 
-    def ready(k: str) -> None:
+    def ready(n: str) -> None:
         deadline = time.monotonic() + args.timeout
-        while not store.check([f"{tags[k]}/allready"]):
-            if procs[k].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{k} never got ready (rc {procs[k].poll()})")
+        while not store.check([f"{tags[n]}/allready"]):
+            if procs[n].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{n} never got ready (rc {procs[n].poll()})")
             time.sleep(0.2)
 
-    def window(k: str, w: int) -> list[float] | None:
-        """[wall ms, main-thread CPU ms] a step of job k's window w (None for w=0, sizing)."""
-        store.set(f"{tags[k]}/go/{w}", "go")
-        store.wait([f"{tags[k]}/fin/{w}"], datetime.timedelta(seconds=max(60, 50 * args.window_s)))
-        return [float(x) for x in store.get(f"{tags[k]}/ms/{w}").split(b",")] if w else None
+    def window(n: str, w: int) -> list[float] | None:
+        """[wall ms, main-thread CPU ms] a step of job n's window w (None for w=0, sizing)."""
+        store.set(f"{tags[n]}/go/{w}", "go")
+        store.wait([f"{tags[n]}/fin/{w}"], datetime.timedelta(seconds=max(60, 50 * args.window_s)))
+        return [float(x) for x in store.get(f"{tags[n]}/ms/{w}").split(b",")] if w else None
 
-    first, second = ("torchrun", kind) if args.torchrun_first else (kind, "torchrun")
-    rec["first"] = first
+    firsts, seconds = (a_names, b_names) if args.torchrun_first else (b_names, a_names)
+    rec["first"] = firsts[0].split("#")[0]
     rec["pinned"] = pin_cores(args.nproc) if args.pin else None
+    rounds = [x for a, b in zip(a_names, b_names) for x in (a, b)]
+    per_launch: list[list] = [[] for _ in range(n_launch)]
     try:
-        start(first)
-        ranks_started(first)
-        start(second)
-        ready(kind)
-        ready("torchrun")
-        rec["world"] = {k: int(store.get(f"{t}/world")) for k, t in tags.items()}
-        cpu0 = {k: launcher_cpu(procs[k].pid) for k in tags}
+        for n in firsts:
+            start(n)
+            ranks_started(n)
+        for n in seconds:
+            start(n)
+        for n in tags:
+            ready(n)
+        rec["world"] = {n: int(store.get(f"{t}/world")) for n, t in tags.items()}
+        cpu0 = {n: launcher_cpu(procs[n].pid) for n in tags}
         t0 = time.monotonic()
-        for k in tags:
-            window(k, 0)            # each job sizes its windows
+        for n in tags:
+            window(n, 0)            # each job sizes its windows
         for p in range(1, args.baton + 1):
-            order = ("torchrun", kind) if p % 2 else (kind, "torchrun")
-            ms = {k: window(k, p) for k in order}
-            rec["pairs"].append([ms["torchrun"][0], ms[kind][0], order[0]])
-            rec.setdefault("cpu_pairs", []).append([ms["torchrun"][1], ms[kind][1]])
-        rec["steps"] = {k: int(store.get(f"{t}/steps")) for k, t in tags.items()}
-        cpu1 = {k: launcher_cpu(procs[k].pid) for k in tags}
+            order = rounds if p % 2 else rounds[::-1]
+            ms = {n: window(n, p) for n in order}
+            for j, (a, b) in enumerate(zip(a_names, b_names)):
+                first = "torchrun" if order.index(a) < order.index(b) else kind
+                per_launch[j].append([ms[a][0], ms[b][0], first])
+                rec.setdefault("cpu_pairs", []).append([ms[a][1], ms[b][1]])
+        rec["pairs"] = [x for one in per_launch for x in one]
+        if n_launch > 1:
+            rec["launch_pairs"] = per_launch
+        rec["steps"] = {n: int(store.get(f"{t}/steps")) for n, t in tags.items()}
+        cpu1 = {n: launcher_cpu(procs[n].pid) for n in tags}
         rec["launcher_cpu"] = {     # per wall second of the windows, not the start-up's
-            k: round((cpu1[k] - cpu0[k]) / (time.monotonic() - t0), 5)
-            if cpu0[k] is not None and cpu1[k] is not None else None for k in tags}
-        for k, t in tags.items():
+            n: round((cpu1[n] - cpu0[n]) / (time.monotonic() - t0), 5)
+            if cpu0[n] is not None and cpu1[n] is not None else None for n in tags}
+        for n, t in tags.items():
             store.set(f"{t}/go/{args.baton + 1}", "end")
-        rec["rc"] = {k: proc.wait(timeout=args.timeout) for k, proc in procs.items()}
+        rec["rc"] = {n: proc.wait(timeout=args.timeout) for n, proc in procs.items()}
         rec["ok"] = all(rc == 0 for rc in rec["rc"].values())
-    except Exception as exc:            # a job that died or hung: record it, end both
+    except Exception as exc:            # a job that died or hung: record it, end them all
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         for proc in procs.values():
             end_group(proc)
         if not rec["ok"]:
             rec["logs"] = {f.name: f.read_text(errors="replace")[-1500:]
-                           for f in sorted(logs.iterdir())}
-        rec["decision"] = next((line for line in (logs / f"{kind}.err").read_text(
-            errors="replace").splitlines() if line.startswith("smartlaunch: ") and "—" in line),
-            None) if (logs / f"{kind}.err").exists() else None
+                           for f in sorted(logs.iterdir()) if f.is_file()}
+        err = logs / f"{b_names[0]}.err"
+        rec["decision"] = next((line for line in err.read_text(errors="replace").splitlines()
+                                if line.startswith("smartlaunch: ") and "—" in line),
+                               None) if err.exists() else None
     return rec
 
 
@@ -331,12 +356,33 @@ def baton_rows(records: list[dict]) -> list[dict]:
         same = len(set(r.get("world", {}).values())) == 1
         rows.append({"condition": r["condition"], "script": r["script"], "kind": r["kind"],
                      "pairs": len(r["pairs"]), "same_world": same, "world": r.get("world"),
-                     "ratio": batch_interval([a / b for a, b, _ in r["pairs"]]),
+                     "ratio": launch_interval(r) or batch_interval([a / b for a, b, _ in
+                                                                    r["pairs"]]),
+                     "launches": r.get("launches", 1),
                      "cpu_ratio": batch_interval([a / b for a, b in r.get("cpu_pairs", [])]),
                      "torchrun_step_ms": statistics.median(a for a, _, _ in r["pairs"]),
-                     "launcher_cpu": r.get("launcher_cpu"), "ok": r["ok"],
+                     "launcher_cpu": per_launcher(r.get("launcher_cpu") or {}), "ok": r["ok"],
                      "decision": r.get("decision")})
     return rows
+
+
+def per_launcher(values: dict) -> dict:
+    """{job name: x} -> {launcher: mean x} ("sl-ddp#1" counts as sl-ddp)."""
+    out: dict = {}
+    for name, x in values.items():
+        if x is not None:
+            out.setdefault(name.split("#")[0], []).append(x)
+    return {k: round(statistics.mean(v), 5) for k, v in out.items()}
+
+
+def launch_interval(rec: dict) -> tuple[float, float, float] | None:
+    """With several launch pairs in a session: each pair's geometric-mean ratio one value, the
+    t-interval across pairs (None with fewer than 2)."""
+    per = rec.get("launch_pairs") or []
+    if len(per) < 2:
+        return None
+    return interval([math.exp(statistics.mean(math.log(a / b) for a, b, _ in one))
+                     for one in per if one])
 
 
 def batch_interval(values: list[float], batches: int = 10) -> tuple[float, float, float] | None:
@@ -371,6 +417,8 @@ def baton_markdown(rows: list[dict], meta: dict) -> str:
         g, lo, hi = r["ratio"]
         cpu = r["launcher_cpu"] or {}
         note = "" if r["same_world"] else f" (worlds {r['world']}: not comparable)"
+        if r["launches"] > 1:
+            note += f" ×{r['launches']} launches"
         c = r["cpu_ratio"]
         out.append(f"| {r['condition']} | {r['script']} | {r['kind']}{note} | {r['pairs']} | "
                    f"{r['torchrun_step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} | "
@@ -520,6 +568,11 @@ def main(argv=None) -> int:
             Path(f"{args.out}.md").write_text(md)
         return 0 if toggle_rows(records) else 1
     if args.baton:
+        if args.launches > 1 and "sl-auto" in args.kinds:
+            print("job_overhead: --launches > 1 runs smartlaunch beside its twins on busy GPUs, "
+                  "which the decided launch (sl-auto) would avoid; leave sl-auto out",
+                  file=sys.stderr)
+            return 2
         return baton_main(args, records, meta, save)
     if "sl-auto" in args.kinds:          # the decided launch is measured warm: decide once first
         for cond in args.conditions:

@@ -31,3 +31,29 @@ def test_a_baton_session_pairs_every_window_of_both_jobs(tmp_path, monkeypatch):
     assert len(rec["cpu_pairs"]) == 3 and all(a > 0 and b > 0 for a, b in rec["cpu_pairs"])
     assert set(rec["launcher_cpu"]) == {"torchrun", "sl-ddp"}
     assert "| host | deep-mlp | sl-ddp | 3 |" in Path(f"{out}.md").read_text()
+
+
+@pytest.mark.slow
+def test_several_launches_of_each_launcher_give_one_ratio_each(tmp_path, monkeypatch):
+    # two smartlaunch jobs beside each other (busy GPUs allowed, leases of their own) and two
+    # torchrun jobs: every window of each launch pair paired, the interval across the pairs
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "b"
+    rc = job_overhead.main(["--tiny", "--baton", "3", "--window-s", "0.05", "--launches", "2",
+                            "--scripts", "deep-mlp", "--kinds", "torchrun", "sl-ddp",
+                            "--nproc", "2", "--timeout", "240", "--out", str(out)])
+    (rec,) = json.loads(Path(f"{out}.json").read_text())["records"]
+    assert rc == 0 and rec["ok"], rec.get("error") or rec.get("logs")
+    assert set(rec["rc"]) == {"torchrun#0", "torchrun#1", "sl-ddp#0", "sl-ddp#1"}
+    assert set(rec["rc"].values()) == {0} and set(rec["world"].values()) == {2}
+    assert [len(one) for one in rec["launch_pairs"]] == [3, 3] and len(rec["pairs"]) == 6
+    (row,) = job_overhead.baton_rows([rec])
+    assert row["launches"] == 2 and row["ratio"][1] < row["ratio"][0] < row["ratio"][2]
+    assert set(row["launcher_cpu"]) == {"torchrun", "sl-ddp"}
+
+
+def test_the_decided_launch_is_refused_beside_its_twins(tmp_path, capsys):
+    rc = job_overhead.main(["--tiny", "--baton", "3", "--launches", "2", "--kinds", "torchrun",
+                            "sl-auto", "--out", str(tmp_path / "b")])
+    assert rc == 2 and "leave sl-auto out" in capsys.readouterr().err
