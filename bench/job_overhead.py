@@ -562,10 +562,7 @@ def main(argv=None) -> int:
                 records.append(rec)
                 print(f"toggle {cond} {script}: rc {rec['rc']}", file=sys.stderr, flush=True)
                 save()
-        md = toggle_markdown(toggle_rows(records), meta)
-        print(md)
-        if args.out:
-            Path(f"{args.out}.md").write_text(md)
+        report(toggle_markdown(toggle_rows(records), meta), args)
         return 0 if toggle_rows(records) else 1
     if args.baton:
         if args.launches > 1 and "sl-auto" in args.kinds:
@@ -599,10 +596,7 @@ def main(argv=None) -> int:
         meta["rounds_done"] = rnd + 1
     save()
     rows = rows_of(records)
-    md = markdown(rows, meta)
-    print(md)
-    if args.out:
-        Path(f"{args.out}.md").write_text(md)
+    report(markdown(rows, meta), args)
     return 0 if rows else 1
 
 
@@ -632,11 +626,15 @@ def baton_main(args, records: list[dict], meta: dict, save) -> int:
                  else rec.get("error", "no pairs")), file=sys.stderr, flush=True)
         save()
     rows = baton_rows(records)
-    md = baton_markdown(rows, meta)
+    report(baton_markdown(rows, meta), args)
+    return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+def report(md: str, args) -> None:
+    """The markdown report on stdout and, with --out, in <out>.md."""
     print(md)
     if args.out:
         Path(f"{args.out}.md").write_text(md)
-    return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
