@@ -198,11 +198,32 @@ def test_work_timer_hooks_only_near_the_loss_and_keeps_one_once_a_step_is_timed(
     # the one kept is the first gradient of backward: the last layer's
     kept = next(iter(timer._handles))
     assert kept in (id(model[11].weight), id(model[11].bias))
-    # a hooked tensor keeps costing a call per step after its hook is removed: the tensors
-    # before the last CANDIDATES never had one
+    # a hooked tensor keeps costing a call per step after its hook is removed: only the first
+    # and last CANDIDATES / 2 were ever hooked
     params = list(model.parameters())
+    half = CANDIDATES // 2
     assert [p._post_accumulate_grad_hooks is None for p in params] == \
-        [True] * (len(params) - CANDIDATES) + [False] * CANDIDATES
+        [False] * half + [True] * (len(params) - 2 * half) + [False] * half
+
+
+def test_work_timer_keeps_the_first_gradient_of_a_model_that_defines_its_head_first(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class HeadFirst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 1)
+            self.body = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(8)])
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    model = HeadFirst()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    timer, rec = _timed_steps(tmp_path, model, opt, [torch.randn(2, 4)] * 6,
+                              lambda m, x: m(x).sum())
+    assert rec.steps == 5
+    assert next(iter(timer._handles)) in (id(model.head.weight), id(model.head.bias))
 
 
 def test_work_timer_hooks_all_again_when_the_kept_one_sees_no_gradient(tmp_path):

@@ -129,14 +129,16 @@ class WorkTimer:
                     self._w.device("cuda")
                 self._params[id(p)] = p
                 new.append(p)
-        for p in new[-CANDIDATES:]:
+        half = CANDIDATES // 2
+        for p in {id(p): p for p in (*new[:half], *new[-half:])}.values():
             self._handles[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
 
     # A hooked parameter costs a call per step even once its hook is removed (torch keeps the
-    # hook wrapper on the tensor: ~0.4 us a tensor and step on the CPU), so only the last
-    # CANDIDATES parameters, those nearest the loss whose gradients come first, are hooked;
-    # once a step has been timed only the one whose gradient came first keeps its hook. A
-    # step in which it saw none hooks them all, for good.
+    # hook wrapper on the tensor: ~0.4 us a tensor and step on the CPU), so only CANDIDATES
+    # are hooked: the first and the last parameters, where the layer nearest the loss (whose
+    # gradient comes first) is registered, last as a rule, first in a model that defines its
+    # head first. Once a step has been timed only the one whose gradient came first keeps its
+    # hook. A step in which it saw none hooks them all, for good.
     def _keep_first(self) -> None:
         if not self._trim or self._first is None or len(self._handles) <= 1:
             return
