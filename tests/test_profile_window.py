@@ -153,3 +153,19 @@ def test_real_script_ending_inside_the_window(clean_env, end):
     assert data["step_time_s"] > 0 and data["forward_s"] > 0 and data["backward_s"] > 0
     if end == "raise":
         assert "the script failed after its steps" in proc.stderr
+
+
+def test_a_window_with_one_stall_reports_its_median_and_longest_step_beside_the_mean():
+    from smartlaunch.profile.clock import read_window
+
+    class HostClock:
+        name = "host"
+
+        @staticmethod
+        def seconds(a, b):
+            return b - a
+    # three 10 ms steps and one 200 ms stall (a lazy connection set up mid-window)
+    out = read_window(HostClock, [0.0, 0.01, 0.02, 0.03, 0.23], [], [])
+    assert out["step_time_s"] == pytest.approx(0.0575)
+    assert out["step_time_median_s"] == pytest.approx(0.01)
+    assert out["step_time_max_s"] == pytest.approx(0.2)

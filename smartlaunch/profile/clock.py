@@ -89,7 +89,8 @@ def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
         return out
     per = sorted(clock.seconds(a, b) for a, b in zip(marks, marks[1:]))
     step = clock.seconds(marks[0], marks[-1]) / n
-    out.update(step_time_s=step, window_s=step * n,
+    out.update(step_time_s=step, window_s=step * n, step_time_median_s=statistics.median(per),
+               step_time_max_s=per[-1],
                step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]),
                step_time_ci=relative_half_width(per))
     shares: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}

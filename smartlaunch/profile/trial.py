@@ -4,6 +4,7 @@ window gives samples/s = N x batch / step. The spawner is trial_group.py; run as
 is the per-rank shim handing over to smartlaunch.profile.dryrun (rank<RANK>.json)."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -25,6 +26,7 @@ from smartlaunch.vocab import Strategy
 from smartlaunch.worker_env import narrow_visible
 
 KILL_GRACE_S = 5.0
+logger = logging.getLogger(__name__)
 
 
 def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, str], *, topology,
@@ -60,6 +62,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
         steps = trial_steps(policy, last_step)
         run = next((w for w in waiting if w.fits(gpus, isolated)), None)
+        early_run = run is not None
         t_spawn = time.time()
         if run is not None:     # the others wait for decide: it may still ask for them
             waiting.remove(run)
@@ -88,6 +91,13 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             log(f"trial of {strategy.value}×{n} {how}; log tail:\n{tail}")
         if result and result.get("step_time_s"):
             last_step = result["step_time_s"]
+            # a mean far above the median says a stall sat in the window (a bug report's clue)
+            logger.debug("trial %s×%d on GPUs %s (%s): %s steps, mean %.3f ms, median %.3f ms, "
+                         "longest %.3f ms", strategy.value, n, ",".join(map(str, gpus)),
+                         "set up early" if early_run else "started for it",
+                         result.get("steps_measured"), 1e3 * result["step_time_s"],
+                         1e3 * (result.get("step_time_median_s") or 0.0),
+                         1e3 * (result.get("step_time_max_s") or 0.0))
         got = samples_per_s(result, n)
         if got is None and (strategy, tuple(gpus)) not in why:
             why[(strategy, tuple(gpus))] = f"its script ended with {rc}" if rc else \
