@@ -64,7 +64,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         run = next((w for w in waiting if w.fits(gpus, isolated)), None)
         early_run = run is not None
         t_spawn = time.time()
-        if run is not None:     # the others wait for decide: it may still ask for them
+        if early_run:           # the others wait for decide: it may still ask for them
             waiting.remove(run)
             session.go(run.stage, measure=steps)
         else:
