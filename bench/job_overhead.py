@@ -59,8 +59,11 @@ SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
 }
 # torchrun-b: --baton's control, a second torchrun job; torchrun-hook: torchrun running each
 # rank through smartlaunch's worker hook (its progress record, work timer, output copy and
-# parent watch), which separates what the hook costs a rank from what the launcher does
-KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b", "torchrun-hook")
+# parent watch), which separates what the hook costs a rank from what the launcher does;
+# torchrun-hook-bare: the same without a run directory (no progress record, work timer or stack
+# dumps: the per-step hooks are not installed), which separates the hooks from the rest
+KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b", "torchrun-hook",
+         "torchrun-hook-bare")
 FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
 BUSY_OK = REPO / "bench" / "policy-busy-ok.yaml"
 _FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
@@ -115,7 +118,7 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     n = ["--nproc-per-node", str(args.nproc)]
     if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
-    if kind == "torchrun-hook":
+    if kind in ("torchrun-hook", "torchrun-hook-bare"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, "-m",
                 "smartlaunch.launch.worker", *tail]
     if kind == "sl-ddp":
@@ -200,8 +203,11 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         env["BENCH_BATON"] = f"127.0.0.1:{store.port}/{tags[n]}/{args.window_s}"
         if args.pin:
             env["BENCH_PIN_CORES"] = ",".join(map(str, pin_cores(args.nproc)))
-        if k == "torchrun-hook":        # what smartlaunch's launchers give the hook
+        if k.startswith("torchrun-hook"):  # what smartlaunch's launchers give the hook
             env.update(hook_env(logs / f"hook-run-{tags[n]}"))
+            if k == "torchrun-hook-bare":
+                from smartlaunch.launch import worker
+                env.pop(worker.RUN_DIR_VAR)
         if n_launch > 1 and k.startswith("sl-"):    # beside its twins: leases of its own
             env["SMARTLAUNCH_LEASE_DIR"] = tempfile.mkdtemp(prefix="leases-", dir=logs)
         with open(logs / f"{n}.out", "w") as out, open(logs / f"{n}.err", "w") as err:

@@ -6,6 +6,7 @@
 #   CONTROL="deep-mlp gpt-small" NVLINK="deep-mlp gpt-small" bash bench/diag/baton_controls.sh
 #   TRIAL=1 HOST="deep-mlp gpt-small" CONTROL=deep-mlp PAIRS=100 bash bench/diag/baton_controls.sh
 #   HOOK=deep-mlp (torchrun against torchrun running each rank through the worker hook)
+#   BARE=deep-mlp (the same, the hook without a run directory: no per-step hooks)
 set -u
 . "$(dirname "$0")/device_setup.sh"
 res="$OUT/res"; mkdir -p "$res"
@@ -28,6 +29,9 @@ done
     2>>"$res/baton.log" | grep "^|"
 [ -n "${HOOK:-}" ] && python3 bench/job_overhead.py --conditions host --kinds torchrun torchrun-hook \
     --scripts $HOOK --baton "${PAIRS:-130}" --window-s 0.3 --out "$res/baton-hook" \
+    2>>"$res/baton.log" | grep "^|"
+[ -n "${BARE:-}" ] && python3 bench/job_overhead.py --conditions host --kinds torchrun torchrun-hook-bare \
+    --scripts $BARE --baton "${PAIRS:-130}" --window-s 0.3 --out "$res/baton-bare" \
     2>>"$res/baton.log" | grep "^|"
 [ -n "${HOST:-}" ] && python3 bench/job_overhead.py --conditions host --kinds torchrun sl-ddp \
     --scripts $HOST --baton "${PAIRS:-130}" --window-s 0.3 --budget-s "${BUDGET:-200}" \
