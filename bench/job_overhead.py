@@ -121,6 +121,7 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     if kind in ("torchrun-hook", "torchrun-hook-bare"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, "-m",
                 "smartlaunch.launch.worker", *tail]
+    n = ["--standalone", *n]        # as torchrun's: its own free port (two jobs at once)
     if kind == "sl-ddp":
         busy_ok = ["--policy", str(BUSY_OK)] if (getattr(args, "torchrun_first", False)
                                                  or getattr(args, "launches", 1) > 1) else []

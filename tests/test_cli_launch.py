@@ -42,6 +42,23 @@ def test_rank1_exception_gives_torchruns_exit_code(clean_env):
     assert "boom in rank 1" in ours.stderr
 
 
+def test_a_rendezvous_port_in_use_is_one_line_naming_the_fix(clean_env):
+    """Two jobs on one node without --standalone meet at the same port: torchrun prints a
+    traceback (torch 2.11 at its default 29500); smartlaunch names the port and the fix."""
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", "--master-port", str(port),
+                         str(EXAMPLES / "train.py"), "--steps", "2"], clean_env)
+    assert r.returncode == 11, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = [x for x in r.stderr.splitlines() if "rendezvous" in x]
+    assert len(line) == 1 and f"port {port} on this node is in use" in line[0], r.stderr[-2000:]
+    assert "--standalone" in line[0] and "--master-port" in line[0]
+
+
 def test_single_sets_torchruns_worker_contract(clean_env):
     out_ours, out_theirs = clean_env / "ours.json", clean_env / "theirs.json"
     script = str(SCRIPTS / "envdump.py")

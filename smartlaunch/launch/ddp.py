@@ -139,6 +139,7 @@ class DDPLauncher:
     def _run_agent(self) -> dict:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed import DistNetworkError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.launcher.api import launch_agent
 
@@ -153,8 +154,8 @@ class DDPLauncher:
                 return dict(exc.failures)
             except SignalException:
                 pass
-            except RendezvousError as exc:  # the agent stopped its ranks; a traceback in torchrun
-                self._rendezvous = exc
+            except (RendezvousError, DistNetworkError) as exc:  # a traceback in torchrun
+                self._rendezvous = exc      # the agent stopped its ranks, if it had any
             finally:
                 self._in_agent = False
         return {}
@@ -250,6 +251,7 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
 def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> LaunchResult:
     """One line for a rendezvous error of torch's agent (exit RENDEZVOUS). started: this
     node's ranks had started (a store lost mid-run is another node's end)."""
+    from torch.distributed import DistNetworkError
     from torch.distributed.elastic.rendezvous.api import (
         RendezvousClosedError, RendezvousConnectionError, RendezvousTimeoutError)
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
@@ -278,6 +280,14 @@ def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> La
         text = (f"cannot reach the rendezvous store at {where}; check that the endpoint names "
                 f"the first node, that smartlaunch runs there, and that its port is reachable "
                 f"from this node")
+    elif isinstance(exc, DistNetworkError) and "EADDRINUSE" in str(exc) and not started:
+        port = args.master_port if args.rdzv_backend == "static" else args.rdzv_endpoint
+        text = (f"cannot host the rendezvous store: port {port} on this node is in use "
+                f"(another job's, often one started without --standalone); add --standalone "
+                f"(one node: a free port is picked), or give a free --master-port")
+    elif isinstance(exc, DistNetworkError):
+        text = (f"the rendezvous store at {where} failed "
+                f"{'while the job ran' if started else 'before any rank started'}: {exc}")
     else:
         text = f"rendezvous {where} failed: {type(exc).__name__}: {exc}"
     return LaunchResult(RunState.FAILED, code, f"smartlaunch: {text} (exit {code})", (), details)
