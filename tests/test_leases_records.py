@@ -117,6 +117,24 @@ def test_busy_gpu_counts_as_taken(clean_env):
             mgr.acquire(topo, [0, 1], 1, wait=False, timeout_s=0)
 
 
+def test_a_policy_that_allows_busy_gpus_launches_on_one(clean_env, tmp_path):
+    """decision.avoid_busy_gpus false (the workstation policy: a GPU another process uses is
+    planned on its free memory): the launch gets the busy GPU at once, where the lease used to
+    refuse it and the launch waited jobs.wait_timeout_s for the plan's own GPU."""
+    topo = write_topology(tmp_path / "topo.json", fake_topology(1, busy=(0,)))
+    script = write_script(tmp_path, "t.py", "import os\nprint('ran on', os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    env = python_env(SMARTLAUNCH_FAKE_TOPOLOGY=topo)
+    argv = [PY, "-m", "smartlaunch.cli", "--strategy", "single", "--no-wait", script]
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "GPU0 is busy" in refused.stderr, refused.stderr
+    allow = tmp_path / "busy-ok.yaml"
+    allow.write_text("decision:\n  avoid_busy_gpus: false\n")
+    r = subprocess.run([*argv[:3], "--policy", str(allow), *argv[3:]], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ran on GPU-fake-0000-aaaa" in r.stdout or "ran on 0" in r.stdout, r.stdout
+
+
 def test_partial_sets_are_not_held(clean_env):
     topo = fake_topology(2)
     mgr = LeaseManager(os.environ["SMARTLAUNCH_LEASE_DIR"])

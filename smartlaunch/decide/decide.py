@@ -89,7 +89,8 @@ def _steps(i: Inputs, m: Measured) -> Plan:
         return _finish(i, m, _choose(i, None, frozenset(), wait_reason=WAIT_REASON,
                                      trials=False), None)
     usable = [g.index for g in topology.gpus
-              if g.index not in leased and not g.busy and topology.healthy(g.index)]
+              if g.index not in leased and not (g.busy and policy.decision.avoid_busy_gpus)
+              and topology.healthy(g.index)]
     if needs_profile(r, topology, usable, policy):
         if not m.profiled:                             # 3: the dry run
             raise _Needed(NeedProfile(usable[0], tuple(usable)))

@@ -71,13 +71,16 @@ def _say(line: str) -> None:
 
 class LeaseManager:
     """Leases in one directory. share (jobs.share_gpus): sharing launches may hold one GPU
-    together. `say` gets one line per record that does not parse."""
+    together. busy_ok (decision.avoid_busy_gpus false): a GPU that runs processes other than
+    smartlaunch's may be leased, as the plan may have put the job there. `say` gets one line
+    per record that does not parse."""
 
     def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
                  poll_s: float = 0.1, create: bool = True, enforced: bool = False,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None, busy_ok: bool = False):
         self.lease_dir = os.path.abspath(os.path.expanduser(lease_dir))
         self.share = share
+        self.busy_ok = busy_ok
         self.poll_s = poll_s
         self._say = say or _say
         self._private = _is_private_location(self.lease_dir) if private is None else private
@@ -91,7 +94,8 @@ class LeaseManager:
     @classmethod
     def from_policy(cls, policy, say: Callable[[str], None] | None = None) -> "LeaseManager":
         return cls(lease_dir_for(policy), share=policy.jobs.share_gpus,
-                   enforced=lease_dir_enforced(policy), say=say)
+                   enforced=lease_dir_enforced(policy), say=say,
+                   busy_ok=not policy.decision.avoid_busy_gpus)
 
     def close(self) -> None:
         """Close the directory, at once or once the last Lease still held is released."""
@@ -205,7 +209,7 @@ class LeaseManager:
     def _try_gpu(self, topology: Topology, index: int, describe: bool = True) -> tuple[_Held | None, str]:
         """(held, "") or (None, why not; naming holders only if `describe`)."""
         gpu = topology.gpu(index)
-        if gpu.busy:
+        if gpu.busy and not self.busy_ok:
             return None, _in_use(gpu)
         blocking: list[Holder] = []
         for attempt in range(_CLAIM_TRIES):
@@ -227,7 +231,7 @@ class LeaseManager:
         out = {}
         for i in (candidates if candidates is not None else [g.index for g in topology.gpus]):
             gpu = topology.gpu(i)
-            if gpu.busy:
+            if gpu.busy and not self.busy_ok:
                 out[i] = _in_use(gpu)
             elif blocking := self._blocking(gpu.uuid):
                 out[i] = self._why(blocking, True)
