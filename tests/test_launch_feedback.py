@@ -63,6 +63,59 @@ def test_measured_launches_are_used_by_the_next_plan(clean_env):
     assert "measured by earlier launches" in text and "chosen (launch)" in text
 
 
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_a_launch_that_shared_its_gpu_keeps_no_rate(clean_env, strategy):
+    """Another user's process appears on GPU 0 mid-run: the run's rate says as much about it as
+    about the plan (taking turns, a DDP×2 run read 0.14× one GPU on 2× H100, and the next plan
+    ran on one GPU), so none is kept and one line says why."""
+    fixture = clean_env / "topo.json"
+    fixture.write_text(Path(FAKE).read_text())
+    env = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": str(fixture), "SLEEP_MS": "20",
+           "TENANT_FIXTURE": str(fixture)}
+    n = ["--nproc-per-node", "2"] if strategy == "ddp" else []
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--strategy", strategy, *n,
+                        SCRIPT, "--steps", "80"], cwd=clean_env, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = [ln for ln in r.stderr.splitlines() if "shared its GPUs" in ln]
+    assert line == ["smartlaunch: this run shared its GPUs (GPU 0 with pid 4242 (user mallory)): "
+                    "its step rate is not kept for the next plan of this job"], r.stderr[-2000:]
+    assert not list(clean_env.glob("home/.cache/smartlaunch/launches/*")), "a rate was kept"
+    # the same launch alone keeps its rate
+    fixture.write_text(Path(FAKE).read_text())
+    env.pop("TENANT_FIXTURE")
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--strategy", strategy, *n,
+                        SCRIPT, "--steps", "80"], cwd=clean_env, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0 and "shared its GPUs" not in r.stderr, r.stderr[-2000:]
+    assert list(clean_env.glob("home/.cache/smartlaunch/launches/*"))
+
+
+def test_a_trial_that_shared_its_gpus_is_no_measurement(clean_env, shared_dir):
+    """Another user's process comes onto GPU 0 during the DDP×2 trial: the trial is no
+    measurement (nothing kept), and the decision says why. (The fixture sits where the trial's
+    sandbox lets its writes through.)"""
+    fixture = shared_dir / "topo.json"
+    fixture.write_text(Path(FAKE).read_text())
+    policy = clean_env / "trial.yaml"
+    policy.write_text("decision:\n  min_efficiency: 0.9\n  uncertainty_band: 0.5\n")  # a trial
+    env = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": str(fixture), "SLEEP_MS": "20",
+           "TENANT_FIXTURE": str(fixture), "TENANT_WORLD": "2", "TENANT_STEP": "1"}
+    argv = [sys.executable, "-m", "smartlaunch.cli", "--explain=json", "--policy", str(policy),
+            "--nproc-per-node", "2", SCRIPT, "--steps", "60"]
+    r = subprocess.run(argv, cwd=clean_env, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    why = " ".join(x["text"] for x in json.loads(r.stdout)["reasons"])
+    assert "no measurement for DDP×2 (another process came onto its GPUs (GPU 0 with pid 4242 " \
+           "(user mallory)))" in why, why
+    assert not list(clean_env.glob("home/.cache/smartlaunch/trials/*"))
+    fixture.write_text(Path(FAKE).read_text())     # the same trial alone measures
+    r = subprocess.run(argv + [], cwd=clean_env, env={**env, "TENANT_FIXTURE": ""},
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "another process" not in r.stdout and list(clean_env.glob("home/.cache/smartlaunch/trials/*"))
+
+
 def test_short_launches_and_other_jobs_record_nothing(clean_env):
     assert feedback.measured_rate("single", (0,), feedback.MIN_STEPS - 1, 5.0, {}) is None
     assert feedback.measured_rate("single", (0,), 100, 0.5, {}) is None

@@ -98,7 +98,8 @@ class LaunchContext:
     quiet: bool = False
     status: Any = None         # statusline.StatusLine a waiting launch redraws; None: log lines
     announce: Callable[[Plan], None] = lambda plan: None   # GPUs held, job about to start
-    record: Callable[[Plan, str | None], None] = lambda plan, run_dir: None  # after a run: its rate
+    # after a run: its rate (not kept when the third argument names others on its GPUs)
+    record: Callable[..., None] = lambda plan, run_dir, shared=None: None
     say: Callable[[str], None] = _say                  # one "smartlaunch: ..." line on stderr
     # Terminating signals received, appended by run_loop's handler; a lease wait ends on one.
     signals: list[int] = field(default_factory=list)
@@ -200,9 +201,9 @@ def context(request, policy, topology, *, environ: Mapping[str, str] = os.enviro
             status=None, announce: Callable | None = None, log_dir: str | None = None):
     """The LaunchContext of one command line. log_dir: where run directories go (None:
     launch.log_dir)."""
-    def record(plan, run_dir) -> None:     # the rate that ran, for the next plan of this job
+    def record(plan, run_dir, shared=None) -> None:   # the rate that ran, for the next plan
         from smartlaunch.launch.measured import record_launch
-        record_launch(plan, request, policy, topology, run_dir, environ=environ)
+        record_launch(plan, request, policy, topology, run_dir, environ=environ, shared=shared)
     return LaunchContext(policy, topology, environ=environ,
                          torchrun_args=request.torchrun_args,
                          quiet=request.quiet or policy.launch.quiet, status=status,

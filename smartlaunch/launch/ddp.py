@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
 from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
-from smartlaunch.topology.api import Topology
+from smartlaunch.topology.api import Topology, shared_text
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class DDPLauncher:
             gpu_of=lambda lr: plan.gpus[lr] if plan.device == "cuda" and lr < len(plan.gpus) else None,
             read_topology=self._live_gpus(plan, ctx.topology, environ),
             flight_recorder=recorder if plan.device == "cuda" else None,
-            display=sys.stderr.isatty())
+            display=sys.stderr.isatty(), planned=ctx.topology)
         with _patched_environ(overrides):
             self.config, cmd, cmd_args = config_from_args(args)
             self.entry = _wrap_entrypoint(cmd, cmd_args, args)
@@ -175,6 +176,7 @@ class DDPLauncher:
             return
         self._ended = True
         self.watchdog.close()
+        self.watchdog.monitor.last_look(time.monotonic())
         if self._readings is not None:
             self._readings.close()
         procs.kill_run(self.run_id, self.watchdog.live_pids().values(), drain_s=OUTPUT_DRAIN_S)
@@ -200,7 +202,7 @@ class DDPLauncher:
             head = f"{summary.splitlines()[0]} (all of it: {path})"
             msg = f"{result.message}\n{head}" if result.message else head
         if result.state != RunState.HUNG:      # a hang's rate says nothing about the job's
-            self.ctx.record(plan, run_dir)
+            self.ctx.record(plan, run_dir, shared_text(watchdog.monitor.shared))
         return dataclasses.replace(result, message=msg, details={**result.details, "summary": summary})
 
 

@@ -26,10 +26,16 @@ def slowest_rank(run_dir: str, nproc: int) -> tuple[int, float] | None:
 
 
 def record_launch(plan, request, policy, topology, run_dir: str | None, *, environ=os.environ,
-                  out=None) -> feedback.MeasuredRate | None:
+                  out=None, shared: str | None = None) -> feedback.MeasuredRate | None:
     """Store the launch's rate (too short a launch stores nothing); print the advice line for
-    a DDP launch below decision.min_efficiency. Never raises for a cache it cannot write."""
+    a DDP launch below decision.min_efficiency. shared: the run's GPUs had other processes on
+    them (straggler.shared_text): its rate says as much about them as about the plan, so it
+    is not kept, and one line says so. Never raises for a cache it cannot write."""
     if not run_dir or plan.device != "cuda" or not plan.gpus:
+        return None
+    if shared and slowest_rank(run_dir, plan.nproc_per_node) is not None:
+        print(f"smartlaunch: this run shared its GPUs ({shared}): its step rate is not kept "
+              f"for the next plan of this job", file=out or sys.stderr, flush=True)
         return None
     try:
         return _record(plan, request, policy, topology, run_dir, environ, out)

@@ -56,6 +56,7 @@ class RunMonitor:
         self.warnings: list[str] = []
         self.straggler: Straggler | None = None
         self.clock = "host clock"
+        self.shared: dict[int, tuple[str, ...]] = {}   # GPU -> others first seen on it
 
     def observe(self, now: float, ranks: dict[int, tuple[ProgressRecord, WorkRecord | None]]) -> None:
         for lr, (rec, work) in ranks.items():
@@ -84,6 +85,8 @@ class RunMonitor:
             self._sample_gpus = None
             return
         for s in samples:
+            if s.others and s.gpu not in self.shared:
+                self.shared[s.gpu] = s.others
             track = self._gpus.setdefault(s.gpu, _GpuTrack())
             track.add(s)
             if not track.warned:
@@ -119,6 +122,12 @@ class RunMonitor:
         peers = [t.latest for g, t in self._gpus.items() if g != self.straggler.gpu and t.latest]
         self._warn(straggler_text(self.straggler, gpu, peers))
 
+    def last_look(self, now: float) -> None:
+        """One more sample at the run's end (a process that shares a GPU may have come after
+        the last one); not while the watchdog's thread samples."""
+        if self._sample_gpus is not None:
+            self._sample(now)
+
     def _fresh_sample(self, gpu: int | None) -> GpuSample | None:
         if gpu is None:
             return None
@@ -144,12 +153,15 @@ class RunMonitor:
         return f
 
 
-def gpu_sampler(gpus: list[int], read_topology: Callable[[], object], clock) -> Callable[[], list[GpuSample]]:
-    """NVML samples of the given GPUs through the topology layer (the one door to NVML)."""
+def gpu_sampler(gpus: list[int], read_topology: Callable[[], object], clock,
+                planned=None) -> Callable[[], list[GpuSample]]:
+    """NVML samples of the given GPUs through the topology layer (the one door to NVML).
+    planned: the topology the plan was made on (its processes are not counted as others)."""
     def sample() -> list[GpuSample]:
         topo = read_topology()
         now = clock()
-        return [GpuSample.from_gpu(now, topo.gpu(g)) for g in gpus]
+        return [GpuSample.from_gpu(now, topo.gpu(g), planned.gpu(g) if planned else None)
+                for g in gpus]
     return sample
 
 

@@ -11,6 +11,7 @@ from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for
+from smartlaunch.topology.api import others_on, shared_text
 from smartlaunch.launch.summary import single_summary, write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
@@ -42,6 +43,9 @@ class SingleLauncher:
         self._stop_deadline: float | None = None
         self._signal: int | None = None
         self._result: LaunchResult | None = None
+        self._readings = None                  # its GPU's processes, while it runs
+        self._looked = float("-inf")
+        self.shared: dict[int, tuple[str, ...]] = {}   # GPU -> others seen on it
 
     def start(self) -> None:
         plan, ctx = self.plan, self.ctx
@@ -51,6 +55,9 @@ class SingleLauncher:
                 self.plan = plan = dataclasses.replace(plan, gpus=lease.gpus)
             # steps are counted for a GPU launch of Python only: counting imports torch
             self.counted = plan.command[:1] != ("--no-python",)
+            if self.counted:
+                from smartlaunch.topology import live_readings
+                self._readings = live_readings(ctx.environ)
         ctx.begin(plan)
         self.run_dir = ctx.new_run_dir()
         gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
@@ -75,8 +82,10 @@ class SingleLauncher:
         if rc is None:
             if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
                 self.child.send(signal.SIGKILL)
+            self._look()
             return None
         self.child.reap()           # leftovers of the script's group (grandchildren)
+        self._look(last=True)
         code = exit_code_for(rc)
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
@@ -86,11 +95,33 @@ class SingleLauncher:
             state.value, code, time.monotonic() - self._started, self.run_dir,
             batch=profile.batch_size if profile is not None else None))
         if self.counted:
-            self.ctx.record(self.plan, self.run_dir)
+            self.ctx.record(self.plan, self.run_dir, shared_text(self.shared))
         return self._result
+
+    def _look(self, last: bool = False) -> None:
+        """Every launch.gpu_sample_s and once at the end: processes on the job's GPU that it
+        did not start (its rate is then not kept; launch/measured.py)."""
+        now = time.monotonic()
+        if self._readings is None or (not last and now - self._looked < self.ctx.policy.launch.gpu_sample_s):
+            return
+        self._looked = now
+        gpu = self.plan.gpus[0]
+        try:
+            others = others_on(self._readings.read(self.ctx.topology, (gpu,)).gpu(gpu),
+                               self.ctx.topology.gpu(gpu))
+        except Exception:           # NVML can fail mid-run; the job must not
+            others, last = (), True
+        if others:
+            self.shared.setdefault(gpu, others)
+        if last:
+            self._readings.close()
+            self._readings = None
 
     def close(self, sig: int = signal.SIGTERM) -> None:
         if self.child is not None and self._result is None:
             self._signal = self._signal or sig
             self.child.stop(sig, self.ctx.signal_grace_s)
             self.poll()
+        if self._readings is not None:
+            self._readings.close()
+            self._readings = None

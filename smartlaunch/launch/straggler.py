@@ -6,6 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from smartlaunch.launch.progress import WARM_STEP
+from smartlaunch.topology.api import others_on
 
 # Below this share of the step a slow rank costs too little to act on (run-to-run noise).
 MIN_LOST_SHARE = 0.05
@@ -36,18 +37,24 @@ class GpuSample:
     power_limit_w: float | None = None
     utilization_pct: int | None = None
     throttle_reasons: tuple[str, ...] = ()
+    others: tuple[str, ...] = ()       # processes on it that are not the launch's own
 
     @classmethod
-    def from_gpu(cls, t: float, g) -> "GpuSample":
+    def from_gpu(cls, t: float, g, before=None) -> "GpuSample":
+        """before: the same GPU when the plan was made (others_on)."""
         return cls(t, g.index, g.sm_clock_mhz, g.sm_clock_max_mhz, g.temperature_c, g.power_w,
-                   g.power_limit_w, g.utilization_pct, tuple(g.throttle_reasons))
+                   g.power_limit_w, g.utilization_pct, tuple(g.throttle_reasons),
+                   others_on(g, before))
 
     @classmethod
     def from_dict(cls, d: dict) -> "GpuSample":
-        return cls(**{**d, "throttle_reasons": tuple(d.get("throttle_reasons", ()))})
+        return cls(**{**d, "throttle_reasons": tuple(d.get("throttle_reasons", ())),
+                      "others": tuple(d.get("others", ()))})
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "throttle_reasons": list(self.throttle_reasons)}
+        return {**asdict(self), "throttle_reasons": list(self.throttle_reasons),
+                "others": list(self.others)}
+
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ class Watchdog(threading.Thread):
                  read_topology: Callable[[], object] | None = None,
                  sample_gpus: Callable[[], list[GpuSample]] | None = None,
                  flight_recorder: flightrec.FlightRecorder | None = None,
-                 display: bool = False, out=None):
+                 display: bool = False, out=None, planned=None):
+        """planned: the topology the plan was made on (gpu_sampler)."""
         super().__init__(name="smartlaunch-watchdog", daemon=True)
         self.run_dir, self.nproc, self.launch, self.host = run_dir, nproc, launch, host
         self.act_on_death = act_on_death
@@ -103,7 +104,7 @@ class Watchdog(threading.Thread):
         self._fr = flight_recorder
         gpus = sorted({g for g in map(gpu_of, range(nproc)) if g is not None})
         if sample_gpus is None and gpus and read_topology is not None:
-            sample_gpus = gpu_sampler(gpus, read_topology, time.monotonic)
+            sample_gpus = gpu_sampler(gpus, read_topology, time.monotonic, planned)
         self.monitor = RunMonitor(launch, gpu_of=gpu_of, sample_gpus=sample_gpus,
                                   record_to=samples_path(run_dir), out=self._out)
 

@@ -22,6 +22,7 @@ from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.session import Session, Stage, State, owned
 from smartlaunch.request import Request
 from smartlaunch.store import read_json
+from smartlaunch.topology.api import others_on, shared_text
 from smartlaunch.vocab import Strategy
 from smartlaunch.worker_env import narrow_visible
 
@@ -83,9 +84,13 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
         # A killed trial's rank 0 writes what it had on SIGTERM: not a rate to decide by.
         result = None if killed else read_json(run.out / "rank0.json")
+        shared = None if killed else sharing(topology, gpus, environ)
+        if shared:              # it measured the other process as much as the candidate
+            why[(strategy, tuple(gpus))] = f"another process came onto its GPUs ({shared})"
+            result = None
         if phases is not None:
             phases(trial_phases(result, t_spawn, t_end, killed=killed))
-        if log is not None and (rc != 0 or result is None):
+        if log is not None and not shared and (rc != 0 or result is None):
             tail = run.log.read_text(errors="replace")[-2000:] if run.log.exists() else ""
             how = f"was {stalled}" if killed else f"ended with {rc}"
             log(f"trial of {strategy.value}×{n} {how}; log tail:\n{tail}")
@@ -106,6 +111,24 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
 
     trial.why = why
     return trial
+
+
+def sharing(topology, gpus, environ) -> str | None:
+    """Processes on `gpus` now that smartlaunch did not start and that were not there when
+    `topology` was read (topology.api.others_on), as one text; None when none, or when NVML
+    cannot say."""
+    if not topology.gpus:
+        return None
+    from smartlaunch.topology import live_readings
+    readings = live_readings(environ)
+    try:
+        now = readings.read(topology, tuple(gpus))
+        return shared_text({g: o for g in gpus
+                            if (o := others_on(now.gpu(g), topology.gpu(g)))})
+    except Exception:           # a reading is a check, never a reason to fail the decision
+        return None
+    finally:
+        readings.close()
 
 
 @dataclass(frozen=True)

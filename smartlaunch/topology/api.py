@@ -188,3 +188,20 @@ def _digest(key) -> str:
 def cpu_only(note: str) -> Topology:
     """The machine as the launcher sees it without NVML: no GPUs, a reason why."""
     return Topology(gpus=(), links=(), source="none", note=note)
+
+
+def shared_text(shared: dict[int, tuple[str, ...]]) -> str | None:
+    """'GPU 0 with pid 4242 (user alice)' for the GPUs others used during a run; None if none."""
+    return "; ".join(f"GPU {g} with {' and '.join(who)}" for g, who in sorted(shared.items())) \
+        or None
+
+
+def others_on(g, before=None) -> tuple[str, ...]:
+    """'pid P (user U)' for each process on GPU g that the launch did not start and that was
+    not on `before` (the same GPU read when the plan was made: a process the plan was made
+    beside, as decision.avoid_busy_gpus false allows, is part of what was planned). A pid this
+    process cannot see (NVML gives host pids; in a container they are not ours to look up,
+    the launch's own ranks included) is no evidence either way and is left out."""
+    known = {p.pid for p in before.processes} if before is not None else set()
+    return tuple(f"pid {p.pid} (user {p.user})" for p in g.processes
+                 if not p.ours and p.user is not None and p.pid not in known)

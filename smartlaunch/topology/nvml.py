@@ -181,16 +181,19 @@ class NvmlBackend:
         return node, local
 
     def _processes(self, c: Calls, h) -> tuple[GPUProcess, ...]:
-        procs = c.get("nvmlDeviceGetComputeRunningProcesses", h)
-        if procs is None:                    # v3 symbol missing in older drivers
-            procs = c.get("nvmlDeviceGetComputeRunningProcesses_v2", h) or []
-        owner = self.owner or _process_owner
-        out = []
-        for p in procs:
-            user, ours = owner(int(p.pid))
-            used = getattr(p, "usedGpuMemory", None)
-            out.append(GPUProcess(int(p.pid), user, None if used is None else int(used) // _MIB, ours))
-        return tuple(out)
+        return _processes(c, h, self.owner or _process_owner)
+
+
+def _processes(c: Calls, h, owner: Callable[[int], tuple[str | None, bool]]) -> tuple[GPUProcess, ...]:
+    procs = c.get("nvmlDeviceGetComputeRunningProcesses", h)
+    if procs is None:                    # v3 symbol missing in older drivers
+        procs = c.get("nvmlDeviceGetComputeRunningProcesses_v2", h) or []
+    out = []
+    for p in procs:
+        user, ours = owner(int(p.pid))
+        used = getattr(p, "usedGpuMemory", None)
+        out.append(GPUProcess(int(p.pid), user, None if used is None else int(used) // _MIB, ours))
+    return tuple(out)
 
 
 def _live(c: Calls, h) -> dict:
@@ -295,8 +298,9 @@ def nccl_version() -> str | None:
 
 
 class LiveReadings:
-    """A running job's GPUs re-read cheaply (_live's readings), NVML started once for the
-    reader's life; `close()` ends NVML. A GPU that cannot be read keeps its fields."""
+    """A running job's GPUs re-read cheaply (_live's readings and their processes), NVML started
+    once for the reader's life; `close()` ends NVML. A GPU that cannot be read keeps its
+    fields."""
 
     def __init__(self, nvml: Any = None):
         self._nvml = nvml
@@ -315,7 +319,8 @@ class LiveReadings:
             except nvml.NVMLError:
                 continue
             try:
-                fresh[i] = dataclasses.replace(g, **_live(c, h))
+                fresh[i] = dataclasses.replace(g, **_live(c, h),
+                                               processes=_processes(c, h, _process_owner))
             except DeviceLost as exc:
                 fresh[i] = dataclasses.replace(g, lost=True, nvml_error=str(exc))
         gpus = tuple(fresh.get(g.index, g) for g in topology.gpus)
