@@ -116,6 +116,8 @@ def test_summary_rates_of_ranks_that_did_not_step_together_are_each_given_with_w
                            "rank 1: 39.00 steps/s (each from its step 10 to its last")
     one = RunFigures(steps={0: 500}, window={0: (490, 10.0)}, batch=8)
     assert summary_text(one, "succeeded").splitlines()[0].endswith("; 392.0 samples/s a rank")
+    short = RunFigures(steps={0: 5, 1: 4}, window={0: (4, 0.1), 1: (3, 0.1)})   # never past 10
+    assert "(each from its first step to its last" in summary_text(short, "succeeded")
 
 
 # ---- the monitor on synthetic per-rank timings and replayed NVML samples ---------------------

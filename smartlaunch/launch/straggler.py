@@ -182,9 +182,9 @@ def rate_trend(history: list[tuple[float, int]]) -> tuple[float, float] | None:
 RATES_AGREE = 0.03          # ranks of one synchronous job whose rates differ less step together
 
 
-def _rates_text(rates: dict[int, float], batch: int | None) -> str:
+def _rates_text(rates: dict[int, float], batch: int | None, since: str = f"step {WARM_STEP}") -> str:
     """'; 1,234.5 samples/s (2.41 steps/s a rank)' for ranks that step together; each rank's
-    rate, and why they may differ, when they do not."""
+    rate, and why they may differ, when they do not. since: where the windows start."""
     def one(v: float) -> str:
         return f"{v * batch:,.1f} samples/s a rank" if batch else f"{v:.2f} steps/s"
     if not rates:
@@ -196,7 +196,7 @@ def _rates_text(rates: dict[int, float], batch: int | None) -> str:
             return f"; {one(rate)}" + (f" on each of {len(rates)} ranks" if len(rates) > 1 else "")
         return f"; {rate * batch * len(rates):,.1f} samples/s ({one(rate)}, {len(rates)} ranks)"
     per = ", ".join(f"rank {r}: {one(v)}" for r, v in sorted(rates.items()))
-    return (f"; {per} (each from its step {WARM_STEP} to its last: ranks that stepped apart, "
+    return (f"; {per} (each from its {since} to its last: ranks that stepped apart, "
             f"or one that stopped early, give different rates)")
 
 
@@ -220,7 +220,10 @@ def summary_text(f: RunFigures, state: str) -> str:
     lines = []
     rates = {r: n / s for r, (n, s) in f.window.items() if s > 0}
     total = max(f.steps.values(), default=0)
-    lines.append(f"smartlaunch: summary ({state}): {total:,} steps" + _rates_text(rates, f.batch))
+    # ProgressRecord.window: from step WARM_STEP once a rank got past it, else from its first
+    warm = all(f.steps.get(r, 0) - WARM_STEP == n for r, (n, _) in f.window.items())
+    lines.append(f"smartlaunch: summary ({state}): {total:,} steps"
+                 + _rates_text(rates, f.batch, f"step {WARM_STEP}" if warm else "first step"))
     if rates and f.single_step_s:
         step = 1.0 / statistics.median(rates.values())
         lines.append(f"  DDP efficiency {f.single_step_s / step:.0%} (step {step * 1e3:.1f} ms measured "
