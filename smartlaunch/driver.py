@@ -161,6 +161,7 @@ class Driver:
 
     def _dry_run(self, gpu: int, gate: bool = False):
         from smartlaunch.profile.cache import profile_entrypoint
+        from smartlaunch.topology import sharing
         from smartlaunch.worker_env import narrow_visible
         request, policy, status = self.request, self.policy, self.status
         what = f"profiling {request.script} on GPU{gpu}"
@@ -176,7 +177,8 @@ class Driver:
             request, policy, gpu=narrow_visible([gpu], self.environ, self.topology),
             gpu_model=self.topology.gpu(gpu).name, environ=self.environ, announce=announce,
             progress=progress, echo=status.echo(binary) if binary is not None else None,
-            real_gpu=self.topology.source == "nvml", session=self.session, gate=gate)
+            real_gpu=self.topology.source == "nvml", session=self.session, gate=gate,
+            shared=lambda: sharing(self.topology, (gpu,), self.environ))
 
     def _start_early(self, need: NeedProfile):
         """What a cold decision starts beside its dry run (profile/early.py), or None."""

@@ -116,6 +116,23 @@ def test_a_trial_that_shared_its_gpus_is_no_measurement(clean_env, shared_dir):
     assert "another process" not in r.stdout and list(clean_env.glob("home/.cache/smartlaunch/trials/*"))
 
 
+def test_a_dry_run_that_shared_its_gpu_is_used_once_and_not_kept(clean_env, shared_dir):
+    fixture = shared_dir / "topo.json"
+    fixture.write_text(Path(FAKE).read_text())
+    env = {**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": str(fixture), "SLEEP_MS": "20",
+           "TENANT_FIXTURE": str(fixture), "TENANT_WORLD": "1", "TENANT_STEP": "1"}
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--explain=json",
+                        "--nproc-per-node", "2", SCRIPT, "--steps", "60"], cwd=clean_env,
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    profile = json.loads(r.stdout)["profile"]
+    assert profile["status"] == "ok" and profile["step_time_s"], profile
+    assert profile["note"].endswith("another process came onto the GPU during the dry run (GPU 0 "
+                                    "with pid 4242 (user mallory)): its figures are used this "
+                                    "once, not cached"), profile["note"]
+    assert not list(clean_env.glob("home/.cache/smartlaunch/profiles/*.json"))
+
+
 def test_short_launches_and_other_jobs_record_nothing(clean_env):
     assert feedback.measured_rate("single", (0,), feedback.MIN_STEPS - 1, 5.0, {}) is None
     assert feedback.measured_rate("single", (0,), 100, 0.5, {}) is None

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from smartlaunch.profile.api import CommCurve, ModelProfile, ProfileStatus, TrialRecord
@@ -87,11 +88,13 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
 
 def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, environ,
                        announce=None, echo=None, progress=None,
-                       real_gpu: bool = False, session=None, gate: bool = False
-                       ) -> ModelProfile:
+                       real_gpu: bool = False, session=None, gate: bool = False,
+                       shared: Callable[[], str | None] | None = None) -> ModelProfile:
     """The cached profile of this entrypoint, or a fresh dry run stored for next time. announce() is
     called just before a dry run (not on a hit); echo, progress, session and gate: as
-    runner.run_dry_run."""
+    runner.run_dry_run. shared(): after a dry run, the processes that came onto its GPU
+    (topology.sharing); a dry run that shared its GPU is used this once, said in its note, and
+    not kept."""
     from smartlaunch.profile.runner import run_dry_run
     if request.no_python:
         return run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo)
@@ -109,6 +112,12 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
         # UNMEASURABLE too: it is the script's, not the moment's.
         kept = (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
                 ProfileStatus.UNMEASURABLE)
+        others = shared() if shared is not None else None
+        if others:
+            note = (f"another process came onto the GPU during the dry run ({others}): its "
+                    f"figures are used this once, not cached")
+            return dataclasses.replace(profile, note=f"{profile.note}; {note}" if profile.note
+                                       else note)
         if profile.status in kept and _readable(ModelProfile.from_dict, profile.to_dict()):
             keep(root, path, profile.to_dict())
         return profile

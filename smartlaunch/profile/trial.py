@@ -22,7 +22,7 @@ from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
 from smartlaunch.profile.session import Session, Stage, State, owned
 from smartlaunch.request import Request
 from smartlaunch.store import read_json
-from smartlaunch.topology.api import others_on, shared_text
+from smartlaunch.topology import sharing
 from smartlaunch.vocab import Strategy
 from smartlaunch.worker_env import narrow_visible
 
@@ -111,24 +111,6 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
 
     trial.why = why
     return trial
-
-
-def sharing(topology, gpus, environ) -> str | None:
-    """Processes on `gpus` now that smartlaunch did not start and that were not there when
-    `topology` was read (topology.api.others_on), as one text; None when none, or when NVML
-    cannot say."""
-    if not topology.gpus:
-        return None
-    from smartlaunch.topology import live_readings
-    readings = live_readings(environ)
-    try:
-        now = readings.read(topology, tuple(gpus))
-        return shared_text({g: o for g in gpus
-                            if (o := others_on(now.gpu(g), topology.gpu(g)))})
-    except Exception:           # a reading is a check, never a reason to fail the decision
-        return None
-    finally:
-        readings.close()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import os
 from typing import Mapping
 
 from smartlaunch.topology.api import (  # noqa: F401
-    GPU, Finding, GPUProcess, Link, Severity, Topology, cpu_only,
+    GPU, Finding, GPUProcess, Link, Severity, Topology, cpu_only, others_on, shared_text,
 )
 from smartlaunch.vocab import link_family, link_rank  # noqa: F401
 
@@ -49,3 +49,20 @@ def live_readings(environ: Mapping[str, str] | None = None):
         return _FixtureReadings(env)
     from smartlaunch.topology.nvml import LiveReadings
     return LiveReadings()
+
+
+def sharing(topology, gpus, environ) -> str | None:
+    """Processes on `gpus` now that smartlaunch did not start and that were not there when
+    `topology` was read (topology.api.others_on), as one text; None when none, or when NVML
+    cannot say."""
+    if not topology.gpus:
+        return None
+    readings = live_readings(environ)
+    try:
+        now = readings.read(topology, tuple(gpus))
+        return shared_text({g: o for g in gpus
+                            if (o := others_on(now.gpu(g), topology.gpu(g)))})
+    except Exception:           # a reading is a check, never a reason to fail the decision
+        return None
+    finally:
+        readings.close()
