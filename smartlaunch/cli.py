@@ -254,7 +254,8 @@ def parse(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[Req
         torchrun_args=torchrun_ns,
     )
     _check_nnodes(request.nnodes)
-    if any(d.startswith("rdzv") for d in given) or any(v.startswith("PET_RDZV") for v in environ):
+    if any(d.startswith(("rdzv", "master_addr")) for d in given) \
+            or any(v.startswith(("PET_RDZV", "PET_MASTER_ADDR")) for v in environ):
         _check_rendezvous(torchrun_ns, typed, environ)     # the defaults need no torch to check
     _check_entrypoint(request)
     if request.variants and _forbids_variants(request.strategy):
@@ -314,7 +315,8 @@ def _check_nnodes(value: str) -> None:
 def _check_rendezvous(args: argparse.Namespace, typed: set[str],
                       environ: Mapping[str, str]) -> None:
     """--rdzv-* checked with torch's own parsers before anything starts (--standalone
-    replaces backend and endpoint)."""
+    replaces backend and endpoint), and the store's host (the endpoint's, else --master-addr
+    for the static backend) resolved."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.elastic.rendezvous.utils import (
         _parse_rendezvous_config, parse_rendezvous_endpoint)
@@ -338,10 +340,23 @@ def _check_rendezvous(args: argparse.Namespace, typed: set[str],
              f"use one of {', '.join(known)} (c10d for most jobs)")
     if args.rdzv_endpoint:
         try:
-            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+            host, _ = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
         except ValueError as exc:
             fail("rdzv_endpoint", args.rdzv_endpoint, str(exc),
                  "give HOST:PORT, e.g. --rdzv-endpoint node0:29400 ([::1]:29400 for IPv6)")
+        dest, value = "rdzv_endpoint", args.rdzv_endpoint
+    elif args.rdzv_backend == "static" and getattr(args, "master_addr", None):
+        host, dest, value = args.master_addr, "master_addr", args.master_addr
+    else:
+        return
+    # torch's store retries a name that does not resolve, silently, for its whole timeout
+    import socket
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as exc:
+        fail(dest, value, f"its host {host!r} does not resolve here "
+                          f"({getattr(exc, 'strerror', None) or exc})",
+             "give the first node's hostname or address as this node resolves it")
 
 
 def _find_module(name: str):

@@ -103,6 +103,14 @@ ROWS = [
     Row("rdzv conf without value", SL + ["--strategy", "ddp", "--nproc-per-node", "2",
                                          "--rdzv-conf", "junk", "t.py"], 2,
         r"--rdzv-conf 'junk': .*must have a value.*KEY=VALUE"),
+    # .invalid never resolves (RFC 2606); torch's store retried it silently for its timeout
+    Row("rdzv endpoint host unknown", SL + ["--strategy", "ddp", "--nproc-per-node", "2", "--nnodes",
+                                            "2", "--rdzv-endpoint", "node0.invalid:29400", "t.py"],
+        2, r"--rdzv-endpoint 'node0.invalid:29400': its host 'node0.invalid' does not resolve "
+           r"here .*give the first node's hostname"),
+    Row("master addr unknown", SL + ["--strategy", "ddp", "--nproc-per-node", "2",
+                                     "--master-addr", "node0.invalid", "t.py"], 2,
+        r"--master-addr 'node0.invalid': its host 'node0.invalid' does not resolve here"),
     Row("rdzv endpoint port word", SL + ["--strategy", "ddp", "--nproc-per-node", "2",
                                          "--rdzv-endpoint", "host:notaport", "t.py"], 2,
         r"--rdzv-endpoint 'host:notaport': the port number .*HOST:PORT"),

@@ -21,7 +21,7 @@ CASES = [
     ([], ["--standalone", "--nproc-per-node", "2", "train.py"]),
     ([], ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
           "--master-port", "29501", "train.py"]),
-    ([], ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "host:29400",
+    ([], ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29400",
           "--rdzv-id", "job42", "train.py"]),
     ([], ["--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
           "--rdzv-conf", "timeout=30,read_timeout=60", "train.py"]),
