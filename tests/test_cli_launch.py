@@ -59,6 +59,37 @@ def test_a_rendezvous_port_in_use_is_one_line_naming_the_fix(clean_env):
     assert "--standalone" in line[0] and "--master-port" in line[0]
 
 
+def test_sigterm_while_the_rendezvous_store_never_answers_ends_the_launch(clean_env):
+    """A second node waits for a first node's store that accepts and never answers: torch's
+    agent is blocked in C++, where no Python handler runs. SIGTERM still ends smartlaunch
+    (torchrun, with no handler of its own yet, dies of it), 143 and one line."""
+    import signal
+    import socket
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        port = mute.getsockname()[1]
+        p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--strategy", "ddp",
+                              "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "static",
+                              "--master-addr", "127.0.0.1", "--master-port", str(port),
+                              "--nproc-per-node", "2", str(EXAMPLES / "train.py")],
+                             cwd=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            mute.settimeout(120)
+            conn, _ = mute.accept()         # the agent's store client is waiting on us now
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(timeout=30)
+            conn.close()
+        finally:
+            p.kill()
+    err = p.stderr.read()
+    assert rc == 143, err[-2000:]
+    assert err.splitlines()[-1] == ("smartlaunch: got SIGTERM while torch's agent waited for the "
+                                    "rendezvous (its store never answered); nothing was started "
+                                    "(exit 143)"), err[-2000:]
+
+
 def test_single_sets_torchruns_worker_contract(clean_env):
     out_ours, out_theirs = clean_env / "ours.json", clean_env / "theirs.json"
     script = str(SCRIPTS / "envdump.py")

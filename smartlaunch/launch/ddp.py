@@ -23,7 +23,7 @@ from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
-from smartlaunch.launch.signals import TERMINATING as _TERMINATING, handling
+from smartlaunch.launch.signals import TERMINATING as _TERMINATING, handling, stuck_main_escape
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
@@ -144,7 +144,8 @@ class DDPLauncher:
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.launcher.api import launch_agent
 
-        with handling((signal.SIGCHLD,), lambda _s, _f: self.watchdog.note_children()):
+        with handling((signal.SIGCHLD,), lambda _s, _f: self.watchdog.note_children()), \
+                stuck_main_escape(self._stuck):
             self.watchdog.start()
             try:
                 self._in_agent = True
@@ -160,6 +161,12 @@ class DDPLauncher:
             finally:
                 self._in_agent = False
         return {}
+
+    def _stuck(self) -> str | None:
+        """What the agent waits for when no rank has started (stuck_main_escape), else None."""
+        if not self._in_agent or self.watchdog.records():
+            return None
+        return "while torch's agent waited for the rendezvous (its store never answered)"
 
     def _live_gpus(self, plan: Plan, topology: Topology, environ):
         """The watchdog's NVML readings of the plan's GPUs only; None without GPUs."""

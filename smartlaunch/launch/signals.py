@@ -3,7 +3,9 @@ passed on (Slurm's SIGUSR1/2 early warning too); the launcher's own reaction is 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
@@ -31,6 +33,50 @@ def handling(signals: Iterable[int], handler) -> Iterator[None]:
 def forward_signals(on_signal: Callable[[int], None]):
     """Call on_signal(signum) for each forwarded signal while inside the block."""
     return handling(FORWARDED, lambda signum, _frame: on_signal(signum))
+
+
+@contextlib.contextmanager
+def stuck_main_escape(stuck: Callable[[], str | None], grace_s: float = 2.0) -> Iterator[None]:
+    """Inside the block, a terminating signal whose Python handler has not ended `stuck()`
+    within grace_s (the main thread blocked in C++, where no handler runs: torch's store
+    retrying a rendezvous that never answers) ends the process, exit 128+N, after one line.
+    stuck(): while the handler could still be late, what nothing has started yet (None: the
+    block's own handling goes on, e.g. ranks are running). Main thread only (signal.
+    set_wakeup_fd): elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            for signum in (b for b in data if b in TERMINATING):
+                if done.wait(grace_s):
+                    return
+                what = stuck()
+                if what is not None:
+                    name = signal.Signals(signum).name
+                    print(f"smartlaunch: got {name} {what}; nothing was started "
+                          f"(exit {128 + signum})", file=sys.stderr, flush=True)
+                    os._exit(128 + signum)
+
+    thread = threading.Thread(target=watch, name="smartlaunch-signal-escape", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        os.close(w)                 # the reader's read returns (EOF) and it ends
+        thread.join(timeout=1.0)
+        os.close(r)
 
 
 def exit_code_for(returncode: int) -> int:
