@@ -290,7 +290,8 @@ def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> La
                 f"the first node, that smartlaunch runs there, and that its port is reachable "
                 f"from this node")
     elif isinstance(exc, DistNetworkError) and "EADDRINUSE" in str(exc) and not started:
-        port = args.master_port if args.rdzv_backend == "static" else args.rdzv_endpoint
+        port = args.master_port if args.rdzv_backend == "static" \
+            else str(args.rdzv_endpoint).rsplit(":", 1)[-1]
         text = (f"cannot host the rendezvous store: port {port} on this node is in use "
                 f"(another job's, often one started without --standalone); add --standalone "
                 f"(one node: a free port is picked), or give a free --master-port")
