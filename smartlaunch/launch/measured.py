@@ -29,7 +29,7 @@ def record_launch(plan, request, policy, topology, run_dir: str | None, *, envir
                   out=None, shared: str | None = None) -> feedback.MeasuredRate | None:
     """Store the launch's rate (too short a launch stores nothing); print the advice line for
     a DDP launch below decision.min_efficiency. shared: the run's GPUs had other processes on
-    them (straggler.shared_text): its rate says as much about them as about the plan, so it
+    them (topology.api.shared_text): its rate says as much about them as about the plan, so it
     is not kept, and one line says so. Never raises for a cache it cannot write."""
     if not run_dir or plan.device != "cuda" or not plan.gpus:
         return None

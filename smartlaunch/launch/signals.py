@@ -40,9 +40,9 @@ def stuck_main_escape(stuck: Callable[[], str | None], grace_s: float = 2.0) -> 
     """Inside the block, a terminating signal whose Python handler has not ended `stuck()`
     within grace_s (the main thread blocked in C++, where no handler runs: torch's store
     retrying a rendezvous that never answers) ends the process, exit 128+N, after one line.
-    stuck(): while the handler could still be late, what nothing has started yet (None: the
-    block's own handling goes on, e.g. ranks are running). Main thread only (signal.
-    set_wakeup_fd): elsewhere a no-op."""
+    stuck(): asked grace_s after the signal; None when the block's own handling has it in
+    hand (ranks are running), else the words for what was being waited on. Main thread only
+    (signal.set_wakeup_fd): elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
