@@ -13,9 +13,9 @@ import pytest
 
 from smartlaunch.decide.plan import Plan, Strategy
 from smartlaunch.errors import PolicyError
-from smartlaunch.decide import numa as plan_numa
+from smartlaunch.decide import prepare as plan_numa
 from smartlaunch.decide.plan import NumaBinding
-from smartlaunch.decide.nccl import nccl_env
+from smartlaunch.decide.prepare import nccl_env
 from smartlaunch.decide.prepare import prepare as _prepare
 from smartlaunch.launch import numa, stacks
 from smartlaunch.proc import proc_state
