@@ -11,7 +11,6 @@ from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for
-from smartlaunch.topology.api import others_on, shared_text
 from smartlaunch.launch.summary import single_summary, write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
@@ -45,7 +44,7 @@ class SingleLauncher:
         self._result: LaunchResult | None = None
         self._readings = None                  # its GPU's processes, while it runs
         self._looked = float("-inf")
-        self.shared: dict[int, tuple[str, ...]] = {}   # GPU -> others seen on it
+        self.shared: str | None = None         # others first seen on its GPU
 
     def start(self) -> None:
         plan, ctx = self.plan, self.ctx
@@ -95,7 +94,7 @@ class SingleLauncher:
             state.value, code, time.monotonic() - self._started, self.run_dir,
             batch=profile.batch_size if profile is not None else None))
         if self.counted:
-            self.ctx.record(self.plan, self.run_dir, shared_text(self.shared))
+            self.ctx.record(self.plan, self.run_dir, self.shared)
         return self._result
 
     def _look(self, last: bool = False) -> None:
@@ -105,14 +104,9 @@ class SingleLauncher:
         if self._readings is None or (not last and now - self._looked < self.ctx.policy.launch.gpu_sample_s):
             return
         self._looked = now
-        gpu = self.plan.gpus[0]
-        try:
-            others = others_on(self._readings.read(self.ctx.topology, (gpu,)).gpu(gpu),
-                               self.ctx.topology.gpu(gpu))
-        except Exception:           # NVML can fail mid-run; the job must not
-            others, last = (), True
-        if others:
-            self.shared.setdefault(gpu, others)
+        from smartlaunch.topology import sharing
+        self.shared = self.shared or sharing(self.ctx.topology, self.plan.gpus[:1],
+                                             self.ctx.environ, self._readings)
         if last:
             self._readings.close()
             self._readings = None

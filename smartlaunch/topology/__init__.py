@@ -51,18 +51,20 @@ def live_readings(environ: Mapping[str, str] | None = None):
     return LiveReadings()
 
 
-def sharing(topology, gpus, environ) -> str | None:
+def sharing(topology, gpus, environ, readings=None) -> str | None:
     """Processes on `gpus` now that smartlaunch did not start and that were not there when
     `topology` was read (topology.api.others_on), as one text; None when none, or when NVML
-    cannot say."""
+    cannot say. readings: a live_readings the caller keeps open (else one for this call)."""
     if not topology.gpus:
         return None
-    readings = live_readings(environ)
+    own = readings is None
+    readings = live_readings(environ) if own else readings
     try:
         now = readings.read(topology, tuple(gpus))
         return shared_text({g: o for g in gpus
                             if (o := others_on(now.gpu(g), topology.gpu(g)))})
-    except Exception:           # a reading is a check, never a reason to fail the decision
+    except Exception:           # a reading is a check, never a reason to fail the job
         return None
     finally:
-        readings.close()
+        if own:
+            readings.close()
