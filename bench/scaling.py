@@ -172,13 +172,14 @@ def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
              "smartlaunch.decide.cost.predict_ddp on the script's profile and the curve measured "
              "at N in that condition.", "",
              "| script | link | N | 1 GPU ms (profile) | DDP ms | measured | predicted | err | "
-             "added ms meas / pred | comm | exposed | contention | host-bound (1 GPU) |",
-             "|" + "---|" * 13]
+             "added ms meas / pred | comm | exposed | contention | host work / hidden | "
+             "host slack (profile) | host-bound (1 GPU) |",
+             "|" + "---|" * 15]
     errs = {}
     for r in rows:
         p, c = r["profile"], r["curve"]
         if p is None or not p.usable or c is None:
-            pred_txt, err_txt, extra = "–", "–", "– | – | – | –"
+            pred_txt, err_txt, extra = "–", "–", "– | – | – | – | – | –"
         else:
             pr = predict_ddp(p, c, r["n"], model)
             e = pr.speedup / r["measured"] - 1
@@ -187,7 +188,9 @@ def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
             added = (r["tn_s"] - r["t1_s"]) * 1e3            # what DDP added, in this launch
             extra = (f"{added:.2f} / {(pr.step_s - p.step_time_s) * 1e3:.2f} | "
                      f"{pr.allreduce_s * 1e3:.2f} | {pr.exposed_s * 1e3:.2f} | "
-                     f"{pr.contention_s * 1e3:.2f}")
+                     f"{pr.contention_s * 1e3:.2f} | "
+                     f"{(pr.tensors_s + model.ddp_overhead_s) * 1e3:.2f} / {pr.hidden_s * 1e3:.2f}"
+                     f" | {'–' if p.host_slack_s is None else f'{p.host_slack_s * 1e3:.2f}'}")
         hb = r["host_bound_1"]
         extra += f" | {'–' if hb is None else f'{hb:.2f}'}"
         prof_ms = f" ({p.step_time_s * 1e3:.2f})" if p and p.step_time_s else ""

@@ -137,6 +137,24 @@ def test_per_tensor_cost_counts_gradient_tensors():
         pytest.approx(1196 * 5e-6)
 
 
+def test_host_work_ddp_adds_hides_behind_the_queue_the_host_ran_ahead_of():
+    # 1 ms + 1,000 x 5 µs = 6 ms of host work a step; the device waits for it only past the
+    # slack the dry run saw (how far the host was ahead of the device at a step end)
+    base = dataclasses.replace(profile(step_ms=20.0), grad_bytes=4 * MiB, num_grad_tensors=1000)
+    m = dataclasses.replace(BARE, ddp_overhead_s=1e-3, per_tensor_s=5e-6)
+    c = linear(2, 1e12)
+    bare = predict_ddp(base, c, 2, BARE).step_s
+    steps = {slack: predict_ddp(dataclasses.replace(base, host_slack_s=slack), c, 2, m)
+             for slack in (None, 0.0, 2e-3, 6e-3, 15e-3)}
+    assert steps[None].step_s - bare == pytest.approx(6e-3)          # unknown: all of it
+    assert steps[0.0].step_s - bare == pytest.approx(6e-3)           # launch-bound: all of it
+    assert steps[2e-3].step_s - bare == pytest.approx(4e-3)
+    assert steps[2e-3].hidden_s == pytest.approx(2e-3)
+    assert steps[6e-3].step_s == pytest.approx(bare)
+    assert steps[15e-3].step_s == pytest.approx(bare)                # never below no host work
+    assert steps[15e-3].tensors_s == pytest.approx(5e-3)
+
+
 def test_buffers_are_broadcast_every_forward_at_the_links_cost():
     c = CommCurve.from_points(2, "nccl", [(1, 200e-6), (2 ** 30, 200e-6 + 2 ** 30 / 3e9)])
     bn = dataclasses.replace(profile(step_ms=3.0), grad_bytes=4 * MiB, buffer_bytes=6000)

@@ -28,7 +28,8 @@ class FakeDevice:
     completed (no sync yet) fails the test."""
     name = "fake device"
 
-    def __init__(self):
+    def __init__(self, host_step=HOST_STEP, device_step=DEVICE_STEP):
+        self.host_step, self.device_step = host_step, device_step
         self.host_t = 0.0
         self.busy_until = 0.0
         self.syncs = 0
@@ -38,8 +39,8 @@ class FakeDevice:
 
     def step(self) -> None:
         # the host enqueues the step's work as it goes: the device starts it at once
-        self.busy_until = max(self.busy_until, self.host_t) + DEVICE_STEP
-        self.host_t += HOST_STEP
+        self.busy_until = max(self.busy_until, self.host_t) + self.device_step
+        self.host_t += self.host_step
 
     def mark(self):
         return max(self.busy_until, self.host_t)
@@ -72,6 +73,26 @@ def test_window_complete_is_device_time(tmp_path):
     assert data["reason"] == "measured" and data["steps_measured"] == 20
     assert data["step_time_s"] == pytest.approx(DEVICE_STEP)
     assert data["window_cut_short"] is False and data["timing"] == "fake device"
+
+
+@pytest.mark.parametrize("host_ms, device_ms, slack_ms", [
+    (1.0, 4.0, 3.0 * 10.5),     # device-bound: the host is 3 ms further ahead at each step end
+    (4.0, 1.0, 0.0),            # launch-bound: the device waits on the host
+])
+def test_window_reports_how_far_the_host_runs_ahead_of_the_device(tmp_path, host_ms, device_ms,
+                                                                  slack_ms):
+    dev = FakeDevice(host_ms / 1e3, device_ms / 1e3)
+    rec = Recorder(str(tmp_path / "p.json"), warmup=2, measure=20, clock=dev)
+    run_steps(rec, dev, 2 + 1 + 19)
+    with pytest.raises(SystemExit):
+        run_steps(rec, dev, 1)
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["step_time_s"] == pytest.approx(max(host_ms, device_ms) / 1e3)
+    # the median of 3, 6, ... 60 ms ahead over the window's 20 step ends
+    assert data["host_slack_s"] == pytest.approx(slack_ms / 1e3)
+    assert ModelProfile.from_dict({"status": "ok", **{k: v for k, v in data.items()
+                                   if k in ("step_time_s", "host_slack_s")}}).host_slack_s \
+        == pytest.approx(slack_ms / 1e3)
 
 
 def test_split_from_warm_up_marks_scaled_to_the_window(tmp_path):

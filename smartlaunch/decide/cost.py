@@ -15,15 +15,17 @@ Every term is a physical cost with a bound (docs/decision.md copies this table):
               (stretched) backward
     end_k     = max(ready_k, end_{k-1}) + comm(bytes_k) + per_bucket_s   one NCCL stream
     exposed   = max(0, end_last - (s*B + contend))    the tail the optimizer waits for
-    tensors   = per_tensor_s * gradient tensors        a hook, a copy into the bucket and a
-              copy back per tensor (a model of 1,200 small tensors pays for each); never below
-              0, charged in full: it is host work in backward, measured by the node calibration
-              on a launch-bound model where nothing hides it (on a device-bound step some of it
-              hides behind kernels; the profile holds no host time to say how much, so this is
-              the term's upper end and the trial band covers the rest)
+    host      = ddp_overhead_s + per_tensor_s * gradient tensors
+              host work DDP adds to a step: its forward pre-hook, the reducer's finalisation,
+              and per gradient tensor an autograd hook and a copy into its bucket and back
+              (a model of 1,200 small tensors pays for each)
+    hidden    = min(host, slack)   slack = profile.host_slack_s, how far the host ran ahead of
+              the device at a step end in the dry run: added host work delays the device only
+              past that queue (0 on a launch-bound step, where the device waits on the host, so
+              the host work is charged in full; unknown slack counts as 0)
     buffers   = comm(buffer bytes)                     broadcast_buffers=True: rank 0's buffers
               (BatchNorm statistics) are broadcast at every forward, before any compute
-    t_N       = t1 + (s-1)*B + contend + exposed + tensors + buffers + ddp_overhead_s
+    t_N       = t1 + (s-1)*B + contend + exposed + buffers + host - hidden
     speedup   = N * t1 / t_N       (per-GPU batch is the script's own: torchrun semantics)
 
 comm() is the all-reduce curve measured in the job's own environment, so link speed is never a
@@ -174,8 +176,9 @@ class Prediction:
     backward_share_known: bool
     comm_cost_s: float = 0.0       # what communication adds to the step: contention + exposed
     contention_s: float = 0.0
-    tensors_s: float = 0.0         # per-tensor reducer work
+    tensors_s: float = 0.0         # per-tensor reducer work (host, before hiding)
     buffers_s: float = 0.0         # BatchNorm (and other) buffer broadcast per forward
+    hidden_s: float = 0.0          # host work DDP adds that hides behind queued device work
 
     def samples_per_s(self, batch: int | None) -> float | None:
         return self.n * batch / self.step_s if batch else None
@@ -218,9 +221,10 @@ def predict_ddp(profile: ModelProfile, curve: CommCurve, n: int,
         end = max(ready, end) + t
     exposed = max(0.0, end - stretched)
     tensors = max(0.0, model.per_tensor_s) * (profile.num_grad_tensors or 0)
+    host = tensors + model.ddp_overhead_s
+    hidden = min(host, max(0.0, getattr(profile, "host_slack_s", None) or 0.0))
     buffers = curve.time(getattr(profile, "buffer_bytes", 0) or 0)
-    step = (t1 + (s - 1.0) * share * t1 + contention + exposed + tensors + buffers
-            + model.ddp_overhead_s)
+    step = (t1 + (s - 1.0) * share * t1 + contention + exposed + buffers + host - hidden)
     speedup = n * t1 / step
     return Prediction(n, step, speedup, speedup / n, comm_total, exposed, len(sizes), share, known,
-                      contention + exposed, contention, tensors, buffers)
+                      contention + exposed, contention, tensors, buffers, hidden)

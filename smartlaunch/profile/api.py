@@ -47,6 +47,8 @@ class ModelProfile:
     backward_s: float | None = None              # per step, all micro-batches
     forward_s: float | None = None
     optimizer_s: float | None = None             # last backward end -> step end
+    host_slack_s: float | None = None            # how far the host runs ahead of the device at a
+                                                 # step end (clock.read_window); 0: launch-bound
     steps_measured: int = 0                      # steps the window held
     window_s: float | None = None
     window_cut_short: bool = False               # the script ended before the window's goal
@@ -264,7 +266,7 @@ _COUNTS = ("total_params", "trainable_params", "grad_bytes", "num_grad_tensors",
 _OPTIONAL_COUNTS = ("batch_size", "micro_batch_size", "micro_batches", "peak_gpu_mem_bytes",
                     "peak_host_mem_bytes")
 _POSITIVE_TIMES = ("step_time_s", "step_time_p90_s", "window_s")
-_TIMES = ("backward_s", "forward_s", "optimizer_s", "gate_wait_s", "dry_run_s")
+_TIMES = ("backward_s", "forward_s", "optimizer_s", "gate_wait_s", "dry_run_s", "host_slack_s")
 
 # A kept trial over N GPUs must be at most TRIAL_RANGE x N x the dry run's one-GPU samples/s
 # (DDP gives at most about N x); a one-GPU trial at least 1/TRIAL_FLOOR of it.

@@ -79,10 +79,17 @@ def relative_half_width(xs: list[float]) -> float | None:
     return t * statistics.stdev(xs) / (n ** 0.5) / mean
 
 
-def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
+def read_window(clock, marks: list, warm: list, warm_spans: list,
+                hosts: list[float] | None = None) -> dict:
     """Step time from a closed window (marks at its start and each step end), and its split from the
     warm-up steps: warm = step-end marks, warm_spans[i] = [(kind, start, end), ...] inside the step
-    ending at warm[i + 1], kept as shares applied to the window's step."""
+    ending at warm[i + 1], kept as shares applied to the window's step.
+
+    hosts[i]: host time just after marks[i] was queued (marks[0] on an idle device, right after
+    the opening sync), which gives host_slack_s: the median over step ends of how far the host ran
+    ahead of the device (mark i reached on the device at hosts[0] + seconds(marks[0], marks[i]),
+    queued at hosts[i]); 0 where the device waits on the host (a launch-bound step), and host work
+    added to a step hides behind that much queued device work."""
     n = len(marks) - 1
     out: dict = {"steps_measured": max(0, n)}
     if n < 1:
@@ -93,6 +100,9 @@ def read_window(clock, marks: list, warm: list, warm_spans: list) -> dict:
                step_time_max_s=per[-1],
                step_time_p90_s=max(step, per[min(n - 1, int(round(0.9 * (n - 1))))]),
                step_time_ci=relative_half_width(per))
+    if hosts is not None and len(hosts) == len(marks):
+        ahead = [hosts[0] + clock.seconds(marks[0], m) - h for m, h in zip(marks[1:], hosts[1:])]
+        out["host_slack_s"] = max(0.0, statistics.median(ahead))
     shares: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
     for i, spans in enumerate(warm_spans[:len(warm) - 1]):
         total = clock.seconds(warm[i], warm[i + 1])

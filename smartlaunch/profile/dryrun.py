@@ -76,6 +76,7 @@ class Recorder:
         self.cur: list[tuple[str, object, object]] = []
         self.t_window: float | None = None
         self.marks: list = []
+        self.mark_hosts: list[float] = []  # host time just after each window mark was queued
         self.closed: str | None = None   # why the window closed: measured | exit | signal
         self.written = False
         self.world = WorldSizeWatch(lambda: self.t_first_step is None)
@@ -183,6 +184,7 @@ class Recorder:
         if self.primary != "marker":  # a marker overrides optimizer steps: restart counting
             self.primary, self.steps = "marker", 0
             self.t_window, self.marks, self.warm, self.warm_spans = None, [], [], []
+            self.mark_hosts = []
             self.read, self.window_steps = 0, []
             self.cur, self.per_step = [], []
         self.on_step()
@@ -210,6 +212,7 @@ class Recorder:
         self.marks.append(self.clock.mark())
         n = len(self.marks) - 1
         t = self.host()
+        self.mark_hosts.append(t)
         if self.control is not None:
             self.control.step(self.steps, self.goal(n, t - self.t_window))
         long_enough = t - self.t_window >= self.min_seconds
@@ -279,6 +282,7 @@ class Recorder:
         self.clock.sync()                 # the window starts with an empty queue
         self.t_window = self.host()
         self.marks = [self.clock.mark()]
+        self.mark_hosts = [self.host()]
 
     def close_window(self, reason: str) -> None:
         """However the script ends: wait for the device (signal: do not, the GPU may be what hangs),
@@ -385,7 +389,8 @@ class Recorder:
         out = {"timing": self.clock.name if self.clock else None,
                "window_cut_short": self.t_window is not None and self.closed != "measured"}
         marks = self.marks if self.closed is not None else self.marks[:1]
-        out.update(read_window(self.clock, marks, self.warm, self.warm_spans))
+        out.update(read_window(self.clock, marks, self.warm, self.warm_spans,
+                               self.mark_hosts[:len(marks)]))
         return out
 
     def write(self, reason: str = "exit") -> None:
