@@ -68,10 +68,11 @@ class CostModel:
     per_bucket_s: float = 20e-6
     # Fitted (see the class docstring): backward slowdown from the reducer's hooks,
     compute_slowdown: float = 1.1
-    # per step outside the all-reduce: DDP's forward pre-hook, reducer finalisation, the wait,
-    ddp_overhead_s: float = 0.4e-3
-    # per gradient tensor: its autograd hook, its copy into the bucket and back,
-    per_tensor_s: float = 0.0
+    # host work per step outside the all-reduce: DDP's forward pre-hook, reducer finalisation,
+    ddp_overhead_s: float = 1.6e-3
+    # host work per gradient tensor: its autograd hook, its copy into the bucket and back
+    # (these two: bench/scaling.py --fit with the host-slack term, docs/decision.md),
+    per_tensor_s: float = 22e-6
     # per byte of ring traffic per GPU while the all-reduce overlaps backward,
     contention_s_per_byte: float = 12e-12
     # and at most this share of the backward time the all-reduce overlaps.
