@@ -212,3 +212,13 @@ def test_the_decision_line_says_the_policy_floor_refused_ddp(clean_env):
     assert "— DDP×2 measured 1.16× one GPU (58%, below the policy's 70%)" in line, line
     # without the floor (a caller that does not pass it): the efficiency, no claim about why
     assert "DDP×2 measured 1.16× one GPU (58% efficiency)" in decision_line(plan, REGISTRY)
+
+
+def test_explain_shows_how_far_the_host_ran_ahead_of_the_gpu():
+    # the number the cost model hides DDP's host work behind (decide/cost.py, `hidden`)
+    from helpers_decide import profile
+    from smartlaunch.decide.explain import _profile
+    assert "host 0.41 ms ahead of the GPU" in _profile(profile(slack_ms=0.41))[0]
+    assert "ahead of the GPU" not in _profile(profile())[0]            # cached before it was measured
+    on_cpu = dataclasses.replace(profile(slack_ms=0.0), device="cpu")
+    assert "ahead of the GPU" not in _profile(on_cpu)[0]

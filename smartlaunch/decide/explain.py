@@ -122,6 +122,8 @@ def _profile(p: ModelProfile | None) -> list[str]:
              f"step {ms(step)}" + (f" (p90 {ms(p90)})" if p90 else "")]
     if bwd and step:
         parts.append(f"backward {pct(bwd / step)} of the step")
+    if p.host_slack_s is not None and step and p.device.startswith("cuda"):
+        parts.append(f"host {ms(p.host_slack_s)} ahead of the GPU")
     if peak:
         parts.append(f"peak {peak / 1024 ** 3:.1f} GiB")
     cost = p.dry_run_s

@@ -26,7 +26,7 @@ from smartlaunch.wire import RECORD
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
-PROFILE_FORMAT = 2               # older entries re-profile
+PROFILE_FORMAT = 3               # older entries re-profile (3: host_slack_s)
 
 
 def script_file(request, cwd: str, environ) -> Path | None:
