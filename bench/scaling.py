@@ -120,7 +120,9 @@ def measure(args) -> int:
                 got = json.loads(line[len("scaling: "):]) if line else None
                 emit({"kind": "scaling", "script": sid, "condition": cond, "n": n, "result": got,
                       "wall_s": round(res["wall_s"], 2),
-                      "error": None if got else common.run_error(res, "scaling run")})
+                      "error": None if got else (
+                          "scaling run: exit 0 without a 'scaling:' line (the script ignores "
+                          "--scaling)" if res["rc"] == 0 else common.run_error(res, "scaling run"))})
                 print(f"scaling {sid} {cond} ×{n}: {res['wall_s']:.1f} s", flush=True)
                 if res["timed_out"]:
                     print(res["stderr"][-3000:], flush=True)

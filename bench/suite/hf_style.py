@@ -43,6 +43,9 @@ class EncoderForClassification(nn.Module):
 def main() -> None:
     p = h.parser(__doc__.splitlines()[0], batch=32, steps=60, warmup=5)
     args = p.parse_args()
+    if args.scaling:
+        p.error("--scaling: this script runs its own loop (the point is the calling convention), "
+                "not the harness's, so it has no scaling windows")
     ctx = h.setup()
     torch.manual_seed(args.seed + ctx.rank)
     vocab, d, layers, heads, seq = (100, 16, 1, 2, 8) if args.tiny else (30522, 768, 6, 12, 128)
