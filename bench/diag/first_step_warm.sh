@@ -2,9 +2,12 @@
 # Issue 35's warm-cache goal: time to the first step of a decided launch (`smartlaunch
 # --nproc-per-node 2 S`, its profile and curve cached by one cold run first) against torchrun's,
 # alternating, ROUNDS rounds; the script stamps its first step (first_step_unix=). The cold run's
-# own time is printed too. Each launch's plan is in its stderr.
+# own time is printed too. Each launch's plan is in its stderr; every launch's output is in
+# $OUT/first-step.tar.gz (one file: a device call returns only so many).
 set -u
 . "$(dirname "$0")/device_setup.sh"
+FINAL_OUT=$OUT
+OUT=$(mktemp -d)
 export SMARTLAUNCH_CACHE_DIR=$(mktemp -d)
 S="bench/suite/deep_mlp.py --steps 50 --warmup 5"
 first() {   # $1: name, $2: start time
@@ -23,3 +26,4 @@ for r in $(seq 1 "${ROUNDS:-5}"); do
   done
 done
 head -5 "$OUT/sl1.err"
+tar czf "$FINAL_OUT/first-step.tar.gz" -C "$OUT" .
