@@ -71,6 +71,18 @@ def measure(args) -> int:
     if args.fake_world:
         base["CUDA_VISIBLE_DEVICES"] = ""
     conditions = args.conditions.split(",")
+    if args.calibrate:
+        for cond in conditions:
+            if left() < 60:
+                break
+            path = out / f"calibration-{cond}.json"
+            res = common.run([*NODE, "calibrate", "--gpus", "0,1", "--out", str(path)],
+                             common.child_env(base, cond), min(120, left()))
+            record = json.loads(path.read_text()) if res["rc"] == 0 and path.exists() else None
+            emit({"kind": "calibration", "condition": cond, "record": record,
+                  "wall_s": round(res["wall_s"], 2),
+                  "error": None if record else common.run_error(res, "calibrate")})
+            print(f"calibration {cond}: {res['wall_s']:.1f} s", flush=True)
     if not args.skip_curves:
         for cond in conditions:
             for n in sizes:
@@ -166,8 +178,18 @@ def _median(values) -> float | None:
     return statistics.median(got) if got else None
 
 
+def calibrations(paths: list[Path]) -> dict[str, CostModel]:
+    """Link condition -> the cost model with that condition's node calibration (records of kind
+    "calibration", made by --calibrate on the machine measured), shipped constants elsewhere."""
+    from smartlaunch.decide.cost import calibrated
+    recs = [json.loads(x) for p in paths for x in p.read_text().splitlines() if x.strip()]
+    return {r["condition"]: calibrated(CostModel(), r["record"])[0]
+            for r in recs if r.get("kind") == "calibration" and r.get("record")}
+
+
 def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
     rows = rows_from(paths)
+    node = calibrations(paths)
     lines = ["# DDP×N: measured in one launch against the cost model", "",
              f"Records: {', '.join(f'`{p}`' for p in paths)}. Measured speedup = N × single ÷ "
              "DDP×N window medians of one launch (bench/scaling.py). Predicted: "
@@ -199,12 +221,28 @@ def report(paths: list[Path], out: Path, model: CostModel = CostModel()) -> int:
         lines.append(f"| {r['script']} | {r['condition']} | {r['n']} | {r['t1_s'] * 1e3:.2f}"
                      f"{prof_ms} | {r['tn_s'] * 1e3:.2f} | {r['measured']:.2f} | {pred_txt} | "
                      f"{err_txt} | {extra} |")
-    lines += ["", "| N | rows | median abs err | p90 abs err |", "|---|---|---|---|"]
-    for n, es in sorted(errs.items()):
-        es = sorted(es)
-        p90 = es[min(len(es) - 1, math.ceil(0.9 * len(es)) - 1)]     # nearest rank, as README
-        lines.append(f"| {n} | {len(es)} | {100 * statistics.median(es):.1f}% | "
-                     f"{100 * p90:.1f}% |")
+    node_errs: dict[int, list[float]] = {}
+    if node:
+        lines += ["", "With this machine's node calibration (`smartlaunch-node calibrate`, "
+                  "measured before the rows, fitted on none of them):", "",
+                  "| script | link | N | measured | predicted | err |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            p, c, m = r["profile"], r["curve"], node.get(r["condition"])
+            if p is None or not p.usable or c is None or m is None:
+                continue
+            pr = predict_ddp(p, c, r["n"], m)
+            e = pr.speedup / r["measured"] - 1
+            node_errs.setdefault(r["n"], []).append(abs(e))
+            lines.append(f"| {r['script']} | {r['condition']} | {r['n']} | {r['measured']:.2f} | "
+                         f"{pr.speedup:.2f} | {100 * e:+.1f}% |")
+    lines += ["", "| constants | N | rows | median abs err | p90 abs err |",
+              "|---|---|---|---|---|"]
+    for name, table in (("shipped", errs), ("node calibration", node_errs)):
+        for n, es in sorted(table.items()):
+            es = sorted(es)
+            p90 = es[min(len(es) - 1, math.ceil(0.9 * len(es)) - 1)]  # nearest rank, as README
+            lines.append(f"| {name} | {n} | {len(es)} | {100 * statistics.median(es):.1f}% | "
+                         f"{100 * p90:.1f}% |")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
@@ -250,6 +288,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default="scaling-out")
     ap.add_argument("--run", default="scaling")
     ap.add_argument("--skip-curves", action="store_true")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="first `smartlaunch-node calibrate` GPUs 0,1 under each condition; the "
+                         "report replays the rows with those constants too")
     ap.add_argument("--tiny", action="store_true", help="toy models (CPU)")
     ap.add_argument("--fake-world", type=int, default=0, help="CPU: this many gloo ranks")
     ap.add_argument("--report-to", default="", help="write the report here after measuring")
