@@ -11,6 +11,7 @@ from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
 from smartlaunch.launch.signals import TERMINATING, exit_code_for
+from smartlaunch.topology import sharing
 from smartlaunch.launch.summary import single_summary, write_summary
 from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
 
@@ -104,7 +105,6 @@ class SingleLauncher:
         if self._readings is None or (not last and now - self._looked < self.ctx.policy.launch.gpu_sample_s):
             return
         self._looked = now
-        from smartlaunch.topology import sharing
         self.shared = self.shared or sharing(self.ctx.topology, self.plan.gpus[:1],
                                              self.ctx.environ, self._readings)
         if last:
