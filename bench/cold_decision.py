@@ -14,6 +14,12 @@ goal: at most 15 s beyond that start-up.
         [--fake h200-nv18-pair] [--out FILE.md] [--json FILE]
     python bench/cold_decision.py --scripts lstm-b64 --which throughput --fake h200-nv18-pair \\
         --tiny                                                  # CPU smoke (gloo ranks)
+
+A compiled script (an entry whose arguments hold --compile) runs with torch.compile's cache
+in a fresh directory, absent (a first compile on the machine) or existing and empty
+(--inductor absent,exists); --compile-alone N first times its compile: N pairs of the script
+alone under python to the end of its first step, eager and compiled, each with a cold cache.
+Its goal: the command at most its compile time + 15 s beyond the eager script's start-up.
 """
 from __future__ import annotations
 
@@ -48,13 +54,21 @@ def import_floor(env) -> float:
     return time.perf_counter() - t0
 
 
+def compiled(entry) -> bool:
+    return "--compile" in entry.args
+
+
 def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float,
-              tiny: bool = False) -> dict:
+              tiny: bool = False, inductor: str = "absent") -> dict:
     home = tempfile.mkdtemp(prefix="sl-cold-")
     policy = Path(home) / "policy.yaml"
     policy.write_text(policy_text)
     env = common.child_env(base_env, condition)
     env.update(HOME=home, XDG_CACHE_HOME=f"{home}/cache", SMARTLAUNCH_LEASE_DIR=f"{home}/leases")
+    if compiled(entry):
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{home}/inductor"
+        if inductor == "exists":
+            os.mkdir(env["TORCHINDUCTOR_CACHE_DIR"], 0o700)
     argv = [sys.executable, "-m", "smartlaunch.cli", "--explain=json", "--policy", str(policy),
             str(REPO / entry.script), *entry.args, "--steps", str(entry.steps),
             "--warmup", str(entry.warmup), *(["--tiny"] if tiny else [])]
@@ -73,6 +87,36 @@ def cold_call(entry, condition: str, policy_text: str, base_env, timeout: float,
                step_time_s=prof.get("step_time_s"),
                strategy=plan.get("strategy"), nproc=plan.get("nproc_per_node"),
                measured=bool(chosen.get("measured")))
+    return out
+
+
+def first_step_alone(entry, compile_: bool, base_env, timeout: float, tiny: bool) -> float | None:
+    """Seconds from starting the script alone under python (one GPU, a cold compile cache) to
+    the end of its first step, compiled or not."""
+    home = tempfile.mkdtemp(prefix="sl-first-")
+    env = common.child_env(base_env, None)
+    env.update(HOME=home, TORCHINDUCTOR_CACHE_DIR=f"{home}/inductor")
+    args = [a for a in entry.args if a != "--compile"] + (["--compile"] if compile_ else [])
+    argv = [sys.executable, str(REPO / entry.script), *args, "--warmup", "1", "--steps", "0",
+            *(["--tiny"] if tiny else [])]
+    t0 = time.time()
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=home)
+    for line in r.stdout.splitlines():
+        if line.startswith("first_step_unix="):
+            return float(line.split("=", 1)[1]) - t0
+    return None
+
+
+def compile_time(entry, pairs: int, base_env, timeout: float, tiny: bool) -> dict:
+    """The script's compile time: the median first step alone, compiled minus eager."""
+    eager, comp = [], []
+    for _ in range(pairs):
+        eager.append(first_step_alone(entry, False, base_env, timeout, tiny))
+        comp.append(first_step_alone(entry, True, base_env, timeout, tiny))
+    e, c = [x for x in eager if x], [x for x in comp if x]
+    out = {"eager_first_s": eager, "compiled_first_s": comp}
+    if e and c:
+        out.update(eager_s=statistics.median(e), compile_s=statistics.median(c) - statistics.median(e))
     return out
 
 
@@ -120,6 +164,11 @@ def measurement(r: dict) -> dict:
         return {"conditions": {"script": r["script"], "kind": "profile-alone"},
                 "figures": {"median_step_s": statistics.median(alone) if alone else None},
                 "detail": {"step_s": r["profile_alone_step_s"]}}
+    if "compile_alone" in r:
+        c = r["compile_alone"]
+        return {"conditions": {"script": r["script"], "kind": "compile-alone"},
+                "figures": {"eager_s": c.get("eager_s"), "compile_s": c.get("compile_s")},
+                "detail": c}
     t = r.get("timings") or {}
     total = t.get("since_process_start") or r.get("wall_s")
     figures = {k: r.get(k) for k in ("wall_s", "rc", "floor_s", "startup_s", "dry_run_s",
@@ -128,7 +177,8 @@ def measurement(r: dict) -> dict:
         figures["beyond_startup_s"] = total - r["floor_s"] - (r.get("startup_s") or 0.0)
     figures.update({f"t_{k}": v for k, v in t.items()})
     m = {"conditions": {"script": r["script"], "condition": r["condition"],
-                        "policy": r["policy"]}, "figures": figures}
+                        "policy": r["policy"], "inductor": r.get("inductor", "-")},
+         "figures": figures}
     if "error" in r or not t:
         m["error"] = (r.get("error") or f"rc {r.get('rc')}").strip().splitlines()[-1][:300]
     return m
@@ -156,6 +206,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--json")
     ap.add_argument("--tiny", action="store_true", help="toy-sized models (CPU smoke runs)")
+    ap.add_argument("--inductor", default="absent",
+                    help="compiled scripts: torch.compile's cache directory absent or exists "
+                         "(empty) at the start, or both: absent,exists")
+    ap.add_argument("--compile-alone", type=int, default=0, metavar="N",
+                    help="compiled scripts: first N pairs of eager/compiled first steps alone")
     ap.add_argument("--profile-alone", type=int, default=0,
                     help="then N dry runs of each script alone, to compare their step time")
     args = ap.parse_args(argv)
@@ -171,17 +226,29 @@ def main(argv=None) -> int:
              "all-reduce s | trials s (start-up/set-up/steps/exit) | beyond start-up s | ≤ goal |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     records = []
+    compile_rows: list[str] = []
     for entry_id in args.scripts.split(","):
         entry = common.entry(entry_id)
+        ct = {}
+        if compiled(entry) and args.compile_alone:
+            ct = compile_time(entry, args.compile_alone, base, args.timeout, args.tiny)
+            records.append({"script": entry_id, "compile_alone": ct})
+            print(f"{entry_id}: first step alone, eager {ct.get('eager_first_s')} s, compiled "
+                  f"{ct.get('compiled_first_s')} s", flush=True)
         for condition in args.conditions.split(","):
             for which in args.which.split(","):
-                res = cold_call(entry, condition, POLICIES[which], base, args.timeout,
-                                args.tiny)
-                records.append({"script": entry_id, "condition": condition, "policy": which,
-                                "floor_s": floor, **res})
-                lines.append(row(entry_id, condition, which, res, floor))
-                print(lines[-1], flush=True)
-                write(args, lines, records)      # after every row: a budget may cut the rest
+                for inductor in (args.inductor.split(",") if compiled(entry) else ["-"]):
+                    res = cold_call(entry, condition, POLICIES[which], base, args.timeout,
+                                    args.tiny, inductor)
+                    label = which + (f", cache {inductor}" if compiled(entry) else "")
+                    records.append({"script": entry_id, "condition": condition, "policy": which,
+                                    "inductor": inductor, "floor_s": floor, **res})
+                    lines.append(row(entry_id, condition, label, res, floor))
+                    print(lines[-1], flush=True)
+                    if "compile_s" in ct and res.get("timings"):
+                        compile_rows.append(compile_row(entry_id, condition, label, res, ct))
+                    write(args, lines + compile_section(compile_rows), records)
+    lines += compile_section(compile_rows)
     lines += unperturbed(records, floor)
     write(args, lines, records)
     if args.profile_alone:
@@ -205,6 +272,26 @@ def main(argv=None) -> int:
             write(args, lines, records)
     print("\n".join(lines))
     return 0
+
+
+def compile_row(entry_id, condition, label, res, ct) -> str:
+    t = res["timings"]
+    total = t.get("since_process_start") or res["wall_s"]
+    beyond = total - ct["eager_s"]     # the eager first step alone counts from its start
+    return (f"| {entry_id} | {condition} | {label} | {res['strategy']}×{res['nproc']} | "
+            f"{total:.1f} | {ct['eager_s']:.1f} | {ct['compile_s']:.1f} | {beyond:.1f} | "
+            f"{'yes' if beyond <= ct['compile_s'] + GOAL_S else 'no'} |")
+
+
+def compile_section(rows: list[str]) -> list[str]:
+    if not rows:
+        return []
+    return ["", "Compiled scripts: the command beyond the eager script's start-up (its first "
+            "step alone, from the process's start) against its compile time (compiled first step alone − eager, "
+            f"medians, cold caches). Goal: ≤ compile + {GOAL_S:.0f} s.", "",
+            "| script | link | policy | decision | command s | eager first step s | compile s | "
+            "beyond eager start-up s | ≤ compile + goal |", "|---|---|---|---|---|---|---|---|---|",
+            *rows]
 
 
 def unperturbed(records: list[dict], floor: float) -> list[str]:

@@ -111,6 +111,10 @@ SIZE_PROBES: tuple[Entry, ...] = (
     # it were ~9 s of a cold decision.
     Entry("gpt-1b-b32", "bench/suite/gpt.py",
           ("--batch-size", "32", "--n-layer", "24", "--n-head", "16", "--n-embd", "1792"), 5, 12),
+    # A compiled script (issue 38: its cold decision against its compile time); its first step
+    # compiles, the warm-up's second may recompile (dynamic shapes), so 5 warm-up steps.
+    Entry("bn-convnet-compile-b64", "bench/suite/bn_convnet.py",
+          ("--batch-size", "64", "--compile"), 5, 300),
 )
 
 

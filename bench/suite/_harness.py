@@ -47,6 +47,8 @@ def parser(description: str, *, batch: int, steps: int, warmup: int) -> argparse
     p.add_argument("--amp", choices=("bf16", "off"), default=None,
                    help="autocast dtype on CUDA (default: the script's own choice)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (after the DDP wrap, as torch's docs do)")
     p.add_argument("--toggle-windows", type=int, default=0,
                    help="split the timed steps into this many windows, smartlaunch's worker "
                         "hooks on in the even ones and off in the odd ones (bench/diag/"
@@ -100,6 +102,8 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
     if ctx.world > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if ctx.cuda else None)
+    if getattr(args, "compile", False):
+        model = torch.compile(model)
     opt = make_opt([p for p in model.parameters() if p.requires_grad])
     amp = autocast(ctx, args.amp, amp_default)
 
