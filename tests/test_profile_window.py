@@ -190,3 +190,19 @@ def test_a_window_with_one_stall_reports_its_median_and_longest_step_beside_the_
     assert out["step_time_s"] == pytest.approx(0.0575)
     assert out["step_time_median_s"] == pytest.approx(0.01)
     assert out["step_time_max_s"] == pytest.approx(0.2)
+
+
+def test_a_compiled_model_is_traced_once_and_its_batch_found(clean_env):
+    """The discovery hooks are global module hooks, which torch.compile guards on: removing them
+    after the first step would retrace every graph in the dry run (and in every trial)."""
+    out = clean_env / "profile.json"
+    cmd = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
+           "--warmup", "1", "--measure", "50", str(SCRIPTS / "compiled_graphs.py"),
+           "--steps", "12"]
+    proc = subprocess.run(cmd, env=dryrun_env(os.environ, None), capture_output=True,
+                          text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr
+    assert "graphs=1" in proc.stdout, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["batch_size"] == 8 and data["steps_measured"] == 12 - 2
+    assert data["forward_s"] > 0 and data["backward_s"] > 0

@@ -40,6 +40,15 @@ def _end_script() -> None:      # in-process use (tests): end the script the pol
     raise SystemExit(0)
 
 
+
+def compiled_any() -> bool:
+    """torch.compile (dynamo) has traced at least one graph in this process."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(dynamo and dynamo.counters["stats"]["unique_graphs"])
+    except Exception:   # another torch's counters: assume traced, keep the hooks (inert)
+        return True
+
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
                  clock=None, control=None, exit=_end_script, gate: bool = False,
@@ -64,6 +73,7 @@ class Recorder:
         self.roots: dict[int, object] = {}
         self.depth = 0
         self.handles: list = []
+        self.discovered = False          # the discovery hooks' work is done (time_roots)
         self.params: list = []           # the primary optimizer's params
         self.main_root: int | None = None
         self.calls: list[tuple[int, int | None]] = []       # (root id, batch) this step
@@ -115,12 +125,16 @@ class Recorder:
                 self.measure = max(1, int(opts.get("measure") or self.measure))
 
     def on_pre(self, module, args):
+        if self.torch.compiler.is_compiling() or self.discovered:
+            return      # traced by torch.compile: nothing of ours in its graph or its guards
         self.pass_gate()
         if self.depth == 0 and self.t_first_step is None:
             self.roots.setdefault(id(module), module)
         self.depth += 1
 
     def on_post(self, module, args, kwargs, output):
+        if self.torch.compiler.is_compiling() or self.discovered:
+            return
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.t_first_step is None and self.torch.is_grad_enabled() \
                 and len(self.calls) < MAX_CALLS:
@@ -128,8 +142,13 @@ class Recorder:
 
     # ---- timing hooks on the roots (after the first step) --------------------------------
     def time_roots(self) -> None:
-        for h in self.handles:
-            h.remove()
+        """The discovery hooks end; timing hooks go on the roots. Where torch.compile has traced
+        a graph, the global hooks stay installed and do nothing: its guards check their number,
+        and removing them would recompile every graph in the next step."""
+        self.discovered = True
+        if not compiled_any():
+            for h in self.handles:
+                h.remove()
         self.handles = []
         for root in self.model_roots():
             self.handles.append(root.register_forward_pre_hook(self.on_root_pre, with_kwargs=True))
