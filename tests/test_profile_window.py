@@ -192,17 +192,19 @@ def test_a_window_with_one_stall_reports_its_median_and_longest_step_beside_the_
     assert out["step_time_max_s"] == pytest.approx(0.2)
 
 
-def test_a_compiled_model_is_traced_once_and_its_batch_found(clean_env):
+@pytest.mark.parametrize("script", ["compiled_graphs.py", "compiled_in_place.py"])
+def test_a_compiled_model_is_traced_once_and_its_batch_found(clean_env, script):
     """The discovery hooks are global module hooks, which torch.compile guards on: removing them
-    after the first step would retrace every graph in the dry run (and in every trial)."""
+    after the first step would retrace every graph in the dry run (and in every trial). A model
+    compiled in place is called only inside what torch.compile runs: still found."""
     out = clean_env / "profile.json"
     cmd = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
-           "--warmup", "1", "--measure", "50", str(SCRIPTS / "compiled_graphs.py"),
-           "--steps", "12"]
+           "--warmup", "1", "--measure", "50", str(SCRIPTS / script)]
     proc = subprocess.run(cmd, env=dryrun_env(os.environ, None), capture_output=True,
                           text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr
-    assert "graphs=1" in proc.stdout, proc.stdout + proc.stderr
+    if script == "compiled_graphs.py":
+        assert "graphs=1" in proc.stdout, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     assert data["batch_size"] == 8 and data["steps_measured"] == 12 - 2
     assert data["forward_s"] > 0 and data["backward_s"] > 0

@@ -74,6 +74,7 @@ class Recorder:
         self.depth = 0
         self.handles: list = []
         self.discovered = False          # the discovery hooks' work is done (time_roots)
+        self.eager_root = False          # a root was called outside any compiled graph
         self.params: list = []           # the primary optimizer's params
         self.main_root: int | None = None
         self.calls: list[tuple[int, int | None]] = []       # (root id, batch) this step
@@ -124,16 +125,27 @@ class Recorder:
                 self.gate_wait_s, opts = self.control.gate()
                 self.measure = max(1, int(opts.get("measure") or self.measure))
 
+    def skip(self) -> bool:
+        """Nothing to do: discovery is over, or torch.compile is tracing modules inside a root
+        already seen outside its graph (torch.compile(model)): nothing of ours then enters the
+        graph or its guards, which read only eager_root, set once before. A root seen only
+        inside a graph (module.compile(), a compiled step function) is discovered as before."""
+        if self.torch.compiler.is_compiling():
+            return self.eager_root or self.discovered
+        return self.discovered
+
     def on_pre(self, module, args):
-        if self.torch.compiler.is_compiling() or self.discovered:
-            return      # traced by torch.compile: nothing of ours in its graph or its guards
+        if self.skip():
+            return
         self.pass_gate()
         if self.depth == 0 and self.t_first_step is None:
+            if not self.torch.compiler.is_compiling():
+                self.eager_root = True
             self.roots.setdefault(id(module), module)
         self.depth += 1
 
     def on_post(self, module, args, kwargs, output):
-        if self.torch.compiler.is_compiling() or self.discovered:
+        if self.skip():
             return
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.t_first_step is None and self.torch.is_grad_enabled() \
