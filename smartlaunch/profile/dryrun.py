@@ -40,7 +40,6 @@ def _end_script() -> None:      # in-process use (tests): end the script the pol
     raise SystemExit(0)
 
 
-
 def compiled_any() -> bool:
     """torch.compile (dynamo) has traced at least one graph in this process."""
     dynamo = sys.modules.get("torch._dynamo.utils")
@@ -48,6 +47,7 @@ def compiled_any() -> bool:
         return bool(dynamo and dynamo.counters["stats"]["unique_graphs"])
     except Exception:   # another torch's counters: assume traced, keep the hooks (inert)
         return True
+
 
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
