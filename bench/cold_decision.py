@@ -116,7 +116,8 @@ def compile_time(entry, pairs: int, base_env, timeout: float, tiny: bool) -> dic
     e, c = [x for x in eager if x], [x for x in comp if x]
     out = {"eager_first_s": eager, "compiled_first_s": comp}
     if e and c:
-        out.update(eager_s=statistics.median(e), compile_s=statistics.median(c) - statistics.median(e))
+        out.update(eager_s=statistics.median(e),
+                   compile_s=statistics.median(c) - statistics.median(e))
     return out
 
 
