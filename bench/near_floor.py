@@ -49,7 +49,7 @@ def torchrun(entry, nproc: int, env, timeout: float, extra: list[str]) -> float 
 def decision(entry, nproc: int, env, timeout: float, extra: list[str]) -> dict:
     home = tempfile.mkdtemp(prefix="sl-floor-")
     env = dict(env, HOME=home, XDG_CACHE_HOME=f"{home}/cache",
-               SMARTLAUNCH_LEASE_DIR=f"{home}/leases")
+               SMARTLAUNCH_LEASE_DIR=f"{home}/leases", SMARTLAUNCH_LOG_LEVEL="debug")
     argv = [*common.SMARTLAUNCH, "--explain=json", "--nproc-per-node", str(nproc), entry.script,
             *entry.args, "--warmup", str(entry.warmup), "--steps", "100000", *extra]
     res = common.run(argv, env, timeout)
@@ -62,9 +62,13 @@ def decision(entry, nproc: int, env, timeout: float, extra: list[str]) -> dict:
                     for r in plan.get("reasons", []))
     m = DRAWS.search(text)
     draws = [int(x.rstrip("%")) / 100 for x in m.group(2).split(", ")] if m else []
+    # each trial in order: how it started (early or for it), its steps and step times
+    trials = [ln.split("trial ", 1)[1] for ln in res["stderr"].splitlines()
+              if " steps, mean " in ln and "trial " in ln]
     return {"choice": f"{plan.get('strategy')}×{plan.get('nproc_per_node')}",
             "efficiency": ddp.get("efficiency"), "measured": ddp.get("measured"),
-            "draws": draws, "wall_s": round(res["wall_s"], 1)}
+            "draws": draws, "trials": trials, "timings": plan.get("timings"),
+            "wall_s": round(res["wall_s"], 1)}
 
 
 def summary(rows: list[dict], nproc: int) -> dict:
