@@ -25,6 +25,9 @@ from smartlaunch.topology.api import Topology
 
 log = logging.getLogger(__name__)
 
+HELD_TRIALS = 3       # trials kept alive to measure again: the baseline's and two candidates'
+HELD_MEMORY = 0.8     # of the least free GPU memory, for the held trials and a running one
+
 
 class Clock:
     """Seconds per stage of the decision: each lap is the time since the last one; `add`
@@ -217,7 +220,8 @@ class Driver:
         sweep = Sweep(self.session, topology, work.group, policy, self.environ) \
             if work.sweep else None
         trials = [Trial.start(self.session, request, policy, self.environ, isolated, g,
-                              topology=topology, gate=True) for g in work.trials]
+                              topology=topology, gate=True, hold=HELD_TRIALS > 0)
+                  for g in work.trials]
         return early_work.Early(self.session, trials, sweep,
                                 sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))
 
@@ -301,8 +305,20 @@ class Driver:
                 expected_step_s=profile.step_time_s if profile is not None else None,
                 expected_setup_s=profile.startup_s if profile is not None else None,
                 phases=lambda p: self.clock.add({f"trials_{k}": v for k, v in p.items()}),
-                early=self.early.take_trials() if self.early is not None else None)
+                early=self.early.take_trials() if self.early is not None else None,
+                hold=self._held_trials(profile))
         return self._runner
+
+    def _held_trials(self, profile) -> int:
+        """How many measured trials stay alive to measure again (near the policy's floor):
+        HELD_TRIALS, fewer where that many more copies of the dry run's peak GPU memory and a
+        running trial's would not fit in HELD_MEMORY of the least free GPU memory."""
+        peak = profile.peak_gpu_mem_bytes if profile is not None else None
+        free = [g.memory_free_mib for g in self.topology.gpus if g.memory_free_mib]
+        if not peak or not free:
+            return HELD_TRIALS
+        fit = int(HELD_MEMORY * min(free) * 2**20 // peak) - 1
+        return max(0, min(HELD_TRIALS, fit))
 
     def _import_torch_once(self) -> None:
         """A session rule, run once: import torch's launcher while the session's processes

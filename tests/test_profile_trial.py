@@ -39,6 +39,28 @@ def test_a_ddp_trial_measures_samples_per_second(clean_env):
     assert sum(split.values()) <= wall, (split, wall)          # inside the call
 
 
+def test_a_held_trial_measures_again_in_the_same_ranks(clean_env):
+    # Near the policy's floor decide asks for the same trial again: its ranks, held at their gate
+    # after the first window, measure a second one (no start, no set-up); a third trial of
+    # another candidate ends the held one (hold=1: only the latest stays).
+    from smartlaunch.profile.session import Session
+    logs, phases = [], []
+    with Session() as s:
+        trial = make_trial_runner(Request(script=SCRIPT), QUICK, dict(os.environ), topology=TOPO,
+                                  session=s, log=logs.append, phases=phases.append, hold=1)
+        first = trial(Strategy.DDP, (0, 1))
+        [stage] = s.stages
+        assert first and not stage.over, logs
+        second = trial(Strategy.DDP, (0, 1))
+        assert second and second > 0, logs
+        assert s.stages == [stage] and stage.results == 2 and not stage.over
+        assert phases[1]["start"] == 0 and phases[1]["setup"] == 0 and phases[1]["steps"] > 0
+        assert trial(Strategy.SINGLE, (0,)), logs
+        assert len(s.stages) == 2 and stage.over and stage.code == 0, stage.why
+        assert not s.stages[1].over          # the latest stays held until the session ends
+    assert s.stages == []
+
+
 @pytest.mark.slow
 def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     tmp_path = shared_dir                 # the trial's own writes are thrown away

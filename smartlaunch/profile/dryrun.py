@@ -52,7 +52,7 @@ def compiled_any() -> bool:
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
                  clock=None, control=None, exit=_end_script, gate: bool = False,
-                 precision: float = 0.0):
+                 precision: float = 0.0, hold: bool = False):
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
@@ -69,6 +69,8 @@ class Recorder:
         self.optimizers_built = 0
         self.primary = None              # the optimizer whose steps count, or "marker"
         self.steps = 0
+        self.step0 = 0                   # steps before this window's warm-up (a held window)
+        self.hold = hold                 # after each window, wait for another (hold_on)
         self.t_first_step: float | None = None
         self.roots: dict[int, object] = {}
         self.depth = 0
@@ -238,7 +240,7 @@ class Recorder:
             if self.warmed():
                 self.open_window()
             if self.control is not None:
-                self.control.step(self.steps, self.warmup + 1 + self.measure)
+                self.control.step(self.steps, self.step0 + self.warmup + 1 + self.measure)
             return
         self.marks.append(self.clock.mark())
         n = len(self.marks) - 1
@@ -251,14 +253,33 @@ class Recorder:
                 or (self.precision and n >= PRECISE_STEPS and long_enough and self.precise()):
             self.close_window("measured")
             self.write(reason="measured")
-            self.exit()                   # main(): the process at once (exit_now)
+            if not self.hold_on():
+                self.exit()               # main(): the process at once (exit_now)
+
+    def hold_on(self) -> bool:
+        """Held (a trial the decision may measure again): wait at the gate for the next go, whose
+        "measure" starts another window after `warmup` steps; False: no go came (the parent closed
+        its end, or gave no step count), end now. Every rank gets the same go."""
+        if not self.hold or self.control is None:
+            return False
+        _, opts = self.control.gate()
+        try:
+            steps = int(opts.get("measure") or 0)
+        except (TypeError, ValueError):
+            steps = 0
+        if steps <= 0:
+            return False
+        self.measure, self.step0, self.written, self.closed = steps, self.steps, False, None
+        self.t_window, self.marks, self.mark_hosts, self.read = None, [], [], 0
+        self.warm, self.warm_spans, self.cur, self.window_steps = [], [], [], []
+        return True
 
     def warmed(self) -> bool:
         """The warm-up is over: `warmup` steps after the first; with a precision goal sooner,
         after 2, once the last two took the same device time (within SAME_STEP), or later, to
         twice `warmup`, while the last took COMPILE_STEP times the one before. Reads complete
         marks only."""
-        past = self.steps - 1
+        past = self.steps - 1 - self.step0
         if not self.precision:
             return past >= self.warmup
         last = self._last_warm_steps()
@@ -304,7 +325,7 @@ class Recorder:
         want = self.measure
         if self.min_seconds and spent > 0 and n > 0:
             want = max(want, n, math.ceil(n * self.min_seconds / spent))
-        return self.warmup + 1 + min(MAX_STEPS, want)
+        return self.step0 + self.warmup + 1 + min(MAX_STEPS, want)
 
     def open_window(self) -> None:
         for h in self.handles:            # nothing but the step hook inside the window
@@ -448,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     from smartlaunch.profile.control import Control
     rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
                    control=Control.from_env(), exit=exit_now, gate=opts["gate"],
-                   precision=opts["precision"])
+                   precision=opts["precision"], hold=opts["hold"])
     if opts["cpu_shim"]:
         from smartlaunch.profile import cpu_shim
         cpu_shim.install()

@@ -8,6 +8,9 @@ measurement, each rank with its own control socket (profile/control.py) and a st
                                       \\-> ended      (every process exited: `code`)
                                        \\-> killed    (by the session: `why`)
 
+A held stage (dryrun --hold) goes from done back to its gate; `again` starts its next window,
+`release` ends it.
+
 `wait(until, timeout)` is the one event loop: control sockets, each child's exit (a pidfd) and
 piped stderr as they come, and the rules the pipeline added (early.py), until `until()` holds."""
 from __future__ import annotations
@@ -42,6 +45,7 @@ class State(str, Enum):
 class Rank:
     def __init__(self, sock: socket.socket, state: State):
         self.sock, self.state, self.step, self.buf = sock, state, (0, 0), b""
+        self.results = 0                   # results written ("done"; a held rank writes more)
 
 
 class Stage:
@@ -75,6 +79,11 @@ class Stage:
     def over(self) -> bool:
         return self.state in (State.ENDED, State.KILLED)
 
+    @property
+    def results(self) -> int:
+        """Results rank 0 has written: one, or one per window of a held stage."""
+        return self.ranks[0].results if self.ranks else 0
+
     def steps_done(self) -> int:
         """Steps every rank has reached (the slowest rank's count)."""
         return min((r.step[0] for r in self.ranks), default=0)
@@ -93,6 +102,7 @@ class Stage:
                     pass
         elif "done" in msg:
             rank.state = State.DONE
+            rank.results += 1
 
 
 class Session:
@@ -163,6 +173,26 @@ class Session:
                     rank.sock.sendall(line)
                 except OSError:            # it died: its exit says so
                     pass
+
+    def again(self, stage: Stage, **options) -> None:
+        """Every rank of a held `stage` (dryrun --hold) measures another window: the go reaches
+        each at its gate, or waits in its socket for a rank still on its way there."""
+        line = json.dumps({"go": options}).encode() + b"\n"
+        for rank in stage.ranks:
+            rank.state = State.RUNNING
+            try:
+                rank.sock.sendall(line)
+            except OSError:                # it died: its exit says so
+                pass
+
+    def release(self, stage: Stage) -> None:
+        """Close our end of each rank's control socket: a held rank ends on its own (exit 0)."""
+        for rank in stage.ranks:
+            try:
+                self.sel.unregister(rank.sock)
+            except (KeyError, ValueError):
+                pass
+            _close(rank.sock)
 
     def wait(self, until: Callable[[], bool], timeout: float | None = None) -> bool:
         """Serve every process until `until()` holds (True) or `timeout` seconds pass (False)."""

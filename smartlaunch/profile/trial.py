@@ -18,8 +18,9 @@ from typing import Callable, ClassVar, Mapping
 from smartlaunch import proc, sandbox
 from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
+from smartlaunch.profile.early import memory_low
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
-from smartlaunch.profile.session import Session, Stage, State, owned
+from smartlaunch.profile.session import Session, Stage, owned
 from smartlaunch.request import Request
 from smartlaunch.store import read_json
 from smartlaunch.topology import sharing
@@ -35,16 +36,19 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                       expected_setup_s: float | None = None, python: str = sys.executable,
                       log: Callable[[str], None] | None = None,
                       phases: Callable[[dict[str, float]], None] | None = None,
-                      early: "list[Trial] | None" = None
+                      early: "list[Trial] | None" = None, hold: int = 0
                       ) -> Callable[[Strategy, tuple[int, ...]], float | None]:
     """A `trial(strategy, gpus) -> samples/s or None` for decide(), its ranks started in `session`
     (None: one of its own per trial) on `gpus` of `topology`. None: the trial could not measure.
     phases(seconds by phase): told after each trial (trial_phases). early: trials set up beside the
     dry run, each used when decide asks for exactly its candidate. expected_setup_s: the dry run's
-    profile.startup_s, for the Deadlines. `trial.why[(strategy, gpus)]`: why a trial that gave None
-    gave nothing, in a few words."""
+    profile.startup_s, for the Deadlines. hold: how many measured trials (the latest) stay alive,
+    held at their gate, so that a trial asked for again measures another window in the same ranks
+    instead of starting new ones (needs `session`; early trials must be started with hold=True).
+    `trial.why[(strategy, gpus)]`: why a trial that gave None gave nothing, in a few words."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
     waiting = list(early or ())
+    held: dict[tuple, Trial] = {}        # (strategy, gpus) -> a held trial, oldest first
     why: dict = {}
 
     def trial(strategy: Strategy, gpus: tuple[int, ...]) -> float | None:
@@ -61,19 +65,26 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                 log(f"no trial: {note}")
             return None
         n = len(gpus)            # one rank per GPU of the candidate (one for the baseline)
+        key = (strategy, tuple(gpus))
         steps = trial_steps(policy, last_step)
-        run = next((w for w in waiting if w.fits(gpus, isolated)), None)
-        early_run = run is not None
+        again = held.pop(key, None)
+        if again is not None and (again.stage.over or again.isolated != isolated):
+            end(session, again)
+            again = None
+        run = again or next((w for w in waiting if w.fits(gpus, isolated)), None)
+        origin = "held" if again else "set up early" if run is not None else "started for it"
         t_spawn = time.time()
-        if early_run:           # the others wait for decide: it may still ask for them
+        if again is not None:   # the same ranks measure another window
+            session.again(run.stage, measure=steps)
+        elif run is not None:   # the others wait for decide: it may still ask for them
             waiting.remove(run)
             session.go(run.stage, measure=steps)
         else:
             run = Trial.start(session, request, policy, environ, isolated, tuple(gpus),
-                              topology=topology, steps=steps, python=python)
+                              topology=topology, steps=steps, python=python, hold=hold > 0)
         deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s)
         listing = undo_roots(request, policy, isolated, (run.tmp,))
-        rc, stalled = watched(session, run.stage, deadlines)
+        rc, stalled = watched(session, run.stage, deadlines, run.stage.results + 1)
         t_end = time.time()
         killed = rc is None
         if stalled:
@@ -88,18 +99,26 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         if shared:              # it measured the other process as much as the candidate
             why[(strategy, tuple(gpus))] = f"another process came onto its GPUs ({shared})"
             result = None
-        if phases is not None:
-            phases(trial_phases(result, t_spawn, t_end, killed=killed))
         if log is not None and not shared and (rc != 0 or result is None):
             tail = run.log.read_text(errors="replace")[-2000:] if run.log.exists() else ""
             how = f"was {stalled}" if killed else f"ended with {rc}"
             log(f"trial of {strategy.value}×{n} {how}; log tail:\n{tail}")
+        if rc == 0 and result and not shared and not run.stage.over and run.hold and hold > 0 \
+                and not memory_low():
+            held[key] = run                # the latest `hold` stay; the oldest ends
+            while len(held) > hold:
+                end(session, held.pop(next(iter(held))))
+        elif not run.stage.over:
+            end(session, run)
+            t_end = time.time()            # its exit is the trial's time
+        if phases is not None:
+            phases(trial_phases(result, t_spawn, t_end, killed=killed))
         if result and result.get("step_time_s"):
             last_step = result["step_time_s"]
             # a mean far above the median says a stall sat in the window (a bug report's clue)
             logger.debug("trial %s×%d on GPUs %s (%s): %s steps, mean %.3f ms, median %.3f ms, "
                          "longest %.3f ms", strategy.value, n, ",".join(map(str, gpus)),
-                         "set up early" if early_run else "started for it",
+                         origin,
                          result.get("steps_measured"), 1e3 * result["step_time_s"],
                          1e3 * (result.get("step_time_median_s") or 0.0),
                          1e3 * (result.get("step_time_max_s") or 0.0))
@@ -111,6 +130,14 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
 
     trial.why = why
     return trial
+
+
+def end(session: Session, run: "Trial") -> None:
+    """A trial's ranks end now: held ones on their own once released, within DONE_GRACE_S,
+    else killed."""
+    session.release(run.stage)
+    if not run.stage.over and not session.wait(lambda: run.stage.over, DONE_GRACE_S):
+        session.kill(run.stage, "ended after its result", signal.SIGTERM, KILL_GRACE_S)
 
 
 @dataclass(frozen=True)
@@ -143,6 +170,7 @@ class Trial:
     gpus: tuple[int, ...]
     isolated: bool
     tmp: str
+    hold: bool = False      # its ranks wait for another window after each (dryrun --hold)
 
     @property
     def out(self) -> Path:
@@ -158,19 +186,21 @@ class Trial:
     @classmethod
     def start(cls, session: Session, request: Request, policy: Policy,
               environ: Mapping[str, str], isolated: bool, gpus: tuple[int, ...], *,
-              topology, steps: int | None = None, gate: bool = False,
+              topology, steps: int | None = None, gate: bool = False, hold: bool = False,
               python: str = sys.executable) -> "Trial":
         """Its ranks on `gpus` of `topology` (one rank on none: the CPU), started now: measuring
         `steps`, or (gate) set up and waiting before the first forward for the go that carries the
-        step count."""
+        step count; hold: after each window they wait for another (Session.again) or their
+        release."""
         tmp = session.tempdir("smartlaunch-trial-")
-        run = cls(None, tuple(gpus), isolated, tmp)
+        run = cls(None, tuple(gpus), isolated, tmp, hold)
         run.out.mkdir()
         env = {**environ, **sandbox.DRYRUN_ENV, "SMARTLAUNCH_TRIAL": "1"}
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = narrow_visible(gpus, environ, topology)
         n = max(1, len(gpus))
-        cmd = trial_command(request, policy, n, str(run.out), python, steps=steps, gate=gate)
+        cmd = trial_command(request, policy, n, str(run.out), python, steps=steps, gate=gate,
+                            hold=hold)
         if isolated:
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"),
                                [str(run.out), *sandbox.compile_caches(env)],
@@ -207,28 +237,29 @@ def trial_steps(policy: Policy, step_s: float | None) -> int:
 
 def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None,
-                  gate: bool = False) -> list[str]:
+                  gate: bool = False, hold: bool = False) -> list[str]:
     """The spawner's command line (trial_group.py) for nproc ranks of the shim (`_shim`)."""
     return [python, "-m", "smartlaunch.profile.trial_group", "--nproc", str(nproc), "--",
             "--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
             "--measure", str(steps or policy.decision.trial_steps),
-            *(["--gate"] if gate else []), *(["--module"] if request.module else []),
+            *(["--gate"] if gate else []), *(["--hold"] if hold else []),
+            *(["--module"] if request.module else []),
             request.script, *request.script_args]
 
 
 DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
 
 
-def watched(session: Session, stage: Stage, deadlines: Deadlines) -> tuple[int | None, str]:
-    """Serve a trial's ranks within its deadlines: (the spawner's code, or None when it was killed;
-    why it was killed). Once rank 0 has written its result the ranks' teardown is not waited for
-    past DONE_GRACE_S."""
+def watched(session: Session, stage: Stage, deadlines: Deadlines,
+            results: int = 1) -> tuple[int | None, str]:
+    """Serve a trial's ranks within its deadlines until rank 0 has written `results` results (or
+    they ended): (0 then, else the spawner's code; None when it was killed; why it was killed)."""
     t0 = last = time.monotonic()
     done, why = 0, ""
 
     def over() -> bool:
         nonlocal done, last, why
-        if stage.over or stage.state == State.DONE:
+        if stage.over or stage.results >= results:
             return True
         now = time.monotonic()
         k = stage.steps_done()
@@ -248,10 +279,7 @@ def watched(session: Session, stage: Stage, deadlines: Deadlines) -> tuple[int |
         if why:
             session.kill(stage, why, signal.SIGTERM, KILL_GRACE_S)
             return None, why
-        if not stage.over and not session.wait(lambda: stage.over, DONE_GRACE_S):
-            session.kill(stage, "ended after its result", signal.SIGTERM, KILL_GRACE_S)
-            return 0, ""
-    return stage.code, ""
+    return (stage.code, "") if stage.over else (0, "")
 
 
 def samples_per_s(result: dict | None, nproc: int) -> float | None:
