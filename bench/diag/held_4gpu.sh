@@ -10,12 +10,12 @@ nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c
 for run in default1 default2 throughput1; do
   h=$(mktemp -d)
   pol=(); [ "${run%1}" = throughput ] && pol=(--policy bench/policy-throughput.yaml)
-  t0=$(date +%s.%N)
+  SECONDS=0
   HOME=$h XDG_CACHE_HOME=$h/cache SMARTLAUNCH_LEASE_DIR=$h/leases SMARTLAUNCH_LOG_LEVEL=debug \
     timeout 200 smartlaunch "${pol[@]}" --explain=json --nproc-per-node 4 bench/suite/cnn.py \
     --batch-size 128 --warmup 20 --steps 100000 > "$OUT/$run.json" 2> "$OUT/$run.err"
   rc=$?
-  echo "== $run rc=$rc wall=$(echo "$(date +%s.%N) - $t0" | bc) s"
+  echo "== $run rc=$rc wall=${SECONDS} s"
   grep -E "trial .* steps, mean" "$OUT/$run.err" | sed 's/.*trial /trial /' | cut -c1-160
   python3 - "$OUT/$run.json" <<'PY'
 import json, sys
