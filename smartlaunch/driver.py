@@ -310,15 +310,8 @@ class Driver:
         return self._runner
 
     def _held_trials(self, profile) -> int:
-        """How many measured trials stay alive to measure again (near the policy's floor):
-        HELD_TRIALS, fewer where that many more copies of the dry run's peak GPU memory and a
-        running trial's would not fit in HELD_MEMORY of the least free GPU memory."""
-        peak = profile.peak_gpu_mem_bytes if profile is not None else None
-        free = [g.memory_free_mib for g in self.topology.gpus if g.memory_free_mib]
-        if not peak or not free:
-            return HELD_TRIALS
-        fit = int(HELD_MEMORY * min(free) * 2**20 // peak) - 1
-        return max(0, min(HELD_TRIALS, fit))
+        return held_trials(profile.peak_gpu_mem_bytes if profile is not None else None,
+                           [g.memory_free_mib for g in self.topology.gpus])
 
     def _import_torch_once(self) -> None:
         """A session rule, run once: import torch's launcher while the session's processes
@@ -337,6 +330,18 @@ class Driver:
         rule = "node calibration: smartlaunch-node calibrate" if record else \
             "shipped cost model: docs/decision.md"
         return model, Reason(f"cost model: {text}", rule)
+
+
+def held_trials(peak_bytes: int | None, free_mib: list[int]) -> int:
+    """How many measured trials stay alive to measure again (near the policy's floor):
+    HELD_TRIALS, fewer where that many copies of the dry run's peak GPU memory (`peak_bytes`) and
+    a running trial's would not fit in HELD_MEMORY of the least free GPU memory (`free_mib`, per
+    GPU; zero: unknown). Without either figure (a CPU run), HELD_TRIALS."""
+    free = [f for f in free_mib if f]
+    if not peak_bytes or not free:
+        return HELD_TRIALS
+    fit = int(HELD_MEMORY * min(free) * 2**20 // peak_bytes) - 1
+    return max(0, min(HELD_TRIALS, fit))
 
 
 class NullStream:

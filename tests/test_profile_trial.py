@@ -61,6 +61,17 @@ def test_a_held_trial_measures_again_in_the_same_ranks(clean_env):
     assert s.stages == []
 
 
+def test_trials_are_held_only_where_their_gpu_memory_fits():
+    from smartlaunch.driver import HELD_TRIALS, held_trials
+    gib = 2**30
+    assert held_trials(None, []) == HELD_TRIALS               # the CPU: nothing to fit
+    assert held_trials(2 * gib, [0, 0]) == HELD_TRIALS        # free memory unknown
+    assert held_trials(2 * gib, [143_000, 143_000]) == HELD_TRIALS
+    # 80 GiB free on the fuller GPU, 30 GiB a copy: 64 GiB holds two, one of them the running trial
+    assert held_trials(30 * gib, [100 * 1024, 80 * 1024]) == 1
+    assert held_trials(50 * gib, [80 * 1024]) == 0              # one copy fits: none held
+
+
 @pytest.mark.slow
 def test_a_hung_trial_is_killed_at_the_time_limit(clean_env, shared_dir):
     tmp_path = shared_dir                 # the trial's own writes are thrown away
