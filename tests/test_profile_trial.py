@@ -58,7 +58,13 @@ def test_a_held_trial_measures_again_in_the_same_ranks(clean_env):
         assert trial(Strategy.SINGLE, (0,)), logs
         assert len(s.stages) == 2 and stage.over and stage.code == 0, stage.why
         assert not s.stages[1].over          # the latest stays held until the session ends
-    assert s.stages == []
+        import psutil
+        ranks = psutil.Process(s.stages[1].children[0].pid).children(recursive=True)
+        assert ranks
+        t0 = time.monotonic()
+    assert s.stages == [] and time.monotonic() - t0 < 5.0
+    _, alive = psutil.wait_procs(ranks, timeout=5.0)
+    assert not alive, alive                  # the held ranks end with the session
 
 
 def test_trials_are_held_only_where_their_gpu_memory_fits():
