@@ -67,6 +67,23 @@ def test_a_held_trial_measures_again_in_the_same_ranks(clean_env):
     assert not alive, alive                  # the held ranks end with the session
 
 
+def test_a_held_trial_whose_script_ended_is_started_afresh(clean_env):
+    # The script's own 8 steps hold one window (1 warm-up, 3 measured) but not a second: asked
+    # again, the held trial's script ends; a fresh trial measures in its place.
+    from smartlaunch.profile.session import Session
+    script = str(Path(SCRIPT).with_name("short_ddp.py"))
+    pol = dataclasses.replace(QUICK, decision=DecisionPolicy(trial_steps=3, trial_seconds=0.001))
+    logs = []
+    with Session() as s:
+        trial = make_trial_runner(Request(script=script), pol, dict(os.environ), topology=TOPO,
+                                  session=s, log=logs.append, hold=1)
+        assert trial(Strategy.DDP, (0, 1)), logs
+        [held] = s.stages
+        assert not held.over
+        assert trial(Strategy.DDP, (0, 1)), logs
+        assert len(s.stages) == 2 and held.over and held.code == 0 and held.results == 1
+
+
 def test_trials_are_held_only_where_their_gpu_memory_fits():
     from smartlaunch.driver import HELD_TRIALS, held_trials
     gib = 2**30

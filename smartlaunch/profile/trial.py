@@ -84,7 +84,8 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                               topology=topology, steps=steps, python=python, hold=hold > 0)
         deadlines = Deadlines.from_dry_run(expected_setup_s, last_step, policy.dryrun.time_limit_s)
         listing = undo_roots(request, policy, isolated, (run.tmp,))
-        rc, stalled = watched(session, run.stage, deadlines, run.stage.results + 1)
+        want = run.stage.results + 1
+        rc, stalled = watched(session, run.stage, deadlines, want)
         t_end = time.time()
         killed = rc is None
         if stalled:
@@ -93,6 +94,12 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
             undone = undo_note(listing, (run.tmp,))
             if log is not None:
                 log(f"trial of {strategy.value}×{n} not isolated ({note}): {undone}")
+        if again is not None and not killed and run.stage.results < want:
+            # the script ended before another window (its own step count ran out): afresh
+            logger.debug("held trial %s×%d ended with its script; starting it afresh",
+                         strategy.value, n)
+            end(session, run)
+            return measure(session, strategy, gpus)
         # A killed trial's rank 0 writes what it had on SIGTERM: not a rate to decide by.
         result = None if killed else read_json(run.out / "rank0.json")
         shared = None if killed else sharing(topology, gpus, environ)
