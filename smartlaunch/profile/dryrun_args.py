@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 
 USAGE = ("usage: python -m smartlaunch.profile.dryrun [--out PATH] [--warmup N] [--measure N] "
-         "[--min-seconds S] [--precision P] [--gate] [--hold] [--cpu-shim] [--module] SCRIPT [ARGS...]")
+         "[--min-seconds S] [--precision P] [--gate] [--hold] [--cpu-shim] [--module] "
+         "SCRIPT [ARGS...]")
 
 
 _VALUES = {"--out": ("out", str), "--warmup": ("warmup", int), "--measure": ("measure", int),
            "--min-seconds": ("min_seconds", float), "--precision": ("precision", float)}
-_FLAGS = {"--gate": "gate", "--hold": "hold", "--module": "module", "-m": "module", "--cpu-shim": "cpu_shim"}
+_FLAGS = {"--gate": "gate", "--hold": "hold", "--module": "module", "-m": "module",
+          "--cpu-shim": "cpu_shim"}
 
 
 def parse(argv: list[str]) -> dict:

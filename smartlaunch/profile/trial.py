@@ -47,6 +47,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
     instead of starting new ones (needs `session`; early trials must be started with hold=True).
     `trial.why[(strategy, gpus)]`: why a trial that gave None gave nothing, in a few words."""
     last_step = expected_step_s          # the next trial's window is sized from the last one
+    hold = hold if session is not None else 0    # a session of its own ends with its trial
     waiting = list(early or ())
     held: dict[tuple, Trial] = {}        # (strategy, gpus) -> a held trial, oldest first
     why: dict = {}
