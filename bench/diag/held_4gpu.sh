@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cold decisions with held trials on a 4-GPU machine (issue 38): the small CNN over host memory,
+# Cold decisions with held trials on every GPU of the machine (issue 38; NPROC overrides): the small CNN over host memory,
 # the default policy twice and the throughput policy once, each with an empty cache; every trial
 # in order (started early, for it, or held) from the debug log. Outputs: $OUT/<policy><k>.json
 # (--explain=json), $OUT/<policy><k>.err; the trial lines and timings printed.
@@ -12,7 +12,7 @@ for run in default1 default2 throughput1; do
   pol=(); [ "${run%1}" = throughput ] && pol=(--policy bench/policy-throughput.yaml)
   SECONDS=0
   HOME=$h XDG_CACHE_HOME=$h/cache SMARTLAUNCH_LEASE_DIR=$h/leases SMARTLAUNCH_LOG_LEVEL=debug \
-    timeout 200 smartlaunch "${pol[@]}" --explain=json --nproc-per-node 4 bench/suite/cnn.py \
+    timeout 200 smartlaunch "${pol[@]}" --explain=json --nproc-per-node "${NPROC:-gpu}" bench/suite/cnn.py \
     --batch-size 128 --warmup 20 --steps 100000 > "$OUT/$run.json" 2> "$OUT/$run.err"
   rc=$?
   echo "== $run rc=$rc wall=${SECONDS} s"
