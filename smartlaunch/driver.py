@@ -220,7 +220,7 @@ class Driver:
         sweep = Sweep(self.session, topology, work.group, policy, self.environ) \
             if work.sweep else None
         trials = [Trial.start(self.session, request, policy, self.environ, isolated, g,
-                              topology=topology, gate=True, hold=HELD_TRIALS > 0)
+                              topology=topology, gate=True, hold=True)
                   for g in work.trials]
         return early_work.Early(self.session, trials, sweep,
                                 sweep_limit_s=limit + min(TIME_LIMIT_S, limit / 2))

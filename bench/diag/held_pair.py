@@ -32,6 +32,21 @@ from smartlaunch.request import Request  # noqa: E402
 from smartlaunch.topology import discover  # noqa: E402
 from smartlaunch.vocab import Strategy  # noqa: E402
 
+def trial_inputs(script: str, condition: str | None, fake: str | None, tiny: bool):
+    """(request, policy, topology, environment) for trials of a suite script, as a cold decision
+    under the shipped policy would run them; from the repository root."""
+    base = dict(os.environ, PYTHONPATH=str(common.REPO))
+    if fake:
+        base["SMARTLAUNCH_FAKE_TOPOLOGY"] = fake
+    env = common.child_env(base, condition)
+    os.chdir(common.REPO)
+    entry = common.entry(script)
+    request = Request(script=entry.script, script_args=(
+        *entry.args, "--warmup", str(entry.warmup), "--steps", "100000",
+        *(["--tiny"] if tiny else [])))
+    return request, build_policy(builtin_values()), discover(env), env
+
+
 SEQUENCES = {"A": ("both", "sdsdsd"), "B": ("s", "sdsds"), "C": ("s", "sss")}
 
 
@@ -44,17 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    base = dict(os.environ, PYTHONPATH=str(common.REPO))
-    if args.fake:
-        base["SMARTLAUNCH_FAKE_TOPOLOGY"] = args.fake
-    env = common.child_env(base, args.condition)     # NCCL's condition; one rank ignores it
-    os.chdir(common.REPO)
-    entry = common.entry(args.script)
-    request = Request(script=entry.script, script_args=(
-        *entry.args, "--warmup", str(entry.warmup), "--steps", "100000",
-        *(["--tiny"] if args.tiny else [])))
-    policy = build_policy(builtin_values())
-    topology = discover(env)
+    request, policy, topology, env = trial_inputs(args.script, args.condition, args.fake,
+                                                  args.tiny)
     cand = {"s": (Strategy.SINGLE, (0,)), "d": (Strategy.DDP, (0, 1))}
     rows = []
     for name in args.sequences.split(","):

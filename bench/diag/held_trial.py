@@ -14,20 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+from held_pair import trial_inputs  # noqa: E402
 
-from smartlaunch.policy.load import build_policy, builtin_values  # noqa: E402
 from smartlaunch.profile.session import Session  # noqa: E402
 from smartlaunch.profile.trial import make_trial_runner  # noqa: E402
-from smartlaunch.request import Request  # noqa: E402
-from smartlaunch.topology import discover  # noqa: E402
 from smartlaunch.vocab import Strategy  # noqa: E402
 
 
@@ -42,17 +40,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     gpus = tuple(int(g) for g in args.gpus.split(","))
-    base = dict(os.environ, PYTHONPATH=str(common.REPO))
-    if args.fake:
-        base["SMARTLAUNCH_FAKE_TOPOLOGY"] = args.fake
-    env = common.child_env(base, args.condition if len(gpus) > 1 else None)
-    os.chdir(common.REPO)
-    entry = common.entry(args.script)
-    request = Request(script=entry.script, script_args=(
-        *entry.args, "--warmup", str(entry.warmup), "--steps", "100000",
-        *(["--tiny"] if args.tiny else [])))
-    policy = build_policy(builtin_values())
-    topology = discover(env)
+    request, policy, topology, env = trial_inputs(
+        args.script, args.condition if len(gpus) > 1 else None, args.fake, args.tiny)
     strategy = Strategy.DDP if len(gpus) > 1 else Strategy.SINGLE
     rows = []
     for hold in (0, 1):

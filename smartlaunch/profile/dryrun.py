@@ -215,12 +215,15 @@ class Recorder:
 
     def on_marker(self):
         if self.primary != "marker":  # a marker overrides optimizer steps: restart counting
-            self.primary, self.steps = "marker", 0
-            self.t_window, self.marks, self.warm, self.warm_spans = None, [], [], []
-            self.mark_hosts = []
-            self.read, self.window_steps = 0, []
-            self.cur, self.per_step = [], []
+            self.primary, self.steps, self.per_step = "marker", 0, []
+            self.new_window()
         self.on_step()
+
+    def new_window(self) -> None:
+        """Forget the window and its warm-up: the next steps warm up and measure afresh."""
+        self.t_window, self.closed, self.marks, self.mark_hosts = None, None, [], []
+        self.read, self.window_steps = 0, []
+        self.warm, self.warm_spans, self.cur = [], [], []
 
     def on_step(self):
         self.pass_gate()                # a script without modules: its first step waits
@@ -269,9 +272,8 @@ class Recorder:
             steps = 0
         if steps <= 0:
             return False
-        self.measure, self.step0, self.written, self.closed = steps, self.steps, False, None
-        self.t_window, self.marks, self.mark_hosts, self.read = None, [], [], 0
-        self.warm, self.warm_spans, self.cur, self.window_steps = [], [], [], []
+        self.measure, self.step0, self.written = steps, self.steps, False
+        self.new_window()
         return True
 
     def warmed(self) -> bool:

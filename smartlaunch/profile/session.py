@@ -165,25 +165,12 @@ class Session:
 
     def go(self, stage: Stage, **options) -> None:
         """Every rank of `stage` passes its gate (one waiting there, or one still on its way)."""
-        line = json.dumps({"go": options}).encode() + b"\n"
-        for rank in stage.ranks:
-            if rank.state in (State.STARTED, State.AT_GATE):
-                rank.state = State.RUNNING
-                try:
-                    rank.sock.sendall(line)
-                except OSError:            # it died: its exit says so
-                    pass
+        _send_go([r for r in stage.ranks if r.state in (State.STARTED, State.AT_GATE)], options)
 
     def again(self, stage: Stage, **options) -> None:
         """Every rank of a held `stage` (dryrun --hold) measures another window: the go reaches
         each at its gate, or waits in its socket for a rank still on its way there."""
-        line = json.dumps({"go": options}).encode() + b"\n"
-        for rank in stage.ranks:
-            rank.state = State.RUNNING
-            try:
-                rank.sock.sendall(line)
-            except OSError:                # it died: its exit says so
-                pass
+        _send_go(stage.ranks, options)
 
     def release(self, stage: Stage) -> None:
         """Close our end of each rank's control socket: a held rank ends on its own (exit 0)."""
@@ -295,6 +282,16 @@ def owned(session: Session | None):
         return
     with Session() as own:
         yield own
+
+
+def _send_go(ranks: list[Rank], options: dict) -> None:
+    line = json.dumps({"go": options}).encode() + b"\n"
+    for rank in ranks:
+        rank.state = State.RUNNING
+        try:
+            rank.sock.sendall(line)
+        except OSError:            # it died: its exit says so
+            pass
 
 
 def _close(obj) -> None:
