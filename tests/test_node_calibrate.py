@@ -221,7 +221,10 @@ def test_calibrate_caches_the_node_constants_and_the_next_decision_uses_them(cle
     note, r = _explain(clean_env)
     assert "10000 ± " in note and "µs per gradient tensor" in note
     assert r.stdout.startswith("smartlaunch: single process on GPU0"), r.stdout[:300]
-    assert _ddp_step(clean_env) >= free + 0.01 * 8       # examples/train.py: 8 tensors
+    # examples/train.py has 8 gradient tensors. The rest of the predicted step rests on what each
+    # run measures on this CPU, so it moves a little between the two (once 0.1 µs lower in CI):
+    # 1 ms of slack, against the 80 ms the per-tensor cost must add.
+    assert _ddp_step(clean_env) >= free + 0.01 * 8 - 0.001
 
 
 @pytest.mark.parametrize("args, env, want", [
