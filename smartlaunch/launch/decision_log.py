@@ -134,8 +134,8 @@ def _finite(x, lo: float, hi: float, *, null: bool = False) -> bool:
         math.isfinite(x) and lo <= x <= hi
 
 
-def _speedup(x, null: bool = True) -> bool:
-    return _finite(x, 0.0, MAX_SPEEDUP, null=null) and x != 0
+def _speedup(x) -> bool:
+    return _finite(x, 0.0, MAX_SPEEDUP) and x != 0
 
 
 def check_record(rec) -> bool:
@@ -144,20 +144,19 @@ def check_record(rec) -> bool:
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         return False
     decided, torchrun = rec.get("decided"), rec.get("torchrun")
-    checked = rec.get("checked", [])
+    checked, code = rec.get("checked", []), rec.get("exit_code")
     return all((
         all(_finite(rec.get(k), 0.0, MAX_SECONDS) for k in ("wall_s", "run_s", "gpu_s")),
         _finite(rec.get("measure_gpu_s"), 0.0, MAX_SECONDS, null=True),   # older lines: absent
-        rec.get("exit_code") is None or (isinstance(rec.get("exit_code"), int) and
-                                         not isinstance(rec.get("exit_code"), bool) and
-                                         0 <= rec["exit_code"] <= 255),
+        code is None or (isinstance(code, int) and not isinstance(code, bool)
+                         and 0 <= code <= 255),
         isinstance(decided, dict) and isinstance(decided.get("strategy", ""), str),
         isinstance(torchrun, dict) and _finite(torchrun.get("gpu_s"), 0.0, MAX_SECONDS,
                                                null=True),
         _finite(rec.get("band"), 0.0, MAX_SPEEDUP, null=True),
         isinstance(checked, list) and len(checked) <= MAX_CHECKED and all(
             isinstance(row, list) and len(row) == 3 and isinstance(row[0], str)
-            and _speedup(row[1], False) and _speedup(row[2], False) for row in checked),
+            and _speedup(row[1]) and _speedup(row[2]) for row in checked),
         all(isinstance(rec.get(k), (str, type(None))) for k in ("time", "user", "host",
                                                                   "command")),
         isinstance(rec.get("job"), (str, int, type(None))),

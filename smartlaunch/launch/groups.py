@@ -41,9 +41,8 @@ class GroupsLauncher(IndependentLauncher):
         self.leases: dict[int, object] = {}        # job index -> its group's Lease
 
     def _acquire_more(self, *, force: bool = False) -> None:
-        if not force and time.monotonic() - self._last_more < 1.0:
+        if not self._due(force):
             return
-        self._last_more = time.monotonic()
         for job in self._in(JobState.PENDING):
             if job.index not in self.leases:
                 gpus = self.plans[job.index].gpus
@@ -63,17 +62,12 @@ class GroupsLauncher(IndependentLauncher):
             if job.index in self.leases:
                 self._start(job, None)
 
-    def start(self) -> None:
+    def _hold_first(self) -> None:
         self._acquire_more(force=True)
         if not self.leases and self.jobs:
-            first = self.jobs[0]
-            self.leases[first.index] = self.ctx.hold(self.plans[first.index],
-                                                     len(self.plans[first.index].gpus))
-        self.ctx.begin(self.plan)
-        self.log_dir = self.ctx.new_run_dir()
-        self.run_id = os.path.basename(self.log_dir)
-        self._started = time.monotonic()
-        self._start_ready()
+            index = self.jobs[0].index
+            plan = self.plans[index]
+            self.leases[index] = self.ctx.hold(plan, len(plan.gpus))
 
     def poll(self):
         if self._result is None and not self._stopping:

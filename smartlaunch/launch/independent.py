@@ -134,10 +134,16 @@ class IndependentLauncher:
         per_gpu = max(self.capacity.values(), default=1)
         return max(0, min(len(self.plan.gpus) - len(held), -(-short // per_gpu)))
 
-    def _acquire_more(self, *, force: bool = False) -> None:
+    def _due(self, force: bool) -> bool:
+        """Whether to look for more GPUs now: when forced, else once a _ACQUIRE_MORE_EVERY_S."""
         if not force and time.monotonic() - self._last_more < _ACQUIRE_MORE_EVERY_S:
-            return
+            return False
         self._last_more = time.monotonic()
+        return True
+
+    def _acquire_more(self, *, force: bool = False) -> None:
+        if not self._due(force):
+            return
         for i in self.plan.gpus:
             if self._gpus_wanted() <= 0:
                 return
@@ -180,12 +186,16 @@ class IndependentLauncher:
                 return
             self._start(self._in(JobState.PENDING)[0], slot)
 
-    def start(self) -> None:
+    def _hold_first(self) -> None:
+        """The GPUs to start on: those free now, else wait for one (or fail with --no-wait)."""
         if self.gpu_mode:
             self._acquire_more(force=True)
-            if self.lease is None:       # nothing free now: wait for one (or fail with --no-wait)
+            if self.lease is None:
                 self.lease = self.ctx.hold(self.plan, 1)
                 self._acquire_more(force=True)
+
+    def start(self) -> None:
+        self._hold_first()
         self.ctx.begin(self.plan)
         self.log_dir = self.ctx.new_run_dir()
         self.run_id = os.path.basename(self.log_dir)

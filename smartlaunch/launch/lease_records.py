@@ -125,12 +125,13 @@ def inspect(dfd: int, name: str) -> Record | None:
         if st.st_size > RECORD_MAX_BYTES:
             return Record(name, st.st_uid, live, not live, None, f"it is {st.st_size} bytes, "
                           f"more than a record's {RECORD_MAX_BYTES}")
-        data = _read_capped(fd)
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(RECORD_MAX_BYTES + 1)     # it may have grown since the fstat
     except OSError as exc:
         return Record(name, None, False, False, None, f"it cannot be read ({exc.strerror})")
     finally:
         os.close(fd)
-    if data is None:
+    if len(data) > RECORD_MAX_BYTES:
         return Record(name, st.st_uid, live, not live, None,
                       f"it is more than a record's {RECORD_MAX_BYTES} bytes")
     try:
@@ -138,12 +139,6 @@ def inspect(dfd: int, name: str) -> Record | None:
     except RecordError as exc:
         return Record(name, st.st_uid, live, not live, None, str(exc))
     return Record(name, st.st_uid, live, not live, holder)
-
-
-def _read_capped(fd: int) -> bytes | None:
-    with open(fd, "rb", closefd=False) as f:
-        data = f.read(RECORD_MAX_BYTES + 1)
-    return data if len(data) <= RECORD_MAX_BYTES else None
 
 
 def _unopened(dfd: int, name: str, exc: OSError) -> Record | None:

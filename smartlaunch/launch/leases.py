@@ -16,7 +16,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import psutil
@@ -26,8 +25,7 @@ from smartlaunch.launch.lease_holders import (
     Holder, current_user, fmt_indices, leased_by, summarise,
 )
 from smartlaunch.launch.lease_dir import (  # noqa: F401  (re-exported: callers use leases.*)
-    ENV_LEASE_DIR, LeaseDirError, _is_private_location, boot_id, lease_dir_enforced, lease_dir_for,
-    open_lease_dir,
+    ENV_LEASE_DIR, LeaseDirError, boot_id, lease_dir_enforced, lease_dir_for, open_lease_dir,
 )
 from smartlaunch.launch.lease_records import (
     LockingUnsupported, Published, Record, inspect, publish, withdraw,
@@ -83,8 +81,7 @@ class LeaseManager:
         self.busy_ok = busy_ok
         self.poll_s = poll_s
         self._say = say or _say
-        self._private = _is_private_location(self.lease_dir) if private is None else private
-        self._dfd = open_lease_dir(self.lease_dir, private=self._private, create=create,
+        self._dfd = open_lease_dir(self.lease_dir, private=private, create=create,
                                    enforced=enforced)
         self._boot = boot_id()
         self._my_start = psutil.Process(os.getpid()).create_time()
@@ -175,9 +172,6 @@ class LeaseManager:
                                 f"{exc.strerror}; free space there or set paths.lease_dir (or "
                                 f"{ENV_LEASE_DIR}) to a usable directory") from None
 
-    def _write_waiter(self, candidates: Sequence[int]) -> Published:
-        return self._publish("queue", "waiter", gpu_uuid="queue:" + fmt_indices(candidates))
-
     def queue_position(self, mine: str) -> tuple[int, int]:
         """(1-based place of the waiter record `mine` by start of wait, live waiters)."""
         waiters = self._live(_WAITER, prune=True)
@@ -206,8 +200,9 @@ class LeaseManager:
         others = [h for h in blocking if not self._mine(h)]
         return leased_by(others) if others else "leased by this launch"
 
-    def _try_gpu(self, topology: Topology, index: int, describe: bool = True) -> tuple[_Held | None, str]:
-        """(held, "") or (None, why not; naming holders only if `describe`)."""
+    def _try_gpu(self, topology: Topology, index: int,
+                 describe: bool = True) -> tuple[Published | None, str]:
+        """(our holder record, "") or (None, why not; naming holders only if `describe`)."""
         gpu = topology.gpu(index)
         if gpu.busy and not self.busy_ok:
             return None, _in_use(gpu)
@@ -221,7 +216,7 @@ class LeaseManager:
             blocking = [h for h in self._blocking(gpu.uuid) if h.record != rec.name]
             if not blocking:
                 self._holding.add(rec.name)
-                return _Held(index, gpu.uuid, rec), ""
+                return rec, ""
             withdraw(self._dfd, rec)
             time.sleep(_BACKOFF_S * 2 ** attempt * (0.5 + random.random()))
         return None, self._why(blocking, describe)
@@ -249,20 +244,21 @@ class LeaseManager:
         order = list(candidates)
         if self.share:
             order.sort(key=lambda i: len(self.holders(topology.gpu(i).uuid, prune=False)))
-        got, why = [], {}
+        got: dict[int, Published] = {}
+        why = {}
         try:
             for i in order:
-                held, reason = self._try_gpu(topology, i, describe)
-                if held is None:
+                rec, reason = self._try_gpu(topology, i, describe)
+                if rec is None:
                     why[i] = reason
                     continue
-                got.append(held)
+                got[i] = rec
                 if len(got) == count:
-                    lease, got = Lease(self, got), []
+                    lease, got = Lease(self, got), {}
                     return lease, {}
         finally:        # a partial set, or a record we could not write: give back what we got
-            for h in got:
-                self._release(h)
+            for rec in got.values():
+                self._release(rec)
         return None, why
 
     def acquire(self, topology: Topology, candidates: Sequence[int], count: int, *, wait: bool,
@@ -298,7 +294,8 @@ class LeaseManager:
                                          f"{summary}; raise jobs.wait_timeout_s or free a GPU")
                 if describe and progress:
                     if waiter is None:
-                        waiter = self._write_waiter(candidates)
+                        waiter = self._publish("queue", "waiter",
+                                               gpu_uuid="queue:" + fmt_indices(candidates))
                     place, total = self.queue_position(waiter.name)
                     progress(f"waiting for {count} GPU(s) of {fmt_indices(candidates)}: "
                              f"{_ordinal(place)} of {total} in the queue; {summary}; waited "
@@ -316,9 +313,9 @@ class LeaseManager:
             if waiter is not None:
                 withdraw(self._dfd, waiter)
 
-    def _release(self, held: _Held) -> None:
-        withdraw(self._dfd, held.record)
-        self._holding.discard(held.record.name)
+    def _release(self, rec: Published) -> None:
+        withdraw(self._dfd, rec)
+        self._holding.discard(rec.name)
         if self._closing:
             self.close()
 
@@ -327,20 +324,13 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-@dataclass
-class _Held:
-    index: int
-    uuid: str
-    record: Published
-
-
 class Lease:
     """GPUs held by this process, released per GPU or all at once; `absorb` takes another
     lease's GPUs. `on_empty(lease)` is told whenever a release or an absorb leaves it none."""
 
-    def __init__(self, manager: LeaseManager, held: list[_Held]):
+    def __init__(self, manager: LeaseManager, held: dict[int, Published]):
         self._manager = manager
-        self._held = {h.index: h for h in held}
+        self._held = held           # GPU index -> our holder record
         self.on_empty: Callable[["Lease"], None] | None = None
 
     @property
@@ -354,9 +344,9 @@ class Lease:
 
     def release(self, gpu: int | None = None) -> None:
         for i in ([gpu] if gpu is not None else list(self._held)):
-            held = self._held.pop(i, None)
-            if held is not None:
-                self._manager._release(held)
+            rec = self._held.pop(i, None)
+            if rec is not None:
+                self._manager._release(rec)
         self._emptied()
 
     def _emptied(self) -> None:

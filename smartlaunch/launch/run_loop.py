@@ -8,7 +8,7 @@ import time
 
 from smartlaunch.errors import NoFreeGPUError
 from smartlaunch.launch.api import LaunchContext, Launcher, LaunchResult
-from smartlaunch.launch.signals import TERMINATING, forward_signals
+from smartlaunch.launch.signals import FORWARDED, TERMINATING, handling
 
 POLL_S = 0.05
 
@@ -24,13 +24,13 @@ def run(launcher: Launcher, ctx: LaunchContext) -> int:
 def run_result(launcher: Launcher, ctx: LaunchContext) -> LaunchResult:
     """Start the launcher and poll it to its end; a terminating signal before the workers
     start (ctx.hold or ctx.begin raise NoFreeGPUError) gives 128+N."""
-    def on_signal(signum: int) -> None:
+    def on_signal(signum: int, _frame) -> None:
         if signum in TERMINATING:
             ctx.signals.append(signum)
         launcher.forward(signum)
 
     result: LaunchResult | None = None
-    with forward_signals(on_signal):
+    with handling(FORWARDED, on_signal):
         try:
             launcher.start()
             while (result := launcher.poll()) is None:

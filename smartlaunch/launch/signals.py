@@ -30,19 +30,12 @@ def handling(signals: Iterable[int], handler) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def forward_signals(on_signal: Callable[[int], None]):
-    """Call on_signal(signum) for each forwarded signal while inside the block."""
-    return handling(FORWARDED, lambda signum, _frame: on_signal(signum))
-
-
 @contextlib.contextmanager
 def stuck_main_escape(stuck: Callable[[], str | None], grace_s: float = 2.0) -> Iterator[None]:
-    """Inside the block, a terminating signal whose Python handler has not ended `stuck()`
-    within grace_s (the main thread blocked in C++, where no handler runs: torch's store
-    retrying a rendezvous that never answers) ends the process, exit 128+N, after one line.
-    stuck(): asked grace_s after the signal; None when the block's own handling has it in
-    hand (ranks are running), else the words for what was being waited on. Main thread only
-    (signal.set_wakeup_fd): elsewhere a no-op."""
+    """Inside the block, a terminating signal still unhandled grace_s later (the main thread
+    blocked in C++, where no handler runs) ends the process, exit 128+N, after one line.
+    stuck(): None when the block's own handling has it in hand, else the words for what was
+    being waited on. Main thread only (signal.set_wakeup_fd): elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
