@@ -5,6 +5,7 @@ Recorder rings and ends the job; feeds the run monitor and draws the steps/s lin
 """
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import sys
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec, stacks
 from smartlaunch.launch.api import RankFailure
-from smartlaunch.launch.monitor import RunMonitor, gpu_sampler, samples_path
+from smartlaunch.launch.monitor import RunMonitor, gpu_sampler
 from smartlaunch.launch.progress import ProgressRecord, progress_path, read_progress, status_line
 from smartlaunch.launch.straggler import GpuSample
 from smartlaunch.launch.worker import stack_path
@@ -105,7 +106,8 @@ class Watchdog(threading.Thread):
         if sample_gpus is None and gpus and read_topology is not None:
             sample_gpus = gpu_sampler(gpus, read_topology, time.monotonic, planned)
         self.monitor = RunMonitor(launch, gpu_of=gpu_of, sample_gpus=sample_gpus,
-                                  record_to=samples_path(run_dir), out=self._out)
+                                  record_to=os.path.join(run_dir, "gpu-samples.jsonl"),
+                                  out=self._out)
 
     def run(self) -> None:
         while not self._halt.wait(POLL_S):
