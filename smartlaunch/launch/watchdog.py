@@ -253,10 +253,12 @@ class Watchdog(threading.Thread):
         ranks = sorted(r.rec.rank for r in live.values())
         asked = flightrec.ask(self._fr, ranks) if self._fr else []
         texts = stacks.dump_all(self.run_dir, {lr: r.rec.pid for lr, r in live.items()})
-        dumps = flightrec.collect(self._fr, asked) if asked else {}
-        collectives, laggards = flightrec.verdict(
-            {k: flightrec.read_dump(p) for k, p in dumps.items()}, ranks) if asked else ([], [])
-        if self._fr and not asked:
+        dumps, collectives, laggards = {}, [], []
+        if asked:
+            dumps = flightrec.collect(self._fr, asked)
+            collectives, laggards = flightrec.verdict(
+                {k: flightrec.read_dump(p) for k, p in dumps.items()}, ranks)
+        elif self._fr:
             collectives = [flightrec.NO_PIPE]
         frames = {lr: stacks.top_frame(texts.get(lr, "")) for lr in live}
         lr, why = self._culprit(live, stopped, frames)
