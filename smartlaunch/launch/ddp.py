@@ -305,7 +305,7 @@ def _rendezvous_result(exc: Exception, args, started: bool, details: dict) -> La
 
 def _root_failure(seen: RankFailure | None, failures: dict, host: str, log_root: str) -> RankFailure | None:
     """The watchdog saw the first death; torch's agent reaped it and knows its exit status."""
-    by_local = {pf.local_rank: (rank, pf) for rank, pf in failures.items()}
+    by_local = {pf.local_rank: pf for pf in failures.values()}
     if seen is None:
         if not failures:
             return None
@@ -313,7 +313,7 @@ def _root_failure(seen: RankFailure | None, failures: dict, host: str, log_root:
         pf = failures[first]
         seen = RankFailure(pf.local_rank, first, host, pf.pid, None, None)
     if seen.local_rank in by_local and seen.exit_code is None and seen.signal is None:
-        _, pf = by_local[seen.local_rank]
+        pf = by_local[seen.local_rank]
         code, sig = (None, pf.signal_name()) if pf.exitcode < 0 else (pf.exitcode, None)
         seen = RankFailure(seen.local_rank, seen.rank, host, seen.pid or pf.pid, code, sig)
     path, tail = log_tail(log_root, seen.local_rank)
@@ -321,7 +321,7 @@ def _root_failure(seen: RankFailure | None, failures: dict, host: str, log_root:
                        seen.signal, tail, path)
 
 
-def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES) -> tuple[str | None, str]:
+def log_tail(log_root: str | None, local_rank: int) -> tuple[str | None, str]:
     """Last lines of a rank's log: the hook's <root>/<local_rank>/, or torch's layout
     <root>/<id>/attempt_<n>/<local_rank>/ when the user gave --log-dir/--tee/--redirects."""
     if not log_root:
@@ -333,7 +333,7 @@ def log_tail(log_root: str | None, local_rank: int, lines: int = LOG_TAIL_LINES)
     for path in reversed(found):
         text = path.read_text(errors="replace").rstrip()
         if text:
-            return str(path), "\n".join(text.splitlines()[-lines:])
+            return str(path), "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
     return (str(found[-1]) if found else None), ""
 
 
@@ -341,27 +341,27 @@ def _torchrun_preprocess(args: argparse.Namespace) -> None:
     """torch.distributed.run.run()'s rewriting of the namespace, before config_from_args."""
     import uuid
     from torch.distributed.run import parse_min_max_nnodes
-    if args.standalone:
+    no_port = getattr(args, "master_port", None) is None
+    if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint and no_port
+                           and parse_min_max_nnodes(args.nnodes)[1] == 1):
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and getattr(args, "master_port", None) is None:
-        if parse_min_max_nnodes(args.nnodes)[1] == 1:
-            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    if getattr(args, "master_port", None) is None:
+    if no_port:
         args.master_port = 29500
 
 
 def _wrap_entrypoint(cmd, cmd_args: list[str], args) -> tuple[str, list[str]]:
     """torchrun's (cmd, args) with the worker hook in front of the script."""
     python = cmd if isinstance(cmd, str) and not args.no_python else os.getenv("PYTHON_EXEC", sys.executable)
+    hook = ["-u", "-m", WORKER_MODULE]
     if callable(cmd) or args.run_path:
-        return python, ["-u", "-m", WORKER_MODULE, *cmd_args]
+        return python, [*hook, *cmd_args]
     if args.no_python:
-        return python, ["-u", "-m", WORKER_MODULE, "--no-python", cmd, *cmd_args]
+        return python, [*hook, "--no-python", cmd, *cmd_args]
     rest = list(cmd_args)
     while rest and rest[0] in ("-u", "-m"):
         rest.pop(0)
     flags = ["--module"] if args.module else []
-    return python, ["-u", "-m", WORKER_MODULE, *flags, *rest]
+    return python, [*hook, *flags, *rest]
 
 
 def _worker_overrides(plan: Plan, topology: Topology, environ: Mapping[str, str], run_dir: str,

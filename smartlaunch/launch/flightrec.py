@@ -86,7 +86,8 @@ def ask(fr: FlightRecorder, ranks: list[int]) -> list[tuple[int, float]]:
     return asked
 
 
-def collect(fr: FlightRecorder, asked: list[tuple[int, float]], wait_s: float = DUMP_WAIT_S) -> dict[int, str]:
+def collect(fr: FlightRecorder, asked: list[tuple[int, float]],
+            wait_s: float = DUMP_WAIT_S) -> dict[int, str]:
     """rank -> dump file written since it was asked (complete: its size held for one poll)."""
     sizes: dict[int, int] = {}
     got: dict[int, str] = {}
@@ -170,10 +171,9 @@ def verdict(dumps: Mapping[int, dict | None], ranks: list[int]) -> tuple[list[st
         what = f"collective #{top} ({op[0]}, process group {pg})"
         behind = sorted(r for r, p in per.items() if p["entered"] < top)
         if behind:
-            for r in behind:
-                laggards.append(r)
-                lines.append(f"rank {r} did not enter {what}; its last was #{per[r]['entered']}, "
-                             f"the other ranks entered #{top}")
+            laggards += behind
+            lines += [f"rank {r} did not enter {what}; its last was #{per[r]['entered']}, "
+                      f"the other ranks entered #{top}" for r in behind]
             continue
         ops = {r: p["ops"].get(top) for r, p in per.items()}
         if len({repr(v) for v in ops.values() if v}) > 1:

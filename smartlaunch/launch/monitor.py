@@ -5,7 +5,6 @@ under load drifts down; the end-of-run summary's figures."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 from collections import deque
@@ -163,7 +162,3 @@ def gpu_sampler(gpus: list[int], read_topology: Callable[[], object], clock,
         return [GpuSample.from_gpu(now, topo.gpu(g), planned.gpu(g) if planned else None)
                 for g in gpus]
     return sample
-
-
-def samples_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "gpu-samples.jsonl")

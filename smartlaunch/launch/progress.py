@@ -41,10 +41,6 @@ class ProgressRecord:
     exit_code: int | None    # None while running; the script's exit status once it returned
     t_warm: float = 0.0      # step WARM_STEP ended (0.0: not yet)
 
-    @property
-    def started(self) -> bool:
-        return self.steps > 0
-
     def window(self) -> tuple[int, float] | None:
         """(step intervals, seconds) over which this rank's rate is measured: from the end of
         step WARM_STEP to the latest step when it got further, else from its first step;

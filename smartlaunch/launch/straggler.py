@@ -23,6 +23,7 @@ _CAUSES = (
 CLOCK_LOW = 0.9           # below 90% of its maximum the clock itself explains a slower rank
 UNDER_LOAD_PCT = 50       # drift compares samples taken while the GPU was this busy
 MIN_TREND_POINTS = 10     # history samples (1 s apart) below which a trend says nothing
+RATES_AGREE = 0.03        # ranks of one synchronous job whose rates differ less step together
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,6 @@ class GpuSample:
     def to_dict(self) -> dict:
         return {**asdict(self), "throttle_reasons": list(self.throttle_reasons),
                 "others": list(self.others)}
-
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,7 @@ def rate_trend(history: list[tuple[float, int]]) -> tuple[float, float] | None:
     return first, last
 
 
-RATES_AGREE = 0.03          # ranks of one synchronous job whose rates differ less step together
-
-
-def _rates_text(rates: dict[int, float], batch: int | None, since: str = f"step {WARM_STEP}") -> str:
+def _rates_text(rates: dict[int, float], batch: int | None, since: str) -> str:
     """'; 1,234.5 samples/s (2.41 steps/s a rank)' for ranks that step together; each rank's
     rate, and why they may differ, when they do not. since: where the windows start."""
     def one(v: float) -> str:
@@ -234,8 +231,8 @@ def summary_text(f: RunFigures, state: str) -> str:
                      f"({b / a - 1:+.1%})" if a > 0 else f"  step rate trend: {a:.2f} -> {b:.2f}/s")
     if f.lost_share is not None:
         lines.append(f"  throughput lost to the straggler: {f.lost_share:.0%}")
-    lines.append(f"  warnings: {len(f.warnings)}" + "".join(f"\n    - {w.removeprefix('smartlaunch: warning: ')}"
-                                                         for w in f.warnings))
+    lines.append(f"  warnings: {len(f.warnings)}" + "".join(
+        f"\n    - {w.removeprefix('smartlaunch: warning: ')}" for w in f.warnings))
     if f.log_dir:
         lines.append(f"  logs: {f.log_dir}")
     if f.run_dir:

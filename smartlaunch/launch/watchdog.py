@@ -1,11 +1,11 @@
 """The launcher's watchdog thread: reads each local rank's progress record and /proc state ten
-times a second; on a rank's death stops the others (SIGTERM, SIGKILL after the grace: torch's
-agent waits 30 s), on a rank without progress for max(hang floor, multiple x median step)
-dumps stacks and Flight Recorder rings and ends the job, hands every look to the run monitor
-(monitor.py) and draws the steps/s line. ddp.py reads its verdicts (`failure`, `hang`).
+times a second; stops the other ranks when one dies (SIGTERM, SIGKILL after the grace); on a
+rank without progress for max(hang floor, multiple x median step) dumps stacks and Flight
+Recorder rings and ends the job; feeds the run monitor and draws the steps/s line.
 """
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import sys
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec, stacks
 from smartlaunch.launch.api import RankFailure
-from smartlaunch.launch.monitor import RunMonitor, gpu_sampler, samples_path
+from smartlaunch.launch.monitor import RunMonitor, gpu_sampler
 from smartlaunch.launch.progress import ProgressRecord, progress_path, read_progress, status_line
 from smartlaunch.launch.straggler import GpuSample
 from smartlaunch.launch.worker import stack_path
@@ -47,9 +47,9 @@ class HangReport:
 
     def describe(self, host: str) -> str:
         at = f" at {self.where}" if self.where else ""
-        return (f"rank {self.rank} (local {self.local_rank}, pid {self.pid}) on {host} made no progress "
-                f"for {self.idle_s:.1f} s (limit {self.limit_s:.1f} s, {self.steps} steps done){at}; "
-                f"{self.why}")
+        return (f"rank {self.rank} (local {self.local_rank}, pid {self.pid}) on {host} made no "
+                f"progress for {self.idle_s:.1f} s (limit {self.limit_s:.1f} s, {self.steps} steps "
+                f"done){at}; {self.why}")
 
 
 class _Rank:
@@ -106,7 +106,8 @@ class Watchdog(threading.Thread):
         if sample_gpus is None and gpus and read_topology is not None:
             sample_gpus = gpu_sampler(gpus, read_topology, time.monotonic, planned)
         self.monitor = RunMonitor(launch, gpu_of=gpu_of, sample_gpus=sample_gpus,
-                                  record_to=samples_path(run_dir), out=self._out)
+                                  record_to=os.path.join(run_dir, "gpu-samples.jsonl"),
+                                  out=self._out)
 
     def run(self) -> None:
         while not self._halt.wait(POLL_S):
@@ -171,14 +172,14 @@ class Watchdog(threading.Thread):
                 if self.act_on_death:
                     self._check_deaths()
                 if self.failure is None:
-                    self._check_hang(now)
+                    self._check_hang()
                 if self.failure is None and self.hang is None:
                     self.monitor.observe(now, {lr: (r.rec, r.work) for lr, r in self._ranks.items()})
                     if self.monitor.straggler is not None and not self._straggler_warned:
                         self._straggler_warned = True
                         self.straggler = self.monitor.warnings[-1]
-                if self.failure is None and self.hang is None and not self._straggler_warned:
-                    self._check_straggler(now)
+                    if not self._straggler_warned:
+                        self._check_straggler(now)
             if self._display and now - self._last_display >= DISPLAY_EVERY_S:
                 self._draw(now)
 
@@ -189,7 +190,8 @@ class Watchdog(threading.Thread):
                 continue
             r = self._ranks.get(lr)
             if r is None or r.rec.pid != rec.pid:       # first sight, or a restarted attempt
-                r = self._ranks[lr] = _Rank(rec, max(self.launch.straggler_window_s, RATE_WINDOW_S))
+                keep_s = max(self.launch.straggler_window_s, RATE_WINDOW_S)
+                r = self._ranks[lr] = _Rank(rec, keep_s)
             r.update(rec, now)
             r.work = read_work(work_path(self.run_dir, lr))
             r.state = procs.proc_state(rec.pid)
@@ -220,7 +222,8 @@ class Watchdog(threading.Thread):
         if not dead:
             return
         # Ranks the agent already SIGTERMed (or we SIGKILLed) are victims, not the cause.
-        lr, r, code, sig = min(dead, key=lambda d: ({signal.SIGTERM: 2, signal.SIGKILL: 1}.get(d[3], 0), d[0]))
+        victim = {signal.SIGTERM: 2, signal.SIGKILL: 1}
+        lr, r, code, sig = min(dead, key=lambda d: (victim.get(d[3], 0), d[0]))
         self.failure = RankFailure(local_rank=lr, rank=r.rec.rank, host=self.host, pid=r.rec.pid,
                                    exit_code=None if sig else code, signal=procs.signal_name(sig))
         grace = min(self.launch.signal_grace_s, max(0.5, self.launch.rank_failure_timeout_s - 2.0))
@@ -240,30 +243,30 @@ class Watchdog(threading.Thread):
         return (time.monotonic() - last,
                 max(self.launch.hang_timeout_s, self.launch.hang_step_multiple * median))
 
-    def _check_hang(self, now: float) -> None:
+    def _check_hang(self) -> None:
         if any(not r.state.alive or r.rec.exit_code is not None for r in self._ranks.values()):
             return          # a script finished: the others may legitimately stop stepping
-        live = {lr: r for lr, r in self._ranks.items() if r.state.alive}
-        stalled = {lr: self._limit(r) for lr, r in live.items()}
-        stalled = {lr: v for lr, v in stalled.items() if v[0] > v[1]}
-        if not stalled:
+        live = self._ranks              # every rank alive (above)
+        if not any(idle > limit for idle, limit in map(self._limit, live.values())):
             return
         stopped = [lr for lr, r in live.items() if r.state.state in ("T", "t")]
         ranks = sorted(r.rec.rank for r in live.values())
         asked = flightrec.ask(self._fr, ranks) if self._fr else []
         texts = stacks.dump_all(self.run_dir, {lr: r.rec.pid for lr, r in live.items()})
-        dumps = flightrec.collect(self._fr, asked) if asked else {}
-        collectives, laggards = flightrec.verdict(
-            {k: flightrec.read_dump(p) for k, p in dumps.items()}, ranks) if asked else ([], [])
-        if self._fr and not asked:
+        dumps, collectives, laggards = {}, [], []
+        if asked:
+            dumps = flightrec.collect(self._fr, asked)
+            collectives, laggards = flightrec.verdict(
+                {k: flightrec.read_dump(p) for k, p in dumps.items()}, ranks)
+        elif self._fr:
             collectives = [flightrec.NO_PIPE]
         frames = {lr: stacks.top_frame(texts.get(lr, "")) for lr in live}
         lr, why = self._culprit(live, stopped, frames)
         behind = [x for x, r in live.items() if r.rec.rank in laggards]
         if behind and not stopped:
             lr, why = behind[0], "it did not enter a collective the others wait in (Flight Recorder)"
-        idle, limit = self._limit(live[lr])
         r = live[lr]
+        idle, limit = self._limit(r)
         files = tuple(stack_path(self.run_dir, x) for x in sorted(live))
         self.hang = HangReport(lr, r.rec.rank, r.rec.pid, r.rec.steps, idle, limit, frames.get(lr),
                                why, files, frames, tuple(collectives), tuple(dumps.values()))
@@ -296,9 +299,10 @@ class Watchdog(threading.Thread):
             return
         self._straggler_warned = True
         others = statistics.median(v for k, v in rates.items() if k != slow)
-        self.straggler = (f"smartlaunch: warning: local rank {slow} runs {1 - rates[slow] / others:.0%} "
-                          f"slower than the others ({rates[slow]:.2f} vs {others:.2f} steps/s over "
-                          f"{window:.0f} s); {self._gpu_health(slow)}")
+        self.straggler = (f"smartlaunch: warning: local rank {slow} runs "
+                          f"{1 - rates[slow] / others:.0%} slower than the others "
+                          f"({rates[slow]:.2f} vs {others:.2f} steps/s over {window:.0f} s); "
+                          f"{self._gpu_health(slow)}")
         print(self.straggler, file=self._out, flush=True)
 
     def _gpu_health(self, lr: int) -> str:

@@ -117,7 +117,7 @@ def _bind_numa(argv: list[str]) -> None:
         if os.environ.get(numa.APPLIED_VAR):
             return                        # this process already runs under numactl
         os.environ[numa.APPLIED_VAR] = "1"
-        cmd = numa.numactl_argv(entry, [sys.executable, "-u", "-m", "smartlaunch.launch.worker", *argv])
+        cmd = numa.numactl_argv(entry, worker_command(argv, sys.executable))
         try:
             os.execv(cmd[0], cmd)         # same pid: the agent still tracks this rank
         except OSError:

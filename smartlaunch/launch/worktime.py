@@ -22,7 +22,7 @@ from smartlaunch.store import mapped_record
 _FMT = "<4s4xqdq"           # magic, pad, timed steps, work seconds (sum), device kind (0 cpu, 1 cuda)
 _SIZE = struct.calcsize(_FMT)
 _MAGIC = b"SLW1"
-_OFF_N, _OFF_SUM = 8, 16
+_OFF_N, _OFF_SUM, _OFF_DEVICE = 8, 16, 24
 _MAX_PENDING = 256          # CUDA event pairs not yet passed by the GPU (bounded if it never syncs)
 # At most one step is timed per this many seconds: CUDA events stay far below 1% of fast steps.
 SAMPLE_S = 0.05
@@ -47,7 +47,7 @@ class WorkWriter:
         struct.pack_into(_FMT, self._mm, 0, _MAGIC, 0, 0.0, 0)
 
     def device(self, kind: str) -> None:
-        struct.pack_into("<q", self._mm, 24, 1 if kind == "cuda" else 0)
+        struct.pack_into("<q", self._mm, _OFF_DEVICE, 1 if kind == "cuda" else 0)
 
     def add(self, seconds: float) -> None:
         # sum before count: a reader in between errs by one step in hundreds
@@ -133,12 +133,10 @@ class WorkTimer:
         for p in {id(p): p for p in (*new[:half], *new[-half:])}.values():
             self._handles[id(p)] = p.register_post_accumulate_grad_hook(self._on_grad)
 
-    # A hooked parameter costs a call per step even once its hook is removed (torch keeps the
-    # hook wrapper on the tensor: ~0.4 us a tensor and step on the CPU), so only CANDIDATES
-    # are hooked: the first and the last parameters, where the layer nearest the loss (whose
-    # gradient comes first) is registered, last as a rule, first in a model that defines its
-    # head first. Once a step has been timed only the one whose gradient came first keeps its
-    # hook. A step in which it saw none hooks them all, for good.
+    # A hooked parameter costs a call per step even once its hook is removed, so only the first
+    # and last CANDIDATES / 2 are hooked (the layer nearest the loss is among them). After a
+    # timed step only the one whose gradient came first keeps its hook; a step in which it saw
+    # none hooks them all, for good.
     def _keep_first(self) -> None:
         if not self._trim or self._first is None or len(self._handles) <= 1:
             return
