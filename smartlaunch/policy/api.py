@@ -121,8 +121,11 @@ class Policy:
         obj = self
         for part in dotted_key.split("."):
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-        if isinstance(obj, tuple):
-            obj = "[" + ", ".join(map(str, obj)) + "]"
-        elif obj is None:
-            obj = "null"            # as a policy file writes it, never Python's None
-        return f"{dotted_key}={obj} ({self.source_of(dotted_key)})"
+        return f"{dotted_key}={format_value(obj)} ({self.source_of(dotted_key)})"
+
+
+def format_value(v: object) -> str:
+    """A value as a policy file writes it: lists in brackets, None as null."""
+    if isinstance(v, tuple):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return "null" if v is None else str(v)

@@ -90,15 +90,21 @@ class _Walker:
         exc.line = _line(node)
         return exc
 
+    def got(self, node: yaml.Node) -> str:
+        """What a node holds, for 'expected X, got Y'."""
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        return _describe(self.construct(node))
+
     def items(self, node: yaml.Node, key: str, what: str):
         """(name, key node, value node) of a mapping; rejects non-mappings and repeats."""
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return []          # a section header with everything under it commented out
         if not isinstance(node, yaml.MappingNode):
-            got = "a list" if isinstance(node, yaml.SequenceNode) else \
-                _describe(self.construct(node))
-            raise self.error(node, key, f"expected {what}, got {got}; write it as 'name: value' "
-                             "lines indented under it")
+            raise self.error(node, key, f"expected {what}, got {self.got(node)}; write it as "
+                             "'name: value' lines indented under it")
         seen: dict[str, int] = {}
         out = []
         for knode, vnode in node.value:
@@ -248,20 +254,16 @@ class _Walker:
         if kind == "inttuple":
             return self.int_list(node, label, dotted)
         if not isinstance(node, yaml.ScalarNode):
-            got = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
-            raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {got}")
+            raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {self.got(node)}")
         v = self.construct(node)
         if kind == "str" and dotted in CHOICES and node.style is None and \
                 node.value in CHOICES[dotted][0]:
             v = node.value      # YAML 1.1 reads a plain `off` as false; the choice is meant
-        ok = {
-            "bool": isinstance(v, bool),
-            "int": isinstance(v, int) and not isinstance(v, bool),
-            "optint": v is None or (isinstance(v, int) and not isinstance(v, bool)),
-            "float": isinstance(v, (int, float)) and not isinstance(v, bool),
-            "optfloat": v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
-            "str": isinstance(v, str),
-        }[kind]
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        is_number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = {"bool": isinstance(v, bool), "int": is_int, "optint": v is None or is_int,
+              "float": is_number, "optfloat": v is None or is_number,
+              "str": isinstance(v, str)}[kind]
         if not ok:
             hint = {"bool": "; write true or false", "str": "; quote it",
                     "optint": "; write an integer, e.g. 4, or null",
@@ -299,9 +301,7 @@ class _Walker:
         """The distinct items of a list, each checked by check(item node, label, value);
         empty: the error for an empty list (None: allowed)."""
         if not isinstance(node, yaml.SequenceNode):
-            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
-                _describe(self.construct(node))
-            raise self.error(node, label, f"expected {expected}, got {got}")
+            raise self.error(node, label, f"expected {expected}, got {self.got(node)}")
         if empty and not node.value:
             raise self.error(node, label, empty)
         out: list = []
