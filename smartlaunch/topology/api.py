@@ -126,7 +126,8 @@ class Topology:
     def worst_link(self, indices) -> Link | None:
         idx = sorted(indices)
         pairs = [self.link(x, y) for i, x in enumerate(idx) for y in idx[i + 1:]]
-        return max(pairs, key=lambda l: (link_rank(l.link_class), -nvlink_count(l.link_class)), default=None)
+        return max(pairs, key=lambda l: (link_rank(l.link_class), -nvlink_count(l.link_class)),
+                   default=None)
 
     def findings_for(self, index: int) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.gpu == index)
@@ -198,10 +199,8 @@ def shared_text(shared: dict[int, tuple[str, ...]]) -> str | None:
 
 def others_on(g, before=None) -> tuple[str, ...]:
     """'pid P (user U)' for each process on GPU g that the launch did not start and that was
-    not on `before` (the same GPU read when the plan was made: a process the plan was made
-    beside, as decision.avoid_busy_gpus false allows, is part of what was planned). A pid this
-    process cannot see (NVML gives host pids; in a container they are not ours to look up,
-    the launch's own ranks included) is no evidence either way and is left out."""
+    not on `before` (the same GPU when the plan was made). A pid whose user is unknown (a host
+    pid seen from a container, the launch's own ranks included) is no evidence: left out."""
     known = {p.pid for p in before.processes} if before is not None else set()
     return tuple(f"pid {p.pid} (user {p.user})" for p in g.processes
                  if not p.ours and p.user is not None and p.pid not in known)
