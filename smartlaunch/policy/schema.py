@@ -145,7 +145,7 @@ class _Walker:
                                          "the rule)")
                     self.sections(vnode, "enforce", out.enforce, out.enforce_lines)
                 elif name in SECTIONS:
-                    self.section(name, knode, vnode, "", out.values, out.lines)
+                    self.section(name, vnode, "", out.values, out.lines)
                 else:
                     valid = [*SECTIONS, "enforce"] if self.allow_enforce else list(SECTIONS)
                     raise self.unknown(knode, name, name, valid, "section", "sections")
@@ -157,34 +157,33 @@ class _Walker:
                 if name not in SECTIONS:
                     raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section",
                                        "sections")
-                self.section(name, knode, vnode, prefix, values, lines)
+                self.section(name, vnode, prefix, values, lines)
 
-    def section(self, section: str, knode: yaml.Node, node: yaml.Node, prefix: str,
-                values: dict, lines: dict) -> None:
-        fields = section_fields(section)
+    def section(self, section: str, node: yaml.Node, prefix: str, values: dict,
+                lines: dict) -> None:
         shown = f"{prefix}.{section}" if prefix else section
         for name, fknode, vnode in self.items(node, shown, f"a mapping of {section} keys"):
             with self.noting():
-                self.field(section, fields, name, fknode, vnode, prefix, values, lines)
+                self.field(section, name, fknode, vnode, prefix, values, lines)
 
-    def field(self, section: str, fields: dict, name: str, fknode: yaml.Node, vnode: yaml.Node,
-              prefix: str, values: dict, lines: dict) -> None:
-        shown = f"{prefix}.{section}" if prefix else section
+    def field(self, section: str, name: str, fknode: yaml.Node, vnode: yaml.Node, prefix: str,
+              values: dict, lines: dict) -> None:
+        fields = section_fields(section)
         dotted = f"{section}.{name}"
+        label = f"{prefix}.{dotted}" if prefix else dotted
         if dotted in ENFORCE_ONLY:
             if prefix != "enforce":
                 fix = "move it under enforce:" if self.allow_enforce else \
                     "remove it (ask your administrator to change the rule)"
-                raise self.error(fknode, f"{shown}.{name}", f"holds {ENFORCE_ONLY[dotted]}: "
-                                 f"only the admin policy's enforce: section may set it; {fix}")
-            values[dotted] = self.patterns(vnode, f"{shown}.{name}")
+                raise self.error(fknode, label, f"holds {ENFORCE_ONLY[dotted]}: only the admin "
+                                 f"policy's enforce: section may set it; {fix}")
+            values[dotted] = self.patterns(vnode, label)
             lines[dotted] = _line(fknode)
             return
         if name not in fields:
             valid = [*fields, *(k.split(".")[1] for k in ENFORCE_ONLY
                                 if prefix == "enforce" and k.startswith(f"{section}."))]
-            raise self.unknown(fknode, f"{shown}.{name}", name, valid)
-        label = f"{prefix}.{dotted}" if prefix else dotted
+            raise self.unknown(fknode, label, name, valid)
         kind = fields[name]
         if kind == "nccl":
             for fam, fam_knode, fam_node in self.items(vnode, label, "a mapping of link "
