@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,10 +148,7 @@ class Topology:
         MiB), links NV18")."""
         if not self.gpus:
             return "no GPUs"
-        kinds: dict[str, int] = {}
-        for g in self.gpus:
-            kind = f"{g.name} ({g.memory_total_mib} MiB)"
-            kinds[kind] = kinds.get(kind, 0) + 1
+        kinds = Counter(f"{g.name} ({g.memory_total_mib} MiB)" for g in self.gpus)
         text = ", ".join(f"{n}× {kind}" for kind, n in kinds.items())
         links = sorted({l.link_class for l in self.links})
         return text + (f", links {'/'.join(links)}" if links else "")
