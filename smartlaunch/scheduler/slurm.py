@@ -198,7 +198,8 @@ def _node_rank(env, hosts) -> int:
                          f"smartlaunch with `srun --ntasks-per-node=1` or pass --node-rank")
     if nodeid >= len(hosts):
         raise SlurmError(f"SLURM_NODEID={nodeid} but the step has {len(hosts)} node(s) "
-                         f"({','.join(hosts)}); start from a clean srun environment or pass --node-rank")
+                         f"({','.join(hosts)}); start from a clean srun environment or pass "
+                         f"--node-rank")
     if name and name in hosts and hosts.index(name) != nodeid:
         raise SlurmError(f"SLURM_NODEID={nodeid} but {name} is node {hosts.index(name)} of "
                          f"{','.join(hosts)}; start from a clean srun environment")

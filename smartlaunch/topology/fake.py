@@ -150,7 +150,8 @@ def apply_visibility(node: Topology, environ: Mapping[str, str]) -> Topology:
     by_nvml = {g.nvml_index: g for g in node.gpus}
     new_pos = {n: pos for pos, n in enumerate(vis.nvml_indices)}
     old_to_nvml = {g.index: g.nvml_index for g in node.gpus}
-    gpus = tuple(dataclasses.replace(by_nvml[n], index=pos) for pos, n in enumerate(vis.nvml_indices))
+    gpus = tuple(dataclasses.replace(by_nvml[n], index=pos)
+                 for pos, n in enumerate(vis.nvml_indices))
     pairs = {frozenset((old_to_nvml[l.a], old_to_nvml[l.b])): l for l in node.links}
     links = []
     for i, a in enumerate(vis.nvml_indices):
