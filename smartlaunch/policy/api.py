@@ -37,17 +37,16 @@ class DecisionPolicy:
         return max((k for k in self.world_sizes if 2 <= k <= n), default=None)
 
 
+# The built-in NCCL settings of PHB and NODE links (through a PCIe host bridge).
+_HOST_BRIDGE_NCCL = {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "33554432",
+                     "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"}
+
+
 @dataclass(frozen=True)
 class LaunchPolicy:
     nccl: dict[str, dict[str, str]] = field(default_factory=lambda: {
-        "NV": {},
-        "PIX": {},
-        "PXB": {},
-        "PHB": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "33554432",
-                "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"},
-        "NODE": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "33554432",
-                 "NCCL_NTHREADS": "16", "NCCL_MIN_NCHANNELS": "4", "NCCL_MAX_NCHANNELS": "8"},
-        "SYS": {},
+        "NV": {}, "PIX": {}, "PXB": {}, "PHB": dict(_HOST_BRIDGE_NCCL),
+        "NODE": dict(_HOST_BRIDGE_NCCL), "SYS": {},
     })
     numa_binding: str = "node"            # one of vocab.NUMA_MODES
     rank_failure_timeout_s: float = 10.0
@@ -121,8 +120,11 @@ class Policy:
         obj = self
         for part in dotted_key.split("."):
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-        if isinstance(obj, tuple):
-            obj = "[" + ", ".join(map(str, obj)) + "]"
-        elif obj is None:
-            obj = "null"            # as a policy file writes it, never Python's None
-        return f"{dotted_key}={obj} ({self.source_of(dotted_key)})"
+        return f"{dotted_key}={format_value(obj)} ({self.source_of(dotted_key)})"
+
+
+def format_value(v: object) -> str:
+    """A value as a policy file writes it: lists in brackets, None as null."""
+    if isinstance(v, tuple):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return "null" if v is None else str(v)

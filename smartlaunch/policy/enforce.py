@@ -3,23 +3,20 @@ variables the admin makes mandatory."""
 from __future__ import annotations
 
 from smartlaunch.errors import PolicyError
-from smartlaunch.policy.api import Policy
-from smartlaunch.policy.load import replace_values
+from smartlaunch.policy.api import Policy, format_value
+from smartlaunch.policy.load import ADMIN_POLICY_PATH, replace_values
 from smartlaunch.request import Request
 from smartlaunch.vocab import Strategy
 
 
-def _where(policy: Policy) -> str:
-    return policy.admin_path or "/etc/smartlaunch/policy.yaml"
-
-
 def check_request(policy: Policy, request: Request) -> None:
     """PolicyError when --nproc-per-node or --strategy goes beyond an enforced admin rule."""
+    where = policy.admin_path or ADMIN_POLICY_PATH
     cap = policy.enforced.get("decision.max_gpus")
     if cap is not None and request.max_gpus is not None and request.max_gpus > cap:
         raise PolicyError(
             f"--nproc-per-node {request.max_gpus} exceeds the admin policy's cap "
-            f"(enforce.decision.max_gpus={cap} in {_where(policy)}); use --nproc-per-node {cap} "
+            f"(enforce.decision.max_gpus={cap} in {where}); use --nproc-per-node {cap} "
             "or fewer")
     sizes = policy.enforced.get("decision.world_sizes")
     if sizes is not None and request.strategy == Strategy.DDP.value and \
@@ -30,15 +27,15 @@ def check_request(policy: Policy, request: Request) -> None:
         fix = f"use --nproc-per-node {near}" if near else "use --strategy single"
         raise PolicyError(
             f"--nproc-per-node {request.max_gpus} is a world size the admin policy does not "
-            f"allow for DDP (enforce.decision.world_sizes=[{', '.join(map(str, sizes))}] in "
-            f"{_where(policy)}); {fix}")
+            f"allow for DDP (enforce.decision.world_sizes={format_value(tuple(sizes))} in "
+            f"{where}); {fix}")
     allowed = policy.enforced.get("decision.allowed_strategies")
     if allowed is not None and request.strategy != "auto" and request.strategy not in allowed:
         choices = ["auto", *allowed]
         raise PolicyError(
             f"--strategy {request.strategy} is forbidden by the admin policy "
-            f"(enforce.decision.allowed_strategies=[{', '.join(allowed)}] in {_where(policy)}); "
-            f"use --strategy {', '.join(choices[:-1])} or {choices[-1]}")
+            f"(enforce.decision.allowed_strategies={format_value(tuple(allowed))} in "
+            f"{where}); use --strategy {', '.join(choices[:-1])} or {choices[-1]}")
 
 
 def apply_request(policy: Policy, request: Request) -> Policy:

@@ -18,7 +18,7 @@ from typing import Any
 
 from smartlaunch.errors import PolicyError
 from smartlaunch.store import owner_name
-from smartlaunch.policy.api import Policy
+from smartlaunch.policy.api import Policy, format_value
 from smartlaunch.policy.rules import ENFORCE_MODES, SECTIONS, base_key, section_fields
 from smartlaunch.policy.schema import ParsedFile, parse_text
 
@@ -32,7 +32,7 @@ ENV_VARS: dict[str, str] = {
 }
 BUILT_IN = "built-in"
 ROOT_ONLY = frozenset({0})
-MAX_POLICY_BYTES = 1 << 20      # 1 MiB; the shipped policies are under 4 KiB
+MAX_POLICY_BYTES = 1 << 20      # 1 MiB
 
 
 def _open_policy(path: str, *, follow: bool) -> int:
@@ -66,44 +66,42 @@ def user_file_problem(path: str, st: os.stat_result) -> str | None:
     """Why a user-layer policy file must not be read (the end of one line), or None: it must
     be owned by the user or root and writable by nobody else."""
     me = os.geteuid()
-    why = None
     if st.st_uid not in (me, 0):
-        why = (f"is owned by uid {st.st_uid} ({owner_name(st.st_uid)}), not by you: another "
-               f"user could make smartlaunch run code as you; refusing it. Fix: delete it, or "
-               f"copy it to a file you own and pass --policy")
-    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"is owned by uid {st.st_uid} ({owner_name(st.st_uid)}), not by you: another "
+                f"user could make smartlaunch run code as you; refusing it. Fix: delete it, or "
+                f"copy it to a file you own and pass --policy")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         fix = f"chmod go-w {path}" if st.st_uid == me else \
             "copy it to a file you own (not group/world-writable) and pass --policy"
-        why = (f"is group/world-writable (mode {stat.S_IMODE(st.st_mode):04o}): another user "
-               f"could make smartlaunch run code as you; refusing it. Fix: {fix}")
-    return why
+        return (f"is group/world-writable (mode {stat.S_IMODE(st.st_mode):04o}): another user "
+                f"could make smartlaunch run code as you; refusing it. Fix: {fix}")
+    return None
 
 
 def read_policy_file(path: str, *, allow_enforce: bool, user_layer: bool = False,
                      follow: bool = True) -> ParsedFile:
     """One policy file, validated, checked and read on one descriptor. `follow`: False for
     files found without being named. PolicyError (one line) for every refusal."""
-    what = "policy file"
     fd = _open_policy(path, follow=follow)
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise PolicyError(f"{what} {path} is a directory; name a .yaml file")
+            raise PolicyError(f"policy file {path} is a directory; name a .yaml file")
         if not stat.S_ISREG(st.st_mode):
-            raise PolicyError(f"{what} {path} is {_kind_of(st)}, not a regular file; refusing "
-                              f"it. Fix: name a .yaml file")
+            raise PolicyError(f"policy file {path} is {_kind_of(st)}, not a regular file; "
+                              f"refusing it. Fix: name a .yaml file")
         refusal = user_file_problem(path, st)
         if user_layer and refusal:
-            raise PolicyError(f"{what} {path} {refusal}")
+            raise PolicyError(f"policy file {path} {refusal}")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_POLICY_BYTES + 1)
     except OSError as exc:
-        raise PolicyError(f"cannot read {what} {path}: {exc.strerror}; check its "
+        raise PolicyError(f"cannot read policy file {path}: {exc.strerror}; check its "
                           "permissions") from None
     finally:
         os.close(fd)
     if len(data) > MAX_POLICY_BYTES:
-        raise PolicyError(f"{what} {path} is larger than {MAX_POLICY_BYTES >> 20} MiB "
+        raise PolicyError(f"policy file {path} is larger than {MAX_POLICY_BYTES >> 20} MiB "
                           f"(the limit for policy files); name the right file or shorten it")
     try:
         text = data.decode("utf-8")
@@ -207,12 +205,6 @@ def build_policy(values: Mapping[str, Any], **extra: Any) -> Policy:
     return Policy(**parts, **extra)
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, tuple):
-        return "[" + ", ".join(map(str, v)) + "]"
-    return "null" if v is None else str(v)
-
-
 def _enforce_one(key: str, current: Any, bound: Any) -> tuple[Any, bool]:
     """(effective value, whether the layer below was already stricter and is kept)."""
     mode = ENFORCE_MODES.get(base_key(key), "override")
@@ -245,12 +237,13 @@ def merge(layers: list[tuple[str, dict[str, Any]]], enforce: dict[str, Any] | No
         current = values.get(key)
         effective, kept = _enforce_one(key, current, bound) if key in values else (bound, False)
         enforced[key] = bound
-        rule = f"enforce.{key}={_fmt(bound)} in {admin_label}"
+        rule = f"enforce.{key}={format_value(bound)} in {admin_label}"
         if kept:
             notes[key] = f"{sources[key]} value is within the admin rule {rule}"
         else:
             if key in values and current != effective and sources[key] != BUILT_IN:
-                notes[key] = f"{sources[key]} set {_fmt(current)}; the admin rule {rule} wins"
+                notes[key] = (f"{sources[key]} set {format_value(current)}; the admin rule "
+                              f"{rule} wins")
             sources[key] = f"enforced:{admin_label}"
         values[key] = effective
     return values, sources, enforced, notes
@@ -261,7 +254,7 @@ def _check_consistent(values: dict[str, Any], sources: dict[str, str]) -> None:
     if fallback not in allowed:
         raise PolicyError(
             f"decision.fallback_strategy={fallback} ({sources['decision.fallback_strategy']}) is "
-            f"not in decision.allowed_strategies={_fmt(allowed)} "
+            f"not in decision.allowed_strategies={format_value(allowed)} "
             f"({sources['decision.allowed_strategies']}); set fallback_strategy to one of "
             f"{', '.join(allowed)}")
 
@@ -288,8 +281,9 @@ def check_user_env(parsed: ParsedFile, enforce: Mapping[str, Any] | None,
             allowed = ", ".join(patterns) or "no variable"
             raise PolicyError(
                 f"{parsed.path}:{line}: {shown}: users' policy files may set only {allowed} for "
-                f"the workers (the admin rule enforce.{USER_ENV_KEY}={_fmt(tuple(patterns))} in "
-                f"{admin_label}); remove {var} from {parsed.path}")
+                f"the workers (the admin rule enforce.{USER_ENV_KEY}="
+                f"{format_value(tuple(patterns))} in {admin_label}); remove {var} from "
+                f"{parsed.path}")
 
 
 def _env_layer(environ: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
@@ -305,13 +299,13 @@ def load_policy(user_path: str | None = None, *, environ: Mapping[str, str] | No
     cwd = os.getcwd() if cwd is None else cwd
     layers: list[tuple[str, dict[str, Any]]] = []
     enforce: dict[str, Any] | None = None
-    if not os.path.lexists(admin_path):
-        admin_path = None
-    if admin_path is not None:
+    if os.path.lexists(admin_path):
         check_admin_permissions(admin_path, set(admin_owners))
         admin = read_policy_file(admin_path, allow_enforce=True)
         layers.append((f"admin:{admin_path}", admin.values))
         enforce = admin.enforce
+    else:
+        admin_path = None
     found = user_policy_path(user_path, environ, cwd)
     if found is not None and not (admin_path and os.path.exists(admin_path)
                                   and os.path.exists(found[0])

@@ -90,15 +90,21 @@ class _Walker:
         exc.line = _line(node)
         return exc
 
+    def got(self, node: yaml.Node) -> str:
+        """What a node holds, for 'expected X, got Y'."""
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        return _describe(self.construct(node))
+
     def items(self, node: yaml.Node, key: str, what: str):
         """(name, key node, value node) of a mapping; rejects non-mappings and repeats."""
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return []          # a section header with everything under it commented out
         if not isinstance(node, yaml.MappingNode):
-            got = "a list" if isinstance(node, yaml.SequenceNode) else \
-                _describe(self.construct(node))
-            raise self.error(node, key, f"expected {what}, got {got}; write it as 'name: value' "
-                             "lines indented under it")
+            raise self.error(node, key, f"expected {what}, got {self.got(node)}; write it as "
+                             "'name: value' lines indented under it")
         seen: dict[str, int] = {}
         out = []
         for knode, vnode in node.value:
@@ -139,7 +145,7 @@ class _Walker:
                                          "the rule)")
                     self.sections(vnode, "enforce", out.enforce, out.enforce_lines)
                 elif name in SECTIONS:
-                    self.section(name, knode, vnode, "", out.values, out.lines)
+                    self.section(name, vnode, "", out.values, out.lines)
                 else:
                     valid = [*SECTIONS, "enforce"] if self.allow_enforce else list(SECTIONS)
                     raise self.unknown(knode, name, name, valid, "section", "sections")
@@ -151,34 +157,33 @@ class _Walker:
                 if name not in SECTIONS:
                     raise self.unknown(knode, f"{prefix}.{name}", name, SECTIONS, "section",
                                        "sections")
-                self.section(name, knode, vnode, prefix, values, lines)
+                self.section(name, vnode, prefix, values, lines)
 
-    def section(self, section: str, knode: yaml.Node, node: yaml.Node, prefix: str,
-                values: dict, lines: dict) -> None:
-        fields = section_fields(section)
+    def section(self, section: str, node: yaml.Node, prefix: str, values: dict,
+                lines: dict) -> None:
         shown = f"{prefix}.{section}" if prefix else section
         for name, fknode, vnode in self.items(node, shown, f"a mapping of {section} keys"):
             with self.noting():
-                self.field(section, fields, name, fknode, vnode, prefix, values, lines)
+                self.field(section, name, fknode, vnode, prefix, values, lines)
 
-    def field(self, section: str, fields: dict, name: str, fknode: yaml.Node, vnode: yaml.Node,
-              prefix: str, values: dict, lines: dict) -> None:
-        shown = f"{prefix}.{section}" if prefix else section
+    def field(self, section: str, name: str, fknode: yaml.Node, vnode: yaml.Node, prefix: str,
+              values: dict, lines: dict) -> None:
+        fields = section_fields(section)
         dotted = f"{section}.{name}"
+        label = f"{prefix}.{dotted}" if prefix else dotted
         if dotted in ENFORCE_ONLY:
             if prefix != "enforce":
                 fix = "move it under enforce:" if self.allow_enforce else \
                     "remove it (ask your administrator to change the rule)"
-                raise self.error(fknode, f"{shown}.{name}", f"holds {ENFORCE_ONLY[dotted]}: "
-                                 f"only the admin policy's enforce: section may set it; {fix}")
-            values[dotted] = self.patterns(vnode, f"{shown}.{name}")
+                raise self.error(fknode, label, f"holds {ENFORCE_ONLY[dotted]}: only the admin "
+                                 f"policy's enforce: section may set it; {fix}")
+            values[dotted] = self.patterns(vnode, label)
             lines[dotted] = _line(fknode)
             return
         if name not in fields:
             valid = [*fields, *(k.split(".")[1] for k in ENFORCE_ONLY
                                 if prefix == "enforce" and k.startswith(f"{section}."))]
-            raise self.unknown(fknode, f"{shown}.{name}", name, valid)
-        label = f"{prefix}.{dotted}" if prefix else dotted
+            raise self.unknown(fknode, label, name, valid)
         kind = fields[name]
         if kind == "nccl":
             for fam, fam_knode, fam_node in self.items(vnode, label, "a mapping of link "
@@ -248,20 +253,16 @@ class _Walker:
         if kind == "inttuple":
             return self.int_list(node, label, dotted)
         if not isinstance(node, yaml.ScalarNode):
-            got = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
-            raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {got}")
+            raise self.error(node, label, f"expected {KIND_NAMES[kind]}, got {self.got(node)}")
         v = self.construct(node)
         if kind == "str" and dotted in CHOICES and node.style is None and \
                 node.value in CHOICES[dotted][0]:
             v = node.value      # YAML 1.1 reads a plain `off` as false; the choice is meant
-        ok = {
-            "bool": isinstance(v, bool),
-            "int": isinstance(v, int) and not isinstance(v, bool),
-            "optint": v is None or (isinstance(v, int) and not isinstance(v, bool)),
-            "float": isinstance(v, (int, float)) and not isinstance(v, bool),
-            "optfloat": v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
-            "str": isinstance(v, str),
-        }[kind]
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        is_number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = {"bool": isinstance(v, bool), "int": is_int, "optint": v is None or is_int,
+              "float": is_number, "optfloat": v is None or is_number,
+              "str": isinstance(v, str)}[kind]
         if not ok:
             hint = {"bool": "; write true or false", "str": "; quote it",
                     "optint": "; write an integer, e.g. 4, or null",
@@ -299,9 +300,7 @@ class _Walker:
         """The distinct items of a list, each checked by check(item node, label, value);
         empty: the error for an empty list (None: allowed)."""
         if not isinstance(node, yaml.SequenceNode):
-            got = "a mapping" if isinstance(node, yaml.MappingNode) else \
-                _describe(self.construct(node))
-            raise self.error(node, label, f"expected {expected}, got {got}")
+            raise self.error(node, label, f"expected {expected}, got {self.got(node)}")
         if empty and not node.value:
             raise self.error(node, label, empty)
         out: list = []

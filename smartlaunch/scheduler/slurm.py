@@ -158,10 +158,6 @@ def physical_gpus(ctx: SlurmContext, environ: Mapping[str, str]) -> list[int]:
     return out
 
 
-# torchrun option dests filled from Slurm, with the flag that names each in `given`.
-_FILLED = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
-
-
 def apply_to_torchrun_args(ctx: SlurmContext, args: argparse.Namespace,
                            given: set[str]) -> list[str]:
     """Set nnodes/node_rank/rdzv_* on torchrun's namespace where the user gave none (`given`:
@@ -172,13 +168,13 @@ def apply_to_torchrun_args(ctx: SlurmContext, args: argparse.Namespace,
     values = {"nnodes": str(ctx.nnodes), "node_rank": ctx.node_rank, "rdzv_backend": "c10d",
               "rdzv_endpoint": ctx.rdzv_endpoint, "rdzv_id": ctx.rdzv_id}
     notes = []
-    for dest in _FILLED:
+    for dest, value in values.items():
         if dest in given:
             notes.append(f"{dest}={getattr(args, dest, None)} from the command line (Slurm "
-                         f"would give {values[dest]})")
+                         f"would give {value})")
             continue
-        setattr(args, dest, values[dest])
-    filled = [f"{d}={values[d]}" for d in _FILLED if d not in given]
+        setattr(args, dest, value)
+    filled = [f"{d}={v}" for d, v in values.items() if d not in given]
     if filled:
         step = f" step {ctx.step_id}" if ctx.step_id else " batch script"
         notes.insert(0, f"Slurm job {ctx.job_id}{step} on {ctx.hostname} (node {ctx.node_rank} "
@@ -202,7 +198,8 @@ def _node_rank(env, hosts) -> int:
                          f"smartlaunch with `srun --ntasks-per-node=1` or pass --node-rank")
     if nodeid >= len(hosts):
         raise SlurmError(f"SLURM_NODEID={nodeid} but the step has {len(hosts)} node(s) "
-                         f"({','.join(hosts)}); start from a clean srun environment or pass --node-rank")
+                         f"({','.join(hosts)}); start from a clean srun environment or pass "
+                         f"--node-rank")
     if name and name in hosts and hosts.index(name) != nodeid:
         raise SlurmError(f"SLURM_NODEID={nodeid} but {name} is node {hosts.index(name)} of "
                          f"{','.join(hosts)}; start from a clean srun environment")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from smartlaunch.errors import SlurmError
-from smartlaunch.allocation import parse_id_list  # noqa: F401  (moved below topology; re-exported)
+from smartlaunch.allocation import parse_id_list  # noqa: F401  (re-exported)
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")      # one hostlist range
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.\[\]]*)=")

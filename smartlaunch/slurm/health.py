@@ -18,7 +18,6 @@ def check(now: Topology, baseline: Topology | None,
     """Findings for the node now. `job_gpus`: physical (nvml) indices to check; None: all."""
     wanted = None if job_gpus is None else set(job_gpus)
     by_uuid = {g.uuid: g for g in now.gpus}
-    by_nvml = {g.nvml_index: g for g in now.gpus}
     out: list[Finding] = []
     crit, warn = Severity.CRITICAL, Severity.WARNING
 
@@ -70,7 +69,7 @@ def check(now: Topology, baseline: Topology | None,
         if g.temperature_c is not None and g.temperature_c >= IDLE_HOT_C:
             out.append(Finding(warn, "hot_idle", f"GPU {i} at {g.temperature_c} C while idle "
                                f"(>= {IDLE_HOT_C} C)", i))
-    out.extend(_p2p_lost(now, baseline, wanted, by_nvml))
+    out.extend(_p2p_lost(now, baseline, wanted))
     return out
 
 
@@ -80,7 +79,7 @@ def _match(baseline: Topology | None, uuid: str):
     return next((g for g in baseline.gpus if g.uuid == uuid), None)
 
 
-def _p2p_lost(now, baseline, wanted, by_nvml) -> list[Finding]:
+def _p2p_lost(now, baseline, wanted) -> list[Finding]:
     if baseline is None:
         return []
     out = []

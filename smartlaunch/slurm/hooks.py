@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -95,8 +95,7 @@ def read_node(cfg: HookConfig) -> Topology:
         from smartlaunch.topology.fake import load_node
         from smartlaunch.topology.health import assess
         node = load_node(cfg.fake_topology)
-        import dataclasses
-        return dataclasses.replace(node, findings=assess(node.gpus, node.links, node.findings))
+        return replace(node, findings=assess(node.gpus, node.links, node.findings))
     from smartlaunch.topology import discover
     return discover({})
 

@@ -65,9 +65,10 @@ def candidates(ctx, forced) -> dict:
         mine = forced and forced.strategy == NAME and len(forced.gpus) == n
         if not mine and n not in d.world_sizes:
             continue       # decision.world_sizes: decide says so (_note_world_sizes)
-        group = G.best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
         if mine:
             group = forced.gpus
+        else:
+            group = G.best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
         if group is None:
             any_group = G.best_group(ctx.topology, ctx.usable, n, G.ALL_FAMILIES)
             ctx.reasons.append(Reason(
@@ -136,10 +137,7 @@ def line(plan: Plan) -> str:
     return what
 
 
-def placement_lines(plan: Plan) -> list[str]:
-    return placement(plan)
-
-
+placement_lines = placement
 binding_label = rank_binding
 
 

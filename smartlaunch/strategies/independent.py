@@ -50,7 +50,8 @@ def prefer(ctx, key, pred, rival) -> bool:
     if prefers or best is None or pred is None or pred.speedup >= best:
         why = ("the policy prefers independent jobs for sweeps" if prefers else
                f"{min(k, len(key[1]))} concurrent jobs give "
-               f"{times(pred.speedup if pred else None)} one job's samples/s, {rival[0]} at best {times(best)}")
+               f"{times(pred.speedup if pred else None)} one job's samples/s, {rival[0]} at best "
+               f"{times(best)}")
         what = (f"{k} variants run side by side, one job each (a single GPU or a DDP group "
                 f"below)" if ctx.packings else
                 f"{k} variants → {k} independent single-GPU jobs on {gpu_list(key[1])}")

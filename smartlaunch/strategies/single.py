@@ -33,8 +33,9 @@ def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
     if request.max_gpus and request.max_gpus > 1:
         text += (f"; --nproc-per-node {request.max_gpus} is not used without --strategy ddp "
                  f"(which runs {request.max_gpus} gloo ranks)")
-    reasons.append(Reason(text, policy.rule("decision.fallback_strategy")
-                          if request.strategy == "auto" else f"user: --strategy {request.strategy}"))
+    source = (policy.rule("decision.fallback_strategy") if request.strategy == "auto"
+              else f"user: --strategy {request.strategy}")
+    reasons.append(Reason(text, source))
     return Plan(NAME, "cpu", (), 1, request.max_gpus or 1, reasons=tuple(reasons), **base)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +127,8 @@ class Topology:
     def worst_link(self, indices) -> Link | None:
         idx = sorted(indices)
         pairs = [self.link(x, y) for i, x in enumerate(idx) for y in idx[i + 1:]]
-        return max(pairs, key=lambda l: (link_rank(l.link_class), -nvlink_count(l.link_class)), default=None)
+        return max(pairs, key=lambda l: (link_rank(l.link_class), -nvlink_count(l.link_class)),
+                   default=None)
 
     def findings_for(self, index: int) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.gpu == index)
@@ -146,10 +148,7 @@ class Topology:
         MiB), links NV18")."""
         if not self.gpus:
             return "no GPUs"
-        kinds: dict[str, int] = {}
-        for g in self.gpus:
-            kind = f"{g.name} ({g.memory_total_mib} MiB)"
-            kinds[kind] = kinds.get(kind, 0) + 1
+        kinds = Counter(f"{g.name} ({g.memory_total_mib} MiB)" for g in self.gpus)
         text = ", ".join(f"{n}× {kind}" for kind, n in kinds.items())
         links = sorted({l.link_class for l in self.links})
         return text + (f", links {'/'.join(links)}" if links else "")
@@ -198,10 +197,8 @@ def shared_text(shared: dict[int, tuple[str, ...]]) -> str | None:
 
 def others_on(g, before=None) -> tuple[str, ...]:
     """'pid P (user U)' for each process on GPU g that the launch did not start and that was
-    not on `before` (the same GPU read when the plan was made: a process the plan was made
-    beside, as decision.avoid_busy_gpus false allows, is part of what was planned). A pid this
-    process cannot see (NVML gives host pids; in a container they are not ours to look up,
-    the launch's own ranks included) is no evidence either way and is left out."""
+    not on `before` (the same GPU when the plan was made). A pid whose user is unknown (a host
+    pid seen from a container, the launch's own ranks included) is no evidence: left out."""
     known = {p.pid for p in before.processes} if before is not None else set()
     return tuple(f"pid {p.pid} (user {p.user})" for p in g.processes
                  if not p.ours and p.user is not None and p.pid not in known)

@@ -15,7 +15,7 @@ from typing import Mapping
 from smartlaunch.errors import UsageError
 from smartlaunch.topology import health
 from smartlaunch.topology.api import GPU, GPUProcess, Link, Topology
-from smartlaunch.vocab import UNKNOWN_LINK as UNKNOWN_CLASS
+from smartlaunch.vocab import UNKNOWN_LINK
 from smartlaunch.topology.visible import (
     PhysicalGPU, resolve_visibility, visibility_findings, visibility_note,
 )
@@ -150,13 +150,15 @@ def apply_visibility(node: Topology, environ: Mapping[str, str]) -> Topology:
     by_nvml = {g.nvml_index: g for g in node.gpus}
     new_pos = {n: pos for pos, n in enumerate(vis.nvml_indices)}
     old_to_nvml = {g.index: g.nvml_index for g in node.gpus}
-    gpus = tuple(dataclasses.replace(by_nvml[n], index=pos) for pos, n in enumerate(vis.nvml_indices))
+    gpus = tuple(dataclasses.replace(by_nvml[n], index=pos)
+                 for pos, n in enumerate(vis.nvml_indices))
     pairs = {frozenset((old_to_nvml[l.a], old_to_nvml[l.b])): l for l in node.links}
     links = []
     for i, a in enumerate(vis.nvml_indices):
         for j in range(i + 1, len(vis.nvml_indices)):
             known = pairs.get(frozenset((a, vis.nvml_indices[j])))
-            links.append(dataclasses.replace(known, a=i, b=j) if known else Link(i, j, UNKNOWN_CLASS))
+            links.append(dataclasses.replace(known, a=i, b=j) if known
+                         else Link(i, j, UNKNOWN_LINK))
     extra = [f if f.gpu is None else dataclasses.replace(f, gpu=new_pos[old_to_nvml[f.gpu]])
              for f in node.findings if f.code not in COMPUTED_CODES
              and (f.gpu is None or old_to_nvml.get(f.gpu) in new_pos)]

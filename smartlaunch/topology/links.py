@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from smartlaunch.topology.api import Link
 from smartlaunch.topology.cpus import sysfs_bus_id
 from smartlaunch.topology.nvcalls import DeviceLost
-from smartlaunch.vocab import UNKNOWN_LINK as UNKNOWN_CLASS
+from smartlaunch.vocab import UNKNOWN_LINK
 
 # nvmlGpuTopologyLevel_t -> nvidia-smi vocabulary.
 LEVEL_CLASS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -65,7 +65,7 @@ def nvlink_count(a, b, p2p_nvlink: bool | None) -> int:
 
 def read_links(c, devices: Sequence[Any]) -> list[Link]:
     """One Link per unordered pair of `devices` (in CUDA ordinal order), a < b."""
-    return [Link(i, j, UNKNOWN_CLASS) if a.error or b.error else _pair(c, i, j, a, b)
+    return [Link(i, j, UNKNOWN_LINK) if a.error or b.error else _pair(c, i, j, a, b)
             for i, a in enumerate(devices) for j, b in enumerate(devices) if j > i]
 
 
@@ -75,8 +75,8 @@ def _pair(c, i: int, j: int, a, b) -> Link:
         status = [c.get("nvmlDeviceGetP2PStatus", a.handle, b.handle, k)
                   for k in (_P2P_READ, _P2P_WRITE, _P2P_NVLINK)]
     except DeviceLost:
-        return Link(i, j, UNKNOWN_CLASS)
+        return Link(i, j, UNKNOWN_LINK)
     read, write, nvlink = (None if s is None else s == _P2P_OK for s in status)
     n = nvlink_count(a, b, nvlink)
-    cls = f"NV{n}" if n else LEVEL_CLASS.get(level, UNKNOWN_CLASS)
+    cls = f"NV{n}" if n else LEVEL_CLASS.get(level, UNKNOWN_LINK)
     return Link(i, j, cls, p2p_read=read, p2p_write=write, p2p_nvlink=nvlink)

@@ -144,7 +144,7 @@ class NvmlBackend:
             _live(c, h), name=d.name,
             memory_total_mib=_mib(mem, "total"), memory_free_mib=_mib(mem, "free"),
             memory_used_mib=_mib(mem, "used"),
-            processes=self._processes(c, h),
+            processes=_processes(c, h, self.owner or _process_owner),
             numa_node=node,
             cpus=tuple(x for x in local if x in allowed_set),
             pcie_gen=c.get("nvmlDeviceGetCurrPcieLinkGeneration", h),
@@ -153,8 +153,10 @@ class NvmlBackend:
             pcie_width_max=c.get("nvmlDeviceGetMaxPcieLinkWidth", h),
             nvlinks_active=d.nvlink.active,
             sm_clock_max_mhz=c.get("nvmlDeviceGetMaxClockInfo", h, _CLOCK_SM),
-            ecc_volatile_uncorrected=c.get("nvmlDeviceGetTotalEccErrors", h, _ECC_UNCORRECTED, _VOLATILE),
-            ecc_aggregate_uncorrected=c.get("nvmlDeviceGetTotalEccErrors", h, _ECC_UNCORRECTED, _AGGREGATE),
+            ecc_volatile_uncorrected=c.get("nvmlDeviceGetTotalEccErrors", h, _ECC_UNCORRECTED,
+                                           _VOLATILE),
+            ecc_aggregate_uncorrected=c.get("nvmlDeviceGetTotalEccErrors", h, _ECC_UNCORRECTED,
+                                            _AGGREGATE),
             retired_pages=_retired_pages(c, h),
             row_remap_pending=None if remap is None else bool(remap[2]),
             row_remap_failed=None if remap is None else bool(remap[3]),
@@ -180,11 +182,9 @@ class NvmlBackend:
             local = cpumod.pci_local_cpus(self.sysfs, d.pci_bus_id) or ()
         return node, local
 
-    def _processes(self, c: Calls, h) -> tuple[GPUProcess, ...]:
-        return _processes(c, h, self.owner or _process_owner)
 
-
-def _processes(c: Calls, h, owner: Callable[[int], tuple[str | None, bool]]) -> tuple[GPUProcess, ...]:
+def _processes(c: Calls, h,
+               owner: Callable[[int], tuple[str | None, bool]]) -> tuple[GPUProcess, ...]:
     procs = c.get("nvmlDeviceGetComputeRunningProcesses", h)
     if procs is None:                    # v3 symbol missing in older drivers
         procs = c.get("nvmlDeviceGetComputeRunningProcesses_v2", h) or []

@@ -85,7 +85,7 @@ def _scheduler_pool(gpus: list[PhysicalGPU], environ, messages) -> tuple[list, s
 def _apply_cvd(cvd: str, pool: list[PhysicalGPU], gpus: list[PhysicalGPU], renumbered: bool,
                messages: list[str]) -> Visibility:
     entries = [e.strip() for e in cvd.split(",")]
-    if cvd.strip() == "" or cvd.strip() == "NoDevFiles":
+    if cvd.strip() in ("", "NoDevFiles"):
         if cvd.strip():
             messages.append("CUDA_VISIBLE_DEVICES=NoDevFiles: Slurm found no GPU devices for this job")
         return Visibility((), messages=tuple(messages), source="CUDA_VISIBLE_DEVICES")
