@@ -36,7 +36,6 @@ from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
 WAIT_REASON = "every usable GPU is leased by another launch: no dry run"
-CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
 
 
 def decide(inputs: Inputs, measured: Measured = Measured()) -> Plan | Need:
@@ -117,10 +116,10 @@ def _nodes(i: Inputs, m: Measured, plan: Plan) -> Plan:
     if not isinstance(m.between, CommCurve):
         return keep(str(m.between))
     intra = None
-    if plan.nproc_per_node > 1 and plan.comm is not None:
+    if plan.nproc_per_node > 1:
+        if plan.comm is None:
+            return keep("the within-node all-reduce curve is missing, so nothing to weigh")
         intra = CommCurve.from_points(plan.comm.world_size, plan.comm.backend, plan.comm.points)
-    elif plan.nproc_per_node > 1:
-        return keep("the within-node all-reduce curve is missing, so nothing to weigh")
     choice = choose_nodes(plan.profile, TwoLevelCurve(intra, m.between, plan.nproc_per_node),
                           allowed=lambda ranks: ranks in i.policy.decision.world_sizes)
     kept = (Reason(choice.text, RULE_NODES),)
@@ -464,7 +463,7 @@ class Ctx:
     topology: Topology
     policy: Policy
     profile: ModelProfile | None
-    comm_for: CommFor                   # a group's curve (decide's: measured, or a NeedCurve)
+    comm_for: Callable[[tuple[int, ...]], CommCurve | None]   # measured, or a NeedCurve
     trial: object | None                # decide's _Trials, or None: no trial may run
     model: CostModel
     usable: list[int]                   # the GPUs the choice may use

@@ -25,20 +25,17 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     for key, (cand, pred) in cands.items():
         n = len(key[1])
         f: dict[str, Any] = {}
+        if pred is not None:
+            f = dict(allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
+                     model_speedup=pred.speedup)
         if key in choice.measured and base_rate:
             sp = choice.measured[key] / base_rate
-            f = dict(predicted_samples_per_s=choice.measured[key], speedup=sp,
+            f.update(predicted_samples_per_s=choice.measured[key], speedup=sp,
                      efficiency=sp / n, measured=True, draws=choice.draws.get(key, 1),
                      predicted_step_s=(n * batch / choice.measured[key]) if batch else None)
-            if pred is not None:
-                f["allreduce_s"] = pred.allreduce_s or None
-                f["comm_cost_s"] = pred.comm_cost_s or None
-                f["model_speedup"] = pred.speedup
         elif pred is not None:
-            f = dict(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
-                     speedup=pred.speedup, efficiency=pred.efficiency,
-                     allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
-                     model_speedup=pred.speedup)
+            f.update(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
+                     speedup=pred.speedup, efficiency=pred.efficiency)
             fix = choice.corrected.get(key)
             if fix is not None and fix.basis:     # relative to the measured baseline
                 sps = fix.speedup * base_rate if base_rate else None

@@ -99,10 +99,15 @@ def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[st
         out[NVLS] = EnvVar(NVLS, environ[NVLS], "kept from environment")
     for name, value in enforced.items():
         value = str(value)
-        if name == NVLS and value != "0" and environ.get(NVLS) != value:
-            continue                                # never turn NVLS on, even by enforcement
+        if _turns_nvls_on(name, value, environ):     # not even by enforcement
+            continue
         out[name] = EnvVar(name, value, "admin enforce")
     return tuple(out.values())
+
+
+def _turns_nvls_on(name: str, value: str, environ: Mapping[str, str]) -> bool:
+    """Whether name=value would turn NVLS on where the environment does not."""
+    return name == NVLS and value != "0" and environ.get(NVLS) != value
 
 
 def policy_env(policy: Policy, environ: Mapping[str, str]) -> tuple[EnvVar, ...]:
@@ -112,7 +117,7 @@ def policy_env(policy: Policy, environ: Mapping[str, str]) -> tuple[EnvVar, ...]
     for name, value in policy.launch.env.items():
         value = str(value)
         src = f"policy launch.env.{name} ({policy.source_of(f'launch.env.{name}')})"
-        if name == NVLS and value != "0" and environ.get(NVLS) != value:
+        if _turns_nvls_on(name, value, environ):
             continue
         if name in enforced:
             out.append(EnvVar(name, enforced[name], "admin enforce"))
