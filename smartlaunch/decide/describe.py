@@ -34,8 +34,8 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
                      efficiency=sp / n, measured=True, draws=choice.draws.get(key, 1),
                      predicted_step_s=(n * batch / choice.measured[key]) if batch else None)
         elif pred is not None:
-            f.update(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
-                     speedup=pred.speedup, efficiency=pred.efficiency)
+            f.update(predicted_step_s=pred.step_s, speedup=pred.speedup,
+                     efficiency=pred.efficiency, predicted_samples_per_s=pred.samples_per_s(batch))
             fix = choice.corrected.get(key)
             if fix is not None and fix.basis:     # relative to the measured baseline
                 sps = fix.speedup * base_rate if base_rate else None

@@ -127,9 +127,8 @@ def choose(ctx, cands: dict, sweep_key):
     sub = {single: cands[single], **{key: cands[key] for key in firsts.values() if key in cands}}
     mark = len(ctx.reasons)
     got = choose_auto(ctx, sub)
-    for i in range(mark, len(ctx.reasons)):
-        r = ctx.reasons[i]
-        ctx.reasons[i] = Reason(f"each variant's group: {r.text}", r.rule)
+    ctx.reasons[mark:] = [Reason(f"each variant's group: {r.text}", r.rule)
+                          for r in ctx.reasons[mark:]]
     base = got.measured.get(single)
     if got.basis in ("torchrun", "fallback", "only"):
         ctx.reasons.append(Reason(
