@@ -55,10 +55,9 @@ def derive(run: BaselineRun, curve: CommCurve, model: CostModel = CostModel()) -
         per["ddp_overhead_s"].append(r_s - kappa * f * small.grad_bytes
                                      - tensor * small.grad_tensors)
     median = {k: statistics.median(v) for k, v in per.items()}
-    spread = {k: _sd(v) for k, v in per.items()}
+    spread = {k: statistics.stdev(v) if len(v) > 1 else float("nan") for k, v in per.items()}
     clamped = sorted(k for k, v in median.items() if v < 0)
-    sd = spread["per_tensor_s"]
-    noise = ["per_tensor_s"] if 0 <= median["per_tensor_s"] <= sd else []
+    noise = ["per_tensor_s"] if 0 <= median["per_tensor_s"] <= spread["per_tensor_s"] else []
     constants = {k: 0.0 if k in clamped or k in noise else v for k, v in median.items()}
     fitted = dataclasses.replace(model, **constants)
     rows = [{"grad_bytes": m.grad_bytes, "grad_tensors": m.grad_tensors, "batch": m.batch,
@@ -79,7 +78,3 @@ def _profile(m: SyntheticRun) -> ModelProfile:
     return ModelProfile(ProfileStatus.OK, grad_bytes=m.grad_bytes, num_grad_tensors=m.grad_tensors,
                         batch_size=m.batch, step_time_s=t1, backward_s=m.backward_share * t1,
                         steps_measured=len(m.single_s))
-
-
-def _sd(xs: list[float]) -> float:
-    return statistics.stdev(xs) if len(xs) > 1 else float("nan")

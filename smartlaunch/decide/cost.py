@@ -7,10 +7,8 @@ Every term is a physical cost with a bound (docs/decision.md copies this table):
     s         backward slowdown under DDP: the reducer's autograd hooks and bucket copies
     G         gradient bytes, split into buckets as DDP does: 1 MiB first, then 25 MiB each
     contend   = min(kappa * G * 2(N-1)/N,  rho * overlap)
-              NCCL's kernels share SMs and HBM with the backward they overlap; per byte of
-              ring traffic that costs kappa, but never more than rho times the backward time
-              they overlap (overlap = s*B after the first bucket is ready): a 2 ms step
-              cannot lose 4 ms to contention
+              NCCL's kernels share SMs and HBM with the backward they overlap: kappa per byte
+              of ring traffic, at most rho times that overlap (s*B after the first bucket)
     ready_k   = (s*B + contend) * (bytes of buckets 0..k) / G    gradients arrive over the
               (stretched) backward
     end_k     = max(ready_k, end_{k-1}) + comm(bytes_k) + per_bucket_s   one NCCL stream
@@ -18,23 +16,16 @@ Every term is a physical cost with a bound (docs/decision.md copies this table):
     host      = ddp_overhead_s + per_tensor_s * gradient tensors
               host work DDP adds to a step: its forward pre-hook, the reducer's finalisation,
               and per gradient tensor an autograd hook and a copy into its bucket and back
-              (a model of 1,200 small tensors pays for each)
-    hidden    = min(host, slack)   slack = profile.host_slack_s, how far the host ran ahead of
-              the device at a step end in the dry run: added host work delays the device only
-              past that queue (0 on a launch-bound step, where the device waits on the host, so
-              the host work is charged in full; unknown slack counts as 0)
-    buffers   = comm(buffer bytes)                     broadcast_buffers=True: rank 0's buffers
-              (BatchNorm statistics) are broadcast at every forward, before any compute
+    hidden    = min(host, slack)   slack = profile.host_slack_s (unknown: 0), how far the host
+              ran ahead of the device in the dry run: host work delays the device only past it
+    buffers   = comm(buffer bytes)    rank 0's buffers (BatchNorm statistics), broadcast at
+              every forward before any compute (broadcast_buffers=True)
     t_N       = t1 + (s-1)*B + contend + exposed + buffers + host - hidden
     speedup   = N * t1 / t_N       (per-GPU batch is the script's own: torchrun semantics)
 
-comm() is the all-reduce curve measured in the job's own environment, so link speed is never a
-constant. kappa, ddp_overhead_s and per_tensor_s depend on the machine (how NCCL's kernels share
-the GPU, how fast the host runs the reducer); `calibrated()` replaces them with values measured
-on the node when a calibration record exists, and the defaults below are the shipped fit
-(per_tensor_s 0: the fit could not identify it; the calibration measures it). Why contention
-at all, with the measurements that showed it, and where every constant was fitted:
-docs/decision.md, "The cost model".
+comm() is the all-reduce curve measured in the job's own environment. kappa, ddp_overhead_s and
+per_tensor_s depend on the machine: `calibrated()` replaces them with a node calibration's
+values, else the shipped fit below stands (docs/decision.md, "The cost model").
 """
 from __future__ import annotations
 
@@ -49,34 +40,18 @@ MiB = 1024 * 1024
 
 @dataclass(frozen=True)
 class CostModel:
-    """Every constant of the prediction, with its default and why.
+    """Every constant of the prediction. The last five are fitted (docs/decision.md says
+    how); their error on scripts outside the fit is MODEL_ERROR."""
 
-    The fitted defaults (compute_slowdown, ddp_overhead_s, per_tensor_s, contention_s_per_byte,
-    contention_cap) come from bench/fit_cost.py over run `suite-s2` of
-    bench/results/regret.jsonl (docs/decision.md: which scripts and machine); their error on
-    scripts that were not in the fit is MODEL_ERROR below."""
-
-    # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP makes the first bucket small so the
-    # first all-reduce starts early in backward.
-    first_bucket_bytes: int = 1 * MiB
-    # DDP's bucket_cap_mb default (25). Scripts that change it are rare; the trial catches them.
-    bucket_bytes: int = 25 * MiB
-    # Backward's share of a step when the profile could not time it (forward:backward ~ 1:2,
-    # plus optimizer and data loading).
-    default_backward_share: float = 0.6
-    # Per bucket: flattening it and launching the collective (not fitted).
-    per_bucket_s: float = 20e-6
-    # Fitted (see the class docstring): backward slowdown from the reducer's hooks,
-    compute_slowdown: float = 1.1
-    # host work per step outside the all-reduce: DDP's forward pre-hook, reducer finalisation,
-    ddp_overhead_s: float = 1.6e-3
-    # host work per gradient tensor: its autograd hook, its copy into the bucket and back
-    # (these two: bench/scaling.py --fit with the host-slack term, docs/decision.md),
-    per_tensor_s: float = 22e-6
-    # per byte of ring traffic per GPU while the all-reduce overlaps backward,
-    contention_s_per_byte: float = 12e-12
-    # and at most this share of the backward time the all-reduce overlaps.
-    contention_cap: float = 0.5
+    first_bucket_bytes: int = 1 * MiB       # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+    bucket_bytes: int = 25 * MiB            # DDP's bucket_cap_mb default; trials catch others
+    default_backward_share: float = 0.6     # where the profile could not time backward
+    per_bucket_s: float = 20e-6             # flattening a bucket, launching its collective
+    compute_slowdown: float = 1.1           # backward under the reducer's hooks
+    ddp_overhead_s: float = 1.6e-3          # host work per step: pre-hook, finalisation
+    per_tensor_s: float = 22e-6             # host work per gradient tensor: hook, bucket copy
+    contention_s_per_byte: float = 12e-12   # per byte of ring traffic overlapping backward
+    contention_cap: float = 0.5             # at most this share of the overlapped backward
 
     def split(self, grad_bytes: int) -> list[int]:
         """Bucket sizes in the order DDP all-reduces them."""
@@ -97,10 +72,9 @@ NODE_CONSTANTS = ("contention_s_per_byte", "ddp_overhead_s", "per_tensor_s")
 
 
 def calibrated(model: CostModel, record: dict | None) -> tuple[CostModel, str]:
-    """The model with the node's measured constants where there are some, and a sentence
-    for --explain saying which values decide and where they came from. record: a node
-    calibration record (decide/calibrate.py's: "constants", "spread", "date", ...) or None.
-    A constant missing, negative or not finite in it stays the shipped one."""
+    """(the model with a node calibration record's constants, --explain's sentence on which
+    values decide and whence); record: calibrate.derive's, or None. A constant missing,
+    negative or not finite in it stays the shipped one."""
     values = (record or {}).get("constants")
     got = {k: float(v) for k, v in (values if isinstance(values, dict) else {}).items()
            if k in NODE_CONSTANTS and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
@@ -117,8 +91,7 @@ def calibrated(model: CostModel, record: dict | None) -> tuple[CostModel, str]:
 
 def constants_text(model: CostModel, spread: dict | None = None) -> str:
     """"all-reduce contention 12 ms/GB, DDP overhead 0.40 ms per step, 0 µs per gradient
-    tensor", with "± spread" where it is known (contention: κ, the backward time lost per
-    byte of all-reduce traffic that overlaps it; docs/decision.md)."""
+    tensor", with "± spread" where it is known."""
     spread = spread or {}
 
     def pm(key: str, scale: float, digits: int) -> str:
@@ -140,10 +113,8 @@ def _g(v: float, digits: int) -> str:
 
 @dataclass(frozen=True)
 class ModelError:
-    """How far the model's DDP speedup is from measurement on scripts it was not fitted on:
-    |ln(predicted / measured)| over script x link rows. The decision's uncertainty band is
-    p90 (policy decision.uncertainty_band: null), so a prediction this close to the policy's
-    threshold is settled by a measured trial."""
+    """|ln(predicted / measured)| of the model's DDP speedup over script x link rows it was
+    not fitted on; p90 is the decision's uncertainty band where the policy sets none."""
     p90_log: float
     median_log: float
     rows: int
@@ -156,12 +127,8 @@ class ModelError:
         return math.expm1(self.p90_log)
 
 
-# The held-out error of the frozen constants: script x link rows from families the fit never
-# saw, measured after the constants were committed (docs/decision.md, "Trials", says which
-# runs). The band is the wider of two such measurements (more trials, never fewer): the earlier
-# constants' 12 rows; the current ones' 21 rows on two machines give a narrower p90, but their
-# host work differs between hosts by more than that. Replace it only with the error of scripts
-# measured after the constants it describes were frozen.
+# The held-out error of the frozen constants (docs/decision.md, "Trials"). Replace it only with
+# the error of scripts measured after the constants it describes were frozen.
 MODEL_ERROR = ModelError(p90_log=0.336, median_log=0.127, rows=12, label="held-out error",
                          source="12 held-out script x link rows (docs/decision.md)")
 

@@ -36,7 +36,6 @@ from smartlaunch.request import Request
 from smartlaunch.topology.api import Topology
 
 WAIT_REASON = "every usable GPU is leased by another launch: no dry run"
-CommFor = Callable[[tuple[int, ...]], "CommCurve | None"]
 
 
 def decide(inputs: Inputs, measured: Measured = Measured()) -> Plan | Need:
@@ -117,10 +116,10 @@ def _nodes(i: Inputs, m: Measured, plan: Plan) -> Plan:
     if not isinstance(m.between, CommCurve):
         return keep(str(m.between))
     intra = None
-    if plan.nproc_per_node > 1 and plan.comm is not None:
+    if plan.nproc_per_node > 1:
+        if plan.comm is None:
+            return keep("the within-node all-reduce curve is missing, so nothing to weigh")
         intra = CommCurve.from_points(plan.comm.world_size, plan.comm.backend, plan.comm.points)
-    elif plan.nproc_per_node > 1:
-        return keep("the within-node all-reduce curve is missing, so nothing to weigh")
     choice = choose_nodes(plan.profile, TwoLevelCurve(intra, m.between, plan.nproc_per_node),
                           allowed=lambda ranks: ranks in i.policy.decision.world_sizes)
     kept = (Reason(choice.text, RULE_NODES),)
@@ -143,7 +142,7 @@ def choosable(plan: Plan) -> bool:
 
 
 def needs_profile(request: Request, topology: Topology, usable: list[int],
-                  policy: Policy | None = None) -> bool:
+                  policy: Policy) -> bool:
     """Whether auto has a real choice, so a dry run pays off."""
     if request.strategy != "auto" or request.no_python or not topology.gpus:
         return False
@@ -152,8 +151,8 @@ def needs_profile(request: Request, topology: Topology, usable: list[int],
         return (hi or lo) == lo and not request.variants
     room = min(request.max_gpus or len(usable), len(usable))
     if request.variants:
-        sizes = policy.decision.world_sizes if policy is not None else (2,)
-        return any(k >= 2 and len(request.variants) * k <= room for k in sizes)
+        return any(k >= 2 and len(request.variants) * k <= room
+                   for k in policy.decision.world_sizes)
     return room > 1
 
 
@@ -212,15 +211,14 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
     """Steps 4-5: the Plan before prepare. cheap: measure nothing (finds what cannot run);
     trials: whether a trial may be asked for."""
     request, topology, policy, units, environ = i.request, i.topology, i.policy, i.units, i.environ
+    d = policy.decision
     model = i.model if _predictable(i, profile) else CostModel()
     launched = i.launched if profile is not None else None
     if cheap or not topology.gpus:
         comm_for, trial = (lambda g: None), None
     else:
         comm_for = _curves(measured, profile)
-        trial = _Trials(measured) if trials and policy.decision.trials and \
-            not request.no_python else None
-    d = policy.decision
+        trial = _Trials(measured) if trials and d.trials and not request.no_python else None
     forced = request.strategy != "auto"
     reasons: list[Reason] = []
     if request.multi_node:
@@ -242,9 +240,9 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
                 variants=tuple(request.variants), wait_for_lease=not request.no_wait,
                 wait_timeout_s=policy.jobs.wait_timeout_s, wait_reason=wait_reason,
                 command=request.worker_command())
-    if not topology.gpus and request.multi_node:
-        return _cpu_multi_node(request, reasons, base, units)
     if not topology.gpus:
+        if request.multi_node:
+            return _cpu_multi_node(request, reasons, base, units)
         return _cpu_plan(request, policy, reasons, base, units)
 
     visible = len(topology.gpus)
@@ -293,11 +291,13 @@ def _choose(i: Inputs, profile: ModelProfile | None, unavailable: frozenset[int]
         if ctx.packings and (choice.strategy, choice.gpus) in cands \
                 and units[choice.strategy].ROLE == Role.SWEEP:
             choice = pack.choose(ctx, cands, (choice.strategy, choice.gpus)) or choice
-    plan_cands, comm = ctx.finish(choice, cands)
+    plan_cands = describe(ctx, choice, cands)
+    curve = ctx.curves.get(choice.gpus) or next(iter(ctx.curves.values()), None)
     ctx.left = tuple(g for g in usable if g not in choice.gpus)
     fields = units[choice.strategy].plan_fields(ctx, choice)
     return Plan(strategy=choice.strategy, device="cuda", gpus=choice.gpus, requested_max=cap,
-                candidates=plan_cands, reasons=tuple(reasons), left_free=ctx.left, comm=comm,
+                candidates=plan_cands, reasons=tuple(reasons), left_free=ctx.left,
+                comm=comm_summary(curve, profile),
                 uncertainty_band=round(uncertainty(ctx)[0], 4), **fields, **base)
 
 
@@ -423,9 +423,9 @@ def _cpu_multi_node(request: Request, reasons: list[Reason], base: dict, units: 
     elif raw in ("cpu", "auto"):
         n, given = len(os.sched_getaffinity(0)), f"user: --nproc-per-node {raw}"
     elif raw == "gpu":
-        raise UsageError(f"--nproc-per-node gpu on a node without GPUs (torchrun fails the "
-                         f"same: CUDA is not available); give the number of processes per "
-                         f"node, e.g. --nproc-per-node 1")
+        raise UsageError("--nproc-per-node gpu on a node without GPUs (torchrun fails the "
+                         "same: CUDA is not available); give the number of processes per "
+                         "node, e.g. --nproc-per-node 1")
     else:
         n, given = 1, "torchrun's default: --nproc-per-node 1"
     reasons.append(_multi_node_reason(request, unit, n, "(the CPU over gloo: no GPU visible)",
@@ -463,7 +463,7 @@ class Ctx:
     topology: Topology
     policy: Policy
     profile: ModelProfile | None
-    comm_for: CommFor                   # a group's curve (decide's: measured, or a NeedCurve)
+    comm_for: Callable[[tuple[int, ...]], CommCurve | None]   # measured, or a NeedCurve
     trial: object | None                # decide's _Trials, or None: no trial may run
     model: CostModel
     usable: list[int]                   # the GPUs the choice may use
@@ -510,8 +510,3 @@ class Ctx:
         self.curves.update({g: got[g] for g in groups if got.get(g) is not None})
         return {g: predict_ddp(self.profile, got[g], len(g), self.model)
                 if got.get(g) is not None else None for g in groups}
-
-    def finish(self, choice: Choice, cands):
-        plan_cands = describe(self, choice, cands)
-        curve = self.curves.get(choice.gpus) or next(iter(self.curves.values()), None)
-        return plan_cands, comm_summary(curve, self.profile)

@@ -6,12 +6,12 @@ import dataclasses
 from typing import Any
 
 from smartlaunch.decide.api import Role
+from smartlaunch.decide.cost import MiB
+from smartlaunch.decide.groups import family_link, numa_nodes
 from smartlaunch.decide.plan import Candidate, CommSummary
-from smartlaunch.decide.select import (SUPERLINEAR, Choice, _baseline, _short, _trial_cap,
+from smartlaunch.decide.select import (SUPERLINEAR, Choice, _baseline, _correction, _trial_cap,
                                        uncertainty)
 from smartlaunch.decide.words import gbps, gpu_list, mb, pct, times
-
-MiB = 1024 * 1024
 
 
 def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
@@ -25,20 +25,17 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
     for key, (cand, pred) in cands.items():
         n = len(key[1])
         f: dict[str, Any] = {}
+        if pred is not None:
+            f = dict(allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
+                     model_speedup=pred.speedup)
         if key in choice.measured and base_rate:
             sp = choice.measured[key] / base_rate
-            f = dict(predicted_samples_per_s=choice.measured[key], speedup=sp,
+            f.update(predicted_samples_per_s=choice.measured[key], speedup=sp,
                      efficiency=sp / n, measured=True, draws=choice.draws.get(key, 1),
                      predicted_step_s=(n * batch / choice.measured[key]) if batch else None)
-            if pred is not None:
-                f["allreduce_s"] = pred.allreduce_s or None
-                f["comm_cost_s"] = pred.comm_cost_s or None
-                f["model_speedup"] = pred.speedup
         elif pred is not None:
-            f = dict(predicted_step_s=pred.step_s, predicted_samples_per_s=pred.samples_per_s(batch),
-                     speedup=pred.speedup, efficiency=pred.efficiency,
-                     allreduce_s=pred.allreduce_s or None, comm_cost_s=pred.comm_cost_s or None,
-                     model_speedup=pred.speedup)
+            f.update(predicted_step_s=pred.step_s, speedup=pred.speedup,
+                     efficiency=pred.efficiency, predicted_samples_per_s=pred.samples_per_s(batch))
             fix = choice.corrected.get(key)
             if fix is not None and fix.basis:     # relative to the measured baseline
                 sps = fix.speedup * base_rate if base_rate else None
@@ -48,9 +45,9 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
                          pred.step_s / fix.ratio)
         rows[key] = (dataclasses.replace(cand, chosen=key == chosen_key, **f), pred)
     win = rows[chosen_key][0] if chosen_key in rows else None
+    error = uncertainty(ctx)
     out = []
-    for key, (c, pred) in rows.items():
-        error = uncertainty(ctx)
+    for c, pred in rows.values():
         head = ctx.units[c.strategy].sentence(ctx, c, pred, error)
         if c.measured and c.speedup and c.speedup > len(c.gpus) * SUPERLINEAR \
                 and ctx.units[c.strategy].ROLE == Role.SCALED:
@@ -69,7 +66,6 @@ def describe(ctx, choice: Choice, cands: dict) -> tuple[Candidate, ...]:
 def group_note(ctx, gpus: tuple[int, ...]) -> str:
     """"worst link NV18, 1 NUMA node, all-reduce 230 GB/s at the gradient size measured on
     this group"."""
-    from smartlaunch.decide.groups import family_link, numa_nodes
     k = numa_nodes(ctx.topology, gpus)
     text = f"worst link {family_link(ctx.topology, gpus)}, {k} NUMA node{'s' if k != 1 else ''}"
     curve = ctx.curves.get(gpus)
@@ -95,9 +91,7 @@ def _tail(ctx, c: Candidate, win: Candidate | None, choice: Choice, floor: float
           error: tuple[float, str]) -> str:
     """Why the candidate won or lost, after its unit's head; error: uncertainty(ctx)."""
     fix = choice.corrected.get((c.strategy, c.gpus)) if c.corrected else None
-    note = (f" (corrected by the trials: the model's {times(fix.predicted)} × {fix.ratio:.2f}, "
-            f"as {' and '.join(_short(ctx, t) for t in fix.basis)} measured against "
-            f"{'its' if len(fix.basis) == 1 else 'their'} prediction)") if fix else ""
+    note = f" (corrected by the trials: {_correction(ctx, fix)})" if fix else ""
     if c.chosen:
         return note + (f" → chosen ({choice.basis})" if choice.basis != "forced"
                        else " → chosen (as asked)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from smartlaunch.decide.api import Units
 from smartlaunch.decide.batch import global_batch
 from smartlaunch.decide.plan import Candidate, CommSummary, Plan, strategy_name
+from smartlaunch.decide.select import SUPERLINEAR, interval
 from smartlaunch.decide.words import gbps, gpu_list, mb, ms, pct, rate, size, times, us
 from smartlaunch.profile.api import ModelProfile, ProfileStatus
 from smartlaunch.vocab import format_ranges
@@ -112,10 +113,8 @@ def _profile(p: ModelProfile | None) -> list[str]:
         return [f"profile: {p.status.value}{cached}{note}"]
     params = p.trainable_params or p.total_params or 0
     step, p90, bwd = p.step_time_s, p.step_time_p90_s, p.backward_s
-    peak = p.peak_gpu_mem_bytes
-    batch = p.batch_size
     micro, per = p.micro_batches, p.micro_batch_size
-    batch_txt = f"batch {batch if batch is not None else '??'}"
+    batch_txt = f"batch {p.batch_size if p.batch_size is not None else '??'}"
     if micro and micro > 1:
         batch_txt += f" per step ({micro} micro-batches of {per if per is not None else '??'})"
     parts = [f"{params / 1e6:.1f}M params", f"{mb(p.grad_bytes)} grads", batch_txt,
@@ -124,11 +123,10 @@ def _profile(p: ModelProfile | None) -> list[str]:
         parts.append(f"backward {pct(bwd / step)} of the step")
     if p.host_slack_s is not None and step and p.device.startswith("cuda"):
         parts.append(f"host {ms(p.host_slack_s)} ahead of the GPU")
-    if peak:
-        parts.append(f"peak {peak / 1024 ** 3:.1f} GiB")
-    cost = p.dry_run_s
+    if p.peak_gpu_mem_bytes:
+        parts.append(f"peak {p.peak_gpu_mem_bytes / 1024 ** 3:.1f} GiB")
     parts.append("cached" if p.cached else
-                 (f"dry run {cost:.1f} s" if cost is not None else "dry run ??"))
+                 (f"dry run {p.dry_run_s:.1f} s" if p.dry_run_s is not None else "dry run ??"))
     timing = f", {p.timing}" if p.timing else ""
     out = ["profile: " + ", ".join(parts) +
            f" [{p.status.value}, {p.steps_measured} steps{timing}]"]
@@ -251,7 +249,7 @@ def decision_line(plan: Plan, units: Units, floor: float | None = None) -> str:
         why = f"{'measured' if chosen.measured else 'predicted'} {times(chosen.speedup)} one GPU" \
             + (", as trials of other sizes corrected it" if chosen.corrected else "") \
             + _draws(chosen)
-        if chosen.measured and chosen.speedup > len(chosen.gpus) * 1.05:
+        if chosen.measured and chosen.speedup > len(chosen.gpus) * SUPERLINEAR:
             why += f" (superlinear on {len(chosen.gpus)} GPUs: --explain says why)"
     elif rival is not None:
         why = (f"{units[rival.strategy].short_name(rival)} "
@@ -269,7 +267,6 @@ def _draws(c: Candidate, then: str = "") -> str:
     """' (mean of 3 trials: 69% ± 8%)'; then: what follows inside the brackets."""
     if c.draws < 2 or c.efficiency is None:
         return ""
-    from smartlaunch.decide.select import interval
     return f" (mean of {c.draws} trials: {pct(c.efficiency)} ± {pct(interval(c.draws))}{then})"
 
 

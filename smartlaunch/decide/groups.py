@@ -104,7 +104,7 @@ def group_key(topology: Topology, group) -> tuple:
 def pcie_lanes(topology: Topology, group) -> int:
     """The narrowest PCIe link width in the group (0 where NVML did not say)."""
     widths = [topology.gpu(i).pcie_width for i in group]
-    return min((w for w in widths if w), default=0) if all(widths) else 0
+    return min(widths, default=0) if all(widths) else 0
 
 
 def best_group(topology: Topology, candidates: list[int], n: int,
@@ -131,7 +131,8 @@ def _greedy(topology: Topology, pool: list[int], n: int, families) -> tuple[int,
             if not options:
                 break
             group.append(min(options, key=lambda g: group_key(topology, (*group, g))))
-        if len(group) == n and (best is None or group_key(topology, group) < group_key(topology, best)):
+        if len(group) == n and (best is None
+                                or group_key(topology, group) < group_key(topology, best)):
             best = tuple(sorted(group))
     return best
 

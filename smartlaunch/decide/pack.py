@@ -14,6 +14,7 @@ from smartlaunch.decide import groups as G
 from smartlaunch.decide.api import Role
 from smartlaunch.decide.cost import Prediction
 from smartlaunch.decide.plan import Reason, strategy_name
+from smartlaunch.decide.select import Choice, _baseline, choose_auto
 from smartlaunch.decide.words import gpu_list, pct, rate, times
 
 
@@ -89,11 +90,10 @@ def _predictions(ctx, groups) -> tuple[Prediction | None, ...]:
         return tuple(None for _ in groups)
     out, seen = [], {}
     for group in groups:
-        like = seen.get(_shape(ctx.topology, group))
-        if like is not None and like in ctx.curves:
+        like = seen.setdefault(_shape(ctx.topology, group), group)
+        if like in ctx.curves:
             ctx.curves.setdefault(group, ctx.curves[like])
         out.append(ctx.predict([group])[group])
-        seen.setdefault(_shape(ctx.topology, group), group)
     return tuple(out)
 
 
@@ -117,7 +117,6 @@ def aggregate(p: Packing) -> Prediction | None:
 
 def choose(ctx, cands: dict, sweep_key):
     """The sweep's Choice (a packing or sweep_key's single-GPU jobs); None: no packing."""
-    from smartlaunch.decide.select import Choice, _baseline, choose_auto
     packs = [p for p in ctx.packings if p.key in cands]
     unit = scaled_unit(ctx)
     if not packs or unit is None:
@@ -128,9 +127,8 @@ def choose(ctx, cands: dict, sweep_key):
     sub = {single: cands[single], **{key: cands[key] for key in firsts.values() if key in cands}}
     mark = len(ctx.reasons)
     got = choose_auto(ctx, sub)
-    for i in range(mark, len(ctx.reasons)):
-        r = ctx.reasons[i]
-        ctx.reasons[i] = Reason(f"each variant's group: {r.text}", r.rule)
+    ctx.reasons[mark:] = [Reason(f"each variant's group: {r.text}", r.rule)
+                          for r in ctx.reasons[mark:]]
     base = got.measured.get(single)
     if got.basis in ("torchrun", "fallback", "only"):
         ctx.reasons.append(Reason(

@@ -9,6 +9,7 @@ of the GPU it really uses, within this job's cpuset (launch/numa.py applies them
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -87,11 +88,8 @@ def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[st
     out: dict[str, EnvVar] = {}
     for name, value in table.items():
         value = str(value)
-        if name in enforced:
-            continue
-        if name == NVLS:
-            continue                                # only the environment decides NVLS
-        if _disables_p2p(name, value, working_p2p):
+        # only the environment decides NVLS; nothing disables a working P2P path
+        if name in enforced or name == NVLS or _disables_p2p(name, value, working_p2p):
             continue
         if name in environ:
             out[name] = EnvVar(name, environ[name], f"kept from environment (policy {src} wanted {value})")
@@ -101,10 +99,15 @@ def nccl_env(plan: Plan, topology: Topology, policy: Policy, environ: Mapping[st
         out[NVLS] = EnvVar(NVLS, environ[NVLS], "kept from environment")
     for name, value in enforced.items():
         value = str(value)
-        if name == NVLS and value != "0" and environ.get(NVLS) != value:
-            continue                                # never turn NVLS on, even by enforcement
+        if _turns_nvls_on(name, value, environ):     # not even by enforcement
+            continue
         out[name] = EnvVar(name, value, "admin enforce")
     return tuple(out.values())
+
+
+def _turns_nvls_on(name: str, value: str, environ: Mapping[str, str]) -> bool:
+    """Whether name=value would turn NVLS on where the environment does not."""
+    return name == NVLS and value != "0" and environ.get(NVLS) != value
 
 
 def policy_env(policy: Policy, environ: Mapping[str, str]) -> tuple[EnvVar, ...]:
@@ -114,7 +117,7 @@ def policy_env(policy: Policy, environ: Mapping[str, str]) -> tuple[EnvVar, ...]
     for name, value in policy.launch.env.items():
         value = str(value)
         src = f"policy launch.env.{name} ({policy.source_of(f'launch.env.{name}')})"
-        if name == NVLS and value != "0" and environ.get(NVLS) != value:
+        if _turns_nvls_on(name, value, environ):
             continue
         if name in enforced:
             out.append(EnvVar(name, enforced[name], "admin enforce"))
@@ -133,15 +136,13 @@ def _policy_source(policy: Policy, family: str | None) -> str:
 
 def _working_p2p_families(plan: Plan, topology: Topology) -> set[str]:
     fams: set[str] = set()
-    gpus = sorted(plan.gpus)
-    for i, a in enumerate(gpus):
-        for b in gpus[i + 1:]:
-            try:
-                link = topology.link(a, b)
-            except KeyError:
-                continue
-            if link.p2p:
-                fams.add(link.family)
+    for a, b in itertools.combinations(sorted(plan.gpus), 2):
+        try:
+            link = topology.link(a, b)
+        except KeyError:
+            continue
+        if link.p2p:
+            fams.add(link.family)
     return fams
 
 

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 from smartlaunch.decide.api import Role, by_role
 from smartlaunch.decide.cost import MODEL_ERROR
+from smartlaunch.decide.groups import best_group
 from smartlaunch.decide.plan import Candidate, Reason, Strategy, strategy_name
 from smartlaunch.decide.rerank import Corrected, pick, settle
 from smartlaunch.decide.words import gpu_list, pct, rate, times
 from smartlaunch.profile.api import ProfileStatus
+from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
 
-MiB = 1024 * 1024
 MAX_SCALED_TRIALS = 2   # where predictions rank the SCALED candidates, only the best two are tried
 
 
@@ -95,7 +96,6 @@ def choose_auto(ctx, cands: dict) -> Choice:
         n = ctx.request.max_gpus
         if n is not None and n > _key_n(k):
             # A count given: torchrun's own, even where decision.world_sizes kept it out.
-            from smartlaunch.decide.groups import best_group
             group = best_group(ctx.topology, ctx.usable, n, d.ddp_link_classes)
             k = (k[0], group) if group is not None else k
         ctx.reasons.append(Reason(
@@ -111,7 +111,6 @@ def choose_auto(ctx, cands: dict) -> Choice:
     missing = [k for k in scaled if preds[k] is None]
     if not ctx.predictable or missing:
         if not ctx.predictable:
-            p = ctx.profile
             why = "no profile" if p is None else f"the profile is {p.status.value}" + (
                 f" ({p.note})" if p.note else "")
         else:
@@ -180,7 +179,6 @@ def uncertainty(ctx) -> tuple[float, str]:
 def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
     """Candidates earlier launches of this job ran are scored by measurement, the rest by
     the model; None when no launch applies."""
-    from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
     runs = {k: ctx.launched.get(candidate_name(strategy_name(k[0]), k[1])) for k in scaled}
     runs = {k: r for k, r in runs.items() if r is not None}
     prof = ctx.profile.to_dict() if ctx.profile is not None else {}
@@ -225,22 +223,20 @@ def _from_launches(ctx, single, scaled: list, preds: dict) -> Choice | None:
 
 def _by_model(ctx, scores: dict, note: str | None) -> Choice:
     win = _pick(ctx, scores)
-    rule = ctx.policy.rule("decision.min_efficiency")
+    floor = pct(ctx.policy.decision.min_efficiency)
     if _role(ctx, win) == Role.SCALED:
-        n = _key_n(win)
         text = (f"{_name(ctx, win)}: predicted {times(scores[win])} "
-                f"({pct(scores[win] / n)} efficiency), at or above the policy's "
-                f"{pct(ctx.policy.decision.min_efficiency)}, the most samples/s")
+                f"({pct(scores[win] / _key_n(win))} efficiency), at or above the policy's "
+                f"{floor}, the most samples/s")
     else:
         best = max((k for k in scores if _role(ctx, k) == Role.SCALED and scores[k] is not None),
                    key=lambda k: scores[k] / _key_n(k), default=None)
-        text = f"{_name(ctx, win)}: no {_scaled_word(ctx)} candidate reaches the policy's " \
-               f"{pct(ctx.policy.decision.min_efficiency)}"
+        text = f"{_name(ctx, win)}: no {_scaled_word(ctx)} candidate reaches the policy's {floor}"
         if best is not None:
             text += f" (best {_short(ctx, best)} {pct(scores[best] / _key_n(best))})"
     if note:
         text = f"{note}: {text}"
-    ctx.reasons.append(Reason(text, rule))
+    ctx.reasons.append(Reason(text, ctx.policy.rule("decision.min_efficiency")))
     return Choice(win[0], win[1], "model")
 
 
@@ -265,6 +261,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
     if ctx.trial is None:
         return None, f"{why}; a measured trial was wanted but none can run here"
     measured, single, d = {}, keys[0], ctx.policy.decision
+    whys = getattr(ctx.trial, "why", {})
     # The dry run's own complete window stands for the one-GPU trial.
     floor_s = min(d.trial_seconds, ctx.policy.dryrun.measure_seconds)
     precision = ctx.policy.dryrun.precision
@@ -286,15 +283,15 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         again = ctx.trial(single[0], single[1])
         if again is not None and again > 0:
             measured[single] = float(again)
-            by_dry_run = None
             superlinear += (f"; one GPU measured again by a trial: {rate(again)} (its dry run "
-                            f"gave {rate(ctx.profile.trial_rate(d.trial_steps, floor_s, precision))})")
+                            f"gave {rate(by_dry_run)})")
+            by_dry_run = None
             still = _superlinear(ctx, measured, single, keys)
             superlinear += (f"; still superlinear against it ({still}): the one-process run is "
                             "held back by something two processes split (an input pipeline "
                             "or host work that does not scale with the step)") if still else ""
     if single not in measured:
-        lost = getattr(ctx.trial, "why", {}).get(single)
+        lost = whys.get(single)
         return None, (f"{why}; the trial of {_name(ctx, single)} gave no measurement"
                       + (f" ({lost})" if lost else ""))
     tried, later, then_scores = set(keys), {}, {}
@@ -315,7 +312,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
     if again:
         st = _settle(ctx, measured, single, tried)
     scores = {k: v / measured[single] for k, v in measured.items()}
-    win = st.by_prediction or st.winner
+    win, win_speedup = _winner(st, scores)
     names = ", ".join(ctx.units[k[0]].table_name(Candidate(k[0], k[1])) + f" {rate(v)}" +
                       (f" (its dry run, {ctx.profile.steps_measured} steps)"
                        if k == single and by_dry_run is not None else "")
@@ -343,7 +340,6 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         text += f"; superlinear: {superlinear}"
     lost = [k for k in keys if k not in measured]
     if lost:
-        whys = getattr(ctx.trial, "why", {})
         text += "; no measurement for " + ", ".join(
             _short(ctx, k) + (f" ({whys[k]})" if k in whys else "") for k in lost)
     if st.by_prediction is not None:
@@ -356,8 +352,7 @@ def _trials(ctx, keys: list, why: str, rule_key: str,
         basis = "corrected"
     else:
         final, basis = _name(ctx, win), "trial"
-    final += _near_floor(ctx, scores, win, scores[win] if win in scores
-                         else st.corrected[win].speedup, draws)
+    final += _near_floor(ctx, scores, win, win_speedup, draws)
     ctx.reasons.append(Reason(f"{text} → {final}", rule))
     counts = {k: sum(1 for v in vs if v == v) for k, vs in draws.items()}
     return Choice(win[0], win[1], basis, measured, superlinear=superlinear,
@@ -373,14 +368,24 @@ def _settle(ctx, measured: dict, single, tried: set):
                   can_try=lambda k: k not in tried and ctx.units[k[0]].TRIAL)
 
 
+def _winner(st, scores: dict) -> tuple:
+    """(the key chosen once settled as `st`, its speedup: measured, else corrected)."""
+    win = st.by_prediction or st.winner
+    return win, scores[win] if win in scores else st.corrected[win].speedup
+
+
 def _corrected_words(ctx, key, c: Corrected) -> str:
     """"1.02× (51%: the model's 1.12× × 0.91, as DDP×3 measured against its prediction)"."""
     if not c.basis:
         return f"{times(c.speedup)} ({pct(c.speedup / _key_n(key))}, uncorrected)"
+    return f"{times(c.speedup)} ({pct(c.speedup / _key_n(key))}: {_correction(ctx, c)})"
+
+
+def _correction(ctx, c: Corrected) -> str:
+    """"the model's 1.12× × 0.91, as DDP×3 measured against its prediction"."""
     by = " and ".join(_short(ctx, t) for t in c.basis)
-    return (f"{times(c.speedup)} ({pct(c.speedup / _key_n(key))}: the model's "
-            f"{times(c.predicted)} × {c.ratio:.2f}, as {by} measured against "
-            f"{'its' if len(c.basis) == 1 else 'their'} prediction)")
+    return (f"the model's {times(c.predicted)} × {c.ratio:.2f}, as {by} measured against "
+            f"{'its' if len(c.basis) == 1 else 'their'} prediction")
 
 
 TRIAL_SPREAD = 0.07      # one trial's run-to-run standard deviation of ln(speedup)
@@ -434,9 +439,8 @@ def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> s
     repeats, lost = 0, ""
     for attempt in range(2, 2 + NEAR_FLOOR_REPEATS):
         st = _settle(ctx, measured, single, tried)
-        win = st.by_prediction or st.winner
         scores = {k: v / measured[single] for k, v in measured.items()}
-        win_speedup = scores[win] if win in scores else st.corrected[win].speedup
+        win, win_speedup = _winner(st, scores)
         near = [k for k in _near(ctx, scores, win, win_speedup, draws) if ctx.units[k[0]].TRIAL]
         if not near:
             break
@@ -470,12 +474,12 @@ def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> s
             f"{NEAR_FLOOR_REPEATS}): " + "; ".join(words) + lost)
 
 
-def _near_floor(ctx, scores: dict, win, win_speedup: float, draws: dict | None = None) -> str:
+def _near_floor(ctx, scores: dict, win, win_speedup: float, draws: dict) -> str:
     """"; DDP×2's measured 63% is within ..." for every candidate _near the floor."""
     floor = ctx.policy.decision.min_efficiency
+    spread = pct(math.expm1(TRIAL_SPREAD))
     said = []
-    for k, (e, m, other) in _near(ctx, scores, win, win_speedup, draws or {}).items():
-        spread = pct(math.expm1(TRIAL_SPREAD))
+    for k, (e, m, other) in _near(ctx, scores, win, win_speedup, draws).items():
         over = "one trial" if m == 1 else f"the mean of {m} trials"
         said.append(f"{_short(ctx, k)}'s measured {pct(e)} is within two run-to-run standard "
                     f"deviations of {over} (±{spread} each"
