@@ -25,6 +25,9 @@ class ProfileStatus(str, enum.Enum):
     UNMEASURABLE = "unmeasurable"   # failed before its first step after reading WORLD_SIZE
 
 
+_MEASURED = (ProfileStatus.OK, ProfileStatus.INCOMPLETE)     # the statuses with a step time
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     status: ProfileStatus
@@ -65,7 +68,7 @@ class ModelProfile:
 
     @property
     def usable(self) -> bool:
-        return self.status in (ProfileStatus.OK, ProfileStatus.INCOMPLETE) and bool(self.step_time_s)
+        return self.status in _MEASURED and bool(self.step_time_s)
 
     @property
     def low_confidence(self) -> bool:
@@ -146,8 +149,7 @@ class ModelProfile:
                 d[k] = flag(d[k], k)
         d["param_dtypes"] = {text(k, "param_dtypes", 64): integer(v, f"param_dtypes.{k}", 0)
                              for k, v in obj(d.get("param_dtypes", {}), "param_dtypes", 64).items()}
-        if d["status"] in (ProfileStatus.OK, ProfileStatus.INCOMPLETE) \
-                and d.get("step_time_s") is None:
+        if d["status"] in _MEASURED and d.get("step_time_s") is None:
             raise BadRecord("step_time_s", f"missing from a profile with status "
                                            f"{d['status'].value}")
         window, run = d.get("window_s"), d.get("dry_run_s")

@@ -1,6 +1,7 @@
 """The node calibration's measurement: single GPU vs DDP×2 on synthetic models
-(baseline_worker.py), run as comm.py runs its benchmark, and its cache: <cache_dir>/node/<key>.json,
-key = cache.node_key + backend + format + torch version. decide/calibrate.py derives the constants."""
+(baseline_worker.py), run as comm.py runs its benchmark, and its cache:
+<cache_dir>/node/<key>.json, key = cache.node_key + backend + format + torch version.
+decide/calibrate.py derives the constants."""
 from __future__ import annotations
 
 import math
@@ -48,8 +49,7 @@ def measure_baseline(gpus: tuple[int, ...], *, device: str, environ, windows: in
                      models=None) -> BaselineRun:
     """The synthetic models on `gpus` (CUDA ordinals), single then DDP. device "cuda": NCCL, one
     process per GPU; "cpu": gloo, len(gpus) processes."""
-    n = len(gpus)
-    if n < 2:
+    if len(gpus) < 2:
         raise CommBenchError(f"a node calibration needs at least 2 GPUs, got {list(gpus)}; "
                              "pass --gpus with two indices")
     backend = backend_for(device)

@@ -5,12 +5,10 @@ window's time the slowest rank's); rank 0 sizes the windows and writes the JSON 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import time
 
-from smartlaunch.profile.comm_worker import join_group
+from smartlaunch.profile.comm_worker import join_group, write_result
 
 WARMUP_STEPS = 3
 
@@ -37,11 +35,8 @@ def main(argv=None) -> None:
         results = [_measure(torch, dist, device, sync, spec, args, rank)
                    for spec in parse_models(args.models)]
         if rank == 0:
-            tmp = args.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"models": results, "world_size": dist.get_world_size(),
-                           "backend": args.backend, "torch": torch.__version__}, f)
-            os.replace(tmp, args.out)
+            write_result(args.out, {"models": results, "world_size": dist.get_world_size(),
+                                    "backend": args.backend, "torch": torch.__version__})
         # Leave together: tearing gloo down while a peer still writes can abort the peer.
         dist.barrier()
     finally:

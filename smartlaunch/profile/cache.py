@@ -26,7 +26,7 @@ from smartlaunch.wire import RECORD
 KEY_ENV = ("PYTHONPATH", "SMARTLAUNCH_DRYRUN_CPU_SHIM")
 MAX_SIBLINGS = 200               # *.py files hashed beside the script
 MAX_SIBLING_BYTES = 16 << 20
-PROFILE_FORMAT = 3               # older entries re-profile (3: host_slack_s)
+PROFILE_FORMAT = 3               # older entries re-profile
 
 
 def script_file(request, cwd: str, environ) -> Path | None:
@@ -274,11 +274,9 @@ def store_node_comm(directory: str, topology, curve: CommCurve, environ) -> Path
 def cached_comm(policy, topology, gpus, backend: str, environ, *,
                 need_bytes: int) -> CommCurve | None:
     """The own cache's curve for this group, else the node cache's (load_node_comm)."""
-    hit = load_comm(policy, comm_key(topology, gpus, backend, environ), environ,
-                    need_bytes=need_bytes)
-    if hit is None:
-        hit = load_node_comm(policy, topology, gpus, backend, environ, need_bytes=need_bytes)
-    return hit
+    return (load_comm(policy, comm_key(topology, gpus, backend, environ), environ,
+                      need_bytes=need_bytes)
+            or load_node_comm(policy, topology, gpus, backend, environ, need_bytes=need_bytes))
 
 
 def cached_trials(runner, request, policy, *, topology, environ, one_gpu: float | None = None):

@@ -63,6 +63,7 @@ def _policy(path):
 
 
 def bench_comm(args) -> int:
+    from smartlaunch.profile.cache import nccl_env, store_node_comm
     from smartlaunch.profile.comm import comm_curve
     from smartlaunch.topology import discover
     topo = discover(os.environ)
@@ -85,7 +86,6 @@ def bench_comm(args) -> int:
     max_bytes = args.max_mb << 20 if args.max_mb else None
     curves = [comm_curve(topo, g, policy, os.environ, max_bytes=max_bytes) for g in groups]
     if args.node_cache:
-        from smartlaunch.profile.cache import store_node_comm
         for c in curves:
             store_node_comm(args.node_cache, topo, c, os.environ)
     if args.json:
@@ -107,7 +107,6 @@ def bench_comm(args) -> int:
     if any(not 0 < c.latency_s <= c.points[0][1] for c in curves):
         print(f"* the time of the smallest size measured ({_mb(curves[0].points[0][0])}): the "
               f"fit's latency was not one")
-    from smartlaunch.profile.cache import nccl_env
     nccl = nccl_env(os.environ)
     if nccl:
         print("NCCL environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl.items())))

@@ -85,11 +85,9 @@ def read_window(clock, marks: list, warm: list, warm_spans: list,
     warm-up steps: warm = step-end marks, warm_spans[i] = [(kind, start, end), ...] inside the step
     ending at warm[i + 1], kept as shares applied to the window's step.
 
-    hosts[i]: host time just after marks[i] was queued (marks[0] on an idle device, right after
-    the opening sync), which gives host_slack_s: the median over step ends of how far the host ran
-    ahead of the device (mark i reached on the device at hosts[0] + seconds(marks[0], marks[i]),
-    queued at hosts[i]); 0 where the device waits on the host (a launch-bound step), and host work
-    added to a step hides behind that much queued device work."""
+    hosts[i]: host time just after marks[i] was queued (marks[0] right after the opening sync);
+    host_slack_s: the median over step ends of how far the host ran ahead of the device (0: the
+    device waits on the host, a launch-bound step)."""
     n = len(marks) - 1
     out: dict = {"steps_measured": max(0, n)}
     if n < 1:

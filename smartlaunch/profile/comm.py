@@ -71,8 +71,7 @@ def measure_allreduce(gpus: tuple[int, ...], *, device: str, environ,
     """All-reduce time vs message size over `gpus` (CUDA ordinals). device: "cuda" (NCCL, one
     process per GPU) or "cpu" (gloo). progress(size, k, n): as rank 0 starts the k-th of n sizes.
     session: the decision's, else one of its own."""
-    n = len(gpus)
-    if n < 2:
+    if len(gpus) < 2:
         raise CommBenchError(f"an all-reduce benchmark needs at least 2 GPUs, got {list(gpus)}; "
                              "pass --gpus with two or more indices")
     sizes = sizes_for(device, max_bytes)

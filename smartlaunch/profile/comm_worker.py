@@ -28,6 +28,14 @@ def join_group(backend: str, device_index: int | None):
     return device, sync
 
 
+def write_result(path: str, data) -> None:
+    """`data` as JSON at `path`, whole or not at all (written beside it, then renamed)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", required=True, choices=("nccl", "gloo"))
@@ -57,10 +65,7 @@ def main(argv=None) -> None:
         else:
             result = [[s, t] for s, t in zip(sizes, _sweep(args, sizes, device, sync, tick))]
         if dist.get_rank() == 0:
-            tmp = args.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f)
-            os.replace(tmp, args.out)
+            write_result(args.out, result)
             if control is not None:
                 control.done()
     finally:

@@ -65,6 +65,8 @@ def install() -> None:
     def ddp(self, module, *args, **kwargs):
         kwargs.pop("device_ids", None)
         kwargs.pop("output_device", None)
-        return ddp_init(self, module, **kwargs) if not args else ddp_init(self, module, None, None, *args[2:], **kwargs)
+        if args:        # positional device_ids, output_device: dropped too
+            return ddp_init(self, module, None, None, *args[2:], **kwargs)
+        return ddp_init(self, module, **kwargs)
 
     DistributedDataParallel.__init__ = ddp

@@ -379,17 +379,18 @@ class Recorder:
 
     # ---- result -----------------------------------------------------------------------------
     def model_roots(self) -> list:
+        """The roots holding a parameter of the primary optimizer (all of them without one)."""
         ids = {id(p) for p in self.params}
-        roots = [m for m in self.roots.values() if not ids or any(id(p) in ids for p in m.parameters())]
-        return roots
+        return [m for m in self.roots.values()
+                if not ids or any(id(p) in ids for p in m.parameters())]
 
     def result(self) -> dict:
         torch = self.torch
-        params = self.params
-        if self.primary == "marker" or not params:
-            params = [p for m in self.model_roots() for p in m.parameters()]
+        roots = self.model_roots()
+        in_roots = [p for m in roots for p in m.parameters()]
+        params = in_roots if self.primary == "marker" or not self.params else self.params
         trainable = unique(p for p in params if p.requires_grad)
-        every = unique(list(params) + [p for m in self.model_roots() for p in m.parameters()])
+        every = unique(list(params) + in_roots)
         dtypes: dict[str, int] = {}
         for p in every:
             key = str(p.dtype).replace("torch.", "")
@@ -404,7 +405,7 @@ class Recorder:
             "num_grad_tensors": len(trainable),
             # DDP (broadcast_buffers=True) sends rank 0's buffers at every forward.
             "buffer_bytes": sum(b.numel() * b.element_size()
-                                for b in unique(b for m in self.model_roots() for b in m.buffers())),
+                                for b in unique(b for m in roots for b in m.buffers())),
             "param_dtypes": dtypes,
             "wrapped": wrapper_name(self.roots.values()),
             "measure_asked": self.measure,

@@ -18,9 +18,8 @@ _FLAGS = {"--gate": "gate", "--hold": "hold", "--module": "module", "-m": "modul
 
 def parse(argv: list[str]) -> dict:
     opts = {"out": os.environ.get("SMARTLAUNCH_DRYRUN_OUT", ""), "gate": False, "hold": False,
-            "warmup": 5, "measure": 20,
-            "min_seconds": 0.0, "precision": 0.0,
-            "module": False, "cpu_shim": os.environ.get("SMARTLAUNCH_DRYRUN_CPU_SHIM") == "1"}
+            "warmup": 5, "measure": 20, "min_seconds": 0.0, "precision": 0.0, "module": False,
+            "cpu_shim": os.environ.get("SMARTLAUNCH_DRYRUN_CPU_SHIM") == "1"}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         a = argv[i]

@@ -101,11 +101,10 @@ class Early:
         return trials
 
 
-def memory_low(share: float | None = None) -> bool:
-    """Is less than LOW_MEMORY of the memory this job may use left? Its cgroup's (v2 memory.max)
+def memory_low(share: float = LOW_MEMORY) -> bool:
+    """Is less than `share` of the memory this job may use left? Its cgroup's (v2 memory.max)
     when it sets one, else the host's."""
     import psutil
-    share = LOW_MEMORY if share is None else share
     try:
         with open("/proc/self/cgroup") as f:
             path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))

@@ -56,12 +56,6 @@ _PACKAGES = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _SMARTLAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 
 
-def _stdlib_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    return tuple(sorted({os.path.join(os.path.realpath(paths[k]), "")
-                         for k in ("stdlib", "platstdlib") if paths.get(k)}))
-
-
 def script_frame(frame, stdlib: tuple[str, ...]):
     """The caller in the script's own code, skipping standard-library frames, or None when a library
     (torch, transformers, smartlaunch) is the caller."""
@@ -85,7 +79,9 @@ class WorldSizeWatch:
     def __init__(self, active: Callable[[], bool]):
         self.active = active
         self.where: str | None = None
-        self._stdlib = _stdlib_dirs()
+        paths = sysconfig.get_paths()
+        self._stdlib = tuple(sorted({os.path.join(os.path.realpath(paths[k]), "")
+                                     for k in ("stdlib", "platstdlib") if paths.get(k)}))
 
     def note(self, what: str, depth: int) -> None:
         if self.where is not None or not self.active():

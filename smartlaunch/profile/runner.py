@@ -27,20 +27,11 @@ from smartlaunch.store import (
 )
 
 TERM_GRACE_S = 3.0       # SIGTERM -> SIGKILL; the child writes its partial result on SIGTERM
-EXIT_GRACE_S = 5.0       # measured -> unwound by then (torch teardown ~0.5 s), else killed
+EXIT_GRACE_S = 5.0       # measured -> unwound by then, else killed
 TAIL_LINES = 20
 KEEP_LOGS = 20           # dry-run logs kept in <cache_dir>/logs
 NO_LOG = "not kept: the cache directory is not writable"
 DRYRUN_MODULE = "smartlaunch.profile.dryrun"
-
-
-def result_dir(tmp: str) -> str:
-    """The dry run's temp dir's result/: the one directory its sandbox shares."""
-    return os.path.join(tmp, "result")
-
-
-def isolation_status(tmp: str) -> str:
-    return os.path.join(result_dir(tmp), "isolation.json")
 
 
 def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
@@ -81,22 +72,20 @@ def _script_dir(request) -> list[str]:
     return []
 
 
-def isolation_paths(request, environ) -> list[str]:
-    """Where we know the job writes: cwd, $HOME, the script's directory."""
-    return [os.getcwd(), environ.get("HOME") or os.path.expanduser("~"), *_script_dir(request)]
-
-
 def isolation_check(request, policy, environ) -> tuple[bool, str]:
     """(run isolated?, note). `require` and no isolation here: the caller does not run it."""
     mode = policy.dryrun.isolation
     if mode == "off":
         return False, "not isolated (dryrun.isolation=off)"
-    why = sandbox.unavailable(isolation_paths(request, environ))
+    # where we know the job writes: cwd, $HOME, the script's directory
+    why = sandbox.unavailable([os.getcwd(), environ.get("HOME") or os.path.expanduser("~"),
+                               *_script_dir(request)])
     if why is None:
         return True, ""
     if mode == "require":
-        return False, (f"the dry run cannot be isolated here ({why}); {policy.rule('dryrun.isolation')}"
-                       f": not run, so it cannot change your files")
+        return False, (f"the dry run cannot be isolated here ({why}); "
+                       f"{policy.rule('dryrun.isolation')}: not run, so it cannot change your "
+                       f"files")
     return False, f"not isolated ({why}; dryrun.isolation=best-effort): it may have written files"
 
 
@@ -109,7 +98,8 @@ def undo_roots(request, policy, isolated: bool, own) -> undo.Listing | None:
 
 def undo_note(listing: undo.Listing, own) -> str:
     if not listing.complete:
-        return f"more than {undo.MAX_ENTRIES} files in {', '.join(listing.roots)}: its writes were not undone"
+        return (f"more than {undo.MAX_ENTRIES} files in {', '.join(listing.roots)}: its writes "
+                f"were not undone")
     removed, changed = undo.undo(listing, skip=own)
     note = f"removed the {removed} files and directories it created in {', '.join(listing.roots)}"
     if changed:
@@ -126,15 +116,17 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     NVML found, so a script that never initialised CUDA is a finding. session: the decision's, else
     one of our own. gate: the first forward waits for its go (within the time limit)."""
     if request.no_python:
-        return ModelProfile(ProfileStatus.SKIPPED, note="--no-python entrypoints cannot be profiled; "
-                            f"using the policy's fallback strategy ({policy.decision.fallback_strategy})")
+        return ModelProfile(ProfileStatus.SKIPPED, note=(
+            "--no-python entrypoints cannot be profiled; using the policy's fallback strategy "
+            f"({policy.decision.fallback_strategy})"))
+    d = policy.dryrun
     isolated, iso_note = isolation_check(request, policy, environ)
-    if not isolated and policy.dryrun.isolation == "require":
+    if not isolated and d.isolation == "require":
         print(f"smartlaunch: {iso_note}", file=sys.stderr, flush=True)
         return ModelProfile(ProfileStatus.SKIPPED, note=iso_note)
-    if iso_note and policy.dryrun.isolation != "off":
+    if iso_note and d.isolation != "off":
         print(f"smartlaunch: dry run {iso_note}", file=sys.stderr, flush=True)
-    limit = float(policy.dryrun.time_limit_s)
+    limit = float(d.time_limit_s)
     root = cache_root(policy, environ)
     logs = cache_folder(root, "logs")
     if logs.is_dir():
@@ -144,19 +136,19 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
     echo = echo if echo is not None else getattr(sys.stderr, "buffer", None)
     with owned(session) as s, proc.stage("the dry run"):
         tmp = s.tempdir("smartlaunch-dryrun-")
-        out = os.path.join(result_dir(tmp), "profile.json")
-        os.makedirs(result_dir(tmp))
-        d = policy.dryrun
+        results = os.path.join(tmp, "result")      # the one directory its sandbox shares
+        out = os.path.join(results, "profile.json")
+        os.makedirs(results)
         cmd = [sys.executable, "-u", "-m", DRYRUN_MODULE, "--out", out,
                "--warmup", str(d.warmup_steps), "--measure", str(d.measure_steps),
                "--min-seconds", str(d.measure_seconds), "--precision", str(d.precision),
                *(["--gate"] if gate else []), *(["--module"] if request.module else []),
                request.script, *request.script_args]
-        status = isolation_status(tmp)
+        status = os.path.join(results, "isolation.json")
         if isolated:
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"),
-                               [result_dir(tmp), *sandbox.compile_caches(environ)], status)
-        own = (str(cache_root(policy, environ)), tmp)
+                               [results, *sandbox.compile_caches(environ)], status)
+        own = (str(root), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()
         log = _open_log(log_path, root)
@@ -183,11 +175,10 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         iso = (read_json(Path(status)) or {}) if isolated else {}
         if listing is not None:
             iso_note = f"{iso_note}; {undo_note(listing, own)}"
-    if isolated and not iso.get("isolated"):
-        note = (f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
-                f"{policy.rule('dryrun.isolation')}: not run")
-        if policy.dryrun.isolation == "require":
-            return ModelProfile(ProfileStatus.SKIPPED, note=note)
+    if isolated and not iso.get("isolated") and d.isolation == "require":
+        return ModelProfile(ProfileStatus.SKIPPED, note=(
+            f"the dry run cannot be isolated here ({iso.get('why') or 'no status'}); "
+            f"{policy.rule('dryrun.isolation')}: not run"))
     prof = _profile(request, data, code, timed_out, limit, list(tail), log_path, elapsed,
                     echoed=echo is not None)
     if real_gpu and gpu and prof.usable and prof.device == "cpu":
@@ -228,7 +219,7 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
              echoed: bool) -> ModelProfile:
     limit_txt = f"{limit:g} s"
     where = f"(script output: {log_path})"
-    complete = bool(data) and _complete(request, data)
+    complete = bool(data) and _complete(data)
     if not timed_out and code not in (0, None) and not complete:
         last = "\n".join(tail[-10:])
         how = f"exit code {code}" if code > 0 else f"signal {-code}"
@@ -252,7 +243,7 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
     kw = {k: v for k, v in data.items() if k in fields}
     kw["dry_run_s"] = elapsed
     measured = int(data.get("steps_measured") or 0)
-    if measured and _complete(request, data):
+    if complete:
         status, note = ProfileStatus.OK, f"{measured} steps measured {where}"
         if data.get("window_cut_short"):
             note = (f"{measured} steps measured, but the script ended before the window's "
@@ -277,7 +268,7 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
     return ModelProfile(status=status, note=note, **kw)
 
 
-def _complete(request, data) -> bool:
+def _complete(data) -> bool:
     """The window holds the steps asked, or closed early with the mean known to the precision
     asked."""
     measured = int(data.get("steps_measured") or 0)

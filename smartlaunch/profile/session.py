@@ -51,8 +51,8 @@ class Rank:
 class Stage:
     """role: what it measures, for rules and messages ("the dry run", "a trial", ...)."""
 
-    def __init__(self, role: str, gate: bool):
-        self.role, self.gate = role, gate
+    def __init__(self, role: str):
+        self.role = role
         self.children: list[proc.Child] = []
         self.ranks: list[Rank] = []
         self.why = ""                      # why it was killed
@@ -130,7 +130,7 @@ class Session:
         """commands: (argv, env, popen options) per process, each given `ranks` control sockets
         (SMARTLAUNCH_CONTROL_FD: one descriptor, or a comma list a spawner hands out one per rank;
         ranks=0: none). gate: the processes stop at their gate until `go`."""
-        stage = Stage(role, gate)
+        stage = Stage(role)
         self.stages.append(stage)
         for argv, env, popen in commands:
             pairs = [socket.socketpair() for _ in range(ranks)]

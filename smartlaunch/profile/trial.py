@@ -28,6 +28,7 @@ from smartlaunch.vocab import Strategy
 from smartlaunch.worker_env import narrow_visible
 
 KILL_GRACE_S = 5.0
+DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
 logger = logging.getLogger(__name__)
 
 
@@ -90,7 +91,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         t_end = time.time()
         killed = rc is None
         if stalled:
-            why[(strategy, tuple(gpus))] = stalled
+            why[key] = stalled
         if listing is not None:
             undone = undo_note(listing, (run.tmp,))
             if log is not None:
@@ -105,7 +106,7 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
         result = None if killed else read_json(run.out / "rank0.json")
         shared = None if killed else sharing(topology, gpus, environ)
         if shared:              # it measured the other process as much as the candidate
-            why[(strategy, tuple(gpus))] = f"another process came onto its GPUs ({shared})"
+            why[key] = f"another process came onto its GPUs ({shared})"
             result = None
         if log is not None and not shared and (rc != 0 or result is None):
             tail = run.log.read_text(errors="replace")[-2000:] if run.log.exists() else ""
@@ -131,9 +132,8 @@ def make_trial_runner(request: Request, policy: Policy, environ: Mapping[str, st
                          1e3 * (result.get("step_time_median_s") or 0.0),
                          1e3 * (result.get("step_time_max_s") or 0.0))
         got = samples_per_s(result, n)
-        if got is None and (strategy, tuple(gpus)) not in why:
-            why[(strategy, tuple(gpus))] = f"its script ended with {rc}" if rc else \
-                "no step was measured"
+        if got is None and key not in why:
+            why[key] = f"its script ended with {rc}" if rc else "no step was measured"
         return got
 
     trial.why = why
@@ -253,9 +253,6 @@ def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
             *(["--gate"] if gate else []), *(["--hold"] if hold else []),
             *(["--module"] if request.module else []),
             request.script, *request.script_args]
-
-
-DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
 
 
 def watched(session: Session, stage: Stage, deadlines: Deadlines,
