@@ -5,6 +5,7 @@ and the clock."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import shutil
@@ -39,7 +40,7 @@ class Clock:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + max(0.0, now - self.t)
+        self.add({name: max(0.0, now - self.t)})
         self.t = now
 
     def add(self, seconds: Mapping[str, float]) -> None:
@@ -306,18 +307,15 @@ class Driver:
                 expected_setup_s=profile.startup_s if profile is not None else None,
                 phases=lambda p: self.clock.add({f"trials_{k}": v for k, v in p.items()}),
                 early=self.early.take_trials() if self.early is not None else None,
-                hold=self._held_trials(profile))
+                hold=held_trials(profile.peak_gpu_mem_bytes if profile is not None else None,
+                                 [g.memory_free_mib for g in self.topology.gpus]))
         return self._runner
-
-    def _held_trials(self, profile) -> int:
-        return held_trials(profile.peak_gpu_mem_bytes if profile is not None else None,
-                           [g.memory_free_mib for g in self.topology.gpus])
 
     def _import_torch_once(self) -> None:
         """A session rule, run once: import torch's launcher while the session's processes
         run, so the import costs the decision nothing."""
         self.session.rules.remove(self._import_torch_once)
-        import torch.distributed.run  # noqa: F401
+        importlib.import_module("torch.distributed.run")
 
     def _cost_model(self):
         """(the cost model with this node's calibrated constants if any, its reason)."""

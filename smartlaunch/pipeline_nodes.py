@@ -253,11 +253,11 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
             f"; hardware fingerprints {mine} and {wire.line(theirs, 32)}); run the job on nodes "
             f"with the same GPUs and links, or start it separately on each kind of node"
             + ("; the other nodes run their shares of the sweep, this node's variants do not "
-               "run" if sweep else ""), request, ep, sweep)
+               "run" if sweep else ""), ep, sweep)
     _check_plan(plan, ep, request, topology, policy)
     differs = _command_differs(plan, request, host)
     if differs:
-        raise _refused(differs, request, ep, sweep)
+        raise _refused(differs, ep, sweep)
     plan = dataclasses.replace(plan, command=request.worker_command(),
                                variants=tuple(request.variants),
                                wait_for_lease=not request.no_wait,
@@ -277,9 +277,9 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
     return plan, topology, policy
 
 
-def _refused(text: str, request, ep: Endpoint, sweep: bool) -> NodeMismatchError:
+def _refused(text: str, ep: Endpoint, sweep: bool) -> NodeMismatchError:
     """This node cannot run the plan; with a fixed node count the rendezvous is closed."""
-    closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep else False
+    closed = _close_rendezvous(ep) if ep.min_nodes == ep.max_nodes and not sweep else False
     return NodeMismatchError(text + ("; the rendezvous was closed, so the other nodes end too"
                                      if closed else ""))
 
@@ -475,12 +475,10 @@ def _say(status, text: str) -> None:
         print(f"smartlaunch: {text}", file=sys.stderr, flush=True)
 
 
-def _close_rendezvous(request) -> bool:
+def _close_rendezvous(ep: Endpoint) -> bool:
     """Close the job's torch rendezvous so the nodes waiting in it end; False if it could not."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-    args = request.torchrun_args
-    ep = endpoint_of(args)
     try:
         params = RendezvousParameters(backend="c10d", endpoint=f"{ep.host}:{ep.port}",
                                       run_id=ep.run_id, min_nodes=ep.min_nodes,
