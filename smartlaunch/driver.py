@@ -17,12 +17,18 @@ from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLease
                                     NeedProfile, NeedTrial, Role, TrialResult, Units)
 from smartlaunch.decide.decide import decide, resolve
 from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.decide.words import gpu_list, mb
 from smartlaunch.errors import DryRunError
 from smartlaunch.policy.api import Policy
+from smartlaunch.profile.cache import (cached_comm, cached_trial, cached_trials,
+                                       profile_entrypoint)
+from smartlaunch.profile.comm import TIME_LIMIT_S, Sweep, backend_for, comm_curve, device_for
 from smartlaunch.profile.session import Session
+from smartlaunch.profile.trial import Trial, make_trial_runner
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 from smartlaunch.topology.api import Topology
+from smartlaunch.vocab import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +170,6 @@ class Driver:
         return got
 
     def _dry_run(self, gpu: int, gate: bool = False):
-        from smartlaunch.profile.cache import profile_entrypoint
         from smartlaunch.topology import sharing
         from smartlaunch.worker_env import narrow_visible
         request, policy, status = self.request, self.policy, self.status
@@ -189,7 +194,6 @@ class Driver:
         from smartlaunch.decide.groups import best_group
         from smartlaunch.decide.select import MAX_SCALED_TRIALS
         from smartlaunch.profile import early as early_work
-        from smartlaunch.vocab import Strategy
         request, policy, topology = self.request, self.policy, self.topology
         usable = list(need.usable)
         cap = request.max_gpus
@@ -215,8 +219,6 @@ class Driver:
             trial_wanted=[may_trial and self._trial_wanted(g) for g in groups])
         if work is None:
             return None
-        from smartlaunch.profile.comm import TIME_LIMIT_S, Sweep
-        from smartlaunch.profile.trial import Trial
         limit = float(policy.dryrun.time_limit_s)
         sweep = Sweep(self.session, topology, work.group, policy, self.environ) \
             if work.sweep else None
@@ -236,8 +238,6 @@ class Driver:
         return out
 
     def _curve_cached(self, group) -> bool:
-        from smartlaunch.profile.cache import cached_comm
-        from smartlaunch.profile.comm import backend_for, device_for
         return cached_comm(self.policy, self.topology, tuple(group),
                            backend_for(device_for(self.topology)), self.environ,
                            need_bytes=0) is not None
@@ -246,14 +246,10 @@ class Driver:
         request = self.request
         if not self.policy.decision.trials or request.no_python or not request.script:
             return False
-        from smartlaunch.profile.cache import cached_trial
-        from smartlaunch.vocab import Strategy
         return cached_trial(request, self.policy, topology=self.topology, environ=self.environ,
                             strategy=Strategy.DDP, gpus=group) is None
 
     def _curve(self, need: NeedCurve):
-        from smartlaunch.decide.words import gpu_list, mb
-        from smartlaunch.profile.comm import comm_curve
         status, group = self.status, need.gpus
         what = f"measuring all-reduce over {gpu_list(group)}"
 
@@ -277,13 +273,11 @@ class Driver:
 
     def _trial(self, need: NeedTrial, measured: Measured) -> TrialResult:
         """The kept rate of this trial, else a trial run now and kept."""
-        from smartlaunch.profile.cache import cached_trials
         profile = measured.profile
         one_gpu = profile.samples_per_s if profile is not None else None
         runner = self._trial_runner(profile)
 
         def announced(strategy, gpus):
-            from smartlaunch.decide.words import gpu_list
             unit = self.units[strategy]
             what = f"{unit.WORD}×{len(gpus)}" if unit.ROLE == Role.SCALED else unit.WORD
             again = " again, near the policy's floor" if need.attempt > 1 else ""
@@ -299,7 +293,6 @@ class Driver:
 
     def _trial_runner(self, profile):
         if self._runner is None:
-            from smartlaunch.profile.trial import make_trial_runner
             self._runner = make_trial_runner(
                 self.request, self.policy, self.environ, topology=self.topology,
                 session=self.session,

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from smartlaunch.allocation import IDLE_RULE
+from smartlaunch.decide.explain import decision_line, render_text
 from smartlaunch.decide.plan import Reason
 from smartlaunch.driver import Clock, Driver, NullStream
 from smartlaunch.errors import PolicyError
@@ -15,6 +16,7 @@ from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 from smartlaunch.store import (MIN_FREE_BYTES, dir_problem, free_bytes, log_root, missing_home,
                                unsafe_dir_message)
+from smartlaunch.strategies import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +31,11 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         print(plan.to_json())
         return 0
     if request.explain:
-        from smartlaunch.decide.explain import render_text
-        from smartlaunch.strategies import REGISTRY
         print(render_text(plan, REGISTRY))
         return 0
-    from smartlaunch.decide.explain import decision_line
     from smartlaunch.launch import execute
     from smartlaunch.launch.api import context
     from smartlaunch.launch.decision_log import LaunchRecord, exit_code_of
-    from smartlaunch.strategies import REGISTRY
 
     # The decision log's line for this launch: written once, however the launch ends.
     record = LaunchRecord.open(plan, request, policy, REGISTRY, environ)
@@ -74,7 +72,6 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
-    from smartlaunch.strategies import REGISTRY
     from smartlaunch.topology import discover
 
     clock = Clock()

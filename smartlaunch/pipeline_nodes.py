@@ -22,10 +22,14 @@ from datetime import timedelta
 
 from smartlaunch import wire
 from smartlaunch.decide.api import NeedNodes
-from smartlaunch.decide.nodes import RULE_NODES
+from smartlaunch.decide.nodes import RULE_NODES, sweep_across_nodes
 from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.errors import (ExitCode, NodeMismatchError, NodeNotNeeded, RendezvousError,
                                 SmartlaunchError, UsageError, WireError)
+from smartlaunch.profile import internode
+from smartlaunch.profile.comm import device_for
+from smartlaunch.strategies import REGISTRY
 
 KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
 KEY_READ = "read"           # a counter: the nodes that have read it
@@ -83,7 +87,6 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
     """(plan, topology, policy) for this node of a multi-node job: `decide(request, reasons,
     nodes, between)`'s on the node that hosts the store, the published one elsewhere; a
     sweep's plan is this node's share."""
-    from smartlaunch.decide.nodes import sweep_across_nodes
     sweep = sweep_across_nodes(request)
     args = request.torchrun_args
     ep = endpoint_of(args)
@@ -198,8 +201,6 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tu
 
 def _between(store, ep: Endpoint, topology, environ, status, need: NeedNodes):
     """NeedNodes fulfilled once every node has come: the leader curve, or why none."""
-    from smartlaunch.profile import internode
-    from smartlaunch.profile.comm import device_for
     n = need.nodes
     if status is not None:
         status.ticking(f"waiting for the other {n - 1} node(s) to measure the all-reduce "
@@ -287,7 +288,6 @@ def _refused(text: str, ep: Endpoint, sweep: bool) -> NodeMismatchError:
 def _message(raw: bytes, ep: Endpoint) -> tuple[str, Plan]:
     """(the deciding node's name, its plan); its published error raised with its code;
     RendezvousError naming the field for anything malformed."""
-    from smartlaunch.strategies import REGISTRY
     try:
         message = wire.obj(wire.loads(raw, MAX_MESSAGE_BYTES), "message", 4)
         host = wire.line(message.get("host"), MAX_HOST) or "?"
@@ -393,8 +393,6 @@ def _short(command) -> str:
 
 def _prepared_here(plan: Plan, topology, policy, request, environ) -> Plan:
     """The plan with the workers' environment and NUMA bindings made on this node."""
-    from smartlaunch.decide.prepare import prepare
-    from smartlaunch.strategies import REGISTRY
     bare = dataclasses.replace(plan, env=(), numa=(), groups=tuple(
         dataclasses.replace(g, env=(), numa=()) for g in plan.groups))
     made = prepare(bare, topology, policy, environ, units=REGISTRY,
@@ -416,7 +414,6 @@ def _share(plan: Plan, k: int, host: str) -> Plan:
 def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
     """The published message; RendezvousError if the deciding node went away first.
     Meanwhile `join(raw)` runs once for an offered all-reduce between nodes."""
-    from smartlaunch.profile import internode
     offered = False
 
     def plan() -> bytes | None:
@@ -439,8 +436,6 @@ def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, en
                       status) -> None:
     """This node's leader rank of the all-reduce between nodes, with its own environment and
     policy's variables; a malformed offer is ignored with one line."""
-    from smartlaunch.profile import internode
-    from smartlaunch.strategies import REGISTRY
     try:
         offer = internode.read_offer(
             raw, nodes=ep.max_nodes, gpus=[g.index for g in topology.gpus],
@@ -459,8 +454,6 @@ def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, en
 
 def _offer_env(offer, topology, policy, environ) -> dict[str, str]:
     """The variables prepare() gives the offered decision on this node."""
-    from smartlaunch.decide.prepare import prepare
-    from smartlaunch.strategies import REGISTRY
     decision = Plan(strategy=offer.strategy, device=offer.device, gpus=offer.gpus,
                     nproc_per_node=max(1, len(offer.gpus)),
                     requested_max=max(1, len(offer.gpus)), link_class=offer.link_class)
