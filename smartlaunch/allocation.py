@@ -35,8 +35,8 @@ def parse_id_list(text: str, what: str = "id list") -> tuple[int, ...]:
                          f"check the Slurm environment of this job") from None
 
 
-def slurm_gpu_allocation(environ: Mapping[str, str], *, device_probe: DeviceProbe | None = None
-                   ) -> GpuAllocation | None:
+def slurm_gpu_allocation(environ: Mapping[str, str], *,
+                         device_probe: DeviceProbe | None = None) -> GpuAllocation | None:
     """The job's GPUs on this node (physical gres indices), None where Slurm names none."""
     gpus, var = _allocated_gpus(environ, _in_step(environ))
     if not var:

@@ -16,7 +16,8 @@ from typing import Any
 from smartlaunch import logconf
 from smartlaunch.errors import SmartlaunchError, UsageError
 from smartlaunch.logconf import LEVELS
-from smartlaunch.request import STRATEGY_CHOICES, Request
+from smartlaunch.request import Request
+from smartlaunch.vocab import STRATEGY_CHOICES
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,8 @@ TORCHRUN_SHOWN = {
 
 
 def torchrun_parser() -> argparse.ArgumentParser:
-    """torchrun's own parser, built from the installed torch's source without importing torch
-    (seconds saved); on anything unexpected, torch's get_args_parser itself."""
+    """torchrun's own parser, built from the installed torch's source without importing torch;
+    on anything unexpected, torch's get_args_parser itself."""
     try:
         return _torchrun_parser_from_source()
     except Exception:
@@ -196,11 +197,15 @@ def _options(parser, argv: list[str]) -> tuple[list[tuple[int, str, Any]], int]:
         out.append((i, tok, action))
         takes_value = action is not None and action.nargs != 0 and "=" not in tok and not (
             len(name) == 2 and len(tok) > 2)  # -r3 style
-        if action is not None and action.dest == "explain" and (
-                i + 1 >= len(argv) or argv[i + 1] not in EXPLAIN_FORMATS):
+        if action is not None and action.dest == "explain" and _bare(argv, i):
             takes_value = False
         i += 2 if takes_value else 1
     return out, i
+
+
+def _bare(argv: list[str], i: int) -> bool:
+    """Whether the --explain at argv[i] has no format after it."""
+    return i + 1 >= len(argv) or argv[i + 1] not in EXPLAIN_FORMATS
 
 
 def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
@@ -215,8 +220,7 @@ def _normalize(parser, argv: list[str]) -> tuple[list[str], set[str]]:
             continue
         if action.dest == "each" and i + 1 < len(argv):
             out[i:i + 2] = [f"--each={argv[i + 1]}"]
-        elif action.dest == "explain" and (i + 1 >= len(argv)
-                                           or argv[i + 1] not in EXPLAIN_FORMATS):
+        elif action.dest == "explain" and _bare(argv, i):
             out[i] = "--explain=text"
     return out, given
 
@@ -368,7 +372,8 @@ def _find_module(name: str):
         for part in parts[1:]:
             if spec is None or not spec.submodule_search_locations:
                 return None
-            spec = PathFinder.find_spec(f"{spec.name}.{part}", list(spec.submodule_search_locations))
+            spec = PathFinder.find_spec(f"{spec.name}.{part}",
+                                        list(spec.submodule_search_locations))
     except (ImportError, ValueError):
         return None
     return spec

@@ -5,6 +5,7 @@ and the clock."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import shutil
@@ -16,12 +17,18 @@ from smartlaunch.decide.api import (Inputs, Measured, Need, NeedCurve, NeedLease
                                     NeedProfile, NeedTrial, Role, TrialResult, Units)
 from smartlaunch.decide.decide import decide, resolve
 from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.decide.words import gpu_list, mb
 from smartlaunch.errors import DryRunError
 from smartlaunch.policy.api import Policy
+from smartlaunch.profile.cache import (cached_comm, cached_trial, cached_trials,
+                                       profile_entrypoint)
+from smartlaunch.profile.comm import TIME_LIMIT_S, Sweep, backend_for, comm_curve, device_for
 from smartlaunch.profile.session import Session
+from smartlaunch.profile.trial import Trial, make_trial_runner
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
 from smartlaunch.topology.api import Topology
+from smartlaunch.vocab import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +46,7 @@ class Clock:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + max(0.0, now - self.t)
+        self.add({name: max(0.0, now - self.t)})
         self.t = now
 
     def add(self, seconds: Mapping[str, float]) -> None:
@@ -163,7 +170,6 @@ class Driver:
         return got
 
     def _dry_run(self, gpu: int, gate: bool = False):
-        from smartlaunch.profile.cache import profile_entrypoint
         from smartlaunch.topology import sharing
         from smartlaunch.worker_env import narrow_visible
         request, policy, status = self.request, self.policy, self.status
@@ -188,7 +194,6 @@ class Driver:
         from smartlaunch.decide.groups import best_group
         from smartlaunch.decide.select import MAX_SCALED_TRIALS
         from smartlaunch.profile import early as early_work
-        from smartlaunch.vocab import Strategy
         request, policy, topology = self.request, self.policy, self.topology
         usable = list(need.usable)
         cap = request.max_gpus
@@ -214,8 +219,6 @@ class Driver:
             trial_wanted=[may_trial and self._trial_wanted(g) for g in groups])
         if work is None:
             return None
-        from smartlaunch.profile.comm import TIME_LIMIT_S, Sweep
-        from smartlaunch.profile.trial import Trial
         limit = float(policy.dryrun.time_limit_s)
         sweep = Sweep(self.session, topology, work.group, policy, self.environ) \
             if work.sweep else None
@@ -235,8 +238,6 @@ class Driver:
         return out
 
     def _curve_cached(self, group) -> bool:
-        from smartlaunch.profile.cache import cached_comm
-        from smartlaunch.profile.comm import backend_for, device_for
         return cached_comm(self.policy, self.topology, tuple(group),
                            backend_for(device_for(self.topology)), self.environ,
                            need_bytes=0) is not None
@@ -245,14 +246,10 @@ class Driver:
         request = self.request
         if not self.policy.decision.trials or request.no_python or not request.script:
             return False
-        from smartlaunch.profile.cache import cached_trial
-        from smartlaunch.vocab import Strategy
         return cached_trial(request, self.policy, topology=self.topology, environ=self.environ,
                             strategy=Strategy.DDP, gpus=group) is None
 
     def _curve(self, need: NeedCurve):
-        from smartlaunch.decide.words import gpu_list, mb
-        from smartlaunch.profile.comm import comm_curve
         status, group = self.status, need.gpus
         what = f"measuring all-reduce over {gpu_list(group)}"
 
@@ -276,13 +273,11 @@ class Driver:
 
     def _trial(self, need: NeedTrial, measured: Measured) -> TrialResult:
         """The kept rate of this trial, else a trial run now and kept."""
-        from smartlaunch.profile.cache import cached_trials
         profile = measured.profile
         one_gpu = profile.samples_per_s if profile is not None else None
         runner = self._trial_runner(profile)
 
         def announced(strategy, gpus):
-            from smartlaunch.decide.words import gpu_list
             unit = self.units[strategy]
             what = f"{unit.WORD}×{len(gpus)}" if unit.ROLE == Role.SCALED else unit.WORD
             again = " again, near the policy's floor" if need.attempt > 1 else ""
@@ -298,7 +293,6 @@ class Driver:
 
     def _trial_runner(self, profile):
         if self._runner is None:
-            from smartlaunch.profile.trial import make_trial_runner
             self._runner = make_trial_runner(
                 self.request, self.policy, self.environ, topology=self.topology,
                 session=self.session,
@@ -306,18 +300,15 @@ class Driver:
                 expected_setup_s=profile.startup_s if profile is not None else None,
                 phases=lambda p: self.clock.add({f"trials_{k}": v for k, v in p.items()}),
                 early=self.early.take_trials() if self.early is not None else None,
-                hold=self._held_trials(profile))
+                hold=held_trials(profile.peak_gpu_mem_bytes if profile is not None else None,
+                                 [g.memory_free_mib for g in self.topology.gpus]))
         return self._runner
-
-    def _held_trials(self, profile) -> int:
-        return held_trials(profile.peak_gpu_mem_bytes if profile is not None else None,
-                           [g.memory_free_mib for g in self.topology.gpus])
 
     def _import_torch_once(self) -> None:
         """A session rule, run once: import torch's launcher while the session's processes
         run, so the import costs the decision nothing."""
         self.session.rules.remove(self._import_torch_once)
-        import torch.distributed.run  # noqa: F401
+        importlib.import_module("torch.distributed.run")
 
     def _cost_model(self):
         """(the cost model with this node's calibrated constants if any, its reason)."""

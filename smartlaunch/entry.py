@@ -12,13 +12,12 @@ from importlib.machinery import SourceFileLoader
 
 
 def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
+    sys.argv = [target, *args]
     if module:
-        sys.argv = [target, *args]
         sys.path[0] = os.getcwd()
         runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
     path = os.path.abspath(target)
-    sys.argv = [target, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(target))
     if not os.path.isfile(path):       # a directory or zip with __main__.py
         runpy.run_path(target, run_name="__main__")
@@ -40,8 +39,8 @@ def script_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
     """The traceback from the script's first frame on (None when every frame is ours)."""
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
-        if not (os.path.abspath(name).startswith(_OURS) or name in _RUNPY
-                or os.path.abspath(name) in _RUNPY):
+        full = os.path.abspath(name)
+        if not (full.startswith(_OURS) or name in _RUNPY or full in _RUNPY):
             return tb
         tb = tb.tb_next
     return None

@@ -13,7 +13,7 @@ class ExitCode(enum.IntEnum):
     PLAN = 5                 # no plan can satisfy the request (memory, GPU count, link class)
     NO_FREE_GPU = 6          # every allowed GPU is leased or busy (--no-wait or wait timed out)
     DRY_RUN = 7              # the script failed during the dry run; it was not launched
-    HANG = 8                 # a rank stopped making progress; stacks were dumped (a LaunchResult, not an exception)
+    HANG = 8                 # a rank stopped making progress; stacks dumped (a LaunchResult)
     SLURM = 9                # inconsistent or partial Slurm environment
     HEALTH = 10              # node health check found a critical fault (prolog/epilog)
     RENDEZVOUS = 11          # a multi-node job's rendezvous timed out, was unreachable or was lost

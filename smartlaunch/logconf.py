@@ -14,11 +14,12 @@ LEVELS = ("debug", "info", "warning", "error")
 
 def level_from(value: str | None, where: str = ENV) -> str | None:
     """The level `value` names (None: not set); UsageError naming `where` otherwise."""
-    if value is None or not value.strip():
+    level = (value or "").strip().lower()
+    if not level:
         return None
-    if value.strip().lower() not in LEVELS:
+    if level not in LEVELS:
         raise UsageError(f"{where}={value} is not a log level; use one of {', '.join(LEVELS)}")
-    return value.strip().lower()
+    return level
 
 
 def configure(level: str | None) -> None:

@@ -77,8 +77,8 @@ def calibrate(args) -> int:
         size = (f"{row['grad_bytes'] / 2 ** 20:.0f} MiB" if row["grad_bytes"] >= 2 ** 20 else
                 f"{row['grad_bytes'] / 2 ** 10:.0f} KiB")
         print(f"  synthetic {size} of gradients in {row['grad_tensors']} "
-              f"tensor{'s' if row['grad_tensors'] > 1 else ''}: single {row['single_ms']:.2f} ms, DDP×2 "
-              f"{row['ddp_ms']:.2f} ms measured, {row['predicted_ddp_ms']:.2f} ms predicted "
+              f"tensor{'s' if row['grad_tensors'] > 1 else ''}: single {row['single_ms']:.2f} ms, "
+              f"DDP×2 {row['ddp_ms']:.2f} ms measured, {row['predicted_ddp_ms']:.2f} ms predicted "
               f"with these constants")
     if record["clamped_to_zero"]:
         print(f"  note: {', '.join(record['clamped_to_zero'])} measured below 0 (noise larger "
@@ -98,9 +98,9 @@ def _gpus(args, known: list[int]) -> list[int]:
                                                      if x.strip()]
     except ValueError:
         raise UsageError(f"--gpus {args.gpus!r} is not a list of GPU indices; e.g. --gpus 0,1")
-    if sorted(set(gpus) - set(known)):
-        raise UsageError(f"GPUs {sorted(set(gpus) - set(known))} are not visible (visible: "
-                         f"{known}); fix --gpus")
+    stray = sorted(set(gpus) - set(known))
+    if stray:
+        raise UsageError(f"GPUs {stray} are not visible (visible: {known}); fix --gpus")
     if len(set(gpus)) != 2:
         fix = ("name two of them, e.g. --gpus " + ",".join(map(str, known[:2]))) \
             if len(known) >= 2 else ("run it on a node with at least 2 GPUs visible (check "

@@ -113,7 +113,7 @@ def _parse(parser: _OneLineParser, argv: list[str] | None) -> argparse.Namespace
             sub = next((a for a in owner._actions if isinstance(a, argparse._SubParsersAction)),
                        None)
             chosen = getattr(args, sub.dest, None) if sub is not None else None
-            if chosen not in (sub.choices if sub is not None else {}):
+            if sub is None or chosen not in sub.choices:
                 break
             owner = sub.choices[chosen]
         owner.error(f"unrecognized arguments: {' '.join(extra)}")

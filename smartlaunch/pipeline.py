@@ -7,11 +7,16 @@ import os
 from collections.abc import Mapping
 
 from smartlaunch.allocation import IDLE_RULE
+from smartlaunch.decide.explain import decision_line, render_text
 from smartlaunch.decide.plan import Reason
 from smartlaunch.driver import Clock, Driver, NullStream
+from smartlaunch.errors import PolicyError
 from smartlaunch.profile.session import Session
 from smartlaunch.request import Request
 from smartlaunch.statusline import StatusLine
+from smartlaunch.store import (MIN_FREE_BYTES, dir_problem, free_bytes, log_root, missing_home,
+                               unsafe_dir_message)
+from smartlaunch.strategies import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +31,11 @@ def run(request: Request, given: set[str], environ: Mapping[str, str] = os.envir
         print(plan.to_json())
         return 0
     if request.explain:
-        from smartlaunch.decide.explain import render_text
-        from smartlaunch.strategies import REGISTRY
         print(render_text(plan, REGISTRY))
         return 0
-    from smartlaunch.decide.explain import decision_line
     from smartlaunch.launch import execute
     from smartlaunch.launch.api import context
     from smartlaunch.launch.decision_log import LaunchRecord, exit_code_of
-    from smartlaunch.strategies import REGISTRY
 
     # The decision log's line for this launch: written once, however the launch ends.
     record = LaunchRecord.open(plan, request, policy, REGISTRY, environ)
@@ -71,7 +72,6 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
     from smartlaunch.policy.enforce import apply_request
     from smartlaunch.policy.load import load_policy
     from smartlaunch.scheduler import detect
-    from smartlaunch.strategies import REGISTRY
     from smartlaunch.topology import discover
 
     clock = Clock()
@@ -120,8 +120,6 @@ def launch_log_dir(policy, environ, say=None) -> str:
     """Where this launch makes its run directory: launch.log_dir, checked; where the built-in
     one cannot take it, a private temp directory, said in one line (say None: only checked,
     nothing made)."""
-    from smartlaunch.errors import PolicyError
-    from smartlaunch.store import log_root
     root = str(log_root(policy, environ))
     try:
         _check_dir_usable(root, "launch.log_dir", policy)
@@ -143,15 +141,13 @@ def launch_log_dir(policy, environ, say=None) -> str:
 def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
     """PolicyError naming the setting unless the path (or its nearest existing parent) is a
     safe directory; where `write`, also writable with room on its file system."""
-    from smartlaunch.errors import PolicyError
+    from smartlaunch.policy.load import ENV_VARS
     full = os.path.abspath(os.path.expanduser(path))
     probe = full
     while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     where = f"{key}={path} ({policy.source_of(key)})"
-    from smartlaunch.store import MIN_FREE_BYTES, free_bytes, missing_home
     home = missing_home(full, os.environ)     # expanduser read os.environ's HOME too
-    from smartlaunch.policy.load import ENV_VARS
     var = next((v for v, k in ENV_VARS.items() if k == key), key)
     if home:
         raise PolicyError(f"{where}: HOME={home} does not exist and smartlaunch does not create "
@@ -160,7 +156,6 @@ def _check_dir_usable(path: str, key: str, policy, write: bool = True) -> None:
     if not os.path.isdir(probe):
         raise PolicyError(f"{where}: {probe} is not a directory; set {key} to a directory")
     if probe == full:             # made by someone: whose, and who else may write in it
-        from smartlaunch.store import dir_problem, unsafe_dir_message
         why = dir_problem(os.lstat(full))
         if why:
             raise PolicyError(unsafe_dir_message(where, full, why, key))

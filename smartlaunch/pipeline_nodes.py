@@ -22,10 +22,14 @@ from datetime import timedelta
 
 from smartlaunch import wire
 from smartlaunch.decide.api import NeedNodes
-from smartlaunch.decide.nodes import RULE_NODES
+from smartlaunch.decide.nodes import RULE_NODES, sweep_across_nodes
 from smartlaunch.decide.plan import Plan, Reason
+from smartlaunch.decide.prepare import prepare
 from smartlaunch.errors import (ExitCode, NodeMismatchError, NodeNotNeeded, RendezvousError,
                                 SmartlaunchError, UsageError, WireError)
+from smartlaunch.profile import internode
+from smartlaunch.profile.comm import device_for
+from smartlaunch.strategies import REGISTRY
 
 KEY_PLAN = "plan"           # JSON: {"host", "plan"} or {"host", "error", "code"}
 KEY_READ = "read"           # a counter: the nodes that have read it
@@ -83,7 +87,6 @@ def one_decision(request, topology, policy, environ, decide: Callable[..., tuple
     """(plan, topology, policy) for this node of a multi-node job: `decide(request, reasons,
     nodes, between)`'s on the node that hosts the store, the published one elsewhere; a
     sweep's plan is this node's share."""
-    from smartlaunch.decide.nodes import sweep_across_nodes
     sweep = sweep_across_nodes(request)
     args = request.torchrun_args
     ep = endpoint_of(args)
@@ -198,8 +201,6 @@ def _decide_for_all(store, ep: Endpoint, me: str, request, decide, status) -> tu
 
 def _between(store, ep: Endpoint, topology, environ, status, need: NeedNodes):
     """NeedNodes fulfilled once every node has come: the leader curve, or why none."""
-    from smartlaunch.profile import internode
-    from smartlaunch.profile.comm import device_for
     n = need.nodes
     if status is not None:
         status.ticking(f"waiting for the other {n - 1} node(s) to measure the all-reduce "
@@ -253,11 +254,11 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
             f"; hardware fingerprints {mine} and {wire.line(theirs, 32)}); run the job on nodes "
             f"with the same GPUs and links, or start it separately on each kind of node"
             + ("; the other nodes run their shares of the sweep, this node's variants do not "
-               "run" if sweep else ""), request, ep, sweep)
+               "run" if sweep else ""), ep, sweep)
     _check_plan(plan, ep, request, topology, policy)
     differs = _command_differs(plan, request, host)
     if differs:
-        raise _refused(differs, request, ep, sweep)
+        raise _refused(differs, ep, sweep)
     plan = dataclasses.replace(plan, command=request.worker_command(),
                                variants=tuple(request.variants),
                                wait_for_lease=not request.no_wait,
@@ -277,9 +278,9 @@ def _read_plan(store, ep: Endpoint, request, topology, policy, environ, status) 
     return plan, topology, policy
 
 
-def _refused(text: str, request, ep: Endpoint, sweep: bool) -> NodeMismatchError:
+def _refused(text: str, ep: Endpoint, sweep: bool) -> NodeMismatchError:
     """This node cannot run the plan; with a fixed node count the rendezvous is closed."""
-    closed = _close_rendezvous(request) if ep.min_nodes == ep.max_nodes and not sweep else False
+    closed = _close_rendezvous(ep) if ep.min_nodes == ep.max_nodes and not sweep else False
     return NodeMismatchError(text + ("; the rendezvous was closed, so the other nodes end too"
                                      if closed else ""))
 
@@ -287,7 +288,6 @@ def _refused(text: str, request, ep: Endpoint, sweep: bool) -> NodeMismatchError
 def _message(raw: bytes, ep: Endpoint) -> tuple[str, Plan]:
     """(the deciding node's name, its plan); its published error raised with its code;
     RendezvousError naming the field for anything malformed."""
-    from smartlaunch.strategies import REGISTRY
     try:
         message = wire.obj(wire.loads(raw, MAX_MESSAGE_BYTES), "message", 4)
         host = wire.line(message.get("host"), MAX_HOST) or "?"
@@ -393,8 +393,6 @@ def _short(command) -> str:
 
 def _prepared_here(plan: Plan, topology, policy, request, environ) -> Plan:
     """The plan with the workers' environment and NUMA bindings made on this node."""
-    from smartlaunch.decide.prepare import prepare
-    from smartlaunch.strategies import REGISTRY
     bare = dataclasses.replace(plan, env=(), numa=(), groups=tuple(
         dataclasses.replace(g, env=(), numa=()) for g in plan.groups))
     made = prepare(bare, topology, policy, environ, units=REGISTRY,
@@ -416,7 +414,6 @@ def _share(plan: Plan, k: int, host: str) -> Plan:
 def _wait_plan(store, ep: Endpoint, place: int, join) -> bytes:
     """The published message; RendezvousError if the deciding node went away first.
     Meanwhile `join(raw)` runs once for an offered all-reduce between nodes."""
-    from smartlaunch.profile import internode
     offered = False
 
     def plan() -> bytes | None:
@@ -439,8 +436,6 @@ def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, en
                       status) -> None:
     """This node's leader rank of the all-reduce between nodes, with its own environment and
     policy's variables; a malformed offer is ignored with one line."""
-    from smartlaunch.profile import internode
-    from smartlaunch.strategies import REGISTRY
     try:
         offer = internode.read_offer(
             raw, nodes=ep.max_nodes, gpus=[g.index for g in topology.gpus],
@@ -459,8 +454,6 @@ def _join_measurement(raw: bytes, place: int, ep: Endpoint, topology, policy, en
 
 def _offer_env(offer, topology, policy, environ) -> dict[str, str]:
     """The variables prepare() gives the offered decision on this node."""
-    from smartlaunch.decide.prepare import prepare
-    from smartlaunch.strategies import REGISTRY
     decision = Plan(strategy=offer.strategy, device=offer.device, gpus=offer.gpus,
                     nproc_per_node=max(1, len(offer.gpus)),
                     requested_max=max(1, len(offer.gpus)), link_class=offer.link_class)
@@ -475,12 +468,10 @@ def _say(status, text: str) -> None:
         print(f"smartlaunch: {text}", file=sys.stderr, flush=True)
 
 
-def _close_rendezvous(request) -> bool:
+def _close_rendezvous(ep: Endpoint) -> bool:
     """Close the job's torch rendezvous so the nodes waiting in it end; False if it could not."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-    args = request.torchrun_args
-    ep = endpoint_of(args)
     try:
         params = RendezvousParameters(backend="c10d", endpoint=f"{ep.host}:{ep.port}",
                                       run_id=ep.run_id, min_nodes=ep.min_nodes,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import psutil
 
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"
-GUARD_VAR = "SMARTLAUNCH_GUARD"         # tag of every process spawn() started, for the guard's sweep
+GUARD_VAR = "SMARTLAUNCH_GUARD"    # tag of every process spawn() started, for the guard's sweep
 OUTPUT_COPIER = "sl-output-copy"   # process name of a rank's stdout/stderr copier (15 bytes max)
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
 
@@ -186,7 +186,8 @@ def process_tagged(pid: int, prefix: bytes) -> bool:
     return any(e.startswith(prefix) for e in _environ(pid))
 
 
-def kill_tagged(var: str, value: str, exclude: Iterable[int] = (), timeout_s: float = 1.5) -> list[int]:
+def kill_tagged(var: str, value: str, exclude: Iterable[int] = (),
+                timeout_s: float = 1.5) -> list[int]:
     """SIGKILL every live process of this user whose environment holds var=value*."""
     needle = f"{var}={value}".encode()
     killed, deadline = [], time.monotonic() + timeout_s

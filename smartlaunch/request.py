@@ -4,12 +4,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from smartlaunch.vocab import STRATEGY_CHOICES  # noqa: F401  (the CLI's --strategy choices)
-
 
 @dataclass(frozen=True)
 class Request:
-    strategy: str = "auto"                       # one of STRATEGY_CHOICES
+    strategy: str = "auto"                       # one of vocab.STRATEGY_CHOICES
     max_gpus: int | None = None                  # --nproc-per-node N; None: not given
     script: str = ""                             # script path, module name, or program
     script_args: tuple[str, ...] = ()

@@ -49,7 +49,8 @@ def _mount_points() -> list[str]:
         return [_unescape(line.split()[4]) for line in f if len(line.split()) > 4]
 
 
-def overlay_targets(mountinfo: str | None = None, root_entries: list[str] | None = None) -> list[str]:
+def overlay_targets(mountinfo: str | None = None,
+                    root_entries: list[str] | None = None) -> list[str]:
     """Directories to cover, parents before children."""
     if mountinfo is None:
         with open("/proc/self/mountinfo") as f:
@@ -72,10 +73,11 @@ def overlay_targets(mountinfo: str | None = None, root_entries: list[str] | None
         entries = os.listdir("/") if root_entries is None else root_entries
         for name in entries:
             path = "/" + name
-            if name in SHARED_TOP or path in mounts or os.path.islink(path) or not os.path.isdir(path):
+            if name in SHARED_TOP or path in mounts or os.path.islink(path) \
+                    or not os.path.isdir(path):
                 continue
             out.append(path)
-    return sorted(set(out), key=lambda p: (p.count("/"), p))
+    return sorted(set(out), key=_depth)
 
 
 def _libc():
@@ -225,7 +227,8 @@ def unmapped_dirs(paths, targets: list[str], uid: int, gid: int) -> list[str]:
     bad = []
     for path in paths:
         path = os.path.realpath(path)
-        root = max((t for t in targets if path == t or path.startswith(t + "/")), key=len, default=None)
+        root = max((t for t in targets if path == t or path.startswith(t + "/")), key=len,
+                   default=None)
         if root is None:
             continue
         cur = path

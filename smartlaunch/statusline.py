@@ -59,7 +59,7 @@ class StatusLine:
             if not self.tty or self._text is None:
                 return
             self._text = text
-            self._show(f"{text} ({self._clock() - self._since:.0f} s)", new_stage=False)
+            self._show(self._timed(), new_stage=False)
 
     def clear(self) -> None:
         """Erase the line (terminal) and stop ticking; call before anything else is written."""
@@ -88,8 +88,7 @@ class StatusLine:
 
     def _show(self, text: str, *, new_stage: bool) -> None:
         if self.tty:
-            self._write(_ERASE + PREFIX + text + "\x1b[K" if not self._shown else
-                        "\r" + PREFIX + text + "\x1b[K")
+            self._write(("\r" if self._shown else _ERASE) + PREFIX + text + "\x1b[K")
             self._shown = True
             return
         now = self._clock()
@@ -101,8 +100,11 @@ class StatusLine:
         while not self._stop.wait(1.0):
             with self._lock:
                 if self._text is not None:
-                    self._show(f"{self._text} ({self._clock() - self._since:.0f} s)",
-                               new_stage=False)
+                    self._show(self._timed(), new_stage=False)
+
+    def _timed(self) -> str:
+        """The ticking stage's text with its elapsed seconds."""
+        return f"{self._text} ({self._clock() - self._since:.0f} s)"
 
     def _write(self, s: str) -> None:
         try:

@@ -64,18 +64,27 @@ class CacheUnwritable(PolicyError):
         self.directory, self.strerror = directory, strerror
 
 
+def _home(environ) -> str:
+    return environ.get("HOME") or os.path.expanduser("~")
+
+
+def _expand_home(raw: str, environ) -> str:
+    """`raw` with a leading "~" as environ's HOME."""
+    return _home(environ) + raw[1:] if raw == "~" or raw.startswith("~/") else raw
+
+
 def cache_root(policy, environ) -> Path:
     raw = policy.paths.cache_dir
     xdg = environ.get("XDG_CACHE_HOME")
     if raw == DEFAULT_CACHE_DIR and xdg:
         raw = os.path.join(xdg, "smartlaunch")
-    home = environ.get("HOME") or os.path.expanduser("~")
-    if raw == "~" or raw.startswith("~/"):
-        raw = home + raw[1:]
+    raw = _expand_home(raw, environ)
+    home = _home(environ)
     if missing_home(raw, environ):
         raise PolicyError(f"paths.cache_dir={policy.paths.cache_dir}: HOME={home} does not exist "
                           f"and smartlaunch does not create it; set HOME to your home directory, "
-                          f"or SMARTLAUNCH_CACHE_DIR (paths.cache_dir) to a directory you can write")
+                          f"or SMARTLAUNCH_CACHE_DIR (paths.cache_dir) to a directory you can "
+                          f"write")
     return Path(raw)
 
 
@@ -83,15 +92,13 @@ def log_root(policy, environ) -> Path:
     """launch.log_dir, where every launch makes its run directory ("": logs/ in the cache)."""
     if not policy.launch.log_dir:
         return cache_root(policy, environ) / "logs"
-    raw = policy.launch.log_dir
-    home = environ.get("HOME") or os.path.expanduser("~")
-    return Path(home + raw[1:] if raw == "~" or raw.startswith("~/") else raw)
+    return Path(_expand_home(policy.launch.log_dir, environ))
 
 
 def missing_home(path: str, environ) -> str | None:
     """HOME, when `path` lies under it and it does not exist (a mistake to name, not a
     directory to make)."""
-    home = environ.get("HOME") or os.path.expanduser("~")
+    home = _home(environ)
     if not home or os.path.isdir(home):
         return None
     full, home = os.path.abspath(path), os.path.abspath(home)

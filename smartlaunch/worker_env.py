@@ -47,7 +47,8 @@ def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: s
             tempfile.gettempdir(),
             f"smartlaunch-error-{run_id}" + (f"-{rank}" if nproc > 1 else "") + ".json"),
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": (environ or {}).get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING":
+            (environ or {}).get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
 
 
