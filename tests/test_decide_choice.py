@@ -111,6 +111,18 @@ def test_busy_unhealthy_and_leased_gpus_are_avoided(clean_env):
     assert plan.gpus == (0, 1)
 
 
+def test_a_gpu_the_lease_manager_counts_taken_for_its_processes_is_called_busy(clean_env):
+    # The lease manager counts a GPU with foreign processes as taken; the reason names them
+    # rather than calling it leased (a lease record may not exist at all).
+    topo = machine([gpu(0), gpu(1), gpu(2, foreign=True), gpu(3)], lambda a, b: "NV18")
+    plan, _ = run(topo, profile(**GPT), unavailable=frozenset({2}))
+    texts = " ".join(r.text for r in plan.reasons)
+    assert "GPU2 is busy: 1 foreign process(es) using 9000 MiB (pid 4242 (someone))" in texts
+    assert "leased" not in texts and 2 not in plan.gpus
+    plan, _ = run(topo, profile(**GPT), unavailable=frozenset({1}))
+    assert "GPU1 is leased by another smartlaunch job" in " ".join(r.text for r in plan.reasons)
+
+
 def test_every_gpu_taken_is_a_waitable_error(clean_env):
     with pytest.raises(NoFreeGPUError) as e:
         run(nv_pair(), profile(), unavailable=frozenset({0, 1}))

@@ -34,6 +34,14 @@ def fits(topology: Topology, index: int, peak: int | None, headroom: float) -> b
     return peak is None or peak <= free_bytes(topology, index) * headroom
 
 
+def _busy(g) -> str:
+    foreign = [p for p in g.processes if not p.ours]
+    used = sum(p.used_mib or 0 for p in foreign)
+    who = ", ".join(f"pid {p.pid}" + (f" ({p.user})" if p.user else "") for p in foreign[:3])
+    return (f"GPU{g.index} is busy: {len(foreign)} foreign process(es) using {used} MiB "
+            f"({who}{', …' if len(foreign) > 3 else ''})")
+
+
 def screen(topology: Topology, policy: Policy, peak: int | None,
            unavailable: frozenset[int]) -> tuple[list[int], list[Excluded]]:
     """(usable GPU indices, the others with why), in index order."""
@@ -45,13 +53,11 @@ def screen(topology: Topology, policy: Policy, peak: int | None,
             msgs = [f.message for f in topology.findings_for(i) if f.severity.value == "critical"]
             why = "; ".join(msgs) or "lost from the bus (NVML error)"
             excluded.append(Excluded(i, "unhealthy", f"GPU{i} is unhealthy: {why}"))
-        elif i in unavailable:
-            excluded.append(Excluded(i, "leased", f"GPU{i} is leased by another smartlaunch job"))
+        elif i in unavailable:      # leased, or busy (the lease manager counts both)
+            why = _busy(g) if g.busy else f"GPU{i} is leased by another smartlaunch job"
+            excluded.append(Excluded(i, "leased", why))
         elif d.avoid_busy_gpus and g.busy:
-            foreign = [p for p in g.processes if not p.ours]
-            used = sum(p.used_mib or 0 for p in foreign)
-            excluded.append(Excluded(
-                i, "busy", f"GPU{i} is busy: {len(foreign)} foreign process(es) using {used} MiB"))
+            excluded.append(Excluded(i, "busy", _busy(g)))
         elif not fits(topology, i, peak, d.memory_headroom):
             excluded.append(Excluded(
                 i, "memory", f"GPU{i} has {gib(free_bytes(topology, i))} free; the profiled "
