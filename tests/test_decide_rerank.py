@@ -343,6 +343,18 @@ def test_a_trial_just_under_the_floor_is_measured_again_until_its_side_is_known(
            "run-to-run standard deviations of the mean of 3 trials" in why, why
 
 
+def test_a_mean_just_under_the_floor_does_not_read_as_the_floor(clean_env):
+    # 4× H200, wide MLP over NVLink: draws of 70%, 70%, 70% chose one GPU under a 70% floor;
+    # their mean was under it, and the line now shows by how much.
+    plan, _, _ = gpt_case(rates={2: 1.398 * ONE_GPU, 4: 2.30 * ONE_GPU},
+                          world_sizes=DecisionPolicy().world_sizes,
+                          targets={2: 1.55, 4: 3.02}, floor=0.7)
+    why = _trials_reason(plan)
+    assert plan.strategy == Strategy.SINGLE
+    assert "DDP×2 70%, 70%, 70% (mean 69.9%) → single GPU0; DDP×2's measured 69.9% is within" \
+        in why, why
+
+
 def test_a_trial_just_over_the_floor_names_the_one_gpu_override(clean_env):
     plan, _, _ = gpt_case(rates={2: 1.45 * ONE_GPU, 4: 2.30 * ONE_GPU},
                           world_sizes=DecisionPolicy().world_sizes,

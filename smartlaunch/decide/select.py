@@ -11,7 +11,7 @@ from smartlaunch.decide.cost import MODEL_ERROR
 from smartlaunch.decide.groups import best_group
 from smartlaunch.decide.plan import Candidate, Reason, Strategy, strategy_name
 from smartlaunch.decide.rerank import Corrected, pick, settle
-from smartlaunch.decide.words import gpu_list, pct, rate, times
+from smartlaunch.decide.words import gpu_list, pct, pct_of, rate, times
 from smartlaunch.profile.api import ProfileStatus
 from smartlaunch.profile.feedback import candidate_name, one_gpu_rate
 
@@ -467,8 +467,9 @@ def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> s
             continue
         pairs = [round(v / b / _key_n(k), 9) for v, b in zip(vs, draws[single]) if v == v]
         mean = round(measured[k] / measured[single] / _key_n(k), 9)
+        floor = ctx.policy.decision.min_efficiency
         words.append(f"{_short(ctx, k)} " + ", ".join(pct(e) for e in pairs) +
-                     f" (mean {pct(mean)})")
+                     f" (mean {pct_of(mean, floor)})")
     return (f"measured again near the policy's {pct(ctx.policy.decision.min_efficiency)} with "
             f"the baseline ({repeats} more round{'s' if repeats > 1 else ''}, at most "
             f"{NEAR_FLOOR_REPEATS}): " + "; ".join(words) + lost)
@@ -481,8 +482,8 @@ def _near_floor(ctx, scores: dict, win, win_speedup: float, draws: dict) -> str:
     said = []
     for k, (e, m, other) in _near(ctx, scores, win, win_speedup, draws).items():
         over = "one trial" if m == 1 else f"the mean of {m} trials"
-        said.append(f"{_short(ctx, k)}'s measured {pct(e)} is within two run-to-run standard "
-                    f"deviations of {over} (±{spread} each"
+        said.append(f"{_short(ctx, k)}'s measured {pct_of(e, floor)} is within two run-to-run "
+                    f"standard deviations of {over} (±{spread} each"
                     + (f", ±{pct(math.expm1(_reach(m) / 2))} for the mean" if m > 1 else "")
                     + f") of the policy's {pct(floor)}: another run could land on the other "
                     f"side ({other})")

@@ -17,6 +17,12 @@ def pct(x: float | None) -> str:
     return "??%" if x is None else f"{x * 100:.0f}%"
 
 
+def pct_of(x: float, floor: float) -> str:
+    """pct(x), with a decimal where x would read as the floor it is not (69.8%, not 70%)."""
+    return f"{x * 100:.1f}%" if pct(x) == pct(floor) and round(x, 9) != round(floor, 9) \
+        else pct(x)
+
+
 def times(x: float | None) -> str:
     return "??×" if x is None else f"{x:.2f}×"
 
