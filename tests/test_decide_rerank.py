@@ -22,6 +22,7 @@ from smartlaunch.decide.batch import global_batch
 from smartlaunch.decide.cost import predict_ddp
 from smartlaunch.decide.explain import decision_line, render_text
 from smartlaunch.decide.rerank import correct, pick, settle
+from smartlaunch.decide.words import pct_of
 from smartlaunch.errors import PlanError, PolicyError
 from smartlaunch.policy import apply_request, check_request
 from smartlaunch.policy.api import DecisionPolicy
@@ -344,8 +345,8 @@ def test_a_trial_just_under_the_floor_is_measured_again_until_its_side_is_known(
 
 
 def test_a_mean_just_under_the_floor_does_not_read_as_the_floor(clean_env):
-    # 4× H200, wide MLP over NVLink: draws of 70%, 70%, 70% chose one GPU under a 70% floor;
-    # their mean was under it, and the line now shows by how much.
+    # 4× H200, wide MLP over NVLink: draws of 70%, 70%, 70% (mean 69.98%) chose one GPU under a
+    # 70% floor; the line now shows the mean's side of it.
     plan, _, _ = gpt_case(rates={2: 1.398 * ONE_GPU, 4: 2.30 * ONE_GPU},
                           world_sizes=DecisionPolicy().world_sizes,
                           targets={2: 1.55, 4: 3.02}, floor=0.7)
@@ -353,6 +354,11 @@ def test_a_mean_just_under_the_floor_does_not_read_as_the_floor(clean_env):
     assert plan.strategy == Strategy.SINGLE
     assert "DDP×2 70%, 70%, 70% (mean 69.9%) → single GPU0; DDP×2's measured 69.9% is within" \
         in why, why
+    plan, _, _ = gpt_case(rates={2: 1.3996 * ONE_GPU, 4: 2.30 * ONE_GPU},
+                          world_sizes=DecisionPolicy().world_sizes,
+                          targets={2: 1.55, 4: 3.02}, floor=0.7)
+    assert "(mean 69.98%) → single GPU0" in _trials_reason(plan)
+    assert pct_of(0.7, 0.7) == "70%" and pct_of(0.71, 0.7) == "71%" and pct_of(0.65, 0.5) == "65%"
 
 
 def test_a_trial_just_over_the_floor_names_the_one_gpu_override(clean_env):

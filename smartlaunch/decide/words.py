@@ -18,9 +18,12 @@ def pct(x: float | None) -> str:
 
 
 def pct_of(x: float, floor: float) -> str:
-    """pct(x), with a decimal where x would read as the floor it is not (69.8%, not 70%)."""
-    return f"{x * 100:.1f}%" if pct(x) == pct(floor) and round(x, 9) != round(floor, 9) \
-        else pct(x)
+    """pct(x), with the decimals it takes not to read as a floor it is not (69.98%, not 70%)."""
+    if round(x, 9) != round(floor, 9):
+        for digits in range(3):
+            if f"{x * 100:.{digits}f}" != f"{floor * 100:.{digits}f}":
+                return f"{x * 100:.{digits}f}%"
+    return pct(x)
 
 
 def times(x: float | None) -> str:
