@@ -158,8 +158,9 @@ def _is_output_copier(p: psutil.Process) -> bool:
 
 def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[int] = (),
              timeout_s: float = 3.0, drain_s: float = 0.0) -> list[int]:
-    """SIGKILL every process of the run until none is left or timeout; returns the pids killed.
-    drain_s: the output copiers are spared that long, to write what is left and exit."""
+    """SIGKILL every process of the run until none is left and each has finished exiting, or
+    timeout; returns the pids killed. drain_s: the output copiers are spared that long, to write
+    what is left and exit."""
     killed: list[int] = []
     for pid in group_leaders:
         if signal_group(pid, signal.SIGKILL):
@@ -177,9 +178,16 @@ def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[i
                 killed.append(p.pid)
             except psutil.Error:
                 pass
-        if not left or time.monotonic() > deadline:
+        if not left and not _exiting(killed) or time.monotonic() > deadline:
             return killed
         time.sleep(0.05)
+
+
+def _exiting(pids: Iterable[int]) -> list[int]:
+    """Of the pids we killed, those still running their exit: a process whose memory is being
+    torn down no longer shows its environment, but holds its files (a GPU's context among them)
+    until it is a zombie."""
+    return [pid for pid in dict.fromkeys(pids) if proc_state(pid).alive]
 
 
 def process_tagged(pid: int, prefix: bytes) -> bool:
@@ -188,7 +196,8 @@ def process_tagged(pid: int, prefix: bytes) -> bool:
 
 def kill_tagged(var: str, value: str, exclude: Iterable[int] = (),
                 timeout_s: float = 1.5) -> list[int]:
-    """SIGKILL every live process of this user whose environment holds var=value*."""
+    """SIGKILL every live process of this user whose environment holds var=value*, and wait
+    (within timeout_s) until each has finished exiting."""
     needle = f"{var}={value}".encode()
     killed, deadline = [], time.monotonic() + timeout_s
     while True:
@@ -199,7 +208,7 @@ def kill_tagged(var: str, value: str, exclude: Iterable[int] = (),
                 killed.append(pid)
             except OSError:
                 pass
-        if not left or time.monotonic() > deadline:
+        if not left and not _exiting(killed) or time.monotonic() > deadline:
             return killed
         time.sleep(0.02)
 
