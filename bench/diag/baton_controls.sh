@@ -7,6 +7,8 @@
 #   TRIAL=1 HOST="deep-mlp gpt-small" CONTROL=deep-mlp PAIRS=100 bash bench/diag/baton_controls.sh
 #   HOOK=deep-mlp (torchrun against torchrun running each rank through the worker hook)
 #   BARE=deep-mlp (the same, the hook without a run directory: no per-step hooks)
+#   LAUNCHES=8 PAIRS=20 HOOK=cnn-small BARE=cnn-small: K jobs of each launcher per session, one
+#     ratio per launch pair (the interval then spans launches: job_overhead.py --launches)
 set -u
 . "$(dirname "$0")/device_setup.sh"
 res="$OUT/res"; mkdir -p "$res"
@@ -28,10 +30,12 @@ done
     --scripts $CONTROL --baton "${PAIRS:-130}" --window-s 0.3 --out "$res/baton-control" \
     2>>"$res/baton.log" | grep "^|"
 [ -n "${HOOK:-}" ] && python3 bench/job_overhead.py --conditions host --kinds torchrun torchrun-hook \
-    --scripts $HOOK --baton "${PAIRS:-130}" --window-s 0.3 --out "$res/baton-hook" \
+    --scripts $HOOK --baton "${PAIRS:-130}" --window-s 0.3 ${LAUNCHES:+--launches $LAUNCHES} \
+    --out "$res/baton-hook" \
     2>>"$res/baton.log" | grep "^|"
 [ -n "${BARE:-}" ] && python3 bench/job_overhead.py --conditions host --kinds torchrun torchrun-hook-bare \
-    --scripts $BARE --baton "${PAIRS:-130}" --window-s 0.3 --out "$res/baton-bare" \
+    --scripts $BARE --baton "${PAIRS:-130}" --window-s 0.3 ${LAUNCHES:+--launches $LAUNCHES} \
+    --out "$res/baton-bare" \
     2>>"$res/baton.log" | grep "^|"
 [ -n "${HOST:-}" ] && python3 bench/job_overhead.py --conditions host --kinds torchrun sl-ddp \
     --scripts $HOST --baton "${PAIRS:-130}" --window-s 0.3 --budget-s "${BUDGET:-200}" \
