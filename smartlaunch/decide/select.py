@@ -461,16 +461,15 @@ def _again_near_floor(ctx, measured: dict, draws: dict, single, tried: set) -> s
                 math.exp(sum(map(math.log, ok)) / len(ok))
     if not repeats:
         return lost[2:]
-    words = []
+    words, floor = [], ctx.policy.decision.min_efficiency
     for k, vs in draws.items():
         if k == single or len(vs) < 2:
             continue
         pairs = [round(v / b / _key_n(k), 9) for v, b in zip(vs, draws[single]) if v == v]
         mean = round(measured[k] / measured[single] / _key_n(k), 9)
-        floor = ctx.policy.decision.min_efficiency
         words.append(f"{_short(ctx, k)} " + ", ".join(pct(e) for e in pairs) +
                      f" (mean {pct_of(mean, floor)})")
-    return (f"measured again near the policy's {pct(ctx.policy.decision.min_efficiency)} with "
+    return (f"measured again near the policy's {pct(floor)} with "
             f"the baseline ({repeats} more round{'s' if repeats > 1 else ''}, at most "
             f"{NEAR_FLOOR_REPEATS}): " + "; ".join(words) + lost)
 
