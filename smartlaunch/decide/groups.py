@@ -35,7 +35,7 @@ def fits(topology: Topology, index: int, peak: int | None, headroom: float) -> b
 
 
 def _busy(g) -> str:
-    foreign = [p for p in g.processes if not p.ours]
+    foreign = g.foreign
     used = sum(p.used_mib or 0 for p in foreign)
     who = ", ".join(f"pid {p.pid}" + (f" ({p.user})" if p.user else "") for p in foreign[:3])
     return (f"GPU{g.index} is busy: {len(foreign)} foreign process(es) using {used} MiB "

@@ -59,7 +59,7 @@ def _fits(h: Holder, m: re.Match) -> bool:
 
 def _in_use(gpu) -> str:
     users = sorted({f"pid {p.pid}" + (f" (user {p.user})" if p.user else "")
-                    for p in gpu.processes if not p.ours})
+                    for p in gpu.foreign})
     return "in use by " + " and ".join(users) + " (not a smartlaunch lease)"
 
 

@@ -73,8 +73,13 @@ class GPU:
     persistence_mode: bool | None = None  # off: the driver tears down when no process holds it
 
     @property
+    def foreign(self) -> tuple[GPUProcess, ...]:
+        """Its processes this launch did not start."""
+        return tuple(p for p in self.processes if not p.ours)
+
+    @property
     def busy(self) -> bool:
-        return any(not p.ours for p in self.processes)
+        return bool(self.foreign)
 
 
 @dataclass(frozen=True)

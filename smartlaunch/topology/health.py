@@ -80,7 +80,7 @@ def gpu_findings(g: GPU) -> list[Finding]:
         f.append(Finding(Severity.WARNING, "mig_enabled",
                          f"GPU{i} is in MIG mode: a process sees one MIG instance, not the whole GPU; "
                          f"name the instance in CUDA_VISIBLE_DEVICES (MIG-...) or disable MIG", i))
-    foreign = [p for p in g.processes if not p.ours]
+    foreign = g.foreign
     if foreign:
         who = ", ".join(f"pid {p.pid} ({p.user or 'unknown user'}"
                         + (f", {p.used_mib} MiB)" if p.used_mib is not None else ")") for p in foreign)
