@@ -31,6 +31,7 @@ from smartlaunch import proc
 from smartlaunch.profile.control import ENV_VAR
 
 TICK_S = 0.1             # the loop wakes at least this often for time-based rules
+STOP_GRACE_S = 5.0       # SIGTERM -> SIGKILL; above a trial group's own grace for its ranks
 
 
 class State(str, Enum):
@@ -208,10 +209,10 @@ class Session:
         proc.stop_all(stage.children, first, grace_s)
 
     def close(self) -> None:
-        """End what still runs (SIGTERM, a short grace, SIGKILL), release every descriptor, remove
+        """End what still runs (SIGTERM, STOP_GRACE_S, SIGKILL), release every descriptor, remove
         the temp dirs. Safe to call twice."""
         live = [s for s in self.stages if not s.over]   # the others were reaped as they ended
-        proc.stop_all([c for s in live for c in s.children], signal.SIGTERM, 1.0)
+        proc.stop_all([c for s in live for c in s.children], signal.SIGTERM, STOP_GRACE_S)
         for s in live:
             s.why = "the decision no longer needed it"
         for key in list(self.sel.get_map().values()):

@@ -20,14 +20,14 @@ from smartlaunch.policy.api import Policy
 from smartlaunch.profile.dryrun import MAX_STEPS
 from smartlaunch.profile.early import memory_low
 from smartlaunch.profile.runner import isolation_check, undo_note, undo_roots
-from smartlaunch.profile.session import Session, Stage, owned
+from smartlaunch.profile.session import STOP_GRACE_S, Session, Stage, owned
 from smartlaunch.request import Request
 from smartlaunch.store import read_json
 from smartlaunch.topology import sharing
 from smartlaunch.vocab import Strategy
 from smartlaunch.worker_env import narrow_visible
 
-KILL_GRACE_S = 5.0
+KILL_GRACE_S = STOP_GRACE_S
 DONE_GRACE_S = 1.0       # after rank 0's result: the ranks' own ends, then they are ended
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from smartlaunch.profile.session import Session
 from smartlaunch.worker_env import free_port, rank_env
 
 SHIM = "smartlaunch.profile.trial"
-GRACE_S = 4.0      # below trial.KILL_GRACE_S: our ranks are gone before the caller's SIGKILL
+GRACE_S = 4.0      # below session.STOP_GRACE_S: our ranks are gone before the caller's SIGKILL
 
 
 def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | None]:
