@@ -19,7 +19,7 @@ import pwd
 import re
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
@@ -261,11 +261,23 @@ def unavailable(paths=()) -> str | None:
     return _probed[key]
 
 
-def compile_caches(environ: Mapping[str, str]) -> list[str]:
+def compile_caches(environ: Mapping[str, str],
+                   made: Callable[[str], None] | None = None) -> list[str]:
     """torch.compile's cache directories as the script would use them, kept shared through
-    the sandbox: only those that exist, are ours, are not links and no one else can write."""
-    paths = [environ.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_default(environ),
-             environ.get("TRITON_CACHE_DIR")]
+    the sandbox: only those that exist, are ours, are not links and no one else can write.
+    made: first make inductor's where it is absent and its parent exists (private, one mkdir,
+    which fails on anything already there, a link included), as the script's own first compile
+    would make it, so that what an isolated run compiles is there for the runs after it; then
+    made(path) (profile.session.Session.made_cache)."""
+    inductor = environ.get("TORCHINDUCTOR_CACHE_DIR") or _inductor_default(environ)
+    if made is not None and inductor:
+        try:
+            os.mkdir(os.path.abspath(inductor), 0o700)
+        except OSError:
+            pass                        # there already (checked below), or no parent to hold it
+        else:
+            made(os.path.abspath(inductor))
+    paths = [inductor, environ.get("TRITON_CACHE_DIR")]
     out = []
     for path in paths:
         if not path:

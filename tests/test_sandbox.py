@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -178,6 +182,70 @@ def test_compile_caches_are_only_existing_private_directories_of_ours(tmp_path):
         assert sandbox.compile_caches(env) == []
 
 
+def test_an_absent_inductor_cache_is_made_private_and_nothing_there_is_followed(tmp_path):
+    env = {"TMPDIR": str(tmp_path), "USER": "u"}
+    made_here = tmp_path / "torchinductor_u"
+    made: list[str] = []
+    assert sandbox.compile_caches(env, made.append) == [str(made_here)]
+    assert made == [str(made_here)]
+    assert made_here.is_dir() and stat.S_IMODE(made_here.stat().st_mode) == 0o700
+    assert sandbox.compile_caches(env, made.append) == [str(made_here)]   # there: as it is
+    assert made == [str(made_here)]
+    # a link where the cache would be: not followed, its target not made, nothing shared
+    target = tmp_path / "elsewhere"
+    (tmp_path / "planted").symlink_to(target)
+    assert sandbox.compile_caches({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "planted")},
+                                  made.append) == []
+    assert not target.exists() and made == [str(made_here)]
+    # no parent to hold it: nothing made above it
+    deep = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "no" / "such" / "cache")}
+    assert sandbox.compile_caches(deep, made.append) == []
+    assert not (tmp_path / "no").exists()
+    if os.geteuid() == 0:                       # another user's, made before ours: not shared
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, 65534, 65534)
+        assert sandbox.compile_caches({"TORCHINDUCTOR_CACHE_DIR": str(theirs)},
+                                      made.append) == []
+
+
+def test_a_made_cache_nothing_was_compiled_into_goes_with_the_session(tmp_path):
+    from smartlaunch.profile.session import Session
+    empty, used = tmp_path / "empty", tmp_path / "used"
+    with Session() as s:
+        for d in (empty, used):
+            env = {"TORCHINDUCTOR_CACHE_DIR": str(d)}
+            assert sandbox.compile_caches(env, s.made_cache) == [str(d)]
+        (used / "fxgraph").mkdir()
+    assert not empty.exists()
+    assert (used / "fxgraph").is_dir()
+    kept = tmp_path / "kept"
+    kept.mkdir(mode=0o700)                      # there before: never removed, even empty
+    with Session() as s:
+        sandbox.compile_caches({"TORCHINDUCTOR_CACHE_DIR": str(kept)}, s.made_cache)
+    assert kept.is_dir()
+
+
+def test_a_made_cache_goes_with_what_was_compiled_into_it_when_smartlaunch_dies_first(tmp_path):
+    made = tmp_path / "made"
+    code = f"""
+import os
+from smartlaunch import sandbox
+from smartlaunch.profile.session import Session
+s = Session()
+sandbox.compile_caches({{"TORCHINDUCTOR_CACHE_DIR": {str(made)!r}}}, s.made_cache)
+open(os.path.join({str(made)!r}, "graph"), "w").close()
+print("made", flush=True)
+os.kill(os.getpid(), 9)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -9 and "made" in r.stdout, r.stderr
+    deadline = time.monotonic() + 30            # the guard sees its pipe close, then removes
+    while made.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not made.exists()
+
+
 def test_the_default_is_torchs_own_for_this_user(tmp_path):
     env = {"TMPDIR": str(tmp_path), "USER": "a/b"}
     assert sandbox._inductor_default(env) == str(tmp_path / "torchinductor_a_b")
@@ -199,18 +267,15 @@ for _ in range(40):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_an_isolated_dry_run_fills_an_existing_compile_cache_and_makes_none(clean_env):
+def test_an_isolated_dry_run_fills_the_compile_cache_making_it_when_absent(clean_env):
     """What the dry run compiled is in the user's inductor cache afterwards (the launch then
-    finds it), and a cache directory that was not there is not made."""
+    finds it), whether the cache was there before or not."""
     script = clean_env / "compiled.py"
     script.write_text(COMPILED)
     cache = clean_env / "inductor"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
     policy = Policy(dryrun=DryRunPolicy(warmup_steps=2, measure_steps=5, measure_seconds=0.0))
-    prof = run_dry_run(Request(script=str(script)), policy, gpu=None, environ=env)
-    assert prof.status == ProfileStatus.OK, prof.note
     assert not cache.exists()
-    cache.mkdir(mode=0o700)
     prof = run_dry_run(Request(script=str(script)), policy, gpu=None, environ=env)
     assert prof.status == ProfileStatus.OK, prof.note
     assert any((cache / "fxgraph").rglob("*")), sorted(p.name for p in cache.iterdir())

@@ -147,7 +147,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         status = os.path.join(results, "isolation.json")
         if isolated:
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"),
-                               [results, *sandbox.compile_caches(environ)], status)
+                               [results, *sandbox.compile_caches(environ, s.made_cache)], status)
         own = (str(root), tmp)
         listing = undo_roots(request, policy, isolated, own)
         t0 = time.monotonic()

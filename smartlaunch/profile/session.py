@@ -112,12 +112,20 @@ class Session:
         self.stages: list[Stage] = []
         self.rules: list[Callable[[], None]] = []
         self.dirs: list[str] = []
+        self.made: list[str] = []          # compile caches made for the sandbox (made_cache)
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def made_cache(self, path: str) -> None:
+        """A compile cache made for the sandbox (sandbox.compile_caches): removed at close if
+        nothing was compiled into it, kept otherwise (the launch finds what the dry run
+        compiled); removed with its contents by the guard if we die first."""
+        self.made.append(path)
+        proc.remove_on_exit(path)
 
     def tempdir(self, prefix: str) -> str:
         """A temp dir removed at close (and by the guard if we die first)."""
@@ -222,7 +230,11 @@ class Session:
         for d in self.dirs:
             shutil.rmtree(d, ignore_errors=True)
             proc.remove_on_exit(d, done=True)
-        self.dirs = []
+        for d in self.made:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)                # nothing compiled into it: as if never made
+            proc.remove_on_exit(d, done=True)
+        self.dirs, self.made = [], []
 
     # ---- events ---------------------------------------------------------------------------
     def _read(self, key, stage: Stage, rank: Rank) -> None:

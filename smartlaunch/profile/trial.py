@@ -211,7 +211,7 @@ class Trial:
                             hold=hold)
         if isolated:
             cmd = sandbox.wrap(cmd, os.path.join(tmp, "scratch"),
-                               [str(run.out), *sandbox.compile_caches(env)],
+                               [str(run.out), *sandbox.compile_caches(env, session.made_cache)],
                                str(run.out / "isolation.json"), python)
         with open(run.log, "wb") as out:
             run.stage = session.start("a trial", [(cmd, env, {"stdout": out,
