@@ -57,12 +57,12 @@ def one(make: bool, workdir: Path) -> dict:
         dry = time.monotonic() - t0
     finally:
         sandbox.compile_caches = real
+    files = sum(1 for f in cache.rglob("*") if f.is_file()) if cache.is_dir() else None
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     first = next((float(x.split("=")[1]) for x in r.stdout.split() if x.startswith("first_step_s=")),
                  None)
     return {"make": make, "dry_run_s": round(dry, 2), "dry_status": prof.status.value,
-            "cache_files_after_dry_run": sum(1 for f in cache.rglob("*") if f.is_file())
-            if cache.is_dir() else None, "launch_first_step_s": first,
+            "cache_files_after_dry_run": files, "launch_first_step_s": first,
             "launch_rc": r.returncode}
 
 
