@@ -164,7 +164,13 @@ def test_each_pattern_decides_in_time_and_leaves_nothing(row, path, clean_env, m
     else:
         assert "allreduce_early" not in timings and "profile_gate" not in timings
     assert left == [], f"{row.name} ({path}): left running: {left_text}"
-    assert tmp_left == [], f"{row.name} ({path}): temp dirs left: {tmp_left}"
+    # a compiled script's graphs stay in torch's own cache directory (made for the dry run where
+    # absent, sandbox.compile_caches), where the launch finds them: what its first compile
+    # would leave; anything else is a trace
+    kept = [n for n in tmp_left if n.startswith("torchinductor_") and row.name == "torch-compile"]
+    assert all(any((tmp / n / "fxgraph").iterdir()) for n in kept), kept
+    assert [n for n in tmp_left if n not in kept] == [], \
+        f"{row.name} ({path}): temp dirs left: {tmp_left}"
 
 
 # --- real launches through the CLI (this machine's cores: the cold path on 2 cores) ---------
