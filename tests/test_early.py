@@ -181,6 +181,30 @@ def test_a_gate_holds_the_first_forward_and_its_go_carries_the_step_count(tmp_pa
     mine.close()
 
 
+def test_a_compiled_first_forward_compiles_before_the_gate_and_its_first_step_waits(tmp_path):
+    """torch.compile's first call compiles (CPU work, tens of seconds on a GPU node) before it
+    computes: the wait for the all-reduce sweep moves to the end of the first step."""
+    import socket
+    import torch
+    from smartlaunch.profile.control import Control
+    from smartlaunch.profile.dryrun import Recorder
+    mine, theirs = socket.socketpair()
+    rec = Recorder(str(tmp_path / "p.json"), warmup=1, measure=20, control=Control(theirs.detach()),
+                   gate=True)
+    model = torch.compile(torch.nn.Linear(4, 2))
+    threading.Timer(0.5, lambda: mine.sendall(b'{"go": {"measure": 7}}\n')).start()
+    rec.on_pre(model, (torch.zeros(3, 4),))           # the wrapper's call, before any compile
+    rec.on_pre(torch.nn.Linear(4, 2), (torch.zeros(3, 4),))   # a graph break: run eagerly
+    mine.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        mine.recv(100)                                 # no gate yet
+    mine.setblocking(True)
+    rec.on_step()                                      # the first step's end: held here
+    assert json.loads(mine.recv(100).split(b"\n")[0]) == {"gate": 1}
+    assert rec.measure == 7 and rec.gate_wait_s >= 0.3 and rec.steps == 1
+    mine.close()
+
+
 def test_the_command_line_is_parsed_without_importing_torch(clean_env):
     code = ("import sys; from smartlaunch import cli; "
             "r, _ = cli.parse(['--nproc-per-node', '2', '--explain', 'examples/train.py', '--x']); "

@@ -49,6 +49,15 @@ def compiled_any() -> bool:
         return True
 
 
+def compiled_call(torch, module) -> bool:
+    """This forward runs under torch.compile, whose first call compiles before it computes: traced
+    now (module.compile(), a compiled step function) or the wrapper torch.compile(model) returns."""
+    if torch.compiler.is_compiling() or getattr(module, "_compiled_call_impl", None) is not None:
+        return True
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")    # not imported: nothing compiled
+    return eval_frame is not None and isinstance(module, getattr(eval_frame, "OptimizedModule", ()))
+
+
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
                  clock=None, control=None, exit=_end_script, gate: bool = False,
@@ -94,6 +103,7 @@ class Recorder:
         self.written = False
         self.world = WorldSizeWatch(lambda: self.t_first_step is None)
         self.gate, self.gate_wait_s = gate, None      # pass_gate
+        self.gate_at_step = False       # the first forward ran under torch.compile
         self.control = control
 
     # ---- discovery hooks (until the first step) -----------------------------------------
@@ -119,8 +129,8 @@ class Recorder:
         smartlaunch._step_hook = self.on_marker
 
     def pass_gate(self) -> None:
-        """The first forward (or step) waits for the parent's go; a trial's go carries its step
-        count."""
+        """The first forward (or, where torch.compile runs it, the end of the first step) waits
+        for the parent's go; a trial's go carries its step count."""
         if self.gate:
             self.gate = False
             if self.control is not None:
@@ -139,7 +149,10 @@ class Recorder:
     def on_pre(self, module, args):
         if self.skip():
             return
-        self.pass_gate()
+        if compiled_call(self.torch, module):
+            self.gate_at_step = True    # it compiles first (graph breaks included): gate at the step
+        elif not self.gate_at_step:
+            self.pass_gate()
         if self.depth == 0 and self.t_first_step is None:
             if not self.torch.compiler.is_compiling():
                 self.eager_root = True
