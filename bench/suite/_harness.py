@@ -25,6 +25,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+IMPORTED_UNIX = time.time()     # this module's import: the script's own imports done, torch's included
+
+
+def process_start_unix() -> float | None:
+    """When this process started (/proc: boot time + its start in clock ticks; the boot time is
+    whole seconds, an offset the same for every process of one boot), or None off Linux."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
 
 @dataclass(frozen=True)
 class Ctx:
@@ -133,7 +148,11 @@ def train(ctx: Ctx, args, name: str, model: nn.Module, make_opt: Callable,
         loss = step(i)
         if i == 0:
             sync()      # the first step's end, for the launch-to-first-step figure
-            if ctx.rank == 0:
+            if ctx.rank == 0:       # where a launch's time to it went: process, imports, set-up
+                started = process_start_unix()
+                if started is not None:
+                    print(f"process_start_unix={started:.3f}", flush=True)
+                print(f"imported_unix={IMPORTED_UNIX:.3f}", flush=True)
                 print(f"first_step_unix={time.time():.3f}", flush=True)
     sync()
     if ctx.world > 1:
