@@ -18,7 +18,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import psutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:      # imported where used: the worker hook imports this module in every rank
+    import psutil
 
 RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"
 GUARD_VAR = "SMARTLAUNCH_GUARD"    # tag of every process spawn() started, for the guard's sweep
@@ -105,6 +108,7 @@ def _environ(pid: int) -> list[bytes]:
 
 def _ours(exclude: Iterable[int], match: Callable[[list[bytes]], bool]) -> list[psutil.Process]:
     """Live processes of this user (not this one, not `exclude`) whose environment matches."""
+    import psutil
     skip, uid = {os.getpid(), *exclude}, os.getuid()
     return [p for p in psutil.process_iter(["pid", "uids"])
             if p.info["pid"] not in skip and not (p.info["uids"] and p.info["uids"].real != uid)
@@ -150,6 +154,7 @@ def _set_thread_name(name: bytes) -> None:
 
 
 def _is_output_copier(p: psutil.Process) -> bool:
+    import psutil
     try:
         return p.name() == OUTPUT_COPIER
     except psutil.Error:
@@ -161,6 +166,7 @@ def kill_run(run_id: str, group_leaders: Iterable[int] = (), exclude: Iterable[i
     """SIGKILL every process of the run until none is left and each has finished exiting, or
     timeout; returns the pids killed. drain_s: the output copiers are spared that long, to write
     what is left and exit."""
+    import psutil
     killed: list[int] = []
     for pid in group_leaders:
         if signal_group(pid, signal.SIGKILL):

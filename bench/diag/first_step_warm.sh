@@ -6,6 +6,7 @@
 # the launcher's part (to the rank's process), the rank's imports (smartlaunch's worker hook
 # included) and the script's own set-up to its first step; pair differences (smartlaunch −
 # torchrun) with a t interval for each. Every launch's output is in $OUT/first-step.tar.gz.
+# SL_ARGS: smartlaunch's own options, e.g. "--policy bench/policy-throughput.yaml" (DDP×2 decided).
 set -u
 . "$(dirname "$0")/device_setup.sh"
 FINAL_OUT=$OUT
@@ -16,13 +17,13 @@ stamps() {   # $1: name, $2: launch time -> "t0 process imported first" (unix se
   echo "$2 $(for k in process_start imported first_step; do grep -o "^${k}_unix=[0-9.]*" "$OUT/$1.out" | cut -d= -f2; done | tr '\n' ' ')"
 }
 t0=$(date +%s.%N)
-smartlaunch --nproc-per-node 2 $S > "$OUT/cold.out" 2> "$OUT/cold.err"
+smartlaunch ${SL_ARGS:-} --nproc-per-node 2 $S > "$OUT/cold.out" 2> "$OUT/cold.err"
 echo "cold decided launch: rc $? stamps $(stamps cold "$t0")"; head -4 "$OUT/cold.err"
 for r in $(seq 1 "${ROUNDS:-10}"); do
   for k in tr sl; do
     t0=$(date +%s.%N)
     if [ $k = tr ]; then python3 -m torch.distributed.run --standalone --nproc-per-node 2 $S > "$OUT/$k$r.out" 2> "$OUT/$k$r.err"
-    else smartlaunch --nproc-per-node 2 $S > "$OUT/$k$r.out" 2> "$OUT/$k$r.err"; fi
+    else smartlaunch ${SL_ARGS:-} --nproc-per-node 2 $S > "$OUT/$k$r.out" 2> "$OUT/$k$r.err"; fi
     echo "$k $r $? $(stamps $k$r "$t0")" | tee -a "$OUT/stamps.txt"
   done
 done

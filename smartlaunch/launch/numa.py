@@ -8,8 +8,6 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from smartlaunch.topology.cpus import format_cpulist
-
 if TYPE_CHECKING:       # the worker hook imports this module: no decide layer in every rank
     from smartlaunch.decide.plan import NumaBinding
 
@@ -41,6 +39,7 @@ def binding_for(environ: Mapping[str, str]) -> dict | None:
 
 def numactl_argv(entry: dict, argv: Sequence[str]) -> list[str]:
     """--physcpubind (not --cpunodebind): the node may hold CPUs outside this job's cpuset."""
+    from smartlaunch.topology.cpus import format_cpulist    # only here: every rank imports this module
     return [shutil.which("numactl") or "numactl", f"--physcpubind={format_cpulist(entry['cpus'])}",
             f"--membind={entry['node']}", "--", *argv]
 
