@@ -1,8 +1,9 @@
 """The guard: `python -m smartlaunch.guard TAG`, one per smartlaunch process (smartlaunch.proc).
 
-Reads `+g PGID` / `-g PGID` (a process group) and `+p HEX` / `-p HEX` (a temp dir, hex path)
-lines from its stdin. At EOF, however smartlaunch ended, it SIGKILLs the registered groups and
-every process tagged SMARTLAUNCH_GUARD=TAG*, then removes the dirs.
+Reads `+g PGID` / `-g PGID` (a process group), `+p HEX` / `-p HEX` (a temp dir, hex path) and
+`+e HEX` / `-e HEX` (a directory to remove only if empty) lines from its stdin. At EOF, however
+smartlaunch ended, it SIGKILLs the registered groups and every process tagged
+SMARTLAUNCH_GUARD=TAG*, then removes the temp dirs and the empty directories.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     groups: set[int] = set()
     paths: set[str] = set()
+    empties: set[str] = set()
     for line in sys.stdin.buffer:
         op, _, arg = line.decode(errors="replace").strip().partition(" ")
         try:
@@ -26,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
                 (groups.add if op == "+g" else groups.discard)(int(arg))
             elif op in ("+p", "-p"):
                 (paths.add if op == "+p" else paths.discard)(os.fsdecode(bytes.fromhex(arg)))
+            elif op in ("+e", "-e"):
+                (empties.add if op == "+e" else empties.discard)(os.fsdecode(bytes.fromhex(arg)))
         except ValueError:
             continue
     for pgid in groups:
@@ -43,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
             if not os.path.lexists(p):
                 paths.discard(p)
         time.sleep(0.05)
+    for p in empties:       # what others wrote into it stays, with the directory
+        try:
+            os.rmdir(p)
+        except OSError:
+            pass
     return 0
 
 

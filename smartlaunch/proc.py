@@ -256,9 +256,11 @@ def guard_tag(name: str) -> str:
     return f"{guard().tag}-{name}-"
 
 
-def remove_on_exit(path: str, *, done: bool = False) -> None:
-    """The guard deletes `path` (a temp dir) if we die before `remove_on_exit(path, done=True)`."""
-    guard().send("-p" if done else "+p", os.fsencode(path).hex())
+def remove_on_exit(path: str, *, done: bool = False, only_empty: bool = False) -> None:
+    """The guard deletes `path` (a temp dir) if we die before `remove_on_exit(path, done=True)`;
+    only_empty: only if nothing is in it then (a directory others may write into too)."""
+    op = "e" if only_empty else "p"
+    guard().send(("-" if done else "+") + op, os.fsencode(path).hex())
 
 
 class Child:

@@ -226,24 +226,31 @@ def test_a_made_cache_nothing_was_compiled_into_goes_with_the_session(tmp_path):
     assert kept.is_dir()
 
 
-def test_a_made_cache_goes_with_what_was_compiled_into_it_when_smartlaunch_dies_first(tmp_path):
-    made = tmp_path / "made"
+def test_when_smartlaunch_dies_first_a_made_cache_goes_only_if_nothing_was_compiled_into_it(tmp_path):
+    """Torch's default cache is shared by every job of the user: what another compiled into it
+    (or the dry run did) is not the guard's to remove."""
+    empty, used = tmp_path / "empty", tmp_path / "used"
     code = f"""
 import os
-from smartlaunch import sandbox
+from smartlaunch import proc, sandbox
 from smartlaunch.profile.session import Session
 s = Session()
-sandbox.compile_caches({{"TORCHINDUCTOR_CACHE_DIR": {str(made)!r}}}, s.made_cache)
-open(os.path.join({str(made)!r}, "graph"), "w").close()
-print("made", flush=True)
+for d in ({str(empty)!r}, {str(used)!r}):
+    sandbox.compile_caches({{"TORCHINDUCTOR_CACHE_DIR": d}}, s.made_cache)
+open(os.path.join({str(used)!r}, "graph"), "w").close()
+print("guard", proc.guard().proc.pid, flush=True)
 os.kill(os.getpid(), 9)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.returncode == -9 and "made" in r.stdout, r.stderr
-    deadline = time.monotonic() + 30            # the guard sees its pipe close, then removes
-    while made.exists() and time.monotonic() < deadline:
+    assert r.returncode == -9 and "guard" in r.stdout, r.stderr
+    from smartlaunch.proc import proc_state
+    guard = int(r.stdout.split()[1])
+    deadline = time.monotonic() + 30            # the guard sees its pipe close, acts, exits
+    while proc_state(guard).alive and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not made.exists()
+    assert not proc_state(guard).alive
+    assert not empty.exists()
+    assert (used / "graph").exists()
 
 
 def test_the_default_is_torchs_own_for_this_user(tmp_path):

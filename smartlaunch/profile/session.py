@@ -123,9 +123,10 @@ class Session:
     def made_cache(self, path: str) -> None:
         """A compile cache made for the sandbox (sandbox.compile_caches): removed at close if
         nothing was compiled into it, kept otherwise (the launch finds what the dry run
-        compiled); removed with its contents by the guard if we die first."""
+        compiled); the same by the guard if we die first (another job of this user may be
+        compiling into it)."""
         self.made.append(path)
-        proc.remove_on_exit(path)
+        proc.remove_on_exit(path, only_empty=True)
 
     def tempdir(self, prefix: str) -> str:
         """A temp dir removed at close (and by the guard if we die first)."""
@@ -233,7 +234,7 @@ class Session:
         for d in self.made:
             with contextlib.suppress(OSError):
                 os.rmdir(d)                # nothing compiled into it: as if never made
-            proc.remove_on_exit(d, done=True)
+            proc.remove_on_exit(d, done=True, only_empty=True)
         self.dirs, self.made = [], []
 
     # ---- events ---------------------------------------------------------------------------
