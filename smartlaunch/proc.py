@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:      # imported where used: the worker hook imports this module in every rank
