@@ -88,8 +88,12 @@ def test_key_follows_content_args_and_gpu_model_but_not_visible_devices(clean_en
     def key(r=req, e=env, model="NVIDIA H200"):
         return cache.profile_key(r, POLICY, gpu_model=model, environ=e)
 
+    monkeypatch.chdir(work)
     base = key()
     assert key(e={"CUDA_VISIBLE_DEVICES": "GPU-5"}) == base
+    # the same file however the command line spells it, from the same directory
+    for spelling in ("train.py", "./train.py", "../proj/train.py"):
+        assert key(r=dataclasses.replace(req, script=spelling)) == base, spelling
     assert key(model="NVIDIA H100 80GB HBM3") != base
     assert key(r=dataclasses.replace(req, script_args=("--lr", "2"))) != base
     (work / "model.py").write_text((work / "model.py").read_text() + "\n# changed\n")

@@ -1,5 +1,5 @@
 """Profile, all-reduce and trial caches: one JSON file per key under <cache_dir> (store.cache_root).
-Profile key: the script's (and its sibling *.py files') bytes, arguments, working directory,
+Profile key: the script's real path, its (and its sibling *.py files') bytes, arguments, working directory,
 PYTHONPATH, CPU shim, dry-run settings, torch version and GPU model. Comm key: topology fingerprint,
 GPU group, backend, every NCCL_* variable. Entries read back are checked by their from_dict; a bad
 one is said once and measured again (store.load)."""
@@ -61,7 +61,10 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
     cwd = cwd or os.getcwd()
     h = hashlib.sha256()
     main = script_file(request, cwd, environ)
+    script = request.script
     if main is not None and main.is_file():
+        if not request.module:      # train.py, ./train.py and its absolute path: one script
+            script = str(main.resolve())
         h.update(main.read_bytes())
         siblings = sorted(p for p in main.parent.glob("*.py") if p != main)[:MAX_SIBLINGS]
         budget = MAX_SIBLING_BYTES
@@ -76,7 +79,7 @@ def profile_key(request, policy, *, gpu_model: str, environ, cwd: str | None = N
     else:
         h.update(b"unresolved:" + request.script.encode())
     key = {
-        "script": request.script, "module": request.module, "args": list(request.script_args),
+        "script": script, "module": request.module, "args": list(request.script_args),
         "cwd": cwd, "env": {k: environ.get(k, "") for k in KEY_ENV},
         "warmup": policy.dryrun.warmup_steps, "measure": policy.dryrun.measure_steps,
         "precision": policy.dryrun.precision,
