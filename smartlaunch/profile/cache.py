@@ -1,8 +1,8 @@
 """Profile, all-reduce and trial caches: one JSON file per key under <cache_dir> (store.cache_root).
-Profile key: the script's real path, its (and its sibling *.py files') bytes, arguments, working directory,
-PYTHONPATH, CPU shim, dry-run settings, torch version and GPU model. Comm key: topology fingerprint,
-GPU group, backend, every NCCL_* variable. Entries read back are checked by their from_dict; a bad
-one is said once and measured again (store.load)."""
+Profile key: the script's real path, its (and its sibling *.py files') bytes, arguments, working
+directory, PYTHONPATH, CPU shim, dry-run settings, torch version and GPU model. Comm key: topology
+fingerprint, GPU group, backend, every NCCL_* variable. Entries read back are checked by their
+from_dict; a bad one is said once and measured again (store.load)."""
 from __future__ import annotations
 
 import contextlib
