@@ -39,7 +39,7 @@ def binding_for(environ: Mapping[str, str]) -> dict | None:
 
 def numactl_argv(entry: dict, argv: Sequence[str]) -> list[str]:
     """--physcpubind (not --cpunodebind): the node may hold CPUs outside this job's cpuset."""
-    from smartlaunch.topology.cpus import format_cpulist    # only here: every rank imports this module
+    from smartlaunch.topology.cpus import format_cpulist    # here: every rank imports numa.py
     return [shutil.which("numactl") or "numactl", f"--physcpubind={format_cpulist(entry['cpus'])}",
             f"--membind={entry['node']}", "--", *argv]
 

@@ -150,7 +150,7 @@ class Recorder:
         if self.skip():
             return
         if compiled_call(self.torch, module):
-            self.gate_at_step = True    # it compiles first (graph breaks included): gate at the step
+            self.gate_at_step = True    # it compiles first (graph breaks too): gate at the step
         elif not self.gate_at_step:
             self.pass_gate()
         if self.depth == 0 and self.t_first_step is None:
