@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-IMPORTED_UNIX = time.time()     # this module's import: the script's own imports done, torch's included
+IMPORTED_UNIX = time.time()     # the script's own imports done, torch's included
 
 
 def process_start_unix() -> float | None:
