@@ -128,7 +128,26 @@ def argv_of(kind: str, script: str, args) -> list[str]:
         return [*SMARTLAUNCH, *busy_ok, "--strategy", "ddp", *n, *tail]
     if kind == "sl-ddp-fr":         # what launch.flight_recorder: true costs
         return [*SMARTLAUNCH, "--policy", str(FR_POLICY), "--strategy", "ddp", *n, *tail]
-    return [*SMARTLAUNCH, "--policy", args.policy, *n, *tail]
+    return [*SMARTLAUNCH, "--policy", auto_policy(args), *n, *tail]
+
+
+def auto_policy(args) -> str:
+    """The decided launch's policy file: --policy's own, or, beside another job on the same GPUs
+    (--launches > 1, --torchrun-first), --policy's with decision.avoid_busy_gpus false, which
+    the cold decision before the session uses too (one policy: the warm launches reuse its
+    cache)."""
+    if getattr(args, "launches", 1) <= 1 and not getattr(args, "torchrun_first", False):
+        return args.policy
+    if getattr(args, "_auto_policy", None) is None:
+        import tempfile
+        import yaml
+        doc = yaml.safe_load(Path(args.policy).read_text()) or {}
+        doc.setdefault("decision", {})["avoid_busy_gpus"] = False
+        fd, path = tempfile.mkstemp(prefix="policy-busy-ok-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(doc, f)
+        args._auto_policy = path
+    return args._auto_policy
 
 
 def run_one(kind: str, script: str, condition: str, args) -> dict:
@@ -260,6 +279,8 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         for n in tags:
             ready(n)
         rec["world"] = {n: int(store.get(f"{t}/world")) for n, t in tags.items()}
+        if len(set(rec["world"].values())) > 1:     # a decided launch that chose another size
+            raise RuntimeError(f"the jobs' world sizes differ: {rec['world']}")
         cpu0 = {n: launcher_cpu(procs[n].pid) for n in tags}
         t0 = time.monotonic()
         for n in tags:
@@ -291,11 +312,19 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         if not rec["ok"]:
             rec["logs"] = {f.name: f.read_text(errors="replace")[-1500:]
                            for f in sorted(logs.iterdir()) if f.is_file()}
-        err = logs / f"{b_names[0]}.err"
-        rec["decision"] = next((line for line in err.read_text(errors="replace").splitlines()
-                                if line.startswith("smartlaunch: ") and "—" in line),
-                               None) if err.exists() else None
+        decisions = [decision_line(logs / f"{n}.err") for n in b_names]
+        rec["decision"] = decisions[0]
+        if n_launch > 1 and kind == "sl-auto":
+            rec["decisions"] = decisions
     return rec
+
+
+def decision_line(err: Path) -> str | None:
+    """smartlaunch's decision line ("smartlaunch: DDP×2 — ...") in a job's stderr, if any."""
+    if not err.exists():
+        return None
+    return next((line for line in err.read_text(errors="replace").splitlines()
+                 if line.startswith("smartlaunch: ") and "—" in line), None)
 
 
 def pin_cores(nproc: int) -> list[int]:
@@ -572,11 +601,6 @@ def main(argv=None) -> int:
         report(toggle_markdown(toggle_rows(records), meta), args)
         return 0 if toggle_rows(records) else 1
     if args.baton:
-        if args.launches > 1 and "sl-auto" in args.kinds:
-            print("job_overhead: --launches > 1 runs smartlaunch beside its twins on busy GPUs, "
-                  "which the decided launch (sl-auto) would avoid; leave sl-auto out",
-                  file=sys.stderr)
-            return 2
         return baton_main(args, records, meta, save)
     if "sl-auto" in args.kinds:          # the decided launch is measured warm: decide once first
         for cond in args.conditions:

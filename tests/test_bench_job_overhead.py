@@ -53,7 +53,19 @@ def test_several_launches_of_each_launcher_give_one_ratio_each(tmp_path, monkeyp
     assert set(row["launcher_cpu"]) == {"torchrun", "sl-ddp"}
 
 
-def test_the_decided_launch_is_refused_beside_its_twins(tmp_path, capsys):
-    rc = job_overhead.main(["--tiny", "--baton", "3", "--launches", "2", "--kinds", "torchrun",
-                            "sl-auto", "--out", str(tmp_path / "b")])
-    assert rc == 2 and "leave sl-auto out" in capsys.readouterr().err
+def test_the_decided_launch_beside_its_twins_may_use_their_busy_gpus(tmp_path):
+    # alone it runs under --policy as given; beside other jobs on its GPUs (--launches, or
+    # torchrun's job first) under the same policy with busy GPUs allowed, one file for the
+    # cold decision and every warm launch, so they share the decision's cache
+    policy = tmp_path / "p.yaml"
+    policy.write_text("decision:\n  min_efficiency: 0.5\n")
+    alone = job_overhead.parse_args(["--tiny", "--policy", str(policy)])
+    assert job_overhead.argv_of("sl-auto", "deep-mlp", alone).count(str(policy)) == 1
+    beside = job_overhead.parse_args(["--tiny", "--launches", "2", "--policy", str(policy)])
+    first, again = (job_overhead.argv_of("sl-auto", "deep-mlp", beside) for _ in range(2))
+    used = first[first.index("--policy") + 1]
+    assert used != str(policy) and again[again.index("--policy") + 1] == used
+    import yaml
+    assert yaml.safe_load(Path(used).read_text()) == {
+        "decision": {"min_efficiency": 0.5, "avoid_busy_gpus": False}}
+    Path(used).unlink()
