@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call (2 GPUs), issue 35: what a rank runs with under torchrun and under
+# `smartlaunch --strategy ddp`, solo, the deep MLP over NVLink (COND, SCRIPT_ARGS to change):
+# per rank process every 2 s, its environment, argv, /proc status (threads, CPU and memory
+# lists, context switches), scheduling class and nice, NUMA policy of its mappings, cgroup,
+# limits and open files; then the ROWS of bench/diag/baton_launches.sh if any.
+#   ROWS="host:cnn-small:sl-auto" bash bench/diag/rank_state.sh
+set -u
+. "$(dirname "$0")/device_setup.sh"
+res="$OUT/res"; mkdir -p "$res"
+export PYTHONPATH=$PWD
+[ "${COND:-nvlink}" = host ] && export NCCL_P2P_DISABLE=1
+S=(bench/suite/deep_mlp.py ${SCRIPT_ARGS:---batch-size 256 --warmup 20 --steps 3000 --chunks 4})
+SL=(python3 -c "import sys; from smartlaunch.cli import main; sys.argv[0] = 'smartlaunch'; sys.exit(main())")
+snap() {   # $1: label, $2: the launch's pid; 6 looks, 2 s apart
+    for i in 1 2 3 4 5 6; do
+        sleep 2; kill -0 "$2" 2>/dev/null || break
+        d="$res/snap-$1/$i"; mkdir -p "$d"
+        ps -eo pid,ppid,pgid,cls,ni,pri,pcpu,nlwp,rss,args --forest > "$d/ps.txt"
+        for p in $(pgrep -f "${S[0]}"); do
+            grep -q LOCAL_RANK /proc/$p/environ 2>/dev/null || continue
+            tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sort > "$d/$p.env"
+            tr '\0' ' ' < /proc/$p/cmdline > "$d/$p.cmd" 2>/dev/null
+            cat /proc/$p/status > "$d/$p.status" 2>/dev/null
+            cat /proc/$p/cgroup /proc/$p/limits > "$d/$p.cg" 2>/dev/null
+            awk '{print $2}' /proc/$p/numa_maps 2>/dev/null | sort | uniq -c > "$d/$p.numa"
+            ls -l /proc/$p/fd 2>/dev/null | awk '{print $9, $10, $11}' > "$d/$p.fd"
+            for t in /proc/$p/task/*; do
+                echo "$(cat $t/comm) $(awk '{print $39, $18, $19}' $t/stat) $(cat $t/sched 2>/dev/null | awk '/nr_switches|nr_voluntary|nr_involuntary/{printf "%s=%s ", $1, $3}')"
+            done > "$d/$p.tasks"
+        done
+    done
+}
+for kind in torchrun sl-ddp; do
+    if [ $kind = torchrun ]; then cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 "${S[@]}")
+    else cmd=("${SL[@]}" --strategy ddp --standalone --nproc-per-node 2 "${S[@]}"); fi
+    timeout 60 "${cmd[@]}" > "$res/$kind.out" 2> "$res/$kind.err" &
+    pid=$!; snap $kind $pid; wait $pid
+    echo "$kind rc $? $(grep -m1 -E 'samples/s' "$res/$kind.out" | cut -c1-100)"
+done
+for row in ${ROWS:-}; do
+    IFS=: read -r cond script kind <<< "$row"
+    timeout "${EACH_S:-280}" python3 bench/job_overhead.py --conditions "$cond" --kinds torchrun "$kind" \
+        --scripts "$script" --baton "${PAIRS:-12}" --window-s 0.3 --launches "${LAUNCHES:-10}" --pin \
+        --out "$res/$cond-$script-$kind" 2>>"$res/baton.log" | grep "^|" | tail -1
+done
+tar -C "$OUT" -czf "$OUT/rank-state.tar.gz" res && rm -rf "$res"
