@@ -61,9 +61,11 @@ SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
 # rank through smartlaunch's worker hook (its progress record, work timer, output copy and
 # parent watch), which separates what the hook costs a rank from what the launcher does;
 # torchrun-hook-bare: the same without a run directory (no progress record, work timer or stack
-# dumps: the per-step hooks are not installed), which separates the hooks from the rest
+# dumps: the per-step hooks are not installed), which separates the hooks from the rest;
+# torchrun-hook-notee: the hook with its run directory but no output copy (fds 1 and 2 as
+# torchrun gives them)
 KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b", "torchrun-hook",
-         "torchrun-hook-bare")
+         "torchrun-hook-bare", "torchrun-hook-notee")
 FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
 BUSY_OK = REPO / "bench" / "policy-busy-ok.yaml"
 _FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
@@ -118,7 +120,7 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     n = ["--nproc-per-node", str(args.nproc)]
     if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
-    if kind in ("torchrun-hook", "torchrun-hook-bare"):
+    if kind.startswith("torchrun-hook"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, "-m",
                 "smartlaunch.launch.worker", *tail]
     n = ["--standalone", *n]        # as torchrun's: its own free port (two jobs at once)
@@ -225,9 +227,11 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
             env["BENCH_PIN_CORES"] = ",".join(map(str, pin_cores(args.nproc)))
         if k.startswith("torchrun-hook"):  # what smartlaunch's launchers give the hook
             env.update(hook_env(logs / f"hook-run-{tags[n]}"))
+            from smartlaunch.launch import worker
             if k == "torchrun-hook-bare":
-                from smartlaunch.launch import worker
                 env.pop(worker.RUN_DIR_VAR)
+            if k == "torchrun-hook-notee":
+                env.pop(worker.TEE_DIR_VAR)
         if n_launch > 1 and k.startswith("sl-"):    # beside its twins: leases of its own
             env["SMARTLAUNCH_LEASE_DIR"] = tempfile.mkdtemp(prefix="leases-", dir=logs)
         with open(logs / f"{n}.out", "w") as out, open(logs / f"{n}.err", "w") as err:
