@@ -63,9 +63,12 @@ SCRIPTS = {   # id: (script, args, steps): windows of a few seconds on one H100
 # torchrun-hook-bare: the same without a run directory (no progress record, work timer or stack
 # dumps: the per-step hooks are not installed), which separates the hooks from the rest;
 # torchrun-hook-notee: the hook with its run directory but no output copy (fds 1 and 2 as
-# torchrun gives them)
+# torchrun gives them); torchrun-hook-notimer / -nodump / -nosteps: the hook without its work
+# timer, its stack dumps or its step counter (bench/diag/hook_variant.py)
+HOOK_VARIANTS = ("notimer", "nodump", "nosteps")
 KINDS = ("torchrun", "sl-ddp", "sl-auto", "sl-ddp-fr", "torchrun-b", "torchrun-hook",
-         "torchrun-hook-bare", "torchrun-hook-notee")
+         "torchrun-hook-bare", "torchrun-hook-notee",
+         *(f"torchrun-hook-{v}" for v in HOOK_VARIANTS))
 FR_POLICY = REPO / "bench" / "policy-flight-recorder.yaml"
 BUSY_OK = REPO / "bench" / "policy-busy-ok.yaml"
 _FIRST = re.compile(r"^first_step_unix=([\d.]+)$", re.M)
@@ -120,6 +123,10 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     n = ["--nproc-per-node", str(args.nproc)]
     if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
+    variant = kind.rsplit("-", 1)[1]
+    if kind.startswith("torchrun-hook") and variant in HOOK_VARIANTS:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n,
+                str(REPO / "bench" / "diag" / "hook_variant.py"), variant, *tail]
     if kind.startswith("torchrun-hook"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, "-m",
                 "smartlaunch.launch.worker", *tail]
