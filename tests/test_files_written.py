@@ -130,7 +130,7 @@ def test_planted_links_where_the_worker_hook_writes_are_not_followed(clean_env):
     run_dir.mkdir()
     _plant_links(run_dir, victim)
     env = {**os.environ, "SMARTLAUNCH_RUN_DIR": str(run_dir), "LOCAL_RANK": "0", "RANK": "0",
-           "SMARTLAUNCH_TEE_DIR": str(run_dir / "logs")}
+           "LOCAL_WORLD_SIZE": "2", "SMARTLAUNCH_TEE_DIR": str(run_dir / "logs")}
     r = subprocess.run([sys.executable, "-m", "smartlaunch.launch.worker", TINY, "--epochs", "1"],
                        cwd=clean_env, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and "finished" in r.stdout, r.stderr
@@ -165,3 +165,19 @@ def test_mapped_record_replaces_what_is_at_its_name_and_never_truncates_through_
     os.link(victim, hard)                    # a hard link: unlinked too, the victim kept
     mapped_record(hard, 8).close()
     assert victim.read_bytes() == b"x" * 100 and os.stat(hard).st_size == 8
+
+
+@pytest.mark.parametrize("local_world, timed", [("1", False), ("2", True)])
+def test_the_work_timer_runs_only_where_the_node_has_ranks_to_compare(clean_env, local_world,
+                                                                       timed):
+    # Its one reader, the straggler warning, compares the node's ranks: a one-rank job (every
+    # single-GPU launch) runs no gradient or timing hook it cannot use. The step counter stays:
+    # the summary's rate and the measured launch read it.
+    run_dir = clean_env / "run"
+    env = {**os.environ, "SMARTLAUNCH_RUN_DIR": str(run_dir), "LOCAL_RANK": "0", "RANK": "0",
+           "LOCAL_WORLD_SIZE": local_world}
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.launch.worker", TINY, "--epochs", "1"],
+                       cwd=clean_env, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "finished" in r.stdout, r.stderr
+    assert (run_dir / "progress" / "local0.bin").is_file()
+    assert (run_dir / "progress" / "work0.bin").is_file() == timed

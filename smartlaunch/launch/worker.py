@@ -3,7 +3,8 @@
 Every rank and job runs its script through it, unchanged. Before the script: NUMA binding,
 PR_SET_PDEATHSIG plus a thread that kills the rank's group when the launcher goes, faulthandler
 on DUMP_SIGNAL (real-time: SIGUSR1/2 are the script's) to <run_dir>/stacks/local<N>.txt, the
-progress counter (optimizer step hook, smartlaunch.profile_step()) and the work timer.
+progress counter (optimizer step hook, smartlaunch.profile_step()) and, where LOCAL_WORLD_SIZE
+is 2 or more, the work timer (its only reader compares the node's ranks).
 """
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
                                 int(os.environ.get("RANK", "0")))
         _install_step_hooks(writer)
-        _keep.append(worktime.install(run_dir, local_rank))   # the straggler warning's signal
+        if _local_world_size() > 1:       # the straggler warning compares this node's ranks
+            _keep.append(worktime.install(run_dir, local_rank))
     log.debug("the script starts: %s", target)
     # The exit status goes into the record after the script's last words: the launcher stops
     # the other ranks on seeing it.
@@ -107,6 +109,14 @@ def _parse(argv: list[str]) -> tuple[str, str, list[str]]:
     if not argv:
         sys.exit("usage: python -m smartlaunch.launch.worker [--module|--no-python] TARGET [ARGS...]")
     return mode, argv[0], argv[1:]
+
+
+def _local_world_size() -> int:
+    """LOCAL_WORLD_SIZE as torch's agent sets it; 1 where it is missing or not a number."""
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    except ValueError:
+        return 1
 
 
 def _bind_numa(argv: list[str]) -> None:
