@@ -31,6 +31,7 @@ Writes <out>.json after every run (a cut-off call keeps what it measured) and <o
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import math
@@ -123,7 +124,7 @@ def argv_of(kind: str, script: str, args) -> list[str]:
     n = ["--nproc-per-node", str(args.nproc)]
     if kind in ("torchrun", "torchrun-b"):
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n, *tail]
-    variant = kind.rsplit("-", 1)[1]
+    variant = kind.rsplit("-", 1)[-1]
     if kind.startswith("torchrun-hook") and variant in HOOK_VARIANTS:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *n,
                 str(REPO / "bench" / "diag" / "hook_variant.py"), variant, *tail]
@@ -155,6 +156,7 @@ def auto_policy(args) -> str:
         fd, path = tempfile.mkstemp(prefix="policy-busy-ok-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(doc, f)
+        atexit.register(lambda: Path(path).unlink(missing_ok=True))
         args._auto_policy = path
     return args._auto_policy
 
