@@ -3,8 +3,8 @@
 # `smartlaunch --strategy ddp`, solo, the deep MLP over NVLink (COND, SCRIPT_ARGS to change):
 # per rank process every 2 s, its environment, argv, /proc status (threads, CPU and memory
 # lists, context switches), scheduling class and nice, NUMA policy of its mappings, cgroup,
-# limits and open files; then the ROWS of bench/diag/baton_launches.sh if any.
-#   ROWS="host:cnn-small:sl-auto" bash bench/diag/rank_state.sh
+# limits and open files. Baton sessions in the same call: run bench/diag/baton_launches.sh after it.
+#   bash bench/diag/rank_state.sh; ROWS="host:cnn-small:sl-auto" bash bench/diag/baton_launches.sh
 set -u
 . "$(dirname "$0")/device_setup.sh"
 res="$OUT/res"; mkdir -p "$res"
@@ -37,11 +37,5 @@ for kind in torchrun sl-ddp; do
     timeout 60 "${cmd[@]}" > "$res/$kind.out" 2> "$res/$kind.err" &
     pid=$!; snap $kind $pid; wait $pid
     echo "$kind rc $? $(grep -m1 -E 'samples/s' "$res/$kind.out" | cut -c1-100)"
-done
-for row in ${ROWS:-}; do
-    IFS=: read -r cond script kind <<< "$row"
-    timeout "${EACH_S:-280}" python3 bench/job_overhead.py --conditions "$cond" --kinds torchrun "$kind" \
-        --scripts "$script" --baton "${PAIRS:-12}" --window-s 0.3 --launches "${LAUNCHES:-10}" --pin \
-        --out "$res/$cond-$script-$kind" 2>>"$res/baton.log" | grep "^|" | tail -1
 done
 tar -C "$OUT" -czf "$OUT/rank-state.tar.gz" res && rm -rf "$res"
