@@ -95,8 +95,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--toggle-windows", type=int, default=0,
                    help="instead of rounds: one `smartlaunch --strategy ddp` job per script "
-                        "whose timed steps alternate in this many windows between the worker "
-                        "hook's per-step hooks on and off (the harness's --toggle-windows)")
+                        "(the decided launch where --nproc is 1) whose timed steps alternate in "
+                        "this many windows between a part of the worker hook on and off (the "
+                        "harness's --toggle-windows)")
+    p.add_argument("--toggle-part", choices=("hooks", "faulthandler"), default="hooks",
+                   help="--toggle-windows: the per-step hooks (step counter, work timer) or the "
+                        "stack-dump handlers")
     p.add_argument("--baton", type=int, default=0,
                    help="instead of rounds: torchrun's job and one smartlaunch job of each "
                         "--kinds run at once, taking turns for this many window pairs "
@@ -111,13 +115,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--torchrun-first", action="store_true",
                    help="--baton: start torchrun's job first (smartlaunch's then runs with "
                         "bench/policy-busy-ok.yaml, which lets it use GPUs another job holds)")
+    p.add_argument("--alternate-first", action="store_true",
+                   help="--baton --launches K: the launch pairs take turns over which job starts "
+                        "first (its CUDA context first on the GPUs): the first job of a pair is "
+                        "smartlaunch's in even pairs, torchrun's in odd ones, so that the start "
+                        "order's own effect (bench/results/job-overhead-2026-11-27-baton) "
+                        "cancels in the mean; the report gives each order's ratio")
     p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.alternate_first and (args.launches < 2 or args.torchrun_first):
+        p.error("--alternate-first needs --launches 2 or more and no --torchrun-first")
+    return args
 
 
 def argv_of(kind: str, script: str, args) -> list[str]:
     path, extra, steps = SCRIPTS[script]
-    timing = (["--toggle-windows", str(args.toggle_windows)] if args.toggle_windows
+    timing = (["--toggle-windows", str(args.toggle_windows), "--toggle-part",
+               getattr(args, "toggle_part", "hooks")] if args.toggle_windows
               else ["--chunks", "4"])
     tail = [str(REPO / path), *extra, "--warmup", "20", "--steps", str(args.steps or steps),
             *timing, *(["--tiny"] if args.tiny else [])]
@@ -180,17 +194,20 @@ def run_one(kind: str, script: str, condition: str, args) -> dict:
            "wall_s": round(time.time() - t0, 2), "ok": rc == 0 and tp is not None, **(tp or {}),
            "first_step_s": round(float(first[1]) - t0, 3) if first else None,
            "summary": summary[1] if summary else None,
-           "decision": next((line for line in err.splitlines()
-                             if line.startswith("smartlaunch: ") and "—" in line), None)}
+           "decision": _decision_in(err)}
     m = re.search(r"chunks: step_ms=([\d.,]+)", out)
     if m:
         rec["chunks_ms"] = [float(x) for x in m[1].split(",")]
-    m = re.search(r"windows: hooks=(\w+) on_ms=([\d.,]+) off_ms=([\d.,]+)", out)
+    m = re.search(r"windows: hooks=(\w+) on_ms=([\d.,]+) off_ms=([\d.,]+)"
+                  r"(?: on_cpu_ms=([\d.,]+) off_cpu_ms=([\d.,]+))?", out)
     if m:
         rec["ok"] = rc == 0
         rec["hooks"] = m[1] == "yes"
         rec["on_ms"] = [float(x) for x in m[2].split(",")]
         rec["off_ms"] = [float(x) for x in m[3].split(",")]
+        if m[4]:
+            rec["on_cpu_ms"] = [float(x) for x in m[4].split(",")]
+            rec["off_cpu_ms"] = [float(x) for x in m[5].split(",")]
     if summary and tp:
         rec["summary_vs_timer"] = summary_agreement(summary[1], tp)
     if not rec["ok"]:
@@ -279,7 +296,12 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
         return [float(x) for x in store.get(f"{tags[n]}/ms/{w}").split(b",")] if w else None
 
     firsts, seconds = (a_names, b_names) if args.torchrun_first else (b_names, a_names)
-    rec["first"] = firsts[0].split("#")[0]
+    if getattr(args, "alternate_first", False):
+        pairs = list(zip(a_names, b_names))
+        firsts = [b if j % 2 == 0 else a for j, (a, b) in enumerate(pairs)]
+        seconds = [a if j % 2 == 0 else b for j, (a, b) in enumerate(pairs)]
+        rec["first_by_launch"] = [n.split("#")[0] for n in firsts]
+    rec["first"] = "alternating" if "first_by_launch" in rec else firsts[0].split("#")[0]
     rec["pinned"] = pin_cores(args.nproc) if args.pin else None
     rounds = [x for a, b in zip(a_names, b_names) for x in (a, b)]
     per_launch: list[list] = [[] for _ in range(n_launch)]
@@ -333,11 +355,18 @@ def baton_session(kind: str, script: str, condition: str, args, store, serial: i
 
 
 def decision_line(err: Path) -> str | None:
-    """smartlaunch's decision line ("smartlaunch: DDP×2 — ...") in a job's stderr, if any."""
+    """smartlaunch's decision line in a job's stderr file, if any."""
     if not err.exists():
         return None
-    return next((line for line in err.read_text(errors="replace").splitlines()
-                 if line.startswith("smartlaunch: ") and "—" in line), None)
+    return _decision_in(err.read_text(errors="replace"))
+
+
+def _decision_in(text: str) -> str | None:
+    """The decision line ("smartlaunch: DDP×2 — ...; --explain for why", or "smartlaunch:
+    single process on GPU0; --explain for why" where there was nothing to choose)."""
+    return next((line for line in text.splitlines()
+                 if line.startswith("smartlaunch: ") and line.endswith("--explain for why")),
+                None)
 
 
 def pin_cores(nproc: int) -> list[int]:
@@ -408,7 +437,9 @@ def baton_rows(records: list[dict]) -> list[dict]:
                      "ratio": launch_interval(r) or batch_interval([a / b for a, b, _ in
                                                                     r["pairs"]]),
                      "launches": r.get("launches", 1),
-                     "cpu_ratio": batch_interval([a / b for a, b in r.get("cpu_pairs", [])]),
+                     "cpu_ratio": launch_interval(r, cpu=True) or batch_interval(
+                         [a / b for a, b in r.get("cpu_pairs", [])]),
+                     "order": order_effect(r),
                      "torchrun_step_ms": statistics.median(a for a, _, _ in r["pairs"]),
                      "launcher_cpu": per_launcher(r.get("launcher_cpu") or {}), "ok": r["ok"],
                      "decision": r.get("decision")})
@@ -424,14 +455,41 @@ def per_launcher(values: dict) -> dict:
     return {k: round(statistics.mean(v), 5) for k, v in out.items()}
 
 
-def launch_interval(rec: dict) -> tuple[float, float, float] | None:
+def launch_interval(rec: dict, cpu: bool = False) -> tuple[float, float, float] | None:
     """With several launch pairs in a session: each pair's geometric-mean ratio one value, the
-    t-interval across pairs (None with fewer than 2)."""
+    t-interval across pairs (None with fewer than 2). cpu: of main-thread CPU a step."""
+    per = per_launch_ratios(rec, cpu)
+    return interval(per) if len(per) >= 2 else None
+
+
+def per_launch_ratios(rec: dict, cpu: bool = False) -> list[float]:
+    """Each launch pair's geometric-mean ratio over its windows: throughput (torchrun's step
+    time ÷ the other's), or main-thread CPU a step, torchrun's ÷ the other's (cpu_pairs hold
+    window p of launch pair j at p * K + j)."""
     per = rec.get("launch_pairs") or []
-    if len(per) < 2:
+    if not cpu:
+        return [math.exp(statistics.mean(math.log(a / b) for a, b, _ in one))
+                for one in per if one]
+    flat, k = rec.get("cpu_pairs") or [], len(per)
+    out = []
+    for j, one in enumerate(per):
+        mine = [flat[p * k + j] for p in range(len(one)) if p * k + j < len(flat)]
+        if mine:
+            out.append(math.exp(statistics.mean(math.log(a / b) for a, b in mine)))
+    return out
+
+
+def order_effect(rec: dict) -> tuple[float, float] | None:
+    """--alternate-first: the geometric-mean throughput ratio of the launch pairs whose
+    smartlaunch job started first, and of those whose torchrun job did."""
+    firsts = rec.get("first_by_launch")
+    per = per_launch_ratios(rec)
+    if not firsts or len(per) != len(firsts):
         return None
-    return interval([math.exp(statistics.mean(math.log(a / b) for a, b, _ in one))
-                     for one in per if one])
+    groups = [[x for x, f in zip(per, firsts) if (f == "torchrun") == tr] for tr in (False, True)]
+    if not all(groups):
+        return None
+    return tuple(math.exp(statistics.mean(math.log(x) for x in g)) for g in groups)
 
 
 def batch_interval(values: list[float], batches: int = 10) -> tuple[float, float, float] | None:
@@ -454,7 +512,8 @@ def baton_markdown(rows: list[dict], meta: dict) -> str:
            f"{meta['nproc']} ranks", "",
            f"{meta['when']}, {meta['host']}, {meta['gpus']}; windows of {meta['window_s']} s "
            "alternating between torchrun's job and smartlaunch's (bench/job_overhead.py --baton)",
-           "", "Intervals: 95%, from 10 consecutive batches of window pairs (adjacent windows drift "
+           "", "Intervals: 95%, across launch pairs where a session has several (×K launches), "
+           "else from 10 consecutive batches of window pairs (adjacent windows drift "
            "together). Main-thread CPU: rank 0's CPU time a step, torchrun's ÷ the launcher's "
            "(a per-step hook shows there without the machine's waits). Launcher CPU/s: the CPU "
            "its processes other than ranks used per second of windows.",
@@ -468,6 +527,9 @@ def baton_markdown(rows: list[dict], meta: dict) -> str:
         note = "" if r["same_world"] else f" (worlds {r['world']}: not comparable)"
         if r["launches"] > 1:
             note += f" ×{r['launches']} launches"
+        if r.get("order"):
+            note += (f" (first started: smartlaunch {r['order'][0]:.4f}, "
+                     f"torchrun {r['order'][1]:.4f})")
         c = r["cpu_ratio"]
         out.append(f"| {r['condition']} | {r['script']} | {r['kind']}{note} | {r['pairs']} | "
                    f"{r['torchrun_step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} | "
@@ -539,23 +601,30 @@ def toggle_rows(records: list[dict]) -> list[dict]:
         if not r.get("on_ms"):
             continue
         pairs = list(zip(r["on_ms"], r["off_ms"]))
+        cpu = list(zip(r.get("on_cpu_ms") or [], r.get("off_cpu_ms") or []))
         rows.append({"condition": r["condition"], "script": r["script"], "hooks": r["hooks"],
                      "pairs": len(pairs), "ratio": interval([off / on for on, off in pairs]),
+                     "cpu_ratio": interval([off / on for on, off in cpu]) if cpu else None,
                      "step_ms": statistics.median(r["off_ms"])})
     return rows
 
 
 def toggle_markdown(rows: list[dict], meta: dict) -> str:
-    out = [f"# The worker hook's per-step cost, in one job: hooks on ÷ off, {meta['nproc']} ranks",
-           "", f"{meta['when']}, {meta['host']}, {meta['gpus']}; `smartlaunch --strategy ddp`, "
-           "windows alternating between the hooks on and off (bench/suite/_harness.py "
-           "--toggle-windows)", "",
-           "| condition | script | hooks found | window pairs | step ms (off) | throughput on ÷ off "
-           "| 95% interval |", "|---|---|---|---|---|---|---|"]
+    part = meta.get("toggle_part", "hooks")
+    launch = "`smartlaunch --strategy ddp`" if meta["nproc"] > 1 else "the decided launch"
+    out = [f"# The worker hook's per-step cost, in one job: {part} on ÷ off, {meta['nproc']} ranks",
+           "", f"{meta['when']}, {meta['host']}, {meta['gpus']}; {launch}, windows alternating "
+           f"between the {part} on and off (bench/suite/_harness.py --toggle-windows "
+           f"--toggle-part {part}). Main-thread CPU: rank 0's CPU time a step, off ÷ on.", "",
+           f"| condition | script | {part} found | window pairs | step ms (off) | throughput "
+           "on ÷ off | 95% interval | main-thread CPU off ÷ on (95%) |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g, lo, hi = r["ratio"]
+        c = r.get("cpu_ratio")
         out.append(f"| {r['condition']} | {r['script']} | {'yes' if r['hooks'] else 'NO'} | "
-                   f"{r['pairs']} | {r['step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} |")
+                   f"{r['pairs']} | {r['step_ms']:.3f} | {g:.4f} | {lo:.4f}–{hi:.4f} | "
+                   + ("–" if c is None else f"{c[0]:.4f} ({c[1]:.4f}–{c[2]:.4f})") + " |")
     return "\n".join(out) + "\n"
 
 
@@ -596,7 +665,7 @@ def main(argv=None) -> int:
     records: list[dict] = []
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "host": os.uname().nodename,
             "gpus": gpu_names(), "nproc": args.nproc, "rounds_done": 0, "elapsed_s": 0.0,
-            "argv": sys.argv[1:]}
+            "argv": sys.argv[1:], "toggle_part": args.toggle_part}
 
     def save() -> None:
         meta["elapsed_s"] = time.monotonic() - t_start
@@ -607,7 +676,7 @@ def main(argv=None) -> int:
     if args.toggle_windows:
         for cond in args.conditions:
             for script in args.scripts:
-                rec = run_one("sl-ddp", script, cond, args)
+                rec = run_one("sl-ddp" if args.nproc > 1 else "sl-auto", script, cond, args)
                 records.append(rec)
                 print(f"toggle {cond} {script}: rc {rec['rc']}", file=sys.stderr, flush=True)
                 save()

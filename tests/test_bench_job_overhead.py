@@ -69,3 +69,29 @@ def test_the_decided_launch_beside_its_twins_may_use_their_busy_gpus(tmp_path):
     assert yaml.safe_load(Path(used).read_text()) == {
         "decision": {"min_efficiency": 0.5, "avoid_busy_gpus": False}}
     Path(used).unlink()
+
+
+@pytest.mark.slow
+def test_launch_pairs_can_take_turns_over_which_job_starts_first(tmp_path, monkeypatch):
+    # --alternate-first: smartlaunch's job first in pair 0, torchrun's in pair 1, each pair's
+    # windows all paired, and the report gives the ratio of each start order
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "b"
+    rc = job_overhead.main(["--tiny", "--baton", "2", "--window-s", "0.05", "--launches", "2",
+                            "--alternate-first", "--scripts", "deep-mlp", "--kinds", "torchrun",
+                            "sl-ddp", "--nproc", "2", "--timeout", "240", "--out", str(out)])
+    (rec,) = json.loads(Path(f"{out}.json").read_text())["records"]
+    assert rc == 0 and rec["ok"], rec.get("error") or rec.get("logs")
+    assert rec["first"] == "alternating" and rec["first_by_launch"] == ["sl-ddp", "torchrun"]
+    assert [len(one) for one in rec["launch_pairs"]] == [2, 2]
+    (row,) = job_overhead.baton_rows([rec])
+    assert row["order"] is not None and all(x > 0 for x in row["order"])
+    assert "first started: smartlaunch" in Path(f"{out}.md").read_text()
+
+
+def test_alternating_the_start_order_needs_several_launch_pairs():
+    with pytest.raises(SystemExit):
+        job_overhead.parse_args(["--baton", "3", "--alternate-first"])
+    with pytest.raises(SystemExit):
+        job_overhead.parse_args(["--launches", "2", "--alternate-first", "--torchrun-first"])

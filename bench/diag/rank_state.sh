@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# One device call (2 GPUs), issue 35: what a rank runs with under torchrun and under
-# `smartlaunch --strategy ddp`, solo, the deep MLP over NVLink (COND, SCRIPT_ARGS to change):
+# One device call, issue 35: what a rank runs with under torchrun and under smartlaunch
+# (KINDS: torchrun, sl-ddp = --strategy ddp, sl-auto = the decided launch, warm: decided once
+# first, not looked at), NPROC ranks (2), solo, the deep MLP over NVLink (COND, SCRIPT_ARGS):
 # per rank process every 2 s, its environment, argv, /proc status (threads, CPU and memory
 # lists, context switches), scheduling class and nice, NUMA policy of its mappings, cgroup,
 # limits and open files. Baton sessions in the same call: run bench/diag/baton_launches.sh after it.
 #   bash bench/diag/rank_state.sh; ROWS="host:cnn-small:sl-auto" bash bench/diag/baton_launches.sh
+#   NPROC=1 KINDS="torchrun sl-auto" bash bench/diag/rank_state.sh
 set -u
 . "$(dirname "$0")/device_setup.sh"
 res="$OUT/res"; mkdir -p "$res"
 export PYTHONPATH=$PWD
 [ "${COND:-nvlink}" = host ] && export NCCL_P2P_DISABLE=1
-S=(bench/suite/deep_mlp.py ${SCRIPT_ARGS:---batch-size 256 --warmup 20 --steps 3000 --chunks 4})
+S=(bench/suite/deep_mlp.py ${SCRIPT_ARGS:---batch-size 256 --warmup 20 --steps 4000 --chunks 4})
+N=${NPROC:-2}
 SL=(python3 -c "import sys; from smartlaunch.cli import main; sys.argv[0] = 'smartlaunch'; sys.exit(main())")
 snap() {   # $1: label, $2: the launch's pid; 6 looks, 2 s apart
     for i in 1 2 3 4 5 6; do
@@ -31,9 +34,14 @@ snap() {   # $1: label, $2: the launch's pid; 6 looks, 2 s apart
         done
     done
 }
-for kind in torchrun sl-ddp; do
-    if [ $kind = torchrun ]; then cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 "${S[@]}")
-    else cmd=("${SL[@]}" --strategy ddp --standalone --nproc-per-node 2 "${S[@]}"); fi
+for kind in ${KINDS:-torchrun sl-ddp}; do
+    case $kind in
+    torchrun) cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$N" "${S[@]}") ;;
+    sl-ddp) cmd=("${SL[@]}" --strategy ddp --standalone --nproc-per-node "$N" "${S[@]}") ;;
+    sl-auto) cmd=("${SL[@]}" --policy bench/policy-throughput.yaml --standalone --nproc-per-node "$N" "${S[@]}")
+        timeout 120 "${cmd[@]}" > "$res/$kind-cold.out" 2> "$res/$kind-cold.err" ;;
+    *) echo "unknown kind $kind"; continue ;;
+    esac
     timeout 60 "${cmd[@]}" > "$res/$kind.out" 2> "$res/$kind.err" &
     pid=$!; snap $kind $pid; wait $pid
     echo "$kind rc $? $(grep -m1 -E 'samples/s' "$res/$kind.out" | cut -c1-100)"

@@ -65,9 +65,12 @@ def parser(description: str, *, batch: int, steps: int, warmup: int) -> argparse
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (after the DDP wrap, as torch's docs do)")
     p.add_argument("--toggle-windows", type=int, default=0,
-                   help="split the timed steps into this many windows, smartlaunch's worker "
-                        "hooks on in the even ones and off in the odd ones (bench/diag/"
-                        "hook_toggle.py); prints each window's mean step time")
+                   help="split the timed steps into this many windows, a part of smartlaunch's "
+                        "worker hook (--toggle-part) on in the even ones and off in the odd "
+                        "ones; prints each window's mean step time and main-thread CPU a step")
+    p.add_argument("--toggle-part", choices=("hooks", "faulthandler"), default="hooks",
+                   help="--toggle-windows: what is switched: the per-step hooks (step counter, "
+                        "work timer) or the stack-dump handlers (faulthandler)")
     p.add_argument("--chunks", type=int, default=0,
                    help="also print the timed window's mean step time in this many equal parts "
                         "(device events at the parts' ends only, no sync inside the window): a "
@@ -377,39 +380,74 @@ def baton_windows(ctx: Ctx, step, sync, at: int, env) -> None:
 
 
 def toggled_windows(ctx: Ctx, args, step, sync, windows: int) -> None:
-    """The timed steps in `windows` windows, smartlaunch's per-step hooks on in the even ones,
-    off in the odd ones; rank 0 prints `windows: on_ms=... off_ms=...` (mean step time of each
-    window, host clock between device syncs at the window ends, the same in both states)."""
+    """The timed steps in `windows` windows, a part of smartlaunch's worker hook
+    (args.toggle_part) on in the even ones, off in the odd ones; rank 0 prints
+    `windows: hooks=... on_ms=... off_ms=... on_cpu_ms=... off_cpu_ms=...` (mean step time and
+    main-thread CPU a step of each window, host clock between device syncs at the window ends,
+    the same in both states)."""
     per = max(1, args.steps // windows)
-    on, off = [], []
+    switch = (smartlaunch_faulthandler if getattr(args, "toggle_part", "hooks") == "faulthandler"
+              else smartlaunch_hooks)
+    on, off, on_cpu, off_cpu = [], [], [], []
     at = args.warmup
+    found = False
     for w in range(windows):
         hooked = w % 2 == 0
-        smartlaunch_hooks(hooked)
+        found = switch(hooked) or found
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(per):
             step(at)
             at += 1
         sync()
         (on if hooked else off).append((time.perf_counter() - t0) / per * 1e3)
-    smartlaunch_hooks(True)
+        (on_cpu if hooked else off_cpu).append((time.thread_time() - c0) / per * 1e3)
+    switch(True)
     if ctx.rank == 0:
-        print(f"windows: hooks={'yes' if _HOOKS['found'] else 'none'} on_ms="
-              + ",".join(f"{x:.4f}" for x in on) + " off_ms=" + ",".join(f"{x:.4f}" for x in off),
-              flush=True)
+        print(f"windows: hooks={'yes' if found else 'none'} on_ms="
+              + ",".join(f"{x:.4f}" for x in on) + " off_ms=" + ",".join(f"{x:.4f}" for x in off)
+              + " on_cpu_ms=" + ",".join(f"{x:.4f}" for x in on_cpu)
+              + " off_cpu_ms=" + ",".join(f"{x:.4f}" for x in off_cpu), flush=True)
+
+
+_FAULTHANDLER: dict = {"file": None, "off": False}
+
+
+def smartlaunch_faulthandler(on: bool) -> bool:
+    """Take away (on=False) or put back the worker hook's stack-dump handlers: faulthandler on
+    fatal signals and on its dump signal, writing to the rank's stack file. Returns whether the
+    hook had installed them (not under smartlaunch, or where it has no run directory: False)."""
+    import faulthandler
+    import signal
+    run_dir = os.environ.get("SMARTLAUNCH_RUN_DIR")
+    if not run_dir or not (faulthandler.is_enabled() or _FAULTHANDLER["off"]):
+        return False
+    dump_signal = signal.SIGRTMIN + 2           # smartlaunch.launch.worker.DUMP_SIGNAL
+    if not on and not _FAULTHANDLER["off"]:
+        faulthandler.unregister(dump_signal)
+        faulthandler.disable()
+        _FAULTHANDLER["off"] = True
+    elif on and _FAULTHANDLER["off"]:
+        if _FAULTHANDLER["file"] is None:
+            path = os.path.join(run_dir, "stacks", f"local{os.environ.get('LOCAL_RANK', '0')}.txt")
+            _FAULTHANDLER["file"] = open(path, "a")
+        f = _FAULTHANDLER["file"]
+        faulthandler.register(dump_signal, file=f, all_threads=True, chain=False)
+        faulthandler.enable(file=f, all_threads=True)
+        _FAULTHANDLER["off"] = False
+    return True
 
 
 _HOOKS: dict = {"found": False, "post": {}, "params": []}
 
 
-def smartlaunch_hooks(on: bool) -> None:
+def smartlaunch_hooks(on: bool) -> bool:
     """Remove (on=False) or put back everything smartlaunch's worker hook adds to a step: the
-    optimizer step hooks (step counter, work timer) and the work timer's gradient hooks. Not
-    under smartlaunch: nothing to do."""
+    optimizer step hooks (step counter, work timer) and the work timer's gradient hooks.
+    Returns whether there were any (not under smartlaunch: none, nothing done)."""
     import sys
     if "smartlaunch.launch.worktime" not in sys.modules:
-        return
+        return False
     import torch.optim.optimizer as oo
     from smartlaunch.launch.worktime import WorkTimer
     hooks = {**oo._global_optimizer_post_hooks, **_HOOKS["post"]}.values()
@@ -430,6 +468,7 @@ def smartlaunch_hooks(on: bool) -> None:
         if timer is not None:
             for p in _HOOKS["params"]:
                 timer._handles[id(p)] = p.register_post_accumulate_grad_hook(timer._on_grad)
+    return _HOOKS["found"]
 
 
 def chunk_ends(steps: int, chunks: int) -> list[int]:
