@@ -480,8 +480,8 @@ def per_launch_ratios(rec: dict, cpu: bool = False) -> list[float]:
 
 
 def order_effect(rec: dict) -> tuple[float, float] | None:
-    """--alternate-first: the geometric-mean throughput ratio of the launch pairs whose
-    smartlaunch job started first, and of those whose torchrun job did."""
+    """--alternate-first: the geometric-mean throughput ratio of the launch pairs whose other
+    job (smartlaunch's, or the control's) started first, and of those whose torchrun job did."""
     firsts = rec.get("first_by_launch")
     per = per_launch_ratios(rec)
     if not firsts or len(per) != len(firsts):
@@ -528,7 +528,7 @@ def baton_markdown(rows: list[dict], meta: dict) -> str:
         if r["launches"] > 1:
             note += f" ×{r['launches']} launches"
         if r.get("order"):
-            note += (f" (first started: smartlaunch {r['order'][0]:.4f}, "
+            note += (f" (first started: {r['kind']} {r['order'][0]:.4f}, "
                      f"torchrun {r['order'][1]:.4f})")
         c = r["cpu_ratio"]
         out.append(f"| {r['condition']} | {r['script']} | {r['kind']}{note} | {r['pairs']} | "

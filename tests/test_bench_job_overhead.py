@@ -87,7 +87,7 @@ def test_launch_pairs_can_take_turns_over_which_job_starts_first(tmp_path, monke
     assert [len(one) for one in rec["launch_pairs"]] == [2, 2]
     (row,) = job_overhead.baton_rows([rec])
     assert row["order"] is not None and all(x > 0 for x in row["order"])
-    assert "first started: smartlaunch" in Path(f"{out}.md").read_text()
+    assert "first started: sl-ddp" in Path(f"{out}.md").read_text()
 
 
 def test_alternating_the_start_order_needs_several_launch_pairs():
