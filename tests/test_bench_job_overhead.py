@@ -13,15 +13,22 @@ sys.path.insert(0, str(REPO / "bench"))
 import job_overhead  # noqa: E402  (bench/ is not a package)
 
 
-@pytest.mark.slow
-def test_a_baton_session_pairs_every_window_of_both_jobs(tmp_path, monkeypatch):
+def baton(tmp_path, monkeypatch, pairs: int, *extra: str) -> tuple[int, dict, Path]:
+    """One --baton session of the tiny deep MLP, torchrun against sl-ddp, two gloo ranks each:
+    (exit code, its record, the report's path prefix)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "b"
-    rc = job_overhead.main(["--tiny", "--baton", "3", "--window-s", "0.05", "--scripts",
-                            "deep-mlp", "--kinds", "torchrun", "sl-ddp", "--nproc", "2",
-                            "--timeout", "240", "--out", str(out)])
+    rc = job_overhead.main(["--tiny", "--baton", str(pairs), "--window-s", "0.05", *extra,
+                            "--scripts", "deep-mlp", "--kinds", "torchrun", "sl-ddp",
+                            "--nproc", "2", "--timeout", "240", "--out", str(out)])
     (rec,) = json.loads(Path(f"{out}.json").read_text())["records"]
+    return rc, rec, out
+
+
+@pytest.mark.slow
+def test_a_baton_session_pairs_every_window_of_both_jobs(tmp_path, monkeypatch):
+    rc, rec, out = baton(tmp_path, monkeypatch, 3)
     assert rc == 0 and rec["ok"], rec.get("error") or rec.get("logs")
     assert rec["world"] == {"torchrun": 2, "sl-ddp": 2} and rec["first"] == "sl-ddp"
     assert rec["rc"] == {"torchrun": 0, "sl-ddp": 0}
@@ -37,13 +44,7 @@ def test_a_baton_session_pairs_every_window_of_both_jobs(tmp_path, monkeypatch):
 def test_several_launches_of_each_launcher_give_one_ratio_each(tmp_path, monkeypatch):
     # two smartlaunch jobs beside each other (busy GPUs allowed, leases of their own) and two
     # torchrun jobs: every window of each launch pair paired, the interval across the pairs
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    out = tmp_path / "b"
-    rc = job_overhead.main(["--tiny", "--baton", "3", "--window-s", "0.05", "--launches", "2",
-                            "--scripts", "deep-mlp", "--kinds", "torchrun", "sl-ddp",
-                            "--nproc", "2", "--timeout", "240", "--out", str(out)])
-    (rec,) = json.loads(Path(f"{out}.json").read_text())["records"]
+    rc, rec, _ = baton(tmp_path, monkeypatch, 3, "--launches", "2")
     assert rc == 0 and rec["ok"], rec.get("error") or rec.get("logs")
     assert set(rec["rc"]) == {"torchrun#0", "torchrun#1", "sl-ddp#0", "sl-ddp#1"}
     assert set(rec["rc"].values()) == {0} and set(rec["world"].values()) == {2}
@@ -75,13 +76,7 @@ def test_the_decided_launch_beside_its_twins_may_use_their_busy_gpus(tmp_path):
 def test_launch_pairs_can_take_turns_over_which_job_starts_first(tmp_path, monkeypatch):
     # --alternate-first: smartlaunch's job first in pair 0, torchrun's in pair 1, each pair's
     # windows all paired, and the report gives the ratio of each start order
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    out = tmp_path / "b"
-    rc = job_overhead.main(["--tiny", "--baton", "2", "--window-s", "0.05", "--launches", "2",
-                            "--alternate-first", "--scripts", "deep-mlp", "--kinds", "torchrun",
-                            "sl-ddp", "--nproc", "2", "--timeout", "240", "--out", str(out)])
-    (rec,) = json.loads(Path(f"{out}.json").read_text())["records"]
+    rc, rec, out = baton(tmp_path, monkeypatch, 2, "--launches", "2", "--alternate-first")
     assert rc == 0 and rec["ok"], rec.get("error") or rec.get("logs")
     assert rec["first"] == "alternating" and rec["first_by_launch"] == ["sl-ddp", "torchrun"]
     assert [len(one) for one in rec["launch_pairs"]] == [2, 2]
