@@ -25,6 +25,11 @@ window pair, and the launchers' own CPU (which both jobs' windows share) is repo
     python bench/job_overhead.py --nproc 2 --conditions host nvlink --rounds 6 --out DIR/x
     python bench/job_overhead.py --nproc 2 --conditions host --baton 130 --out DIR/b
     python bench/job_overhead.py --tiny --rounds 1 --scripts deep-mlp     # CPU smoke (gloo)
+    python bench/job_overhead.py --pool RUN [RUN ...] [--control torchrun-b]
+
+--pool reads bench/results/job-overhead.jsonl: every launch pair of the named runs (a run name
+also selects the runs it prefixes), pooled by machine, row and launcher, and each launcher
+against --control's pairs of the same machine and row (Welch on the logs).
 
 Writes <out>.json after every run (a cut-off call keeps what it measured) and <out>.md.
 """
@@ -121,6 +126,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "smartlaunch's in even pairs, torchrun's in odd ones, so that the start "
                         "order's own effect (bench/results/job-overhead-2026-11-27-baton) "
                         "cancels in the mean; the report gives each order's ratio")
+    p.add_argument("--pool", nargs="+", metavar="RUN", default=None,
+                   help="measure nothing: pool the launch pairs of these runs of "
+                        "bench/results/job-overhead.jsonl (see the module's docstring)")
+    p.add_argument("--control", default=None, metavar="KIND",
+                   help="--pool: also give each launcher against this one (e.g. torchrun-b)")
     p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
     args = p.parse_args(argv)
     if args.alternate_first and (args.launches < 2 or args.torchrun_first):
@@ -492,6 +502,76 @@ def order_effect(rec: dict) -> tuple[float, float] | None:
     return tuple(math.exp(statistics.mean(math.log(x) for x in g)) for g in groups)
 
 
+def pooled_rows(records: list[dict], control: str | None = None) -> list[dict]:
+    """Stored --baton records (bench/_record.py form) with launch pairs: one row per machine,
+    condition, script, ranks and launcher, its launch pairs' throughput and main-thread CPU
+    ratios pooled over sessions, and, with a control launcher, the row's ratios over the
+    control's of the same machine and row (None where that has fewer than 2 pairs)."""
+    from bench import _record
+    groups: dict[tuple, dict] = {}
+    for r in records:
+        c, d = r.get("conditions") or {}, r.get("detail") or {}
+        if c.get("mode") != "baton" or len(d.get("launch_pairs") or []) < 1:
+            continue
+        key = (_record.label(r["machine"]), c.get("condition"), c.get("script"), c.get("nproc"),
+               c.get("kind"))
+        g = groups.setdefault(key, {"tp": [], "cpu": [], "runs": []})
+        g["tp"] += per_launch_ratios(d)
+        g["cpu"] += per_launch_ratios(d, cpu=True)
+        if r["run"] not in g["runs"]:
+            g["runs"].append(r["run"])
+    rows = []
+    for key, g in groups.items():
+        ctrl = groups.get((*key[:4], control)) if control and key[4] != control else None
+        rows.append({"machine": key[0], "condition": key[1], "script": key[2], "nproc": key[3],
+                     "kind": key[4], "runs": g["runs"], "pairs": len(g["tp"]),
+                     "ratio": interval(g["tp"]), "cpu_ratio": interval(g["cpu"]),
+                     "vs_control": welch(g["tp"], ctrl["tp"]) if ctrl else None,
+                     "cpu_vs_control": welch(g["cpu"], ctrl["cpu"]) if ctrl else None})
+    return rows
+
+
+def welch(x: list[float], y: list[float]) -> tuple[float, float, float] | None:
+    """(ratio of geometric means x ÷ y, 95% low, high): Welch's t on the logs, df rounded
+    down (None with fewer than 2 values on a side)."""
+    if len(x) < 2 or len(y) < 2:
+        return None
+    lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
+    vx, vy = statistics.variance(lx) / len(lx), statistics.variance(ly) / len(ly)
+    d, se = statistics.mean(lx) - statistics.mean(ly), math.sqrt(vx + vy)
+    if se == 0:
+        return (math.exp(d),) * 3
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(lx) - 1) + vy ** 2 / (len(ly) - 1))
+    h = _T95[min(max(int(df), 1), len(_T95)) - 1] * se
+    return math.exp(d), math.exp(d - h), math.exp(d + h)
+
+
+def pooled_markdown(rows: list[dict], runs: list[str], control: str | None) -> str:
+    f = lambda t: "–" if t is None else f"{t[0]:.4f} ({t[1]:.4f}–{t[2]:.4f})"  # noqa: E731
+    out = [f"# Launch pairs pooled over runs: {', '.join(runs)}", "",
+           "Each launch pair's geometric-mean ratio one value; 95% t-intervals across pairs"
+           + (f"; against {control}: Welch on the logs." if control else "."), "",
+           "| machine | condition | script | ranks | launcher | sessions | launch pairs | "
+           "throughput ÷ torchrun | main-thread CPU, torchrun ÷ other"
+           + (f" | throughput ÷ {control}'s | CPU ÷ {control}'s |" if control else " |"),
+           "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if control else "")]
+    for r in rows:
+        out.append(f"| {r['machine']} | {r['condition']} | {r['script']} | {r['nproc']} | "
+                   f"{r['kind']} | {len(r['runs'])} | {r['pairs']} | {f(r['ratio'])} | "
+                   f"{f(r['cpu_ratio'])} |"
+                   + (f" {f(r['vs_control'])} | {f(r['cpu_vs_control'])} |" if control else ""))
+    return "\n".join(out) + "\n"
+
+
+def pool_main(args) -> int:
+    from bench import _record
+    records = _record.read(REPO / "bench" / "results" / "job-overhead.jsonl", "job-overhead",
+                           args.pool)
+    rows = pooled_rows(records, args.control)
+    report(pooled_markdown(rows, args.pool, args.control), args)
+    return 0 if rows else 1
+
+
 def batch_interval(values: list[float], batches: int = 10) -> tuple[float, float, float] | None:
     """(geometric mean, low, high) of ratios taken in time order, the 95% interval from the
     means of `batches` consecutive runs of them: adjacent windows drift together (lag-1
@@ -661,6 +741,8 @@ def gpu_names() -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.pool:
+        return pool_main(args)
     t_start = time.monotonic()
     records: list[dict] = []
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "host": os.uname().nodename,

@@ -90,3 +90,37 @@ def test_alternating_the_start_order_needs_several_launch_pairs():
         job_overhead.parse_args(["--baton", "3", "--alternate-first"])
     with pytest.raises(SystemExit):
         job_overhead.parse_args(["--launches", "2", "--alternate-first", "--torchrun-first"])
+
+
+def _stored_session(run: str, kind: str, per_pair: list[float], cpu: float = 1.0) -> dict:
+    """A stored --baton record (bench/_record.py form) whose launch pairs read `per_pair`."""
+    pairs = [[[r * 4.0, 4.0, "torchrun"], [r * 4.0, 4.0, kind]] for r in per_pair]
+    return {"run": run, "machine": {"gpus": 1, "gpu": "NVIDIA H200", "cpus": 16},
+            "conditions": {"mode": "baton", "condition": "nvlink", "script": "deep-mlp",
+                           "nproc": 1, "kind": kind},
+            "detail": {"launch_pairs": pairs,
+                       "cpu_pairs": [[cpu, 1.0]] * (2 * len(per_pair))}}
+
+
+def test_pooled_launch_pairs_span_sessions_and_stand_against_a_control():
+    records = [_stored_session("a", "sl-auto", [0.98, 0.99]),
+               _stored_session("b", "sl-auto", [0.97, 1.00], cpu=0.98),
+               _stored_session("b", "torchrun-b", [0.99, 1.01, 1.00])]
+    rows = {r["kind"]: r for r in job_overhead.pooled_rows(records, control="torchrun-b")}
+    mine = rows["sl-auto"]
+    assert mine["runs"] == ["a", "b"] and mine["pairs"] == 4 and mine["machine"] == "1xH200"
+    assert mine["ratio"][0] == pytest.approx((0.98 * 0.99 * 0.97 * 1.00) ** 0.25)
+    assert mine["ratio"][1] < mine["ratio"][0] < mine["ratio"][2]
+    assert mine["cpu_ratio"][0] == pytest.approx((0.98 * 0.98) ** 0.25)
+    ctrl = (0.99 * 1.01 * 1.00) ** (1 / 3)
+    assert mine["vs_control"][0] == pytest.approx(mine["ratio"][0] / ctrl)
+    assert mine["vs_control"][1] < mine["vs_control"][0] < mine["vs_control"][2]
+    assert rows["torchrun-b"]["vs_control"] is None     # not against itself
+
+
+def test_welch_needs_two_values_a_side_and_widens_with_the_spread():
+    assert job_overhead.welch([1.0], [1.0, 1.1]) is None
+    narrow = job_overhead.welch([0.99, 1.01, 1.0, 1.0], [1.0, 1.0, 0.99, 1.01])
+    wide = job_overhead.welch([0.9, 1.1, 1.0, 1.0], [1.0, 1.0, 0.9, 1.1])
+    assert narrow[0] == pytest.approx(1.0, abs=1e-9) and wide[0] == pytest.approx(1.0, abs=1e-9)
+    assert wide[2] - wide[1] > narrow[2] - narrow[1] > 0
