@@ -131,6 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "bench/results/job-overhead.jsonl (see the module's docstring)")
     p.add_argument("--control", default=None, metavar="KIND",
                    help="--pool: also give each launcher against this one (e.g. torchrun-b)")
+    p.add_argument("--across-machines", action="store_true",
+                   help="--pool: one row for the same row and launcher on every machine")
     p.add_argument("--out", default=None, help="path prefix: <out>.json and <out>.md")
     args = p.parse_args(argv)
     if args.alternate_first and (args.launches < 2 or args.torchrun_first):
@@ -502,18 +504,20 @@ def order_effect(rec: dict) -> tuple[float, float] | None:
     return tuple(math.exp(statistics.mean(math.log(x) for x in g)) for g in groups)
 
 
-def pooled_rows(records: list[dict], control: str | None = None) -> list[dict]:
-    """Stored --baton records (bench/_record.py form) with launch pairs: one row per machine,
-    condition, script, ranks and launcher, its launch pairs' throughput and main-thread CPU
-    ratios pooled over sessions, and, with a control launcher, the row's ratios over the
-    control's of the same machine and row (None where that has fewer than 2 pairs)."""
+def pooled_rows(records: list[dict], control: str | None = None,
+                by_machine: bool = True) -> list[dict]:
+    """Stored --baton records (bench/_record.py form) with launch pairs: one row per machine
+    (by_machine False: all as one), condition, script, ranks and launcher, its launch pairs'
+    throughput and main-thread CPU ratios pooled over sessions, and, with a control launcher,
+    the row's ratios over the control's of the same machine and row (None where that has fewer
+    than 2 pairs)."""
     from bench import _record
     groups: dict[tuple, dict] = {}
     for r in records:
         c, d = r.get("conditions") or {}, r.get("detail") or {}
         if c.get("mode") != "baton" or len(d.get("launch_pairs") or []) < 1:
             continue
-        key = (_record.label(r["machine"]), c.get("condition"), c.get("script"), c.get("nproc"),
+        key = (_record.label(r["machine"]) if by_machine else "all", c.get("condition"), c.get("script"), c.get("nproc"),
                c.get("kind"))
         g = groups.setdefault(key, {"tp": [], "cpu": [], "runs": []})
         g["tp"] += per_launch_ratios(d)
@@ -567,7 +571,7 @@ def pool_main(args) -> int:
     from bench import _record
     records = _record.read(REPO / "bench" / "results" / "job-overhead.jsonl", "job-overhead",
                            args.pool)
-    rows = pooled_rows(records, args.control)
+    rows = pooled_rows(records, args.control, by_machine=not args.across_machines)
     report(pooled_markdown(rows, args.pool, args.control), args)
     return 0 if rows else 1
 

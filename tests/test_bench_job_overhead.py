@@ -124,3 +124,12 @@ def test_welch_needs_two_values_a_side_and_widens_with_the_spread():
     wide = job_overhead.welch([0.9, 1.1, 1.0, 1.0], [1.0, 1.0, 0.9, 1.1])
     assert narrow[0] == pytest.approx(1.0, abs=1e-9) and wide[0] == pytest.approx(1.0, abs=1e-9)
     assert wide[2] - wide[1] > narrow[2] - narrow[1] > 0
+
+
+def test_pooled_rows_keep_machines_apart_unless_asked():
+    other = _stored_session("c", "sl-auto", [1.0, 1.02])
+    other["machine"] = {"gpus": 1, "gpu": "NVIDIA H100 80GB HBM3", "cpus": 16}
+    records = [_stored_session("a", "sl-auto", [0.98, 0.99]), other]
+    assert sorted(r["pairs"] for r in job_overhead.pooled_rows(records)) == [2, 2]
+    (both,) = job_overhead.pooled_rows(records, by_machine=False)
+    assert both["pairs"] == 4 and both["machine"] == "all" and both["runs"] == ["a", "c"]
