@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 import job_overhead  # noqa: E402  (bench/ is not a package)
+from bench import pairs  # noqa: E402  (importable once job_overhead put the repository first)
 
 
 def baton(tmp_path, monkeypatch, pairs: int, *extra: str) -> tuple[int, dict, Path]:
@@ -106,7 +107,7 @@ def test_pooled_launch_pairs_span_sessions_and_stand_against_a_control():
     records = [_stored_session("a", "sl-auto", [0.98, 0.99]),
                _stored_session("b", "sl-auto", [0.97, 1.00], cpu=0.98),
                _stored_session("b", "torchrun-b", [0.99, 1.01, 1.00])]
-    rows = {r["kind"]: r for r in job_overhead.pooled_rows(records, control="torchrun-b")}
+    rows = {r["kind"]: r for r in pairs.pooled_rows(records, control="torchrun-b")}
     mine = rows["sl-auto"]
     assert mine["runs"] == ["a", "b"] and mine["pairs"] == 4 and mine["machine"] == "1xH200"
     assert mine["ratio"][0] == pytest.approx((0.98 * 0.99 * 0.97 * 1.00) ** 0.25)
@@ -119,9 +120,9 @@ def test_pooled_launch_pairs_span_sessions_and_stand_against_a_control():
 
 
 def test_welch_needs_two_values_a_side_and_widens_with_the_spread():
-    assert job_overhead.welch([1.0], [1.0, 1.1]) is None
-    narrow = job_overhead.welch([0.99, 1.01, 1.0, 1.0], [1.0, 1.0, 0.99, 1.01])
-    wide = job_overhead.welch([0.9, 1.1, 1.0, 1.0], [1.0, 1.0, 0.9, 1.1])
+    assert pairs.welch([1.0], [1.0, 1.1]) is None
+    narrow = pairs.welch([0.99, 1.01, 1.0, 1.0], [1.0, 1.0, 0.99, 1.01])
+    wide = pairs.welch([0.9, 1.1, 1.0, 1.0], [1.0, 1.0, 0.9, 1.1])
     assert narrow[0] == pytest.approx(1.0, abs=1e-9) and wide[0] == pytest.approx(1.0, abs=1e-9)
     assert wide[2] - wide[1] > narrow[2] - narrow[1] > 0
 
@@ -130,6 +131,6 @@ def test_pooled_rows_keep_machines_apart_unless_asked():
     other = _stored_session("c", "sl-auto", [1.0, 1.02])
     other["machine"] = {"gpus": 1, "gpu": "NVIDIA H100 80GB HBM3", "cpus": 16}
     records = [_stored_session("a", "sl-auto", [0.98, 0.99]), other]
-    assert sorted(r["pairs"] for r in job_overhead.pooled_rows(records)) == [2, 2]
-    (both,) = job_overhead.pooled_rows(records, by_machine=False)
+    assert sorted(r["pairs"] for r in pairs.pooled_rows(records)) == [2, 2]
+    (both,) = pairs.pooled_rows(records, by_machine=False)
     assert both["pairs"] == 4 and both["machine"] == "all" and both["runs"] == ["a", "c"]
