@@ -15,7 +15,11 @@ export PYTHONPATH=$PWD
 S=(bench/suite/deep_mlp.py ${SCRIPT_ARGS:---batch-size 256 --warmup 20 --steps 4000 --chunks 4})
 N=${NPROC:-2}
 SL=(python3 -c "import sys; from smartlaunch.cli import main; sys.argv[0] = 'smartlaunch'; sys.exit(main())")
-snap() {   # $1: label, $2: the launch's pid; 6 looks, 2 s apart
+snap() {   # $1: label, $2: the launch's pid; 6 looks, 2 s apart, from the first step on
+    for _ in $(seq 1 120); do      # the harness prints first_step_unix= after rank 0's first step
+        grep -q first_step_unix "$res/$1.out" 2>/dev/null && break
+        kill -0 "$2" 2>/dev/null || break; sleep 0.5
+    done
     for i in 1 2 3 4 5 6; do
         sleep 2; kill -0 "$2" 2>/dev/null || break
         d="$res/snap-$1/$i"; mkdir -p "$d"
