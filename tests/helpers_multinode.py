@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -329,6 +330,34 @@ class Cluster:
         node = Node(k, self._as_node(k, argv), {**self.env(k), **(env or {})}, cwd)
         self.nodes.append(node)
         return node
+
+    def arrival_probe(self, k: int = 1, timeout: float = START_S) -> subprocess.Popen:
+        """A process in node k's namespace that exits 0 once the store node 0 hosts counts a
+        node that has joined (smartlaunch's "arrived" counter), 1 at the timeout. Started
+        before the launchers, it has imported torch by then and sees the join within ~0.1 s."""
+        probe = textwrap.dedent("""
+            import datetime, sys, time
+            from torch.distributed import PrefixStore, TCPStore
+            host, port, prefix, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+            deadline = time.monotonic() + timeout
+            store = None
+            while time.monotonic() < deadline:
+                try:
+                    if store is None:
+                        store = PrefixStore(prefix, TCPStore(
+                            host, port, is_master=False, wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=2)))
+                    if store.add("arrived", 0) >= 1:
+                        sys.exit(0)
+                except (RuntimeError, ValueError):
+                    store = None
+                time.sleep(0.1)
+            sys.exit(1)
+        """)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.spaces[k], sys.executable, "-c", probe, f"{SUBNET}.1",
+             str(RDZV_PORT), f"smartlaunch/job-{self.tag}/", str(timeout)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def job_processes(self) -> list[psutil.Process]:
         """Every live process of this cluster's job: launchers' ranks, by the script path."""

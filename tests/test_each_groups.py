@@ -202,8 +202,10 @@ RANK_SCRIPT = textwrap.dedent("""
             "SMARTLAUNCH_JOB_INDEX", "SMARTLAUNCH_NUM_JOBS")
     rec = {k: os.environ.get(k) for k in keys}
     rec.update(sum=float(t.item()), pid=os.getpid())
-    with open(os.path.join(a.out, f"{a.tag}-{rank}.json"), "w") as f:
+    path = os.path.join(a.out, f"{a.tag}-{rank}.json")
+    with open(path + ".part", "w") as f:    # whole when the test sees it
         json.dump(rec, f)
+    os.replace(path + ".part", path)
     if a.exit and rank == 1:
         open(os.path.join(a.out, f"failed-{a.tag}"), "w").close()
         os._exit(a.exit)

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from helpers_multinode import (END_S, RDZV_PORT, START_S, fake, printed_plan,
+from helpers_multinode import (END_S, START_S, fake, printed_plan,
                                smartlaunch_lines)
 from smartlaunch.errors import ExitCode
 
@@ -24,16 +24,6 @@ def ranks_seen(nodes) -> dict[int, tuple[int, int]]:
         for m in re.finditer(r"job: rank (\d+) world (\d+) node (\d+)", node.output):
             seen[int(m[1])] = (int(m[2]), int(m[3]))
     return seen
-
-
-def connected(pid: int, port: int) -> bool:
-    """Whether the network namespace of process `pid` (a node: only its own processes) has an
-    established TCP connection to `port` (/proc/PID/net/tcp* show that namespace's)."""
-    rows = []
-    for name in ("tcp", "tcp6"):        # c10d's sockets may be IPv6 ones (v4-mapped)
-        with open(f"/proc/{pid}/net/{name}") as f:
-            rows += [line.split() for line in f.readlines()[1:]]
-    return any(r[2].endswith(f":{port:04X}") and r[3] == "01" for r in rows)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -247,14 +237,17 @@ def test_the_deciding_node_killed_while_deciding_ends_the_others_and_leaves_noth
     # node outlives them (the dry run's guard kills it with its launcher).
     from helpers_common import wait_until
     c = cluster(2)
+    probe = c.arrival_probe()
     other = c.launch(1, "--nproc-per-node", "1", script=c.train, job=train(0.05, 256 << 10, 400),
                      env=fake("pcie-phb-4070ti-pair"))
     decider = c.launch(0, "--nproc-per-node", "1", script=c.train,
                        job=train(0.05, 256 << 10, 400), env=fake("pcie-phb-4070ti-pair"))
     wait_until(lambda: [p for p in c.job_processes() if "smartlaunch.cli" not in p.cmdline()],
                START_S, "the deciding node's dry run")
-    # ... once node 1 has reached the store (else it waits for it up to the join timeout).
-    wait_until(lambda: connected(other.proc.pid, RDZV_PORT), START_S, "node 1 on the store")
+    # ... once node 1 has joined the store, by the store's own count (else it waits for it up
+    # to the join timeout; a connection alone may still be in c10d's handshake).
+    wait_until(lambda: probe.poll() is not None, START_S, "the probe of node 1 on the store")
+    assert probe.returncode == 0, "node 1 never joined the store"
     decider.kill()
     assert other.wait(END_S) == ExitCode.RENDEZVOUS, other.output_tail()
     lines = smartlaunch_lines(other)
