@@ -364,9 +364,13 @@ def _check_rendezvous(args: argparse.Namespace, typed: set[str],
 
 
 def _find_module(name: str):
-    """The spec of a dotted module name, found without running any package's code."""
+    """The spec of a dotted module name, found without running any package's code, where the
+    ranks' `python -m` looks: the current directory first, not this launcher's own sys.path[0]
+    (the console script's bin/ directory)."""
     from importlib.machinery import PathFinder
     parts = name.split(".")
+    saved = sys.path[:]
+    sys.path[:] = [os.getcwd(), *saved[1:]]
     try:
         spec = importlib.util.find_spec(parts[0])
         for part in parts[1:]:
@@ -376,6 +380,8 @@ def _find_module(name: str):
                                         list(spec.submodule_search_locations))
     except (ImportError, ValueError):
         return None
+    finally:
+        sys.path[:] = saved
     return spec
 
 

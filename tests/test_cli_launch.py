@@ -224,3 +224,20 @@ def test_a_home_that_cannot_be_written_stops_nothing_when_the_cache_is_elsewhere
     runs = list((cache / "logs").iterdir())
     assert len(runs) == 1 and (runs[0] / "summary.txt").is_file()
     assert not (clean_env / "nohome").exists()
+
+
+def test_the_console_script_runs_a_module_of_the_current_directory(clean_env):
+    # `smartlaunch -m train` as `torchrun -m train`: the ranks' `python -m` finds the module in
+    # the current directory, so the launcher's check must look there too, not in its own
+    # sys.path[0] (the console script's bin/ directory).
+    exe = Path(sys.executable).with_name("smartlaunch")
+    assert exe.exists(), f"the Quick start installs the console script: {exe} is missing"
+    (clean_env / "mymod.py").write_text("import sys\nprint('mymod ran', sys.argv[1:])\n")
+    (clean_env / "pkg").mkdir()
+    (clean_env / "pkg" / "__init__.py").write_text("")
+    (clean_env / "pkg" / "sub.py").write_text("print('pkg.sub ran')\n")
+    for args, printed in ((["-m", "mymod", "a"], "mymod ran ['a']"),
+                          (["-m", "pkg.sub"], "pkg.sub ran")):
+        r = subprocess.run([str(exe), *args], cwd=clean_env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and printed in r.stdout, r.stderr[-2000:]
