@@ -106,12 +106,13 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
 
 def _check_paths(request: Request, policy, environ) -> None:
     """Directories this launch will write, checked before anything is written (a cache this
-    user cannot write is no error: the decision measures without caching)."""
+    user cannot write, or under a HOME that does not exist, is no error: the decision measures
+    without caching)."""
     from smartlaunch.profile.cache import cache_root
-    cache = str(cache_root(policy, environ))      # --explain too: a HOME that does not exist
     if request.explain:
         return
-    if request.strategy == "auto":
+    cache = str(cache_root(policy, environ))
+    if request.strategy == "auto" and not missing_home(cache, environ):
         _check_dir_usable(cache, "paths.cache_dir", policy, write=False)
     launch_log_dir(policy, environ)
 

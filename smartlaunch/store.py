@@ -78,14 +78,7 @@ def cache_root(policy, environ) -> Path:
     xdg = environ.get("XDG_CACHE_HOME")
     if raw == DEFAULT_CACHE_DIR and xdg:
         raw = os.path.join(xdg, "smartlaunch")
-    raw = _expand_home(raw, environ)
-    home = _home(environ)
-    if missing_home(raw, environ):
-        raise PolicyError(f"paths.cache_dir={policy.paths.cache_dir}: HOME={home} does not exist "
-                          f"and smartlaunch does not create it; set HOME to your home directory, "
-                          f"or SMARTLAUNCH_CACHE_DIR (paths.cache_dir) to a directory you can "
-                          f"write")
-    return Path(raw)
+    return Path(_expand_home(raw, environ))
 
 
 def log_root(policy, environ) -> Path:
@@ -107,7 +100,11 @@ def missing_home(path: str, environ) -> str | None:
 
 def private_dir(path: Path) -> Path:
     """Create (0o700) or verify a directory we may trust; PolicyError otherwise
-    (CacheUnwritable where it cannot be created)."""
+    (CacheUnwritable where it cannot be created, or would make a HOME that does not exist)."""
+    home = missing_home(os.fspath(path), os.environ)
+    if home:        # a service account's HOME=/nonexistent: root would make it at the root
+        raise CacheUnwritable(path, f"HOME={home} does not exist, and smartlaunch does not "
+                                    f"create it")
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         st = os.lstat(path)

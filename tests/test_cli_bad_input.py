@@ -163,18 +163,11 @@ ROWS = [
     Row("cache dir is a file", SL + ["t.py"], 3,
         r"paths.cache_dir=afile \(env:SMARTLAUNCH_CACHE_DIR\).* is not a directory",
         env={"SMARTLAUNCH_CACHE_DIR": "afile", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, files={"afile": "x"}),
-    Row("home missing, launch", SL + ["--strategy", "single", "t.py"], 3,
-        r"paths.cache_dir=~/.cache/smartlaunch: HOME=.*nohome does not exist"
-        r".*SMARTLAUNCH_CACHE_DIR", env={"HOME": "{tmp}/nohome", "XDG_CACHE_HOME": "",
-                                          "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, fresh=True),
     Row("log dir under a missing home", SL + ["--strategy", "single", "t.py"], 3,
         r"launch.log_dir=.*nohome/logs \(env:SMARTLAUNCH_LOG_DIR\): HOME=.*nohome does not "
         r"exist.*SMARTLAUNCH_LOG_DIR", env={"HOME": "{tmp}/nohome",
                                              "SMARTLAUNCH_LOG_DIR": "~/logs",
                                              "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}, fresh=True),
-    Row("home missing, explain", SL + ["--explain", "t.py"], 3,
-        r"paths.cache_dir=~/.cache/smartlaunch: HOME=.*nohome does not exist.*SMARTLAUNCH_CACHE_DIR",
-        env={"HOME": "{tmp}/nohome", "XDG_CACHE_HOME": "", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
     Row("lease dir in /proc", SL + ["t.py"], 3, r"cannot create lease directory /proc/x",
         env={"SMARTLAUNCH_LEASE_DIR": "/proc/x", "SMARTLAUNCH_FAKE_TOPOLOGY": PAIR}),
     Row("lease dir is a file", SL + ["t.py"], 3, r"lease directory .*afile is not a directory",

@@ -241,3 +241,21 @@ def test_the_console_script_runs_a_module_of_the_current_directory(clean_env):
         r = subprocess.run([str(exe), *args], cwd=clean_env, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0 and printed in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args", [["--explain"], []])
+def test_a_home_that_does_not_exist_costs_the_launch_its_cache_not_the_job(clean_env, args):
+    # HOME=/nonexistent is a service account's (torchrun runs its jobs): the decision measures
+    # without caching, the run files go to a private temp directory, and HOME is never made.
+    home = clean_env / "nohome"
+    r = smartlaunch([*args, str(EXAMPLES / "train.py"), "--steps", "3", "--warmup", "1"],
+                    clean_env, {"HOME": str(home), "XDG_CACHE_HOME": "",
+                                "SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    said = [line for line in r.stderr.splitlines() if f"HOME={home} does not exist" in line]
+    assert said and all(line.startswith("smartlaunch: ") for line in said), r.stderr[-2000:]
+    if not args:
+        assert "throughput: samples/s=" in r.stdout
+        assert any("measuring without caching" in line for line in said), said
+    assert not home.exists()

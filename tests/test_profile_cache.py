@@ -16,6 +16,7 @@ from smartlaunch.policy.api import DryRunPolicy, PathsPolicy, Policy
 from smartlaunch.profile import cache
 from smartlaunch.profile.api import ProfileStatus
 from smartlaunch.request import Request
+from smartlaunch.store import CacheUnwritable, private_dir
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -177,9 +178,15 @@ def test_cache_root_expands_home_and_prefers_xdg_only_for_the_default(clean_env)
     assert str(cache.cache_root(custom, env)) == f"{h}/sl-cache"
 
 
-def test_cache_root_under_a_home_that_does_not_exist_is_a_policy_error(clean_env):
-    # HOME=/nonexistent (a service account) created /nonexistent/.cache/... at the root
-    with pytest.raises(PolicyError, match="HOME=/nonexistent-h does not exist"):
-        cache.cache_root(Policy(), {"HOME": "/nonexistent-h"})
-    assert str(cache.cache_root(Policy(), {"HOME": "/nonexistent-h", "XDG_CACHE_HOME": "/x"})) \
+def test_a_cache_under_a_home_that_does_not_exist_is_never_made(clean_env, monkeypatch):
+    # HOME=/nonexistent (a service account) made /nonexistent/.cache/... at the root: the
+    # cache is then one that cannot be written (the launch measures without it)
+    home = clean_env / "nohome"
+    monkeypatch.setenv("HOME", str(home))
+    root = cache.cache_root(Policy(), {"HOME": str(home)})
+    assert root == home / ".cache" / "smartlaunch"
+    with pytest.raises(CacheUnwritable, match=f"HOME={home} does not exist"):
+        private_dir(root)
+    assert not home.exists()
+    assert str(cache.cache_root(Policy(), {"HOME": str(home), "XDG_CACHE_HOME": "/x"})) \
         == "/x/smartlaunch"

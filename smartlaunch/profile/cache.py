@@ -129,11 +129,12 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
 @contextlib.contextmanager
 def _locked(path: Path, timeout: float):
     """Hold <path>.lock (one dry run of a job at a time); where it cannot be made (cache read-only
-    or full) go on without it."""
+    or full, or its folder absent: filelock would make folders, unchecked) go on without it."""
     from filelock import FileLock
-    lock = FileLock(str(path) + ".lock", timeout=timeout)
+    lock = FileLock(str(path) + ".lock", timeout=timeout) if path.parent.is_dir() else None
     try:
-        lock.acquire()
+        if lock is not None:
+            lock.acquire()
     except OSError as exc:    # filelock's Timeout is an OSError without an errno: raised
         if exc.errno not in UNWRITABLE and not isinstance(exc, FileNotFoundError):
             raise
