@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from smartlaunch import logconf
-from smartlaunch.errors import SmartlaunchError, UsageError
+from smartlaunch.errors import SmartlaunchError, UsageError, reader_gone
 from smartlaunch.logconf import LEVELS
 from smartlaunch.request import Request
 from smartlaunch.vocab import STRATEGY_CHOICES
@@ -458,6 +458,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return 128 + 2
+    except BrokenPipeError:     # `smartlaunch --explain ... | head`
+        if debug:
+            raise
+        return reader_gone()
     except SystemExit as exc:
         from smartlaunch.proc import Interrupted
         if debug or not isinstance(exc, Interrupted):

@@ -1,7 +1,11 @@
 """One exception family; each maps to a documented exit code (README: Exit codes)."""
 from __future__ import annotations
 
+import contextlib
 import enum
+import os
+import signal
+import sys
 
 
 class ExitCode(enum.IntEnum):
@@ -101,3 +105,11 @@ class NodeMismatchError(SmartlaunchError):
 class NodeNotNeeded(SmartlaunchError):
     """This node of a multi-node job is not used by its plan; the node exits 0."""
     exit_code = ExitCode.OK
+
+
+def reader_gone() -> int:
+    """The exit of a command whose stdout reader went away (`... | head`): later writes go
+    to /dev/null, so none fails again at exit; 128 + SIGPIPE, as a program that SIGPIPE ended."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE

@@ -11,7 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from smartlaunch.errors import SmartlaunchError, UsageError
+from smartlaunch.errors import SmartlaunchError, UsageError, reader_gone
 from smartlaunch.proc import Interrupted
 
 SUBCOMMAND_MODULES = (
@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print("smartlaunch-node: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:     # `smartlaunch-node report | head`
+        if args.debug:
+            raise
+        return reader_gone()
     except Interrupted as exc:      # the same in a dry run (`smartlaunch-node profile`)
         if args.debug:
             raise

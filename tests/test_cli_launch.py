@@ -259,3 +259,15 @@ def test_a_home_that_does_not_exist_costs_the_launch_its_cache_not_the_job(clean
         assert "throughput: samples/s=" in r.stdout
         assert any("measuring without caching" in line for line in said), said
     assert not home.exists()
+
+
+def test_explain_into_a_pipe_its_reader_closed_ends_quietly(clean_env):
+    # `smartlaunch --explain train.py | head -1` where head has gone before the plan is
+    # written: no traceback, the exit of a program SIGPIPE ended (128 + 13), as git's.
+    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--explain",
+                          str(EXAMPLES / "train.py")], cwd=clean_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()                    # the reader goes before anything is written
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 141, err[-2000:]
+    assert "Traceback" not in err and "Error" not in err, err[-2000:]

@@ -113,3 +113,19 @@ def test_empty_visibility_prints_the_reason(clean_env):
     res = run_node(["topo"], {"SMARTLAUNCH_FAKE_TOPOLOGY": "busy-gpu", "CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 0
     assert "CUDA_VISIBLE_DEVICES='' hides all 2 GPU(s) of this machine" in res.stdout
+
+
+def test_topo_into_a_pipe_its_reader_closed_ends_quietly(clean_env):
+    # `smartlaunch-node topo | head -1` with head gone first: no traceback, exit 128 + SIGPIPE.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = Path(sys.executable).with_name("smartlaunch-node")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "smartlaunch.node_cli"]
+    p = subprocess.Popen(cmd + ["topo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "SMARTLAUNCH_FAKE_TOPOLOGY": "pcie-4gpu-x8"})
+    p.stdout.close()
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 141, err[-2000:]
+    assert "Traceback" not in err and "Error" not in err, err[-2000:]

@@ -44,12 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if topo.source == "none":
         print(f"smartlaunch-node: {topo.note}; the launcher will run on the CPU", file=sys.stderr)
         return int(ExitCode.NO_GPU)
-    try:
-        sys.stdout.write((to_json(topo) if args.json else render(topo)) + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `topo | head`: keep Python's exit-time flush from failing again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.stdout.write((to_json(topo) if args.json else render(topo)) + "\n")
+    sys.stdout.flush()          # `topo | head`: BrokenPipeError here, said by node_cli
     return int(ExitCode.OK)
 
 
