@@ -3,9 +3,7 @@ torch's LocalElasticAgent sets, except TORCHELASTIC_USE_AGENT_STORE=False (there
 store, so the script's init_process_group creates its own)."""
 from __future__ import annotations
 
-import os
 import socket
-import tempfile
 import uuid
 from collections.abc import Mapping
 
@@ -16,13 +14,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def single_rank_env(master_port: int | None = None, run_id: str | None = None) -> dict[str, str]:
-    return rank_env(0, 1, master_port=master_port, run_id=run_id)
+def single_rank_env(error_file: str, run_id: str | None = None) -> dict[str, str]:
+    return rank_env(0, 1, error_file=error_file, run_id=run_id)
 
 
-def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: str | None = None,
+def rank_env(rank: int, nproc: int, *, error_file: str, master_port: int | None = None,
+             run_id: str | None = None,
              environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """What torch's LocalElasticAgent gives local rank `rank` of `nproc` on one node.
+    error_file: where torch's @record writes the rank's error (it opens it "w", following
+    links): a path in a directory of ours that no one else can write, never a shared one.
     environ: where the variables the agent passes on rather than sets come from."""
     run_id = run_id or str(uuid.uuid4())
     n, r = str(nproc), str(rank)
@@ -42,10 +43,7 @@ def rank_env(rank: int, nproc: int, *, master_port: int | None = None, run_id: s
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
-        # Written by @record only on failure; the random run id keeps the name unguessable.
-        "TORCHELASTIC_ERROR_FILE": os.path.join(
-            tempfile.gettempdir(),
-            f"smartlaunch-error-{run_id}" + (f"-{rank}" if nproc > 1 else "") + ".json"),
+        "TORCHELASTIC_ERROR_FILE": error_file,     # written by @record, on failure only
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING":
             (environ or {}).get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),

@@ -354,3 +354,29 @@ def test_script_sees_what_torchrun_gives_it(clean_env, shared_dir, mode):
             allowed |= set(recorder_env({}, str(clean_env))[0])
         for rank in range(n):
             _assert_same(_seen(want, str(rank)), _seen(got, str(rank)), allowed)
+
+
+RECORDED_FAILURE = ("from torch.distributed.elastic.multiprocessing.errors import record\n"
+                    "@record\ndef main():\n    raise ValueError('deliberate')\nmain()\n")
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_recorded_failure_writes_its_error_file_in_our_own_directory_not_tmp(clean_env, dry_run):
+    # torch's @record writes TORCHELASTIC_ERROR_FILE with open(path, "w"), following links: it
+    # was a name in the shared temp directory, a fixed one for the dry run. Now the run's own
+    # directory (a launch) or the dry run's private one: nothing lands in TMPDIR.
+    tmp = clean_env / "tmp"
+    tmp.mkdir()
+    script = clean_env / "rec.py"
+    script.write_text(RECORDED_FAILURE)
+    env = {"TMPDIR": str(tmp), "SMARTLAUNCH_LOG_DIR": str(clean_env / "runs")}
+    # auto: the failure is the dry run's (exit 7), out of the sandbox (which would take the
+    # write: where it cannot run, the dry run runs without it); single: the launch's (exit 1)
+    (clean_env / "smartlaunch.yaml").write_text("dryrun:\n  isolation: 'off'\n")
+    r = smartlaunch([*([] if dry_run else ["--strategy", "single"]), script], clean_env, env)
+    assert r.returncode == (7 if dry_run else 1), r.stderr[-2000:]
+    assert "ValueError: deliberate" in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in tmp.iterdir()) == [], sorted(tmp.iterdir())
+    if not dry_run:
+        (run,) = (clean_env / "runs").iterdir()
+        assert "ValueError: deliberate" in (run / "error.json").read_text()

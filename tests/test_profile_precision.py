@@ -182,8 +182,8 @@ def test_a_real_script_with_a_slow_step_ends_its_dry_run_early(clean_env):
     cmd = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
            "--warmup", str(pol.dryrun.warmup_steps), "--measure", "20", "--min-seconds", "0.3",
            "--precision", "0.1", str(SCRIPTS / "feedback_train.py"), "--steps", "200"]
-    env = {**dryrun_env(os.environ, None), "SLEEP_MS": "60", "WORLD_SIZE": "1", "RANK": "0",
-           "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
+    env = {**dryrun_env(os.environ, None, str(clean_env)), "SLEEP_MS": "60", "WORLD_SIZE": "1",
+           "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100,
                           cwd=clean_env)
     assert proc.returncode == 0, proc.stderr[-2000:]

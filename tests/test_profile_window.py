@@ -164,7 +164,8 @@ def test_real_script_ending_inside_the_window(clean_env, end):
     cmd = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
            "--warmup", "1", "--measure", "50", str(SCRIPTS / "batch_shapes.py"),
            "--steps", "6", "--end", end]
-    proc = subprocess.run(cmd, env=dryrun_env(os.environ, None), capture_output=True,
+    proc = subprocess.run(cmd, env=dryrun_env(os.environ, None, str(clean_env)),
+                          capture_output=True,
                           text=True, timeout=100)
     assert proc.returncode == (1 if end == "raise" else 0), proc.stderr
     data = json.loads(out.read_text())
@@ -200,7 +201,8 @@ def test_a_compiled_model_is_traced_once_and_its_batch_found(clean_env, script):
     out = clean_env / "profile.json"
     cmd = [sys.executable, "-m", "smartlaunch.profile.dryrun", "--out", str(out),
            "--warmup", "1", "--measure", "50", str(SCRIPTS / script)]
-    proc = subprocess.run(cmd, env=dryrun_env(os.environ, None), capture_output=True,
+    proc = subprocess.run(cmd, env=dryrun_env(os.environ, None, str(clean_env)),
+                          capture_output=True,
                           text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr
     if script == "compiled_graphs.py":

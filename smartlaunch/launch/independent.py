@@ -168,7 +168,8 @@ class IndependentLauncher:
         # No step counter: it imports torch up front even for scripts that never use it.
         ctx = self.ctx
         env = job_env(self.plan, ctx.topology, ctx.environ, gpu,
-                      single_rank_env(run_id=f"{self.run_id}-{job.index}"))
+                      single_rank_env(os.path.join(self.log_dir, f"error-{job.index}.json"),
+                                      run_id=f"{self.run_id}-{job.index}"))
         env.update(self._job_vars(job))
         argv = worker_command(self.plan.command, sys.executable) + list(job.args)
         job.log_path = os.path.join(self.log_dir, f"job-{job.index}.log")

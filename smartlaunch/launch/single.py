@@ -3,6 +3,7 @@ code is smartlaunch's (128+N when signal N killed it)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -61,7 +62,8 @@ class SingleLauncher:
         ctx.begin(plan)
         self.run_dir = ctx.new_run_dir()
         gpu = plan.gpus[0] if plan.device == "cuda" and plan.gpus else None
-        env = job_env(plan, ctx.topology, ctx.environ, gpu, single_rank_env(),
+        env = job_env(plan, ctx.topology, ctx.environ, gpu,
+                      single_rank_env(os.path.join(self.run_dir, "error.json")),
                       run_dir=self.run_dir if self.counted else None)
         self._started = time.monotonic()
         self.child = proc.spawn(worker_command(plan.command, sys.executable), env=env, stdin=None)

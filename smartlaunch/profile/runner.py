@@ -34,10 +34,11 @@ NO_LOG = "not kept: the cache directory is not writable"
 DRYRUN_MODULE = "smartlaunch.profile.dryrun"
 
 
-def dryrun_env(environ, gpu: str | None) -> dict[str, str]:
-    """torchrun's environment for the one worker of a one-process job, plus the dry-run switches."""
+def dryrun_env(environ, gpu: str | None, results: str) -> dict[str, str]:
+    """torchrun's environment for the one worker of a one-process job, plus the dry-run switches;
+    results: the private directory its sandbox shares (its error file goes there)."""
     env = dict(environ)
-    env.update(single_rank_env(run_id="smartlaunch-dryrun"))
+    env.update(single_rank_env(os.path.join(results, "error.json"), run_id="smartlaunch-dryrun"))
     env.update(sandbox.DRYRUN_ENV)
     # "" hides every GPU: the CPU dry run must not touch a GPU another job holds.
     env.update(SMARTLAUNCH_DRYRUN="1", CUDA_VISIBLE_DEVICES="" if gpu is None else str(gpu))
@@ -155,7 +156,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         if log is None:
             log_path = NO_LOG
         with log if log is not None else contextlib.nullcontext():
-            stage = s.start(DRY_RUN, [(cmd, dryrun_env(environ, gpu),
+            stage = s.start(DRY_RUN, [(cmd, dryrun_env(environ, gpu, results),
                                        {"stdout": log if log is not None else subprocess.DEVNULL,
                                         "stderr": subprocess.PIPE})], gate=gate)
             stage.on_step = progress

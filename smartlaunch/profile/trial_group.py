@@ -21,15 +21,17 @@ SHIM = "smartlaunch.profile.trial"
 GRACE_S = 4.0      # below session.STOP_GRACE_S: our ranks are gone before the caller's SIGKILL
 
 
-def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | None]:
-    """Each rank's environment (torchrun's contract), and its own control descriptor when the
-    spawner was given one per rank."""
+def rank_envs(environ, nproc: int, out_dir: str) -> tuple[list[dict[str, str]], list[int] | None]:
+    """Each rank's environment (torchrun's contract; its error file in out_dir, the trial's
+    private directory), and its own control descriptor when the spawner was given one per
+    rank."""
     port, run_id = free_port(), str(uuid.uuid4())
     base = dict(environ)
     if "OMP_NUM_THREADS" not in environ and nproc > 1:   # torchrun's one change to it
         base["OMP_NUM_THREADS"] = "1"
     given = base.pop(ENV_VAR, "").split(",")
-    envs = [{**base, **rank_env(r, nproc, master_port=port, run_id=run_id, environ=environ)}
+    envs = [{**base, **rank_env(r, nproc, error_file=os.path.join(out_dir, f"error-{r}.json"),
+                                master_port=port, run_id=run_id, environ=environ)}
             for r in range(nproc)]
     if len(given) != nproc or not all(f.isdigit() for f in given):
         return envs, None
@@ -40,7 +42,7 @@ def rank_envs(environ, nproc: int) -> tuple[list[dict[str, str]], list[int] | No
 
 def run_group(nproc: int, shim_args: list[str]) -> int:
     """Start the ranks, wait for all; one failing (or a signal to us) ends the rest."""
-    envs, fds = rank_envs(os.environ, nproc)
+    envs, fds = rank_envs(os.environ, nproc, shim_args[shim_args.index("--out-dir") + 1])
     argv = [sys.executable, "-m", SHIM, *shim_args]
     with Session() as session:
         stage = session.start("a trial's ranks", [
