@@ -330,6 +330,29 @@ def flock_holder(fd: int) -> str:
     return "another process"
 
 
+def own_file(st: os.stat_result) -> bool:
+    """A regular file of this user's (lstat or fstat): what another user cannot have planted."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
+def read_own(path: str, limit: int) -> bytes | None:
+    """The bytes of this user's regular file at `path` (no link followed, no FIFO waited on),
+    or None: absent, another's, not a regular file, or over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(f.fileno())
+            if not own_file(st) or st.st_size > limit:
+                return None
+            data = f.read(limit + 1)
+        except OSError:
+            return None
+    return data if len(data) <= limit else None
+
+
 def read_capped(path: str, limit: int) -> bytes | None:
     """The file's bytes, or None when it holds more than `limit` (read no further)."""
     with open(path, "rb") as f:

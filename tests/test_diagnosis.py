@@ -303,6 +303,32 @@ def test_dump_read_refuses_objects(tmp_path):
     assert flightrec.read_dump(str(bad)) is None
 
 
+def test_a_dump_that_another_user_could_have_planted_is_not_read(tmp_path, monkeypatch):
+    # torch's default dump path is the shared /tmp: only this user's regular files, whole
+    # and under the cap, are read; a FIFO there must not block the launcher's hang report.
+    data = pickle.dumps({"entries": [_entry(1, "completed")]})
+    mine, link, fifo, big, theirs = (tmp_path / n for n in ("mine", "link", "fifo", "big",
+                                                            "theirs"))
+    mine.write_bytes(data)
+    link.symlink_to(mine)
+    os.mkfifo(fifo)
+    big.write_bytes(data)
+    theirs.write_bytes(data)
+    if os.getuid() == 0:           # CI's; elsewhere the owner check is not exercised here
+        os.chown(theirs, 65534, 65534)
+    monkeypatch.setattr(flightrec, "MAX_DUMP_BYTES", len(data) - 1)
+    assert [flightrec.read_dump(str(p)) for p in (mine, link, fifo, big)] == [None] * 4
+    monkeypatch.setattr(flightrec, "MAX_DUMP_BYTES", len(data))
+    assert flightrec.read_dump(str(mine))["entries"][0]["collective_seq_id"] == 1
+    assert flightrec.read_dump(str(link)) is None and flightrec.read_dump(str(fifo)) is None
+    if os.getuid() == 0:
+        assert flightrec.read_dump(str(theirs)) is None
+        fr = flightrec.FlightRecorder(None, (str(tmp_path / "none_"), str(tmp_path / "t")))
+        (tmp_path / "t0").write_bytes(data)
+        os.chown(tmp_path / "t0", 65534, 65534)
+        assert flightrec.collect(fr, [(0, time.time())], wait_s=0.5) == {}
+
+
 def test_ask_and_collect_through_a_real_pipe(tmp_path):
     _, fr = flightrec.recorder_env({}, str(tmp_path))
     os.mkfifo(fr.pipe(0))

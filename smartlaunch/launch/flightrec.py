@@ -23,6 +23,7 @@ BUFFER_ENTRIES = "2000"        # torch's own default ring size where it has one
 NO_PIPE = ("no Flight Recorder pipe to ask (this torch makes none, or the ring is off: "
            "TORCH_FR_BUFFER_SIZE=0)")
 DUMP_WAIT_S = 6.0              # the heartbeat thread polls the pipe every second (default)
+MAX_DUMP_BYTES = 256 << 20     # a ring of 2000 entries with their stacks is tens of MiB
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,9 @@ def ask(fr: FlightRecorder, ranks: list[int]) -> list[tuple[int, float]]:
 
 def collect(fr: FlightRecorder, asked: list[tuple[int, float]],
             wait_s: float = DUMP_WAIT_S) -> dict[int, str]:
-    """rank -> dump file written since it was asked (complete: its size held for one poll)."""
+    """rank -> dump file written since it was asked (complete: its size held for one poll);
+    only this user's regular files (torch's default place is the shared /tmp)."""
+    from smartlaunch.store import own_file
     sizes: dict[int, int] = {}
     got: dict[int, str] = {}
     deadline = time.monotonic() + wait_s
@@ -96,10 +99,10 @@ def collect(fr: FlightRecorder, asked: list[tuple[int, float]],
         for r, when in asked:
             for path in fr.dumps(r):
                 try:
-                    st = os.stat(path)
+                    st = os.lstat(path)
                 except OSError:
                     continue
-                if st.st_mtime >= when - 1 and st.st_size > 0:
+                if own_file(st) and st.st_mtime >= when - 1 and st.st_size > 0:
                     if sizes.get(r) == st.st_size:
                         got[r] = path
                     sizes[r] = st.st_size
@@ -116,10 +119,11 @@ class _Plain(pickle.Unpickler):
 
 
 def read_dump(path: str) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+    """The dump's plain data, or None: not this user's regular file (store.read_own), over
+    MAX_DUMP_BYTES, or neither a plain pickle nor JSON."""
+    from smartlaunch.store import read_own
+    data = read_own(path, MAX_DUMP_BYTES)
+    if data is None:
         return None
     try:
         return _Plain(io.BytesIO(data)).load()
