@@ -271,3 +271,27 @@ def test_explain_into_a_pipe_its_reader_closed_ends_quietly(clean_env):
     err = p.communicate(timeout=120)[1]
     assert p.returncode == 141, err[-2000:]
     assert "Traceback" not in err and "Error" not in err, err[-2000:]
+
+
+ONCE = ("import os, sys\nc = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "print('attempt', c, flush=True)\nsys.exit(1 if c == 0 else 0)\n")
+
+
+def test_a_single_process_honours_torchruns_log_and_restart_options(clean_env):
+    # The decision on this machine is one process (no GPU). Where the command line asks for
+    # what torch's agent does (--log-dir, --redirects, --tee, --max-restarts), the process is
+    # run as torchrun --nproc-per-node 1 runs it, not bare.
+    script = clean_env / "once.py"
+    script.write_text(ONCE)
+    ours = smartlaunch(["--max-restarts", "1", str(script)], clean_env)
+    theirs = torchrun(["--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                       str(script)], clean_env)
+    assert theirs.returncode == 0 and "attempt 1" in theirs.stdout, theirs.stderr[-2000:]
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert "single process" in ours.stderr and "attempt 1" in ours.stdout, ours.stdout
+
+    logs = clean_env / "logs"
+    r = smartlaunch(["--log-dir", str(logs), "--redirects", "3", str(script)], clean_env)
+    assert r.returncode == 1 and "attempt 0" not in r.stdout, r.stdout
+    (out,) = logs.glob("*/attempt_0/0/stdout.log")
+    assert out.read_text() == "attempt 0\n"

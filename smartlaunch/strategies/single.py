@@ -81,5 +81,13 @@ binding_label = rank_binding
 
 
 def launcher(plan, ctx):
+    """One process without torch's agent; through the agent (as torchrun --nproc-per-node 1)
+    where the command line asks for what only the agent does: --log-dir, --redirects, --tee,
+    --max-restarts."""
+    args = ctx.torchrun_args
+    if args is not None and (args.log_dir or args.redirects != "0" or args.tee != "0"
+                             or args.max_restarts > 0):
+        from smartlaunch.launch.ddp import DDPLauncher
+        return DDPLauncher(plan, ctx)
     from smartlaunch.launch.single import SingleLauncher
     return SingleLauncher(plan, ctx)
