@@ -76,7 +76,8 @@ def make_plan(request: Request, given: set[str], environ: Mapping[str, str],
 
     clock = Clock()
     status = status if status is not None else StatusLine(tty=False, stream=NullStream())
-    policy = apply_request(load_policy(request.policy_path, environ=environ), request)
+    policy = apply_request(load_policy(request.policy_path, environ=environ), request,
+                           environ)
     notes: list[Reason] = []        # the Slurm allocation's, for the plan's reasons
     slurm = detect(environ)
     if slurm is not None and request.torchrun_args is not None:

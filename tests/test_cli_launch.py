@@ -295,3 +295,39 @@ def test_a_single_process_honours_torchruns_log_and_restart_options(clean_env):
     assert r.returncode == 1 and "attempt 0" not in r.stdout, r.stdout
     (out,) = logs.glob("*/attempt_0/0/stdout.log")
     assert out.read_text() == "attempt 0\n"
+
+
+SAVES_ON_SIGTERM = """\
+import os, signal, sys, time
+def save(signum, frame):
+    time.sleep(12)                  # a checkpoint that takes longer than 10 s to write
+    open(sys.argv[1] + "-" + os.environ["RANK"], "w").write("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_checkpoint_saved_on_sigterm_is_kept_as_under_torchrun(clean_env, ranks):
+    # Preemption sends SIGTERM; torchrun waits 30 s for the ranks before SIGKILL, and so does
+    # smartlaunch (it waited 10 s: a 12 s checkpoint was cut off).
+    import signal
+    script = clean_env / "saves.py"
+    script.write_text(SAVES_ON_SIGTERM)
+    force = ["--strategy", "ddp", "--nproc-per-node", "2"] if ranks == 2 else []
+    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", *force, str(script),
+                          str(clean_env / "ckpt")], cwd=clean_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    try:
+        for _ in range(ranks):
+            assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+        p.stdout.close()
+    assert sorted(f.name for f in clean_env.glob("ckpt-*")) == \
+        [f"ckpt-{r}" for r in range(ranks)]

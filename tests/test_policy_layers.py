@@ -231,3 +231,26 @@ def test_enforced_env_is_only_the_admins_mandatory_variables(capped):
     # The admin's non-enforced env is a default, not mandatory.
     assert policy.launch.env["OMP_NUM_THREADS"] == "4"
     assert policy.launch.nccl["PHB"] == {"NCCL_ALGO": "Ring"}   # a family is replaced whole
+
+
+def test_torchruns_shutdown_timeout_is_the_signal_grace_under_the_admins_cap(clean_env):
+    # torchrun waits 30 s (--shutdown-timeout, TORCH_ELASTIC_SHUTDOWN_TIMEOUT) between SIGTERM
+    # and SIGKILL; so does smartlaunch, and either setting is taken as torchrun takes it.
+    import argparse
+    policy = load_with_admin(None, environ=env_without_dirs())
+    assert policy.launch.signal_grace_s == 30.0
+    flag = Request(torchrun_args=argparse.Namespace(shutdown_timeout=90))
+    got = apply_request(policy, flag, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
+    assert (got.launch.signal_grace_s, got.source_of("launch.signal_grace_s")) == \
+        (90.0, "cli:--shutdown-timeout")
+    none = Request(torchrun_args=argparse.Namespace(shutdown_timeout=None))
+    got = apply_request(policy, none, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
+    assert (got.launch.signal_grace_s, got.source_of("launch.signal_grace_s")) == \
+        (5.0, "env:TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    admin = write(clean_env, "admin.yaml", "enforce:\n  launch: {signal_grace_s: 60}\n")
+    capped = load_with_admin(admin, environ=env_without_dirs())
+    with pytest.raises(PolicyError, match=r"--shutdown-timeout=90 s exceeds the admin policy's "
+                                          r"cap \(enforce.launch.signal_grace_s=60"):
+        apply_request(capped, flag)
+    assert apply_request(capped, none, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "45"}) \
+        .launch.signal_grace_s == 45.0

@@ -102,7 +102,7 @@ class DDPLauncher:
             # what config_from_args set in os.environ (OMP_NUM_THREADS), for the agent in poll()
             self.overrides = {k: v for k, v in os.environ.items() if environ.get(k) != v}
         fields = {f.name for f in dataclasses.fields(self.config)}
-        if "shutdown_timeout" in fields and args.shutdown_timeout is None:
+        if "shutdown_timeout" in fields:    # the policy's, which holds --shutdown-timeout
             self.config.shutdown_timeout = max(1, math.ceil(ctx.signal_grace_s))
         if "signals_to_handle" in fields:
             self.config.signals_to_handle = "SIGQUIT"  # ours: TERM/INT/HUP/USR1/USR2 (run_loop)

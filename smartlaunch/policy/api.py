@@ -53,7 +53,7 @@ class LaunchPolicy:
     hang_timeout_s: float = 300.0         # floor; the watchdog also scales with step time
     hang_step_multiple: float = 20.0      # stall when no step for max(floor, this x median step)
     startup_grace_s: float = 600.0        # no hang verdict before the first step (data loading)
-    signal_grace_s: float = 10.0          # SIGTERM -> SIGKILL
+    signal_grace_s: float = 30.0          # SIGTERM -> SIGKILL (torchrun's 30 s)
     straggler_threshold: float = 0.15
     straggler_window_s: float = 30.0      # window over which work per step is compared
     gpu_sample_s: float = 5.0             # NVML sample of each rank's GPU (drift, straggler cause)

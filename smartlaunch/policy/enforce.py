@@ -38,11 +38,36 @@ def check_request(policy: Policy, request: Request) -> None:
             f"{where}); use --strategy {', '.join(choices[:-1])} or {choices[-1]}")
 
 
-def apply_request(policy: Policy, request: Request) -> Policy:
+SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"     # torchrun's, where --shutdown-timeout is not
+
+
+def _shutdown_timeout(request: Request, environ) -> tuple[float, str] | None:
+    """torchrun's SIGTERM -> SIGKILL wait as the command line or torch's variable gives it."""
+    given = getattr(request.torchrun_args, "shutdown_timeout", None)
+    if given is not None:
+        return float(given), "cli:--shutdown-timeout"
+    raw = (environ or {}).get(SHUTDOWN_ENV, "").strip()
+    if raw.isdigit():
+        return float(raw), f"env:{SHUTDOWN_ENV}"
+    return None
+
+
+def apply_request(policy: Policy, request: Request, environ=None) -> Policy:
     """The CLI layer: --nproc-per-node as decision.max_gpus, a forced --strategy as the only
-    allowed one."""
+    allowed one, torchrun's --shutdown-timeout (or TORCH_ELASTIC_SHUTDOWN_TIMEOUT in `environ`)
+    as launch.signal_grace_s."""
     check_request(policy, request)
     out = policy
+    grace = _shutdown_timeout(request, environ)
+    if grace is not None:
+        cap = policy.enforced.get("launch.signal_grace_s")
+        if cap is not None and grace[0] > cap:
+            where = policy.admin_path or ADMIN_POLICY_PATH
+            raise PolicyError(
+                f"{grace[1].split(':', 1)[1]}={grace[0]:g} s exceeds the admin policy's cap "
+                f"(enforce.launch.signal_grace_s={format_value(cap)} in {where}); give "
+                f"{format_value(cap)} or less")
+        out = replace_values(out, {"launch.signal_grace_s": grace[0]}, grace[1])
     if request.max_gpus is not None:
         out = replace_values(out, {"decision.max_gpus": request.max_gpus}, "cli:--nproc-per-node")
     if request.strategy != "auto":
