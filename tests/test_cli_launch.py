@@ -279,8 +279,8 @@ ONCE = ("import os, sys\nc = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
 
 def test_a_single_process_honours_torchruns_log_and_restart_options(clean_env):
     # The decision on this machine is one process (no GPU). Where the command line asks for
-    # what torch's agent does (--log-dir, --redirects, --tee, --max-restarts), the process is
-    # run as torchrun --nproc-per-node 1 runs it, not bare.
+    # what torch's agent does (--log-dir, --redirects, --tee, --max-restarts, --role, ...), the
+    # process is run as torchrun --nproc-per-node 1 runs it, not bare.
     script = clean_env / "once.py"
     script.write_text(ONCE)
     ours = smartlaunch(["--max-restarts", "1", str(script)], clean_env)
@@ -295,6 +295,11 @@ def test_a_single_process_honours_torchruns_log_and_restart_options(clean_env):
     assert r.returncode == 1 and "attempt 0" not in r.stdout, r.stdout
     (out,) = logs.glob("*/attempt_0/0/stdout.log")
     assert out.read_text() == "attempt 0\n"
+
+    role = clean_env / "role.py"
+    role.write_text("import os\nprint('role', os.environ['ROLE_NAME'])\n")
+    r = smartlaunch(["--role", "trainer", str(role)], clean_env)
+    assert r.returncode == 0 and "role trainer" in r.stdout, r.stderr[-2000:]
 
 
 SAVES_ON_SIGTERM = """\

@@ -80,13 +80,21 @@ def placement_lines(plan: Plan) -> list[str]:
 binding_label = rank_binding
 
 
+# torchrun options only torch's agent carries out, with their defaults (an option this torch
+# lacks reads as its default)
+AGENT_OPTIONS = {"log_dir": None, "redirects": "0", "tee": "0", "max_restarts": 0,
+                 "logs_specs": None, "duplicate_stdout_filters": [],
+                 "duplicate_stderr_filters": [], "local_ranks_filter": "", "role": "default",
+                 "numa_binding": None, "event_log_handler": "null"}
+
+
 def launcher(plan, ctx):
     """One process without torch's agent; through the agent (as torchrun --nproc-per-node 1)
-    where the command line asks for what only the agent does: --log-dir, --redirects, --tee,
-    --max-restarts."""
+    where the command line asks for what only the agent does (AGENT_OPTIONS: --log-dir,
+    --redirects, --tee, --max-restarts, ...)."""
     args = ctx.torchrun_args
-    if args is not None and (args.log_dir or args.redirects != "0" or args.tee != "0"
-                             or args.max_restarts > 0):
+    if args is not None and any(getattr(args, k, v) not in (v, None) for k, v in
+                                AGENT_OPTIONS.items()):
         from smartlaunch.launch.ddp import DDPLauncher
         return DDPLauncher(plan, ctx)
     from smartlaunch.launch.single import SingleLauncher
