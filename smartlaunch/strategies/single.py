@@ -81,11 +81,12 @@ binding_label = rank_binding
 
 
 # torchrun options only torch's agent carries out, with their defaults (an option this torch
-# lacks reads as its default)
+# lacks reads as its default). Not --numa-binding: the process is bound to its GPU's NUMA node
+# anyway (decide/prepare.py), and torch's binding fails on a machine without CUDA.
 AGENT_OPTIONS = {"log_dir": None, "redirects": "0", "tee": "0", "max_restarts": 0,
                  "logs_specs": None, "duplicate_stdout_filters": [],
                  "duplicate_stderr_filters": [], "local_ranks_filter": "", "role": "default",
-                 "numa_binding": None, "event_log_handler": "null"}
+                 "event_log_handler": "null"}
 
 
 def launcher(plan, ctx):
