@@ -227,11 +227,11 @@ def load(path: Path, parse, what: str, *, then: str = "measuring again", read=No
         return None
 
 
-def read_record(path: Path, trusted: Callable[[os.stat_result], bool] | None = None):
-    """The JSON value of the regular file at `path` (no link followed; its stat accepted by
-    `trusted` if given), or None; BadRecord when not JSON or too large."""
+def read_regular(path, limit: int, trusted: Callable[[os.stat_result], bool] | None = None):
+    """At most limit + 1 bytes of the regular file at `path` (no link followed, no FIFO waited
+    on; its stat accepted by `trusted` if given), or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None  # absent, or a symlink planted in our place
     with os.fdopen(fd, "rb") as f:
@@ -239,10 +239,16 @@ def read_record(path: Path, trusted: Callable[[os.stat_result], bool] | None = N
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode) or (trusted is not None and not trusted(st)):
                 return None
-            raw = f.read(MAX_RECORD_BYTES + 1)
+            return f.read(limit + 1)
         except OSError:
             return None
-    return CACHE.loads(raw, MAX_RECORD_BYTES, "the file")
+
+
+def read_record(path: Path, trusted: Callable[[os.stat_result], bool] | None = None):
+    """The JSON value of the regular file at `path` (read_regular), or None; BadRecord when not
+    JSON or too large."""
+    raw = read_regular(path, MAX_RECORD_BYTES, trusted)
+    return None if raw is None else CACHE.loads(raw, MAX_RECORD_BYTES, "the file")
 
 
 def mapped_record(path, size: int, mode: int = 0o644):
@@ -336,21 +342,10 @@ def own_file(st: os.stat_result) -> bool:
 
 
 def read_own(path: str, limit: int) -> bytes | None:
-    """The bytes of this user's regular file at `path` (no link followed, no FIFO waited on),
-    or None: absent, another's, not a regular file, or over `limit` bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            st = os.fstat(f.fileno())
-            if not own_file(st) or st.st_size > limit:
-                return None
-            data = f.read(limit + 1)
-        except OSError:
-            return None
-    return data if len(data) <= limit else None
+    """The bytes of this user's regular file at `path` (read_regular), or None: absent,
+    another's, not a regular file, or over `limit` bytes."""
+    data = read_regular(path, limit, own_file)
+    return data if data is not None and len(data) <= limit else None
 
 
 def read_capped(path: str, limit: int) -> bytes | None:
