@@ -181,6 +181,15 @@ def test_forced_strategies_skip_the_model_but_show_it(clean_env):
     assert "--strategy ddp needs at least 2 usable GPUs" in str(e.value)
 
 
+def test_forced_ddp_with_one_process_asked_is_one_rank_as_under_torchrun(clean_env):
+    # `--strategy ddp --nproc-per-node 1` is torchrun's one-rank job (as it already was on the
+    # CPU); on GPUs it was refused as "needs at least 2 usable GPUs" with two GPUs free.
+    for prof in (profile(), profile(**GPT)):
+        plan, _ = run(nv_pair(), prof, req=request(strategy="ddp", max_gpus=1))
+        assert plan.strategy == Strategy.DDP and plan.gpus == (0,) and plan.nproc_per_node == 1
+        assert plan.forced and plan.left_free == (1,)
+
+
 def test_independent_jobs_for_variants(clean_env):
     variants = (("--lr", "0.1"), ("--lr", "0.01"), ("--lr", "0.001"))
     plan, _ = run(pcie4(), profile(**RESNET), req=request(variants=variants))

@@ -38,7 +38,7 @@ def forced(ctx) -> Choice:
                 f"sizes (the global batch is the world size × the per-rank batch); "
                 f"--nproc-per-node {n} uses them all", policy.rule("decision.world_sizes")))
         n = sized
-    if n < 2:
+    if n < (1 if request.max_gpus == 1 else 2):     # --nproc-per-node 1: one rank, as torchrun
         raise PlanError(f"--strategy ddp needs at least 2 usable GPUs; this job may use {n} "
                         f"({G.gpu_list_short(usable)} usable): use --strategy single, "
                         f"or free a GPU")
