@@ -263,7 +263,9 @@ def mapped_record(path, size: int, mode: int = 0o644):
         os.unlink(path)
         fd = os.open(path, flags, mode)
     try:
-        os.ftruncate(fd, size)
+        zeros = memoryview(bytes(size))     # written, not ftruncate'd: a full disk or a quota
+        while zeros:                        # fails here, not as SIGBUS at a later store
+            zeros = zeros[os.write(fd, zeros):]
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)

@@ -181,3 +181,63 @@ def test_the_work_timer_runs_only_where_the_node_has_ranks_to_compare(clean_env,
     assert r.returncode == 0 and "finished" in r.stdout, r.stderr
     assert (run_dir / "progress" / "local0.bin").is_file()
     assert (run_dir / "progress" / "work0.bin").is_file() == timed
+
+
+CHATTY = """\
+import sys
+for i in range(8000):
+    print(f"line {i} " + "x" * 120)
+print("all printed", file=sys.stderr)
+"""
+
+
+def test_a_log_that_fills_its_disk_costs_the_log_not_the_job(clean_env):
+    # A quota or a full disk under the run directory: torchrun (no --tee) runs such a job to
+    # its end. The rank's output copier died on the failed write; the rank's next print then
+    # raised BrokenPipeError and the job failed. RLIMIT_FSIZE makes the copier's log write
+    # fail (EFBIG) as a full disk would (ENOSPC), without a mount.
+    import resource
+    script = clean_env / "chatty.py"
+    script.write_text(CHATTY)
+    run_dir = clean_env / "run"
+    env = {**os.environ, "SMARTLAUNCH_RUN_DIR": str(run_dir), "LOCAL_RANK": "0", "RANK": "0",
+           "SMARTLAUNCH_TEE_DIR": str(run_dir / "logs")}
+    limit = 256 * 1024
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.launch.worker", str(script)],
+                       cwd=clean_env, env=env, capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                             (limit, limit)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"line {i} " + "x" * 120 for i in range(8000)]
+    log = run_dir / "logs" / "0" / "stdout.log"
+    said = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
+    assert said == [f"smartlaunch: stdout of this rank no longer kept in {log} (File too "
+                    f"large); the job goes on"]
+    assert "all printed" in r.stderr and 0 < log.stat().st_size <= limit
+    assert (run_dir / "logs" / "0" / "stderr.log").read_text().endswith("all printed\n")
+
+
+def test_a_mapped_record_has_its_blocks_before_it_is_mapped(tmp_path):
+    # A sparse record (ftruncate) gets its block at the first store into the mapping: on a full
+    # disk or over a quota that store is SIGBUS, the rank killed. Written, it fails at creation
+    # (OSError, which the worker hook says and goes on from).
+    control = tmp_path / "control"
+    control.write_bytes(bytes(64))
+    if os.stat(control).st_blocks == 0:
+        pytest.skip("this file system keeps small files without blocks")
+    mapped_record(tmp_path / "local0.bin", 64).close()
+    assert os.stat(tmp_path / "local0.bin").st_blocks > 0
+
+
+def test_a_step_record_that_cannot_be_made_costs_the_count_not_the_job(clean_env):
+    run_dir = clean_env / "run"
+    run_dir.mkdir()
+    (run_dir / "progress").write_text("not a directory")
+    env = {**os.environ, "SMARTLAUNCH_RUN_DIR": str(run_dir), "LOCAL_RANK": "0", "RANK": "0",
+           "LOCAL_WORLD_SIZE": "2"}
+    r = subprocess.run([sys.executable, "-m", "smartlaunch.launch.worker", TINY, "--epochs", "1"],
+                       cwd=clean_env, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "finished" in r.stdout, r.stderr
+    said = [line for line in own_lines(r.stderr) if line.startswith("smartlaunch:")]
+    assert said == [f"smartlaunch: steps of this rank not counted: cannot make "
+                    f"{run_dir}/progress/local0.bin (File exists); the job goes on"]

@@ -75,11 +75,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"smartlaunch: no stack dumps for this rank: cannot open "
                   f"{stack_path(run_dir, local_rank)} ({exc.strerror}); the job goes on",
                   file=sys.stderr, flush=True)
-        writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
-                                int(os.environ.get("RANK", "0")))
-        _install_step_hooks(writer)
-        if _local_world_size() > 1:       # the straggler warning compares this node's ranks
-            _keep.append(worktime.install(run_dir, local_rank))
+        try:
+            writer = ProgressWriter(progress_path(run_dir, local_rank), local_rank,
+                                    int(os.environ.get("RANK", "0")))
+        except OSError as exc:          # nor its step count (the summary has no rate then)
+            print(f"smartlaunch: steps of this rank not counted: cannot make "
+                  f"{progress_path(run_dir, local_rank)} ({exc.strerror}); the job goes on",
+                  file=sys.stderr, flush=True)
+        if writer is not None:
+            _install_step_hooks(writer)
+        if writer is not None and _local_world_size() > 1:   # the straggler warning compares
+            with contextlib.suppress(OSError):                # this node's ranks
+                _keep.append(worktime.install(run_dir, local_rank))
     log.debug("the script starts: %s", target)
     # The exit status goes into the record after the script's last words: the launcher stops
     # the other ranks on seeing it.
@@ -142,11 +149,11 @@ def _tee_output(log_dir: str) -> None:
     """Copy fds 1 and 2 to log files through a forked copier each, the terminal's output left
     unchanged (torch's tee prefixes lines); the copier ignores the job's signals and drains
     until the last writer is gone."""
-    os.makedirs(log_dir, mode=0o700, exist_ok=True)
     status_line = os.environ.get(STATUS_LINE_VAR) == "1"
     for fd, name in ((1, "stdout"), (2, "stderr")):
         path = os.path.join(log_dir, f"{name}.log")
         try:        # before the fork: a log that cannot be opened leaves the stream as it is
+            os.makedirs(log_dir, mode=0o700, exist_ok=True)
             log = open_private(path, "ab", buffering=0)
         except OSError as exc:
             print(f"smartlaunch: {name} of this rank not kept in {path} ({exc.strerror}); "
@@ -157,28 +164,45 @@ def _tee_output(log_dir: str) -> None:
         with naming_output_copiers():
             pid = os.fork()
         if pid == 0:
-            os.close(w)
-            os.setpgid(0, 0)
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-                signal.signal(s, signal.SIG_IGN)
-            # a new output line erases the launcher's steps/s line first (not mid-line)
-            erase = b"\r\x1b[K" if status_line and os.isatty(fd) else b""
-            at_line_start = True
-            with log:
-                while data := os.read(r, 65536):
-                    log.write(data)
-                    try:
-                        os.write(fd, erase + data if at_line_start else data)
-                    except OSError:
-                        pass              # terminal gone: keep the log complete anyway
-                    at_line_start = data.endswith(b"\n")
-            os._exit(0)
+            try:                          # nothing of this copy may run on as the rank
+                os.close(w)
+                os.setpgid(0, 0)
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
+                          signal.SIGUSR2):
+                    signal.signal(s, signal.SIG_IGN)
+                # a new output line erases the launcher's steps/s line first (not mid-line)
+                erase = b"\r\x1b[K" if status_line and os.isatty(fd) else b""
+                _copy_output(r, fd, log, erase, f"{name} of this rank", path)
+            finally:
+                os._exit(0)
         with contextlib.suppress(OSError):   # the child may have done it already
             os.setpgid(pid, pid)
         log.close()
         os.close(r)
         os.dup2(w, fd)
         os.close(w)
+
+
+def _copy_output(r: int, fd: int, log, erase: bytes, what: str, path: str) -> None:
+    """Copy the pipe r to the stream fd and the log until the last writer is gone. Neither can
+    stop the job: a log that fails (its disk full, a quota) is left, said once on stderr; a
+    stream that fails (the terminal gone) is skipped, the log kept complete."""
+    at_line_start = True
+    with log:
+        while data := os.read(r, 65536):
+            if not log.closed:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[log.write(view):]
+                except OSError as exc:
+                    log.close()
+                    with contextlib.suppress(OSError):
+                        os.write(2, f"smartlaunch: {what} no longer kept in {path} "
+                                    f"({exc.strerror}); the job goes on\n".encode())
+            with contextlib.suppress(OSError):
+                os.write(fd, erase + data if at_line_start else data)
+            at_line_start = data.endswith(b"\n")
 
 
 def _die_with_parent() -> None:
