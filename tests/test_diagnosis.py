@@ -121,6 +121,32 @@ def test_summary_rates_of_ranks_that_did_not_step_together_are_each_given_with_w
 
 
 # ---- the monitor on synthetic per-rank timings and replayed NVML samples ---------------------
+def test_gpu_samples_that_cannot_be_written_are_said_once_and_the_run_goes_on(tmp_path):
+    # A full disk under the run directory: the watchdog printed "watchdog error" at every
+    # sample (every launch.gpu_sample_s for the rest of the job).
+    import resource
+    policy = LaunchPolicy(gpu_sample_s=1.0)
+    out = []
+    path = tmp_path / "s.jsonl"
+    mon = RunMonitor(policy, gpu_of=lambda lr: lr, sample_gpus=lambda: [sample(0, 0, 1980)],
+                     record_to=str(path),
+                     out=type("W", (), {"write": out.append, "flush": lambda s: None})())
+    ranks = {0: (ProgressRecord(100, 0, 0, 10, 0.0, 0.0, 0.0, None), None)}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    mon.observe(0.0, ranks)
+    size = path.stat().st_size
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))     # the next line cannot fit
+    try:
+        for t in range(1, 6):
+            mon.observe(float(t), ranks)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    said = [w for w in "".join(out).splitlines() if w]
+    assert said == [f"smartlaunch: GPU samples no longer kept in {path} (File too large); "
+                    f"the job goes on"]
+    assert path.stat().st_size == size and len(mon._gpus[0].samples()) == 6
+
+
 def test_monitor_names_straggler_within_the_window(tmp_path):
     policy = LaunchPolicy(straggler_window_s=10.0, gpu_sample_s=2.0)
     replay = lambda: [sample(0, 0, 1980), sample(0, 1, 1410, ["sw_thermal_slowdown"])]   # noqa: E731

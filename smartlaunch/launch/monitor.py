@@ -94,9 +94,14 @@ class RunMonitor:
                     track.warned = True
                     self._warn(text)
         if self._record_to and samples:
-            with open_private(self._record_to, "a") as f:
-                for s in samples:
-                    f.write(json.dumps(s.to_dict()) + "\n")
+            try:
+                with open_private(self._record_to, "a") as f:
+                    for s in samples:
+                        f.write(json.dumps(s.to_dict()) + "\n")
+            except OSError as exc:      # a full disk or a quota: said once, the job goes on
+                print(f"smartlaunch: GPU samples no longer kept in {self._record_to} "
+                      f"({exc.strerror}); the job goes on", file=self._out, flush=True)
+                self._record_to = None
 
     def _check_straggler(self, now: float, rank_of: dict[int, int]) -> None:
         work, step = {}, []
