@@ -355,7 +355,8 @@ def _catch_termination() -> dict:
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for s in (signal.SIGTERM, signal.SIGHUP):
-            previous[s] = signal.signal(s, _raise_signalled)
+            if signal.getsignal(s) != signal.SIG_IGN:    # nohup's SIGHUP stays ignored
+                previous[s] = signal.signal(s, _raise_signalled)
     return previous
 
 

@@ -302,6 +302,42 @@ def test_a_single_process_honours_torchruns_log_and_restart_options(clean_env):
     assert r.returncode == 0 and "role trainer" in r.stdout, r.stderr[-2000:]
 
 
+WAITS_FOR_GO = """\
+import os, sys, time
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1] + ".go"):
+    time.sleep(0.05)
+open(sys.argv[1] + "-" + os.environ["RANK"], "w").write("finished")
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_nohup_job_outlives_the_terminals_hangup(clean_env, ranks):
+    # `nohup smartlaunch ... &`, then the terminal goes: SIGHUP to the launcher and its group.
+    # python leaves an ignored SIGHUP ignored; torchrun (and smartlaunch) ended the job (exit
+    # 1 / 129), pytorch/pytorch#76894.
+    import signal
+    script = clean_env / "waits.py"
+    script.write_text(WAITS_FOR_GO)
+    mark = clean_env / "done"
+    force = ["--strategy", "ddp", "--nproc-per-node", "2"] if ranks == 2 else []
+    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", *force, str(script),
+                          str(mark)], cwd=clean_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        for _ in range(ranks):
+            assert p.stdout.readline().strip() == "ready"
+        os.killpg(p.pid, signal.SIGHUP)
+        p.send_signal(signal.SIGHUP)
+        (clean_env / "done.go").touch()
+        assert p.wait(timeout=60) == 0
+    finally:
+        p.kill()
+        p.stdout.close()
+    assert sorted(f.name for f in clean_env.glob("done-*")) == [f"done-{r}" for r in range(ranks)]
+
+
 SAVES_ON_SIGTERM = """\
 import os, signal, sys, time
 def save(signum, frame):

@@ -14,13 +14,22 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signa
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def ignored(signum: int) -> bool:
+    """Whether signum is ignored here: a signal ignored where smartlaunch started (nohup's
+    SIGHUP, SIGINT of a shell script's background job) stays ignored, as python leaves it; no
+    handler is put on it, so nothing is forwarded and every process started inherits the
+    ignore (torchrun instead ends a nohup job when the terminal goes)."""
+    return signal.getsignal(signum) == signal.SIG_IGN
+
+
 @contextlib.contextmanager
 def handling(signals: Iterable[int], handler) -> Iterator[None]:
-    """`handler` for these signals inside the block (the main thread only: elsewhere none)."""
+    """`handler` for these signals inside the block (the main thread only: elsewhere none),
+    except those ignored()."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in signals}
+    previous = {s: signal.getsignal(s) for s in signals if not ignored(s)}
     try:
         for s in previous:
             signal.signal(s, handler)

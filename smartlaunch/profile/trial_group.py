@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, _signalled)
+        if signal.getsignal(s) != signal.SIG_IGN:        # ignored by the launcher's caller
+            signal.signal(s, _signalled)
     return run_group(int(argv[1]), argv[3:])
 
 
