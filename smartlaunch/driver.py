@@ -176,8 +176,8 @@ class Driver:
         what = f"profiling {request.script} on GPU{gpu}"
 
         def announce():
-            status.ticking(f"{what} (dry run of at most {policy.dryrun.time_limit_s:.0f} s; "
-                           f"cached afterwards)")
+            status.ticking(f"{what} (dry run of at most {policy.dryrun.time_limit_s:.0f} s"
+                           f"{_cached_afterwards('; ')})")
 
         def progress(k: int, n: int) -> None:
             status.progress(f"{what}: dry run step {k} of {max(k, n)}")
@@ -257,8 +257,8 @@ class Driver:
             status.progress(f"{what}: all-reduce {mb(size)} ({k} of {n} sizes)")
         sweep = self.early.sweep if self.early is not None else None
         if sweep is not None and sweep.gpus == group:
-            status.ticking(f"{what} up to the largest size (started with the dry run; cached "
-                           f"afterwards)")
+            status.ticking(f"{what} up to the largest size (started with the dry run"
+                           f"{_cached_afterwards('; ')})")
             curve = sweep.curve(progress)
             self.clock.add({"allreduce_early": sweep.stage_seconds()})
             if curve is not None:
@@ -266,7 +266,7 @@ class Driver:
 
         def announce() -> None:        # a cached curve is read without a word
             top = mb(need.max_bytes) if need.max_bytes else "the largest size"
-            status.ticking(f"{what} up to {top} (cached afterwards)")
+            status.ticking(f"{what} up to {top}{_cached_afterwards(' (', ')')}")
         return comm_curve(self.topology, group, self.policy, self.environ,
                           max_bytes=need.max_bytes, progress=progress, announce=announce,
                           session=self.session)
@@ -343,3 +343,9 @@ class NullStream:
 
     def flush(self):
         pass
+
+
+def _cached_afterwards(before: str, after: str = "") -> str:
+    """'cached afterwards' between before and after, or nothing where the cache is off."""
+    from smartlaunch.store import uncached
+    return "" if uncached() else f"{before}cached afterwards{after}"

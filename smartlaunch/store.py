@@ -175,6 +175,7 @@ def write_json(path: Path, data: dict, mode: int | None = None) -> None:
 
 
 _SAID: set[str] = set()     # lines said by this process: a record read twice is said once
+_UNWRITABLE: set[str] = set()   # cache directories found unwritable by this process
 
 
 def say_once(line: str) -> None:
@@ -190,8 +191,14 @@ def say_once(line: str) -> None:
 
 def say_unwritable(root: Path, exc: OSError | CacheUnwritable) -> None:
     """The one line for a cache directory the launch measures without."""
+    _UNWRITABLE.add(str(root))
     say_once(f"cache directory {root} is not writable ({exc.strerror}): measuring without "
              f"caching")
+
+
+def uncached() -> bool:
+    """Whether this process measures without caching (say_unwritable was called)."""
+    return bool(_UNWRITABLE)
 
 
 def cache_folder(root: Path, name: str) -> Path:

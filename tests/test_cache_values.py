@@ -261,6 +261,7 @@ def test_explain_reprofile_on_a_read_only_cache_prints_the_plan(job):
     said = [ln for ln in ours(r.stderr) if "is not writable" in ln]
     assert said == [f"smartlaunch: cache directory {mount} is not writable (Read-only file "
                     f"system): measuring without caching"], r.stderr[-2000:]
+    assert "cached afterwards" not in r.stderr and "profiling " in r.stderr, r.stderr[-2000:]
     assert "candidate" in r.stdout and "script output: not kept" in r.stdout, r.stdout
 
 
@@ -305,6 +306,7 @@ def test_explain_reprofile_on_a_cache_dir_the_user_cannot_write(tmp_path_factory
         said = [ln for ln in ours(r.stderr) if "is not writable" in ln]
         assert said == [f"smartlaunch: cache directory {d / 'cache'} is not writable "
                         f"(Permission denied): measuring without caching"], r.stderr[-2000:]
+        assert "cached afterwards" not in r.stderr and "profiling " in r.stderr, r.stderr[-2000:]
         assert "candidate" in r.stdout and "DDP×2" in r.stdout, r.stdout
         assert os.listdir(d / "cache") == []
     finally:

@@ -257,6 +257,24 @@ def test_an_unwritable_log_is_said_once_and_the_launch_goes_on(clean_env):
                     f"the launch goes on"]
 
 
+def test_a_cache_that_cannot_take_the_fallback_log_names_both_places(clean_env):
+    # The built-in node path is not the user's and the cache directory cannot be made (a
+    # read-only HOME): the line named the node path and gave the cache's reason alone.
+    node_path = "/var/log/smartlaunch/decisions.jsonl"
+    if os.path.lexists(os.path.dirname(node_path)):
+        pytest.skip("this machine has the node's decision log directory")
+    (clean_env / "afile").write_text("x")
+    (clean_env / "t.py").write_text("print('ran')\n")
+    r = smartlaunch(["--strategy", "single", "t.py"], clean_env,
+                    SMARTLAUNCH_CACHE_DIR=str(clean_env / "afile" / "cache"))
+    assert r.returncode == 0 and "ran" in r.stdout, r.stderr
+    said = [x for x in own_lines(r.stderr) if "decision log" in x]
+    assert len(said) == 1 and said[0].startswith(
+        f"smartlaunch: decision log {node_path} not written (not writable by you, nor its "
+        f"fallback in the cache directory: cannot create cache directory "
+        f"{clean_env}/afile/cache: Not a directory; "), said
+
+
 @needs_admin_install              # root and unshare --mount, for a private full tmpfs
 def test_a_full_disk_is_said_once_and_the_launch_goes_on(clean_env):
     full = clean_env / "full"

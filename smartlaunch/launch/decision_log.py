@@ -222,8 +222,9 @@ class LaunchRecord:
             rec.path = path
         except OSError as exc:
             rec._failed(path, exc.strerror or str(exc))
-        except SmartlaunchError as exc:     # the cache directory is not ours to write
-            rec._failed(path, str(exc))
+        except SmartlaunchError as exc:     # the node's path is not ours, nor is the cache
+            rec._failed(path, f"not writable by you, nor its fallback in the cache directory: "
+                              f"{exc}")
         return rec
 
     def began(self, plan: Plan) -> None:
