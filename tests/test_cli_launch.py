@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -336,6 +337,54 @@ def test_a_nohup_job_outlives_the_terminals_hangup(clean_env, ranks):
         p.kill()
         p.stdout.close()
     assert sorted(f.name for f in clean_env.glob("done-*")) == [f"done-{r}" for r in range(ranks)]
+
+
+STEPS_UNTIL_GO = """\
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+def step():
+    m(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad(); time.sleep(0.01)
+for _ in range(5):
+    step()
+print("stepping", flush=True)
+while not os.path.exists(sys.argv[1]):
+    step()
+for _ in range(30):
+    step()
+print("finished", flush=True)
+"""
+
+
+def test_a_job_stopped_whole_and_resumed_is_not_a_hang(clean_env):
+    # Ctrl-Z then fg, or a suspended Slurm job (SIGSTOP to every process, then SIGCONT): the
+    # watchdog counted the stop as the ranks' idle time and ended the job as hung on resume.
+    import signal
+    script = clean_env / "steps.py"
+    script.write_text(STEPS_UNTIL_GO)
+    (clean_env / "p.yaml").write_text("launch:\n  hang_timeout_s: 2\n  hang_step_multiple: 2\n")
+    go = clean_env / "go"
+    p = subprocess.Popen([sys.executable, "-m", "smartlaunch.cli", "--policy", "p.yaml",
+                          "--strategy", "ddp", "--nproc-per-node", "2", str(script), str(go)],
+                         cwd=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        for _ in range(2):
+            assert p.stdout.readline().strip() == "stepping"
+        import psutil                         # every process of the job, as Slurm stops it
+        job = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+        for q in job:
+            q.suspend()
+        time.sleep(4)                         # the stop itself: twice the hang limit
+        go.touch()
+        for q in job:
+            q.resume()
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and "hang" not in err, err[-3000:]
+    assert out.count("finished") == 2, out
 
 
 SAVES_ON_SIGTERM = """\

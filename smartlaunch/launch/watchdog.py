@@ -26,6 +26,9 @@ from smartlaunch.launch.worktime import WorkRecord, read_work, work_path
 from smartlaunch.policy.api import LaunchPolicy
 
 POLL_S = 0.1
+# A gap this long between two looks means this process was stopped (Ctrl-Z, a suspended Slurm
+# job: SIGSTOP to all of it, then SIGCONT): time before it is no rank's idle time.
+STOPPED_GAP_S = 2.0
 DISPLAY_EVERY_S = 1.0
 RATE_WINDOW_S = 5.0                      # the live display's steps/s
 
@@ -97,6 +100,8 @@ class Watchdog(threading.Thread):
         self._kill_at: float | None = None
         self._stop_at: tuple[float, float] | None = None   # (when, then SIGKILL after) pending
         self._last_display = 0.0
+        self._looked: float | None = None     # the end of the last tick
+        self._resumed = float("-inf")         # when this process last came back from a stop
         self._straggler_warned = False
         self.failure: RankFailure | None = None
         self.hang: HangReport | None = None
@@ -158,6 +163,14 @@ class Watchdog(threading.Thread):
 
     def tick(self) -> None:
         now = time.monotonic()
+        if self._looked is not None and now - self._looked > STOPPED_GAP_S:
+            self._resumed = now
+        try:
+            self._tick(now)
+        finally:
+            self._looked = time.monotonic()
+
+    def _tick(self, now: float) -> None:
         with self._lock:
             self._refresh(now)
             if self._stop_at is not None and (now >= self._stop_at[0] or not any(
@@ -236,11 +249,12 @@ class Watchdog(threading.Thread):
     def _limit(self, r: _Rank) -> tuple[float, float]:
         """(seconds without progress, allowed seconds) for one rank."""
         if r.rec.steps == 0:
-            return time.monotonic() - r.rec.t_start, self.launch.startup_grace_s
+            return time.monotonic() - max(r.rec.t_start, self._resumed), \
+                self.launch.startup_grace_s
         median = statistics.median(r.step_s) if r.step_s else 0.0
         # A record read as its first step is stored has a count but no time yet: the start.
         last = r.rec.t_last or r.rec.t_first or r.rec.t_start
-        return (time.monotonic() - last,
+        return (time.monotonic() - max(last, self._resumed),
                 max(self.launch.hang_timeout_s, self.launch.hang_step_multiple * median))
 
     def _check_hang(self) -> None:
