@@ -446,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         debug = "--debug" in argv[:_options(build_parser(), argv)[1]]
         logconf.configure(logconf.level_from(os.environ.get(logconf.ENV)))
+        from smartlaunch.launch.worker import forget_outer_launch
+        forget_outer_launch(os.environ)         # run from inside another launch's rank
         request, given = parse(argv)
         log.debug("smartlaunch %s", " ".join(argv))
         from smartlaunch.pipeline import run

@@ -387,6 +387,28 @@ def test_a_job_stopped_whole_and_resumed_is_not_a_hang(clean_env):
     assert out.count("finished") == 2, out
 
 
+RUNS_A_LAUNCH = """\
+import os, subprocess, sys
+print("outer", flush=True)
+subprocess.run([sys.executable, "-m", "smartlaunch.cli", "--quiet", sys.argv[1]], check=True)
+"""
+
+
+def test_a_launch_inside_a_rank_keeps_its_output_out_of_the_outer_ranks_log(clean_env):
+    # A script that runs smartlaunch itself (an evaluation, a sweep driver): the inner workers
+    # inherited the outer worker hook's variables and copied their output into the outer
+    # rank's log as well (each line twice there), and its NUMA binding where it had one.
+    (clean_env / "inner.py").write_text("print('inner', flush=True)\n")
+    (clean_env / "outer.py").write_text(RUNS_A_LAUNCH)
+    (clean_env / "p.yaml").write_text(f"launch:\n  log_dir: {clean_env / 'logs'}\n")
+    r = smartlaunch(["--policy", "p.yaml", "--quiet", "--strategy", "ddp", "--nproc-per-node",
+                     "1", "outer.py", "inner.py"], clean_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["outer", "inner"], r.stdout
+    outer, = (clean_env / "logs").glob("*/logs/0/stdout.log")     # the inner: one process
+    assert outer.read_text() == "outer\ninner\n"
+
+
 SAVES_ON_SIGTERM = """\
 import os, signal, sys, time
 def save(signum, frame):

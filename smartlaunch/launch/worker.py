@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 
 from smartlaunch import logconf
 from smartlaunch.entry import report_uncaught, run_entrypoint
@@ -39,6 +39,15 @@ _keep: list = []                           # objects that must outlive main() (s
 def worker_command(command, python: str) -> list[str]:
     """argv of one wrapped worker: the hook in front of Plan.command."""
     return [python, "-u", "-m", "smartlaunch.launch.worker", *command]
+
+
+def forget_outer_launch(environ: MutableMapping[str, str]) -> None:
+    """Drop the hook's variables a launch inside a worker inherits (a script that runs
+    smartlaunch): its own workers would copy their output into the outer rank's logs and take
+    the outer rank's NUMA binding."""
+    for name in (RUN_DIR_VAR, RUN_ID_VAR, LAUNCHER_PID_VAR, TEE_DIR_VAR, STATUS_LINE_VAR,
+                 numa.ENV_VAR, numa.APPLIED_VAR):
+        environ.pop(name, None)
 
 
 def worker_env(run_dir: str, run_id: str, bindings: Sequence = ()) -> dict[str, str]:
