@@ -14,11 +14,11 @@ from importlib.machinery import SourceFileLoader
 def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
     sys.argv = [target, *args]
     if module:
-        sys.path[0] = os.getcwd()
+        _set_path0(os.getcwd())
         runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
     path = os.path.abspath(target)
-    sys.path[0] = os.path.dirname(os.path.realpath(target))
+    _set_path0(os.path.dirname(os.path.realpath(target)))
     if not os.path.isfile(path):       # a directory or zip with __main__.py
         runpy.run_path(target, run_name="__main__")
         return
@@ -29,6 +29,15 @@ def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     exec(code, main.__dict__)
+
+
+def _set_path0(path: str) -> None:
+    """sys.path[0] as python gives the script (its folder; the current one for a module):
+    put in front under -P (proc.python_m), where sys.path has no such entry, else replaced."""
+    if getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, path)
+    else:
+        sys.path[0] = path
 
 
 _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep

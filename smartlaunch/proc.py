@@ -17,6 +17,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+
+def python_m(module: str, python: str | None = None, *flags: str) -> list[str]:
+    """argv running `module` of this package with python (this interpreter by default) in the
+    user's current directory. -P (Python 3.11+): the directory is not put on sys.path, so a
+    `smartlaunch` folder planted there (a shared /tmp) is never what gets imported; the script
+    gets its own sys.path[0] from entry.run_entrypoint, as under python."""
+    python = python or sys.executable
+    safe = ["-P"] if python == sys.executable and sys.version_info >= (3, 11) else []
+    return [python, *flags, *safe, "-m", module]
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:      # imported where used: the worker hook imports this module in every rank
@@ -226,7 +236,7 @@ class _Guard:
         # Under a spawned child the tag extends the child's own, so prefix sweeps find ours.
         self.tag = f"{os.environ.get(GUARD_VAR, '')}{os.getpid()}-{time.time_ns()}"
         self.spawned = 0
-        self.proc = subprocess.Popen([sys.executable, "-m", "smartlaunch.guard", self.tag],
+        self.proc = subprocess.Popen([*python_m("smartlaunch.guard"), self.tag],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
 

@@ -21,6 +21,8 @@ import stat
 import sys
 from collections.abc import Callable, Mapping
 
+from smartlaunch.proc import python_m
+
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 SHARED_TOP = ("proc", "sys", "dev", "run")
@@ -313,7 +315,7 @@ def wrap(argv: list[str], scratch: str, keep: list[str], status: str,
     opts = ["--scratch", scratch, "--status", status]
     for k in keep:
         opts += ["--keep", k]
-    return [python, "-m", "smartlaunch.sandbox", *opts, "--", *argv]
+    return [*python_m("smartlaunch.sandbox", python), *opts, "--", *argv]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,16 @@ def smartlaunch(args, cwd, env_extra=None, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _wait_for(p, word: str, n: int) -> None:
+    """Until the job printed word n times: ranks' unbuffered lines may interleave (`python -u`,
+    as under torchrun), "readyready\n\n"."""
+    seen = ""
+    while seen.count(word) < n:
+        line = p.stdout.readline()
+        assert line, seen
+        seen += line
+
+
 def torchrun(args, cwd, timeout=120):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
@@ -327,8 +337,7 @@ def test_a_nohup_job_outlives_the_terminals_hangup(clean_env, ranks):
                          stderr=subprocess.DEVNULL, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
-        for _ in range(ranks):
-            assert p.stdout.readline().strip() == "ready"
+        _wait_for(p, "ready", ranks)
         os.killpg(p.pid, signal.SIGHUP)
         p.send_signal(signal.SIGHUP)
         (clean_env / "done.go").touch()
@@ -370,8 +379,7 @@ def test_a_job_stopped_whole_and_resumed_is_not_a_hang(clean_env):
                          cwd=clean_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
-        for _ in range(2):
-            assert p.stdout.readline().strip() == "stepping"
+        _wait_for(p, "stepping", 2)
         import psutil                         # every process of the job, as Slurm stops it
         job = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
         for q in job:
@@ -434,8 +442,7 @@ def test_a_checkpoint_saved_on_sigterm_is_kept_as_under_torchrun(clean_env, rank
                           str(clean_env / "ckpt")], cwd=clean_env, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
     try:
-        for _ in range(ranks):
-            assert p.stdout.readline().strip() == "ready"
+        _wait_for(p, "ready", ranks)
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=60)
     finally:

@@ -14,7 +14,6 @@ import os
 import pickle
 import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -81,7 +80,7 @@ class GroupsLauncher(IndependentLauncher):
         environ = {**ctx.environ, **self._job_vars(job)}
         write_spec(spec, plan, ctx, self.make, job.args, environ, self.log_dir)
         with open_private(job.log_path, "ab") as out:
-            job.child = proc.spawn([sys.executable, "-m", CHILD_MODULE, spec],
+            job.child = proc.spawn([*proc.python_m(CHILD_MODULE), spec],
                                    env=environ, stdout=out, stderr=subprocess.STDOUT)
         job.state, job.gpu, job.started = JobState.RUNNING, plan.gpus[0], time.monotonic()
         self.log(f"group {job.index} started: {len(plan.gpus)} ranks on GPUs "

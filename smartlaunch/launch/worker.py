@@ -21,7 +21,7 @@ from smartlaunch import logconf
 from smartlaunch.entry import report_uncaught, run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
-from smartlaunch.proc import naming_output_copiers, prctl
+from smartlaunch.proc import naming_output_copiers, prctl, python_m
 from smartlaunch.store import open_private
 
 RUN_DIR_VAR = "SMARTLAUNCH_RUN_DIR"
@@ -38,7 +38,7 @@ _keep: list = []                           # objects that must outlive main() (s
 
 def worker_command(command, python: str) -> list[str]:
     """argv of one wrapped worker: the hook in front of Plan.command."""
-    return [python, "-u", "-m", "smartlaunch.launch.worker", *command]
+    return [*python_m("smartlaunch.launch.worker", python, "-u"), *command]
 
 
 def forget_outer_launch(environ: MutableMapping[str, str]) -> None:

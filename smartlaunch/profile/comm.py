@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -103,7 +102,7 @@ def start_ranks(session: Session, module: str, gpus, device: str, environ, args,
         for rank, gpu in enumerate(gpus):
             env = dict(base, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            argv = [sys.executable, "-m", module, "--backend", backend,
+            argv = [*proc.python_m(module), "--backend", backend,
                     "--out", os.path.join(tmp, "result.json"), *args,
                     *(["--device-index", str(gpu)] if device == "cuda" else []),
                     *(["--gate"] if gate else [])]

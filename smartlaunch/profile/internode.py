@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -112,7 +111,7 @@ def measure(spec: Offer, rank: int, environ: Mapping[str, str], *, host: str,
     with proc.stage("the all-reduce between nodes"), Session() as session:
         tmp = session.tempdir("smartlaunch-internode-")
         out, log = os.path.join(tmp, "result.json"), os.path.join(tmp, "leader.log")
-        argv = [sys.executable, "-m", "smartlaunch.profile.comm_worker", "--backend", backend,
+        argv = [*proc.python_m("smartlaunch.profile.comm_worker"), "--backend", backend,
                 "--out", out, "--sizes", ",".join(map(str, spec.sizes)),
                 "--iters", str(iters), "--stat", "median",
                 *(["--device-index", str(spec.gpus[0])] if device == "cuda" else [])]

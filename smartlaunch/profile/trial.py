@@ -247,7 +247,7 @@ def trial_command(request: Request, policy: Policy, nproc: int, out_dir: str,
                   python: str = sys.executable, *, steps: int | None = None,
                   gate: bool = False, hold: bool = False) -> list[str]:
     """The spawner's command line (trial_group.py) for nproc ranks of the shim (`_shim`)."""
-    return [python, "-m", "smartlaunch.profile.trial_group", "--nproc", str(nproc), "--",
+    return [*proc.python_m("smartlaunch.profile.trial_group", python), "--nproc", str(nproc), "--",
             "--out-dir", out_dir, "--warmup", str(policy.dryrun.warmup_steps),
             "--measure", str(steps or policy.decision.trial_steps),
             *(["--gate"] if gate else []), *(["--hold"] if hold else []),

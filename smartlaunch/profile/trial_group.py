@@ -43,7 +43,7 @@ def rank_envs(environ, nproc: int, out_dir: str) -> tuple[list[dict[str, str]], 
 def run_group(nproc: int, shim_args: list[str]) -> int:
     """Start the ranks, wait for all; one failing (or a signal to us) ends the rest."""
     envs, fds = rank_envs(os.environ, nproc, shim_args[shim_args.index("--out-dir") + 1])
-    argv = [sys.executable, "-m", SHIM, *shim_args]
+    argv = [*proc.python_m(SHIM), *shim_args]
     with Session() as session:
         stage = session.start("a trial's ranks", [
             (argv, env, {"pass_fds": (fds[r],) if fds else ()}) for r, env in enumerate(envs)],
