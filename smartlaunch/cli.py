@@ -479,7 +479,8 @@ def console_main() -> None:
     # Everything of ours is done; skip the interpreter's seconds-long teardown of torch.
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:          # None: started with that descriptor closed
+                stream.flush()
         except (OSError, ValueError):
             pass
     os._exit(code)

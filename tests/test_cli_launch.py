@@ -254,6 +254,18 @@ def test_the_console_script_runs_a_module_of_the_current_directory(clean_env):
         assert r.returncode == 0 and printed in r.stdout, r.stderr[-2000:]
 
 
+def test_the_console_script_started_with_stdout_closed_exits_as_the_job_did(clean_env):
+    # `smartlaunch train.py >&-` (a cron job, a daemon's child): python gives such a process
+    # sys.stdout = None; the launcher's last flush raised AttributeError, exit 1 after the job.
+    exe = Path(sys.executable).with_name("smartlaunch")
+    (clean_env / "job.py").write_text("open('ran', 'w').write('yes')\n")
+    r = subprocess.run([str(exe), "--quiet", "job.py"], cwd=clean_env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert (clean_env / "ran").read_text() == "yes"
+
+
 @pytest.mark.parametrize("args", [["--explain"], []])
 def test_a_home_that_does_not_exist_costs_the_launch_its_cache_not_the_job(clean_env, args):
     # HOME=/nonexistent is a service account's (torchrun runs its jobs): the decision measures
