@@ -381,7 +381,6 @@ print("finished", flush=True)
 def test_a_job_stopped_whole_and_resumed_is_not_a_hang(clean_env):
     # Ctrl-Z then fg, or a suspended Slurm job (SIGSTOP to every process, then SIGCONT): the
     # watchdog counted the stop as the ranks' idle time and ended the job as hung on resume.
-    import signal
     script = clean_env / "steps.py"
     script.write_text(STEPS_UNTIL_GO)
     (clean_env / "p.yaml").write_text("launch:\n  hang_timeout_s: 2\n  hang_step_multiple: 2\n")
