@@ -17,16 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-
-def python_m(module: str, python: str | None = None, *flags: str) -> list[str]:
-    """argv running `module` of this package with python (this interpreter by default) in the
-    user's current directory. -P (Python 3.11+): the directory is not put on sys.path, so a
-    `smartlaunch` folder planted there (a shared /tmp) is never what gets imported; the script
-    gets its own sys.path[0] from entry.run_entrypoint, as under python."""
-    python = python or sys.executable
-    safe = ["-P"] if python == sys.executable and sys.version_info >= (3, 11) else []
-    return [python, *flags, *safe, "-m", module]
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:      # imported where used: the worker hook imports this module in every rank
@@ -36,6 +26,17 @@ RUN_ID_VAR = "SMARTLAUNCH_RUN_ID"
 GUARD_VAR = "SMARTLAUNCH_GUARD"    # tag of every process spawn() started, for the guard's sweep
 OUTPUT_COPIER = "sl-output-copy"   # process name of a rank's stdout/stderr copier (15 bytes max)
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
+
+
+def python_m(module: str, python: str | None = None,
+             flags: tuple[str, ...] = ()) -> list[str]:
+    """argv running `module` of this package with python (this interpreter by default) in the
+    user's current directory. -P (Python 3.11+): the directory is not put on sys.path, so a
+    `smartlaunch` folder planted there (a shared /tmp) is never what gets imported; the script
+    gets its own sys.path[0] from entry.run_entrypoint, as under python."""
+    python = python or sys.executable
+    safe = ["-P"] if python == sys.executable and sys.version_info >= (3, 11) else []
+    return [python, *flags, *safe, "-m", module]
 
 
 @dataclass(frozen=True)

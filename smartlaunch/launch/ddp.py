@@ -352,7 +352,7 @@ def _torchrun_preprocess(args: argparse.Namespace) -> None:
 def _wrap_entrypoint(cmd, cmd_args: list[str], args) -> tuple[str, list[str]]:
     """torchrun's (cmd, args) with the worker hook in front of the script."""
     python = cmd if isinstance(cmd, str) and not args.no_python else os.getenv("PYTHON_EXEC", sys.executable)
-    hook = procs.python_m(WORKER_MODULE, python, "-u")[1:]
+    hook = procs.python_m(WORKER_MODULE, python, flags=("-u",))[1:]
     if callable(cmd) or args.run_path:
         return python, [*hook, *cmd_args]
     if args.no_python:

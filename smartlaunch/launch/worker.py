@@ -38,7 +38,7 @@ _keep: list = []                           # objects that must outlive main() (s
 
 def worker_command(command, python: str) -> list[str]:
     """argv of one wrapped worker: the hook in front of Plan.command."""
-    return [*python_m("smartlaunch.launch.worker", python, "-u"), *command]
+    return [*python_m("smartlaunch.launch.worker", python, flags=("-u",)), *command]
 
 
 def forget_outer_launch(environ: MutableMapping[str, str]) -> None:

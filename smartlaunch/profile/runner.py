@@ -140,7 +140,7 @@ def run_dry_run(request, policy, *, gpu: str | None, environ, echo=None,
         results = os.path.join(tmp, "result")      # the one directory its sandbox shares
         out = os.path.join(results, "profile.json")
         os.makedirs(results)
-        cmd = [*proc.python_m(DRYRUN_MODULE, None, "-u"), "--out", out,
+        cmd = [*proc.python_m(DRYRUN_MODULE, flags=("-u",)), "--out", out,
                "--warmup", str(d.warmup_steps), "--measure", str(d.measure_steps),
                "--min-seconds", str(d.measure_seconds), "--precision", str(d.precision),
                *(["--gate"] if gate else []), *(["--module"] if request.module else []),
