@@ -461,3 +461,46 @@ def test_a_checkpoint_saved_on_sigterm_is_kept_as_under_torchrun(clean_env, rank
         p.stdout.close()
     assert sorted(f.name for f in clean_env.glob("ckpt-*")) == \
         [f"ckpt-{r}" for r in range(ranks)]
+
+
+CRASH = ("import ctypes, os, signal, sys\n"
+         "print('started', flush=True)\n"
+         "if sys.argv[1] == 'segv':\n"
+         "    ctypes.string_at(0)\n"
+         "elif sys.argv[1] == 'kill':\n"
+         "    os.kill(os.getpid(), signal.SIGKILL)\n"
+         "raise KeyboardInterrupt\n")
+
+
+@pytest.mark.parametrize("how,code", [("segv", 139), ("kill", 137), ("interrupt", 130)])
+def test_a_script_a_signal_kills_is_said_as_a_shell_would(clean_env, how, code):
+    """Under smartlaunch the shell sees an exit code, not a signal, and prints nothing
+    ("Segmentation fault", "Killed"): smartlaunch says it, with the crash's Python stacks on a
+    GPU (the worker hook's faulthandler file); a KeyboardInterrupt's traceback is enough."""
+    script = clean_env / "crash.py"
+    script.write_text(CRASH)
+    for extra in ({}, {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}):
+        r = smartlaunch(["--strategy", "single", str(script), how], clean_env, extra)
+        assert r.returncode == code, r.stderr[-2000:]
+        said = [ln for ln in r.stderr.splitlines() if "was killed by" in ln]
+        if how == "interrupt":
+            assert not said and "KeyboardInterrupt" in r.stderr
+            continue
+        name = "SIGSEGV" if how == "segv" else "SIGKILL"
+        assert len(said) == 1 and f"killed by {name} (exit {code})" in said[0], r.stderr
+        if how == "segv" and extra:     # a GPU launch keeps stacks: the line names the file
+            path = said[0].split("stacks at the crash: ")[1]
+            assert "crash.py" in Path(path).read_text()
+        else:
+            assert "stacks" not in said[0]
+
+
+def test_a_rank_that_crashes_names_its_python_stacks(clean_env):
+    script = clean_env / "crash.py"
+    script.write_text(CRASH)
+    r = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "2", str(script), "segv"],
+                    clean_env, {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
+    assert r.returncode != 0
+    line = [ln for ln in r.stderr.splitlines() if "Python stacks at the crash" in ln]
+    assert len(line) == 1, r.stderr[-3000:]
+    assert "crash.py" in Path(line[0].split(": ", 1)[1]).read_text()

@@ -23,11 +23,12 @@ from smartlaunch.errors import ExitCode, UsageError
 from smartlaunch import proc as procs
 from smartlaunch.launch import flightrec
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RankFailure, RunState
-from smartlaunch.launch.signals import TERMINATING as _TERMINATING, handling, stuck_main_escape
+from smartlaunch.launch.signals import (CRASHES, TERMINATING as _TERMINATING, crash_stacks,
+                                       handling, stuck_main_escape)
 from smartlaunch.launch.straggler import summary_text
 from smartlaunch.launch.summary import SUMMARY_FILE, write_summary
 from smartlaunch.launch.watchdog import Watchdog
-from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, worker_env
+from smartlaunch.launch.worker import STATUS_LINE_VAR, TEE_DIR_VAR, stack_path, worker_env
 from smartlaunch.topology.api import Topology, shared_text
 
 log = logging.getLogger(__name__)
@@ -254,6 +255,8 @@ def _result(watchdog: Watchdog, failures: dict, got: list[int], host: str, log_r
     if root.log_tail:
         tail = "\n".join(f"    | {line}" for line in root.log_tail.splitlines())
         msg += f"\n  last lines of {root.log_path}:\n{tail}"
+    if root.signal in CRASHES and (stacks := crash_stacks(stack_path(run_dir, root.local_rank))):
+        msg += f"\n  its Python stacks at the crash: {stacks}"
     return LaunchResult(RunState.FAILED, int(ExitCode.WORKER_FAILED), msg, (root,), details)
 
 

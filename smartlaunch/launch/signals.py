@@ -84,3 +84,37 @@ def stuck_main_escape(stuck: Callable[[], str | None], grace_s: float = 2.0) -> 
 def exit_code_for(returncode: int) -> int:
     """subprocess' -N (killed by signal N) as a shell reports it: 128+N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+# The signals of a crash: faulthandler writes the Python stacks of a process they kill.
+CRASHES = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+
+
+def crash_stacks(path: str | None) -> str | None:
+    """path when it holds the stacks faulthandler wrote at a crash ("Fatal Python error"),
+    else None."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return path if b"Fatal Python error" in f.read(1 << 20) else None
+    except OSError:
+        return None
+
+
+def killed_line(returncode: int, stacks: str | None = None) -> str:
+    """What a shell would have printed for a script a signal killed ("Segmentation fault",
+    "Killed"), as one smartlaunch line, with the crash's stacks file when there is one: under
+    smartlaunch the shell sees an exit code, so it says nothing. "" for an exit, for SIGINT
+    (python's KeyboardInterrupt, its traceback already printed) and SIGPIPE (shells keep
+    quiet about both)."""
+    if returncode >= 0 or -returncode in (signal.SIGINT, signal.SIGPIPE):
+        return ""
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    line = f"smartlaunch: the script was killed by {name} (exit {128 - returncode})"
+    if name in CRASHES and crash_stacks(stacks):
+        line += f"; its Python stacks at the crash: {stacks}"
+    return line

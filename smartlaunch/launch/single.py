@@ -11,10 +11,10 @@ import time
 from smartlaunch import proc
 from smartlaunch.launch.api import LaunchContext, LaunchResult, RunState
 from smartlaunch.worker_env import narrow_visible, single_rank_env
-from smartlaunch.launch.signals import TERMINATING, exit_code_for
+from smartlaunch.launch.signals import TERMINATING, exit_code_for, killed_line
 from smartlaunch.topology import sharing
 from smartlaunch.launch.summary import single_summary, write_summary
-from smartlaunch.launch.worker import RUN_DIR_VAR, worker_command, worker_env
+from smartlaunch.launch.worker import RUN_DIR_VAR, stack_path, worker_command, worker_env
 
 
 def job_env(plan, topology, environ, gpu: int | None, rank_env: dict[str, str],
@@ -91,7 +91,9 @@ class SingleLauncher:
         code = exit_code_for(rc)
         state = RunState.SUCCEEDED if code == 0 else (
             RunState.INTERRUPTED if self._signal else RunState.FAILED)
-        self._result = LaunchResult(state, code)
+        said = "" if self._signal else killed_line(
+            rc, stack_path(self.run_dir, 0) if self.run_dir else None)
+        self._result = LaunchResult(state, code, said)
         profile = self.plan.profile
         write_summary(self.run_dir, single_summary(
             state.value, code, time.monotonic() - self._started, self.run_dir,
