@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 
 
@@ -33,6 +34,22 @@ class Request:
         """Where the node count came from, for messages: "--nnodes 2", "2 nodes from Slurm"."""
         return f"{self.nnodes} nodes from {self.nnodes_from}" if self.nnodes_from else \
             f"--nnodes {self.nnodes}"
+
+    def cpu_ranks(self) -> tuple[int, str]:
+        """(processes, where the number came from) for ranks on the CPU, as torchrun counts
+        them: --nproc-per-node N, `cpu` or `auto` (the CPUs this process may run on), 1 by
+        default. UsageError for `gpu` (torchrun fails the same: CUDA is not available)."""
+        from smartlaunch.errors import UsageError
+        raw = str(getattr(self.torchrun_args, "nproc_per_node", "1"))
+        if self.max_gpus is not None:
+            return self.max_gpus, f"user: --nproc-per-node {self.max_gpus}"
+        if raw in ("cpu", "auto"):
+            return len(os.sched_getaffinity(0)), f"user: --nproc-per-node {raw}"
+        if raw == "gpu":
+            raise UsageError("--nproc-per-node gpu on a node without GPUs (torchrun fails the "
+                             "same: CUDA is not available); give the number of processes per "
+                             "node, e.g. --nproc-per-node 1")
+        return 1, "torchrun's default: --nproc-per-node 1"
 
     def worker_command(self) -> tuple[str, ...]:
         """The worker's command as the worker hook takes it: `[--module | --no-python] SCRIPT

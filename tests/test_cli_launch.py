@@ -504,3 +504,23 @@ def test_a_rank_that_crashes_names_its_python_stacks(clean_env):
     line = [ln for ln in r.stderr.splitlines() if "Python stacks at the crash" in ln]
     assert len(line) == 1, r.stderr[-3000:]
     assert "crash.py" in Path(line[0].split(": ", 1)[1]).read_text()
+
+
+@pytest.mark.parametrize("value", ["cpu", "auto"])
+def test_ddp_on_the_cpu_counts_cpu_and_auto_as_torchrun_does(clean_env, value):
+    """torchrun --nproc-per-node cpu|auto on a machine without GPUs: one rank per CPU."""
+    script = clean_env / "who.py"
+    script.write_text("import os\nprint('world', os.environ['WORLD_SIZE'], flush=True)\n")
+    r = smartlaunch(["--strategy", "ddp", "--nproc-per-node", value, str(script)], clean_env)
+    n = len(os.sched_getaffinity(0))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count(f"world {n}\n") == n, (r.stdout, r.stderr[-2000:])
+
+
+def test_ddp_on_the_cpu_with_nproc_gpu_is_one_line(clean_env):
+    (clean_env / "x.py").write_text("")
+    r = smartlaunch(["--strategy", "ddp", "--nproc-per-node", "gpu", "x.py"], clean_env)
+    assert r.returncode == 2
+    assert own_lines(r.stderr) == ["smartlaunch: error: --nproc-per-node gpu on a node without "
+                                   "GPUs (torchrun fails the same: CUDA is not available); give "
+                                   "the number of processes per node, e.g. --nproc-per-node 1"]

@@ -12,7 +12,6 @@ next Need (decide/api.py); it reads no file, starts no process and never waits. 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 
 from smartlaunch.decide import groups as G
@@ -417,17 +416,7 @@ def _multi_node_reason(request: Request, unit, n: int, where: str, given: str) -
 def _cpu_multi_node(request: Request, reasons: list[Reason], base: dict, units: Units) -> Plan:
     """No GPUs on a node of a multi-node job: torchrun's nproc-per-node ranks over gloo."""
     unit = _torchrun_unit(units)
-    raw = str(getattr(request.torchrun_args, "nproc_per_node", "1"))
-    if request.max_gpus is not None:
-        n, given = request.max_gpus, f"user: --nproc-per-node {request.max_gpus}"
-    elif raw in ("cpu", "auto"):
-        n, given = len(os.sched_getaffinity(0)), f"user: --nproc-per-node {raw}"
-    elif raw == "gpu":
-        raise UsageError("--nproc-per-node gpu on a node without GPUs (torchrun fails the "
-                         "same: CUDA is not available); give the number of processes per "
-                         "node, e.g. --nproc-per-node 1")
-    else:
-        n, given = 1, "torchrun's default: --nproc-per-node 1"
+    n, given = request.cpu_ranks()
     reasons.append(_multi_node_reason(request, unit, n, "(the CPU over gloo: no GPU visible)",
                                       given))
     return Plan(unit.NAME, "cpu", (), n, n, reasons=tuple(reasons), **base)

@@ -85,9 +85,9 @@ def candidates(ctx, forced) -> dict:
 
 
 def cpu_plan(request, policy, why: str, reasons: list, base: dict) -> Plan:
-    n = request.max_gpus or 1
+    n, given = request.cpu_ranks()
     reasons.append(Reason(f"{why}: DDP with {n} CPU rank(s) over gloo, as asked",
-                          "user: --strategy ddp"))
+                          f"user: --strategy ddp; {given}"))
     return Plan(NAME, "cpu", (), n, n, reasons=tuple(reasons), **base)
 
 
