@@ -524,3 +524,33 @@ def test_ddp_on_the_cpu_with_nproc_gpu_is_one_line(clean_env):
     assert own_lines(r.stderr) == ["smartlaunch: error: --nproc-per-node gpu on a node without "
                                    "GPUs (torchrun fails the same: CUDA is not available); give "
                                    "the number of processes per node, e.g. --nproc-per-node 1"]
+
+
+ENV_FIRST = ("import os, sys\n"
+             "print('torch before the script:', 'torch' in sys.modules, flush=True)\n"
+             "os.environ['OMP_NUM_THREADS'] = '1'\n"
+             "import torch\n"
+             "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+             "for _ in range(12):\n"
+             "    m(torch.ones(1, 2)).sum().backward(); o.step(); o.zero_grad()\n"
+             "print('threads', torch.get_num_threads(), flush=True)\n")
+
+
+@pytest.mark.parametrize("args,extra", [
+    (["--strategy", "single"], {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}),
+    (["--strategy", "ddp", "--nproc-per-node", "1"], {})])
+def test_a_script_that_sets_its_environment_before_importing_torch_gets_it(clean_env, args,
+                                                                            extra, monkeypatch):
+    """The worker hook counted steps by importing torch before the script ran, so torch read
+    OMP_NUM_THREADS before the script's own first lines set it (2 threads on 2 cores where
+    python and torchrun give 1). Steps are still counted, once the script imports torch."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    script = clean_env / "env_first.py"
+    script.write_text(ENV_FIRST)
+    r = smartlaunch([*args, str(script)], clean_env, extra)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "torch before the script: False" in r.stdout and "threads 1" in r.stdout, r.stdout
+    runs = sorted((clean_env / "home" / ".cache" / "smartlaunch" / "logs").glob(
+        "*/progress/local0.bin"))
+    from smartlaunch.launch.progress import read_progress
+    assert read_progress(runs[-1]).steps == 12

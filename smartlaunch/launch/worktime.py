@@ -66,7 +66,7 @@ def read_work(path: str | os.PathLike) -> WorkRecord | None:
 
 
 class WorkTimer:
-    """Optimizer-step and gradient hooks that feed a WorkWriter. install() once per process."""
+    """Optimizer-step and gradient hooks that feed a WorkWriter: one per process."""
 
     def __init__(self, writer: WorkWriter, every_s: float = SAMPLE_S):
         """every_s: time the next step when this long has passed since the last timed one
@@ -86,14 +86,6 @@ class WorkTimer:
         self._pending: deque = deque()
         self._off = False
         self._steps = 0                         # optimizer steps seen
-
-    def install(self) -> bool:
-        try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-        except ImportError:
-            return False
-        register_optimizer_step_post_hook(self._after_step)
-        return True
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         if self._off:
@@ -200,6 +192,7 @@ class WorkTimer:
                 self._w.add(seconds)
 
 
-def install(run_dir: str, local_rank: int) -> WorkTimer | None:
-    timer = WorkTimer(WorkWriter(work_path(run_dir, local_rank)))
-    return timer if timer.install() else None
+def install(run_dir: str, local_rank: int) -> WorkTimer:
+    """A timer writing to the rank's work record; its `_after_step` is the optimizer step
+    post hook the caller registers (the worker hook: once the script imports torch.optim)."""
+    return WorkTimer(WorkWriter(work_path(run_dir, local_rank)))
