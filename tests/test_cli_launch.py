@@ -554,3 +554,18 @@ def test_a_script_that_sets_its_environment_before_importing_torch_gets_it(clean
         "*/progress/local0.bin"))
     from smartlaunch.launch.progress import read_progress
     assert read_progress(runs[-1]).steps == 12
+
+
+def test_a_relative_lease_directory_is_refused_in_one_line(clean_env):
+    """Resolved against each launch's directory, launches from two directories would lease
+    the same GPU."""
+    (clean_env / "who.py").write_text("print('ran')\n")
+    r = smartlaunch(["--strategy", "single", "who.py"], clean_env,
+                    {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair"),
+                     "SMARTLAUNCH_LEASE_DIR": "leases-here"})
+    assert r.returncode == 3 and "ran" not in r.stdout
+    assert own_lines(r.stderr) == [
+        "smartlaunch: error: lease directory 'leases-here' is a relative path: launches started "
+        "in other directories would not see its leases; set paths.lease_dir (or "
+        "SMARTLAUNCH_LEASE_DIR) to an absolute path"]
+    assert not (clean_env / "leases-here").exists()

@@ -27,6 +27,18 @@ def lease_dir_for(policy) -> str:
     return policy.paths.lease_dir if lease_dir_enforced(policy) or not env else env
 
 
+def absolute_lease_dir(path: str) -> str:
+    """path, ~ expanded; LeaseDirError for a relative one: resolved against each launch's own
+    directory, it would be another place for every directory a job starts in, and no launch
+    would see another's leases."""
+    full = os.path.expanduser(path)
+    if not os.path.isabs(full):
+        raise LeaseDirError(f"lease directory {path!r} is a relative path: launches started "
+                            f"in other directories would not see its leases; set paths.lease_dir "
+                            f"(or SMARTLAUNCH_LEASE_DIR) to an absolute path")
+    return os.path.normpath(full)
+
+
 def lease_dir_enforced(policy) -> bool:
     return policy.source_of("paths.lease_dir").startswith("enforced")
 

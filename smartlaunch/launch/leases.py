@@ -25,7 +25,7 @@ from smartlaunch.launch.lease_holders import (
     Holder, current_user, fmt_indices, leased_by, summarise,
 )
 from smartlaunch.launch.lease_dir import (  # noqa: F401  (re-exported: callers use leases.*)
-    ENV_LEASE_DIR, LeaseDirError, boot_id, lease_dir_enforced, lease_dir_for, open_lease_dir,
+    ENV_LEASE_DIR, LeaseDirError, absolute_lease_dir, boot_id, lease_dir_enforced, lease_dir_for, open_lease_dir,
 )
 from smartlaunch.launch.lease_records import (
     LockingUnsupported, Published, Record, inspect, publish, withdraw,
@@ -76,7 +76,7 @@ class LeaseManager:
     def __init__(self, lease_dir: str, *, share: bool = False, private: bool | None = None,
                  poll_s: float = 0.1, create: bool = True, enforced: bool = False,
                  say: Callable[[str], None] | None = None, busy_ok: bool = False):
-        self.lease_dir = os.path.abspath(os.path.expanduser(lease_dir))
+        self.lease_dir = absolute_lease_dir(lease_dir)
         self.share = share
         self.busy_ok = busy_ok
         self.poll_s = poll_s
