@@ -569,3 +569,13 @@ def test_a_relative_lease_directory_is_refused_in_one_line(clean_env):
         "in other directories would not see its leases; set paths.lease_dir (or "
         "SMARTLAUNCH_LEASE_DIR) to an absolute path"]
     assert not (clean_env / "leases-here").exists()
+
+
+def test_a_scripts_help_through_a_cold_decision_runs_no_trial(clean_env):
+    """`smartlaunch train.py --help` on GPUs: the dry run sees the script end before a step;
+    trials of one and two GPUs (each a start-up) used to follow before the help text."""
+    r = smartlaunch([str(EXAMPLES / "train.py"), "--help"], clean_env,
+                    {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("usage:") == 1
+    assert "trial" not in r.stderr and "single process on GPU0" in r.stderr, r.stderr

@@ -264,6 +264,20 @@ def test_no_profile_runs_trials_of_every_candidate(clean_env):
     assert trial.calls == [] and plan.strategy == Strategy.SINGLE
 
 
+@pytest.mark.parametrize("fb", ["single", "ddp"])
+def test_a_script_that_ended_in_its_dry_run_gets_no_trial(clean_env, fb):
+    """Its --help, a check that exits 0: a trial runs the same script to the same end, so
+    none is run (two trial start-ups before a help text); the policy's fallback decides."""
+    trial = FakeTrial({("single", 1): 100.0, ("ddp", 2): 180.0})
+    ended = profile(status=ProfileStatus.ENDED, step_ms=None,
+                    note="the script ended without building a torch optimizer")
+    plan, _ = run(pcie4(), ended, policy(fallback_strategy=fb), trial=trial)
+    assert trial.calls == []
+    assert plan.strategy == (Strategy.SINGLE if fb == "single" else Strategy.DDP)
+    assert any("nothing to measure: the script ended" in r.text and
+               r.rule.startswith(f"decision.fallback_strategy={fb}") for r in plan.reasons)
+
+
 def test_a_world_size_fixed_script_launches_as_torchrun_would_without_trials(clean_env):
     trial = FakeTrial({("single", 1): 100.0})
     fixed = profile(status=ProfileStatus.UNMEASURABLE, step_ms=None,

@@ -146,8 +146,8 @@ def test_cuda_only_script_without_shim_crashes_and_is_not_launched(clean_env):
 
 def test_no_optimizer_gets_a_clear_note_and_marker_opt_in_works(clean_env):
     prof = dry(SCRIPTS / "no_optimizer.py")
-    assert prof.status == ProfileStatus.NO_STEP and not prof.usable
-    assert "no torch optimizer" in prof.note and prof.step_time_s is None
+    assert prof.status == ProfileStatus.ENDED and not prof.usable
+    assert "without building a torch optimizer" in prof.note and prof.step_time_s is None
     mod = load(SCRIPTS / "no_optimizer.py", "no_optimizer_for_tests")
     marked = dry(SCRIPTS / "no_optimizer.py", "--mark")
     assert_measured(marked, counts(mod.build_model()), batch=8)

@@ -103,6 +103,11 @@ def choose_auto(ctx, cands: dict) -> Choice:
             f"--nproc-per-node {_key_n(k)} would launch it", "dry run"))
         return Choice(k[0], k[1], "torchrun")
 
+    if p is not None and p.status == ProfileStatus.ENDED:
+        # its --help, a check that exits: a trial runs the same script to the same end
+        return _fallback(ctx, scaled, f"nothing to measure: {p.note}; no trial would measure "
+                                      f"more")
+
     if ctx.launched:
         got = _from_launches(ctx, single, scaled, preds)
         if got is not None:

@@ -19,6 +19,7 @@ from smartlaunch.wire import RECORD
 class ProfileStatus(str, enum.Enum):
     OK = "ok"                   # steps measured
     NO_STEP = "no_step"         # ran, but no optimizer step seen within the time limit
+    ENDED = "ended"             # ended on its own, exit 0, before a step could be measured
     INCOMPLETE = "incomplete"   # fewer measured steps than asked; numbers present but noisy
     SKIPPED = "skipped"         # not profiled (--no-python, forced strategy, ...)
     CRASHED = "crashed"         # the script failed; never launched

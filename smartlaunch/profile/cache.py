@@ -114,7 +114,7 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
                               progress=progress, real_gpu=real_gpu, session=session, gate=gate)
         # UNMEASURABLE too: it is the script's, not the moment's.
         kept = (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
-                ProfileStatus.UNMEASURABLE)
+                ProfileStatus.ENDED, ProfileStatus.UNMEASURABLE)
         others = shared() if shared is not None else None
         if others:
             note = (f"another process came onto the GPU during the dry run ({others}): its "

@@ -256,14 +256,14 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
     elif timed_out:
         status, note = ProfileStatus.NO_STEP, f"no training step seen within {limit_txt} {where}"
     elif not data.get("optimizers_built") and not data.get("marker"):
-        status = ProfileStatus.NO_STEP
-        note = ("no torch optimizer was built and smartlaunch.profile_step() was never called; "
-                f"cannot time a training step {where}")
+        status = ProfileStatus.ENDED
+        note = ("the script ended without building a torch optimizer or calling "
+                f"smartlaunch.profile_step(); cannot time a training step {where}")
     else:
-        status = ProfileStatus.NO_STEP
+        status = ProfileStatus.ENDED
         note = (f"the script ended after {data.get('steps_seen', 0)} steps, too few to measure "
                 f"(warm-up included) {where}")
-    if status == ProfileStatus.NO_STEP:
+    if status in (ProfileStatus.NO_STEP, ProfileStatus.ENDED):
         for k in ("step_time_s", "step_time_p90_s", "forward_s", "backward_s"):
             kw.pop(k, None)
     return ModelProfile(status=status, note=note, **kw)
