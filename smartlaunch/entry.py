@@ -4,11 +4,14 @@ and executed here, not by runpy.run_path, which would change `sys.argv[0]`)."""
 from __future__ import annotations
 
 import builtins
+import importlib.abc
 import os
 import runpy
 import sys
 import types
+from collections.abc import Callable
 from importlib.machinery import SourceFileLoader
+from types import ModuleType
 
 
 def run_entrypoint(target: str, args: list[str], *, module: bool) -> None:
@@ -38,6 +41,66 @@ def _set_path0(path: str) -> None:
         sys.path.insert(0, path)
     else:
         sys.path[0] = path
+
+
+def after_import(name: str, action: Callable[[ModuleType], None], failed: str) -> None:
+    """action(module) once the script has imported module `name` (at once if it is imported),
+    never importing it here: torch imported before the script runs reads its environment
+    (OMP_NUM_THREADS, ...) before the script's own first lines set it, as python and torchrun
+    never do, and costs a script that never imports torch its import. An action that raises is
+    said in one line, `smartlaunch: <failed> (<error>); the job goes on`; the import is not."""
+    if name in sys.modules:
+        _run_action(action, sys.modules[name], failed)
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport)), None)
+    if finder is None:
+        finder = _AfterImport()
+        sys.meta_path.insert(0, finder)
+    finder.actions.setdefault(name, []).append((action, failed))
+
+
+def _run_action(action: Callable[[ModuleType], None], module: ModuleType, failed: str) -> None:
+    try:
+        action(module)
+    except Exception as exc:
+        print(f"smartlaunch: {failed} ({exc!r}); the job goes on", file=sys.stderr, flush=True)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module it waits on, it takes the spec the other finders
+    give and runs the actions right after that spec's loader has executed the module; gone
+    from sys.meta_path once nothing is awaited."""
+
+    def __init__(self) -> None:
+        self.actions: dict[str, list[tuple[Callable[[ModuleType], None], str]]] = {}
+
+    def find_spec(self, name, path, target=None):
+        actions = self.actions.pop(name, None)
+        if actions is None:
+            return None
+        if not self.actions:
+            sys.meta_path.remove(self)
+        spec = None
+        for finder in [f for f in sys.meta_path if f is not self]:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec                   # not a module we can follow: the actions never run
+        run = loader.exec_module
+
+        def exec_module(module) -> None:
+            try:
+                run(module)
+            finally:
+                del loader.exec_module    # the loader's own method again
+            for action, failed in actions:
+                _run_action(action, module, failed)
+
+        loader.exec_module = exec_module
+        return spec
 
 
 _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -510,7 +510,7 @@ def test_a_rank_that_crashes_names_its_python_stacks(clean_env):
 def test_ddp_on_the_cpu_counts_cpu_and_auto_as_torchrun_does(clean_env, value):
     """torchrun --nproc-per-node cpu|auto on a machine without GPUs: one rank per CPU."""
     script = clean_env / "who.py"
-    script.write_text("import os\nprint('world', os.environ['WORLD_SIZE'], flush=True)\n")
+    script.write_text("import os\nos.write(1, f\"world {os.environ['WORLD_SIZE']}\\n\".encode())\n")
     r = smartlaunch(["--strategy", "ddp", "--nproc-per-node", value, str(script)], clean_env)
     n = len(os.sched_getaffinity(0))
     assert r.returncode == 0, r.stderr[-2000:]

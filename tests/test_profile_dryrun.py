@@ -222,3 +222,42 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+ENV_FIRST = """import os, sys
+out = sys.argv[1]
+world = int(os.environ["WORLD_SIZE"]) if sys.argv[2] == "world" else 1
+os.environ["OMP_NUM_THREADS"] = "1"
+import torch
+with open(out, "w") as f:
+    f.write(str(torch.get_num_threads()))
+m = torch.nn.Linear(4, 1)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(8):
+    m(torch.randn(8, 4)).sum().backward()
+    o.step()
+    o.zero_grad()
+"""
+
+
+def test_the_dry_run_lets_the_script_set_its_environment_before_torch(clean_env, shared_dir):
+    """The dry run and the trials hook torch once the script imports it: a script that sets
+    OMP_NUM_THREADS first is measured with it, as the launch runs it (the dry run used to
+    import torch before the script: 2 threads on 2 cores). A read of WORLD_SIZE before that
+    import is still seen."""
+    script = clean_env / "env_first.py"
+    script.write_text(ENV_FIRST)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["WORLD_SIZE"] = "1"
+    prof = dry(script, str(shared_dir / "threads"), "world", environ=env)
+    assert prof.status == ProfileStatus.OK, prof.note
+    assert (shared_dir / "threads").read_text() == "1"
+    assert prof.reads_world_size == "env_first.py:3 (reads WORLD_SIZE)"
+    assert prof.startup_s > 0
+
+
+def test_a_script_that_never_imports_torch_ended_with_nothing_measured(clean_env):
+    script = clean_env / "plain.py"
+    script.write_text("import sys\nprint('no torch here:', 'torch' not in sys.modules)\n")
+    prof = dry(script)
+    assert prof.status == ProfileStatus.ENDED and "without building" in prof.note

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import importlib.abc
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, MutableMapping, Sequence
-from types import ModuleType
+from collections.abc import MutableMapping, Sequence
 
 from smartlaunch import logconf
-from smartlaunch.entry import report_uncaught, run_entrypoint
+from smartlaunch.entry import after_import, report_uncaught, run_entrypoint
 from smartlaunch.launch import numa, worktime
 from smartlaunch.launch.progress import ProgressWriter, progress_path
 from smartlaunch.proc import naming_output_copiers, prctl, python_m
@@ -36,6 +34,7 @@ log = logging.getLogger("smartlaunch.launch.worker")     # run as __main__
 _PR_SET_PDEATHSIG = 1
 _PARENT_POLL_S = 1.0
 OPTIMIZER_MODULE = "torch.optim.optimizer"   # its register_optimizer_step_post_hook counts steps
+NOT_COUNTED = "steps of this rank not counted"
 _keep: list = []                           # objects that must outlive main() (stack file)
 
 
@@ -100,8 +99,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             with contextlib.suppress(OSError):                # this node's ranks
                 timer = worktime.install(run_dir, local_rank)
                 _keep.append(timer)
-                _after_import(OPTIMIZER_MODULE,
-                              lambda m: m.register_optimizer_step_post_hook(timer._after_step))
+                after_import(OPTIMIZER_MODULE,
+                             lambda m: m.register_optimizer_step_post_hook(timer._after_step),
+                             NOT_COUNTED)
     log.debug("the script starts: %s", target)
     # The exit status goes into the record after the script's last words: the launcher stops
     # the other ranks on seeing it.
@@ -260,67 +260,8 @@ def _install_step_hooks(writer: ProgressWriter) -> None:
             writer.step()
 
     smartlaunch._step_hook = profile_step
-    _after_import(OPTIMIZER_MODULE, lambda m: m.register_optimizer_step_post_hook(on_optimizer_step))
-
-
-def _after_import(name: str, action: Callable[[ModuleType], None]) -> None:
-    """action(module) once the script has imported module `name` (at once if it is imported).
-    The hook never imports torch itself: torch imported before the script runs reads its
-    environment (OMP_NUM_THREADS, ...) before the script's own first lines set it, and costs a
-    script that never imports torch its import time. An action that fails is said once; the
-    script goes on."""
-    if name in sys.modules:
-        _run_action(action, sys.modules[name])
-        return
-    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport)), None)
-    if finder is None:
-        finder = _AfterImport()
-        sys.meta_path.insert(0, finder)
-    finder.actions.setdefault(name, []).append(action)
-
-
-def _run_action(action: Callable[[ModuleType], None], module: ModuleType) -> None:
-    try:
-        action(module)
-    except Exception as exc:          # the job is worth more than its step count
-        print(f"smartlaunch: steps of this rank not counted ({exc!r}); the job goes on",
-              file=sys.stderr, flush=True)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module it waits on, it takes the spec the other finders
-    give and runs the actions right after that spec's loader has executed the module."""
-
-    def __init__(self) -> None:
-        self.actions: dict[str, list[Callable[[ModuleType], None]]] = {}
-
-    def find_spec(self, name, path, target=None):
-        actions = self.actions.pop(name, None)
-        if actions is None:
-            return None
-        if not self.actions:
-            sys.meta_path.remove(self)
-        spec = None
-        for finder in [f for f in sys.meta_path if f is not self]:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec                   # not a module we can follow: no step count
-        run = loader.exec_module
-
-        def exec_module(module) -> None:
-            try:
-                run(module)
-            finally:
-                del loader.exec_module    # the loader's own method again
-            for action in actions:
-                _run_action(action, module)
-
-        loader.exec_module = exec_module
-        return spec
+    after_import(OPTIMIZER_MODULE, lambda m: m.register_optimizer_step_post_hook(on_optimizer_step),
+                 NOT_COUNTED)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from smartlaunch.entry import exit_now, report_uncaught, run_entrypoint
+from smartlaunch.entry import after_import, exit_now, report_uncaught, run_entrypoint
 from smartlaunch.profile.clock import device_clock, read_window, relative_half_width
 from smartlaunch.profile.dryrun_args import parse
 from smartlaunch.profile.inputs import (WorldSizeWatch, first_grad_tensor, leading_dim,
@@ -61,7 +61,12 @@ def compiled_call(torch, module) -> bool:
 class Recorder:
     def __init__(self, out: str, warmup: int, measure: int, min_seconds: float = 0.0,
                  clock=None, control=None, exit=_end_script, gate: bool = False,
-                 precision: float = 0.0, hold: bool = False):
+                 precision: float = 0.0, hold: bool = False,
+                 started: tuple[float, float] | None = None,
+                 world: WorldSizeWatch | None = None):
+        """started: (time.perf_counter(), time.time()) when the script started, where that was
+        before this (the script's own import of torch makes it); world: the watch of its world
+        size reads, installed on os.environ since then."""
         import torch
         self.torch = torch
         self.out, self.warmup, self.measure = out, max(0, warmup), max(1, measure)
@@ -73,8 +78,8 @@ class Recorder:
         self.clock = clock                # None: chosen when the window opens (clock.py)
         self.host = clock.now if clock is not None else time.perf_counter
         self.exit = exit                  # after the measured window is written
-        self.t_start = self.host()
-        self.wall_start = time.time()
+        self.t_start, self.wall_start = started if started and clock is None else (
+            self.host(), time.time())
         self.optimizers_built = 0
         self.primary = None              # the optimizer whose steps count, or "marker"
         self.steps = 0
@@ -101,7 +106,7 @@ class Recorder:
         self.mark_hosts: list[float] = []  # host time just after each window mark was queued
         self.closed: str | None = None   # why the window closed: measured | exit | signal
         self.written = False
-        self.world = WorldSizeWatch(lambda: self.t_first_step is None)
+        self.world = world or WorldSizeWatch(lambda: self.t_first_step is None)
         self.gate, self.gate_wait_s = gate, None      # pass_gate
         self.gate_at_step = False       # the first forward ran under torch.compile
         self.control = control
@@ -483,18 +488,40 @@ class Recorder:
 def main(argv: list[str] | None = None) -> None:
     opts = parse(sys.argv[1:] if argv is None else argv)
     from smartlaunch.profile.control import Control
-    rec = Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
-                   control=Control.from_env(), exit=exit_now, gate=opts["gate"],
-                   precision=opts["precision"], hold=opts["hold"])
-    if opts["cpu_shim"]:
-        from smartlaunch.profile import cpu_shim
-        cpu_shim.install()
-    rec.install()
-    atexit.register(rec.write)  # the script ended on its own: report what was seen
+    control = Control.from_env()
+    started = (time.perf_counter(), time.time())
+    recs: list[Recorder] = []
+    world = WorldSizeWatch(lambda: not recs or recs[0].t_first_step is None)
+    world.install_environ()
+
+    def watch(torch) -> None:
+        """Once the script has imported torch: torch read its environment as the script set
+        it, as in the launch (entry.after_import)."""
+        recs.append(Recorder(opts["out"], opts["warmup"], opts["measure"], opts["min_seconds"],
+                             control=control, exit=exit_now, gate=opts["gate"],
+                             precision=opts["precision"], hold=opts["hold"], started=started,
+                             world=world))
+        if opts["cpu_shim"]:
+            from smartlaunch.profile import cpu_shim
+            cpu_shim.install()
+        recs[0].install()
+
+    after_import("torch", watch, "the dry run cannot watch this script")
+
+    def write(reason: str = "exit") -> None:
+        if recs:
+            recs[0].write(reason)
+        elif not os.path.exists(opts["out"]):      # torch never imported: no step, no optimizer
+            tmp = f"{opts['out']}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump({"steps_seen": 0, "reason": reason}, f)
+            os.replace(tmp, opts["out"])
+
+    atexit.register(write)  # the script ended on its own: report what was seen
 
     def on_term(signum, frame):
         try:
-            rec.write(reason="signal")
+            write(reason="signal")
         except OSError:       # the parent gave up on us and removed the result directory
             pass
         sys.stdout.flush()
@@ -516,9 +543,10 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     finally:
         # Close the window while the script's device context is alive (not at atexit).
-        rec.close_window("exit")
+        if recs:
+            recs[0].close_window("exit")
     # Returned or sys.exit: write, then end with the script's code without its teardown.
-    rec.write()
+    write()
     exit_now(code)
 
 

@@ -91,9 +91,19 @@ class WorldSizeWatch:
             self.where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} ({what})"
 
     def install(self, torch=None) -> None:
+        self.install_environ()
+        self.install_torch(torch)
+
+    def install_environ(self) -> None:
+        """The os.environ part, before the script runs (it may read the world size before it
+        imports torch); once."""
+        if getattr(os.environ, "_smartlaunch_watch", None) is not None:
+            return
         watch = self
 
         class WatchedEnviron(type(os.environ)):
+            _smartlaunch_watch = watch
+
             def __getitem__(self, key):
                 if key == "WORLD_SIZE":
                     watch.note("reads WORLD_SIZE", 2)
@@ -103,6 +113,10 @@ class WorldSizeWatch:
             os.environ.__class__ = WatchedEnviron
         except TypeError:   # an environ replaced by something else: no env reads seen
             pass
+
+    def install_torch(self, torch) -> None:
+        """torch.distributed.get_world_size, wrapped."""
+        watch = self
         dist = getattr(torch, "distributed", None) if torch is not None else None
         if dist is None or not dist.is_available():
             return

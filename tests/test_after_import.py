@@ -1,10 +1,11 @@
-"""The worker hook's wait for the script's own import of torch.optim (it never imports torch)."""
+"""entry.after_import: the worker hook and the dry run wait for the script's own import of
+torch (they never import it first)."""
 from __future__ import annotations
 
 import importlib
 import sys
 
-from smartlaunch.launch import worker
+from smartlaunch import entry
 
 
 def test_actions_run_once_right_after_the_scripts_import(tmp_path, monkeypatch, capsys):
@@ -13,15 +14,15 @@ def test_actions_run_once_right_after_the_scripts_import(tmp_path, monkeypatch, 
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "sl_probe_mod", raising=False)
     seen = []
-    worker._after_import("sl_probe_mod", lambda m: seen.append(m.X + 1))
-    worker._after_import("sl_probe_mod", lambda m: 1 / 0)      # said once, the import goes on
+    entry.after_import("sl_probe_mod", lambda m: seen.append(m.X + 1), "probe not run")
+    entry.after_import("sl_probe_mod", lambda m: 1 / 0, "probe not run")   # said, import goes on
     assert seen == [] and "sl_probe_mod" not in sys.modules
     mod = importlib.import_module("sl_probe_mod")
     assert seen == [42] and mod.X == 41
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "not counted (ZeroDivisionError" in err[0]
-    assert not any(isinstance(f, worker._AfterImport) for f in sys.meta_path)
+    assert len(err) == 1 and "probe not run (ZeroDivisionError" in err[0]
+    assert not any(isinstance(f, entry._AfterImport) for f in sys.meta_path)
     assert "exec_module" not in vars(mod.__spec__.loader)     # the loader is its own again
-    worker._after_import("sl_probe_mod", lambda m: seen.append(m.X))   # imported: at once
+    entry.after_import("sl_probe_mod", lambda m: seen.append(m.X), "probe")   # imported: at once
     assert seen == [42, 41]
     sys.modules.pop("sl_probe_mod")
