@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 _keep.append(timer)
                 after_import(OPTIMIZER_MODULE,
                              lambda m: m.register_optimizer_step_post_hook(timer._after_step),
-                             NOT_COUNTED)
+                             "work timing off for this rank")
     log.debug("the script starts: %s", target)
     # The exit status goes into the record after the script's last words: the launcher stops
     # the other ranks on seeing it.
