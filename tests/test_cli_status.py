@@ -117,8 +117,9 @@ def test_cold_decision_on_a_terminal_leaves_only_the_decision_line(clean_env):
 
 def test_ddp_steps_line_is_erased_before_the_jobs_output(clean_env):
     script = clean_env / "late.py"
-    script.write_text("import os, time\ntime.sleep(2.5)\nprint('rank', os.environ['RANK'], "
-                      "'done', flush=True)\ntime.sleep(1.5)\n")
+    # one write a line: the ranks' unbuffered print() of several words interleaves (python -u)
+    script.write_text("import os, sys, time\ntime.sleep(2.5)\nsys.stdout.write("
+                      "f\"rank {os.environ['RANK']} done\\n\")\ntime.sleep(1.5)\n")
     rc, raw = on_terminal(["--strategy", "ddp", "--nproc-per-node", "2", str(script)], clean_env)
     shown = screen(raw)
     assert rc == 0, shown
