@@ -108,14 +108,22 @@ _RUNPY = {os.path.abspath(runpy.__file__), "<frozen runpy>"}
 
 
 def script_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback from the script's first frame on (None when every frame is ours)."""
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
+    """The traceback without smartlaunch's frames: from the script's first frame on (None when
+    every frame is ours), less ours in between (after_import's, when the script's import of
+    torch fails)."""
+    def ours(t: types.TracebackType) -> bool:
+        name = t.tb_frame.f_code.co_filename
         full = os.path.abspath(name)
-        if not (full.startswith(_OURS) or name in _RUNPY or full in _RUNPY):
-            return tb
+        return full.startswith(_OURS) or name in _RUNPY or full in _RUNPY
+
+    while tb is not None and ours(tb):
         tb = tb.tb_next
-    return None
+    at = tb
+    while at is not None:
+        while at.tb_next is not None and at.tb_next.tb_frame.f_code.co_filename.startswith(_OURS):
+            at.tb_next = at.tb_next.tb_next
+        at = at.tb_next
+    return tb
 
 
 def report_uncaught(exc: BaseException) -> int:

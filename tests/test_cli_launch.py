@@ -579,3 +579,23 @@ def test_a_scripts_help_through_a_cold_decision_runs_no_trial(clean_env):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("usage:") == 1
     assert "trial" not in r.stderr and "single process on GPU0" in r.stderr, r.stderr
+
+
+def test_a_failing_import_of_torch_shows_the_traceback_python_shows(clean_env):
+    """The worker hook waits for the script's import of torch.optim.optimizer (it never imports
+    torch first); when that import fails, the traceback is python's, with no frame of ours in
+    the middle."""
+    app = clean_env / "app"           # the script's folder: its torch shadows the real one
+    pkg = app / "torch" / "optim"
+    pkg.mkdir(parents=True)
+    (app / "torch" / "__init__.py").write_text("import torch.optim\n")
+    (pkg / "__init__.py").write_text("from . import optimizer\n")
+    (pkg / "optimizer.py").write_text("raise ImportError('libcudart.so.13: cannot open it')\n")
+    (app / "broken.py").write_text("import torch\n")
+    theirs = subprocess.run([sys.executable, "app/broken.py"], cwd=clean_env,
+                            capture_output=True, text=True)
+    ours = smartlaunch(["--strategy", "single", "app/broken.py"], clean_env,
+                       {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")})
+    assert ours.returncode == theirs.returncode == 1
+    tb = ours.stderr[ours.stderr.index("Traceback"):]
+    assert tb == theirs.stderr and "libcudart" in tb
