@@ -68,18 +68,17 @@ def _run_action(action: Callable[[ModuleType], None], module: ModuleType, failed
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: for a module it waits on, it takes the spec the other finders
-    give and runs the actions right after that spec's loader has executed the module; gone
-    from sys.meta_path once nothing is awaited."""
+    give and has that spec's loader run the actions right after it executes the module. A spec
+    only looked up (importlib.util.find_spec("torch"), as transformers does before importing
+    it) runs nothing: the actions wait for the import that executes the module. Gone from
+    sys.meta_path once nothing is awaited."""
 
     def __init__(self) -> None:
         self.actions: dict[str, list[tuple[Callable[[ModuleType], None], str]]] = {}
 
     def find_spec(self, name, path, target=None):
-        actions = self.actions.pop(name, None)
-        if actions is None:
+        if name not in self.actions:
             return None
-        if not self.actions:
-            sys.meta_path.remove(self)
         spec = None
         for finder in [f for f in sys.meta_path if f is not self]:
             find = getattr(finder, "find_spec", None)
@@ -96,6 +95,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 run(module)
             finally:
                 del loader.exec_module    # the loader's own method again
+            actions = self.actions.pop(name, [])
+            if not self.actions and self in sys.meta_path:
+                sys.meta_path.remove(self)
             for action, failed in actions:
                 _run_action(action, module, failed)
 

@@ -261,3 +261,12 @@ def test_a_script_that_never_imports_torch_ended_with_nothing_measured(clean_env
     script.write_text("import sys\nprint('no torch here:', 'torch' not in sys.modules)\n")
     prof = dry(script)
     assert prof.status == ProfileStatus.ENDED and "without building" in prof.note
+
+
+def test_a_script_that_looks_torch_up_before_importing_it_is_measured(clean_env):
+    """transformers' is_torch_available() asks importlib.util.find_spec("torch") first."""
+    script = clean_env / "looks_first.py"
+    script.write_text("import importlib.util\nassert importlib.util.find_spec('torch')\n"
+                      + ENV_FIRST.replace("out = sys.argv[1]", "out = os.devnull"))
+    prof = dry(script, "-", "-")
+    assert prof.status == ProfileStatus.OK, prof.note
