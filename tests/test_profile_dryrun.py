@@ -270,3 +270,17 @@ def test_a_script_that_looks_torch_up_before_importing_it_is_measured(clean_env)
                       + ENV_FIRST.replace("out = sys.argv[1]", "out = os.devnull"))
     prof = dry(script, "-", "-")
     assert prof.status == ProfileStatus.OK, prof.note
+
+
+@pytest.mark.parametrize("torch_first", [True, False])
+def test_a_script_that_exits_at_one_rank_after_reading_the_world_size_may_get_trials(clean_env,
+                                                                                    torch_first):
+    """It needs two ranks (exits 0 at one): the dry run cannot say a trial would end the same,
+    so the profile is no_step (trials), not ended."""
+    script = clean_env / "needs_two.py"
+    script.write_text(("import torch\n" if torch_first else "") +
+                      "import os, sys\nif int(os.environ['WORLD_SIZE']) < 2:\n"
+                      "    print('needs 2 ranks')\n    sys.exit(0)\n")
+    prof = dry(script, environ={**os.environ, "WORLD_SIZE": "1"})
+    assert prof.status == ProfileStatus.NO_STEP, prof.note
+    assert "it read the world size first (needs_two.py:" in prof.note

@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> None:
         elif not os.path.exists(opts["out"]):      # torch never imported: no step, no optimizer
             tmp = f"{opts['out']}.tmp{os.getpid()}"
             with open(tmp, "w") as f:
-                json.dump({"steps_seen": 0, "reason": reason}, f)
+                json.dump({"steps_seen": 0, "reason": reason,
+                           "reads_world_size": world.where}, f)
             os.replace(tmp, opts["out"])
 
     atexit.register(write)  # the script ended on its own: report what was seen

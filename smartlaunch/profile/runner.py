@@ -255,14 +255,18 @@ def _profile(request, data, code, timed_out, limit, tail, log_path, elapsed, *,
         note = f"only {measured} steps measured before {why}; times are noisy {where}"
     elif timed_out:
         status, note = ProfileStatus.NO_STEP, f"no training step seen within {limit_txt} {where}"
-    elif not data.get("optimizers_built") and not data.get("marker"):
-        status = ProfileStatus.ENDED
-        note = ("the script ended without building a torch optimizer or calling "
-                f"smartlaunch.profile_step(); cannot time a training step {where}")
     else:
-        status = ProfileStatus.ENDED
-        note = (f"the script ended after {data.get('steps_seen', 0)} steps, too few to measure "
-                f"(warm-up included) {where}")
+        # Ended on its own: its trials would end the same, unless it read the world size
+        # first (a script that needs two ranks may exit at one): then trials may see more.
+        status = ProfileStatus.NO_STEP if data.get("reads_world_size") else ProfileStatus.ENDED
+        if not data.get("optimizers_built") and not data.get("marker"):
+            note = ("the script ended without building a torch optimizer or calling "
+                    f"smartlaunch.profile_step(); cannot time a training step {where}")
+        else:
+            note = (f"the script ended after {data.get('steps_seen', 0)} steps, too few to "
+                    f"measure (warm-up included) {where}")
+        if status == ProfileStatus.NO_STEP:
+            note += f"; it read the world size first ({data['reads_world_size']})"
     if status in (ProfileStatus.NO_STEP, ProfileStatus.ENDED):
         for k in ("step_time_s", "step_time_p90_s", "forward_s", "backward_s"):
             kw.pop(k, None)
