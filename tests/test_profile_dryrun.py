@@ -231,12 +231,9 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import torch
 with open(out, "w") as f:
     f.write(str(torch.get_num_threads()))
-m = torch.nn.Linear(4, 1)
-o = torch.optim.SGD(m.parameters(), lr=0.1)
+m = torch.nn.Linear(4, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)
 for _ in range(8):
-    m(torch.randn(8, 4)).sum().backward()
-    o.step()
-    o.zero_grad()
+    m(torch.randn(8, 4)).sum().backward(); o.step(); o.zero_grad()
 """
 
 
