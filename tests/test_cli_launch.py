@@ -599,3 +599,21 @@ def test_a_failing_import_of_torch_shows_the_traceback_python_shows(clean_env):
     assert ours.returncode == theirs.returncode == 1
     tb = ours.stderr[ours.stderr.index("Traceback"):]
     assert tb == theirs.stderr and "libcudart" in tb
+
+
+def test_a_script_that_found_nothing_to_do_is_measured_when_it_has_work(clean_env):
+    """It ended in its dry run (no data yet, exit 0): that profile is not kept, so the next
+    launch, with the data there, measures it."""
+    script = clean_env / "waits_for_data.py"
+    script.write_text("import os, sys\nif not os.path.exists('data.txt'):\n"
+                      "    print('no data yet'); sys.exit(0)\n"
+                      "import torch\nm = torch.nn.Linear(4, 1)\n"
+                      "o = torch.optim.SGD(m.parameters(), lr=0.1)\nfor _ in range(40):\n"
+                      "    m(torch.randn(8, 4)).sum().backward(); o.step(); o.zero_grad()\n")
+    pair = {"SMARTLAUNCH_FAKE_TOPOLOGY": fixture_path("h200-nv18-pair")}
+    first = smartlaunch(["--explain", str(script)], clean_env, pair)
+    assert first.returncode == 0 and "nothing to measure" in first.stdout, first.stdout
+    (clean_env / "data.txt").write_text("x")
+    second = smartlaunch(["--explain", str(script)], clean_env, pair)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "nothing to measure" not in second.stdout and "[ok," in second.stdout, second.stdout

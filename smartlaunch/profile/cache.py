@@ -112,9 +112,11 @@ def profile_entrypoint(request, policy, *, gpu: str | None, gpu_model: str, envi
             announce()
         profile = run_dry_run(request, policy, gpu=gpu, environ=environ, echo=echo,
                               progress=progress, real_gpu=real_gpu, session=session, gate=gate)
-        # UNMEASURABLE too: it is the script's, not the moment's.
+        # UNMEASURABLE too: it is the script's, not the moment's. Not ENDED: a script that
+        # found nothing to do (its data not there yet, its training already done) would keep
+        # every later launch from being measured.
         kept = (ProfileStatus.OK, ProfileStatus.INCOMPLETE, ProfileStatus.NO_STEP,
-                ProfileStatus.ENDED, ProfileStatus.UNMEASURABLE)
+                ProfileStatus.UNMEASURABLE)
         others = shared() if shared is not None else None
         if others:
             note = (f"another process came onto the GPU during the dry run ({others}): its "
