@@ -5,6 +5,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from smartlaunch.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Request:
@@ -39,7 +41,6 @@ class Request:
         """(processes, where the number came from) for ranks on the CPU, as torchrun counts
         them: --nproc-per-node N, `cpu` or `auto` (the CPUs this process may run on), 1 by
         default. UsageError for `gpu` (torchrun fails the same: CUDA is not available)."""
-        from smartlaunch.errors import UsageError
         raw = str(getattr(self.torchrun_args, "nproc_per_node", "1"))
         if self.max_gpus is not None:
             return self.max_gpus, f"user: --nproc-per-node {self.max_gpus}"

@@ -96,8 +96,8 @@ class WorldSizeWatch:
 
     def install_environ(self) -> None:
         """The os.environ part, before the script runs (it may read the world size before it
-        imports torch); once."""
-        if getattr(os.environ, "_smartlaunch_watch", None) is not None:
+        imports torch); once per watch."""
+        if getattr(os.environ, "_smartlaunch_watch", None) is self:
             return
         watch = self
 
